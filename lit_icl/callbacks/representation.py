@@ -1,0 +1,172 @@
+"""Lightning callback that scores the representations a LightningModule returns from its eval steps.
+
+Logs the IC-SSL representation analysis (App. F.5 separation score; Table 1 mNN / Cycle / LCS alignment)
+without the module owning any metric: the module only returns its embeddings.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from torch import Tensor
+from torchmetrics import Metric
+
+from lit_icl.core.errors import ConfigError
+from lit_icl.metrics.functional import validate_k
+from lit_icl.metrics.representation import LCSKNN, CycleKNN, MutualKNN, SeparationScore
+
+__all__ = ["RepresentationMetrics"]
+
+
+class RepresentationMetrics(Callback):
+    """Separation and k-NN alignment scores of the embeddings returned by ``validation_step`` / ``test_step``.
+
+    **Contract with the LightningModule.** ``validation_step`` (and ``test_step``) return a dict that may
+    contain
+
+    * ``"embeddings"``: a dict ``name -> Tensor`` of shape ``(B, n, D_name)`` (``B`` episodes of ``n`` points)
+      or ``(N, D_name)`` (one set); all entries embed the same points, feature dims may differ;
+    * ``"labels"``: ``(B, n)`` or ``(N,)`` class ids of those points (needed for the separation score only).
+
+    A step that returns ``None``, a non-dict, or a dict without ``"embeddings"`` is ignored. Scores are
+    computed per set (episode) and averaged over all sets of the epoch (pooled over dataloaders); see
+    :mod:`lit_icl.metrics.representation`.
+
+    **Logged** at the end of each validation / test epoch (the prefix is ``val`` or ``test``):
+
+    * ``<prefix>/separation/<name>`` for each embedding (if ``"labels"`` is given);
+    * ``<prefix>/mnn/<a>~<b>``, ``<prefix>/cycle_knn/<a>~<b>``, ``<prefix>/lcs_knn/<a>~<b>`` for each pair.
+
+    Undefined values (NaN: e.g. no set with two classes) are not logged.
+
+    **Metrics are created on the first batch that carries embeddings**, because only then are the names
+    known. Under DDP, every rank must therefore return the *same* embedding names (and all ranks must see at
+    least one such batch, which Lightning's DistributedSampler guarantees): epoch-end ``compute()`` is a
+    collective, and ranks holding different metric sets would hang. A later batch with different names raises.
+    Lightning's DistributedSampler pads the last batches with repeated samples, so a repeated episode is
+    counted twice; size eval sets to a multiple of ``world_size * batch_size`` for exact means.
+
+    Args:
+        k: neighbours per point for the alignment scores (``1 <= k <= n - 1`` for every set).
+        pairs: ordered ``(a, b)`` embedding-name pairs to align. ``None`` means every unordered pair of names,
+            each in sorted order (``a < b``). Order matters only for ``cycle_knn`` (first hop in ``b``).
+    """
+
+    def __init__(self, k: int = 10, pairs: list[tuple[str, str]] | None = None) -> None:
+        super().__init__()
+        self.k = validate_k(k)
+        self.pairs: list[tuple[str, str]] | None = None
+        if pairs is not None:
+            self.pairs = [tuple(p) for p in pairs]  # type: ignore[misc]
+            bad = [p for p in self.pairs if len(p) != 2 or p[0] == p[1]]
+            if bad:
+                raise ConfigError(f"pairs must be (a, b) with two different embedding names, got {bad}")
+        # Per stage: the embedding names of the first batch, and log name -> (metric, first, second input
+        # name); second is None for the separation score, whose second input is the labels.
+        self._names: dict[str, tuple[str, ...]] = {}
+        self._metrics: dict[str, dict[str, tuple[Metric, str, str | None]]] = {}
+
+    # ---------------------------------------------------------------- construction
+
+    def _build(self, stage: str, names: tuple[str, ...], pl_module: pl.LightningModule) -> None:
+        if self.pairs is None:
+            pairs = list(itertools.combinations(sorted(names), 2))
+        else:
+            missing = sorted({n for p in self.pairs for n in p} - set(names))
+            if missing:
+                raise ConfigError(
+                    f"RepresentationMetrics pairs name embeddings {missing} that the {stage} step does not "
+                    f"return (it returns {sorted(names)})"
+                )
+            pairs = self.pairs
+        # The set of metrics depends on the names only (not on whether this batch has labels), so every rank
+        # that returns the same names builds the same metrics, as the collective compute() requires.
+        metrics: dict[str, tuple[Metric, str, str | None]] = {}
+        for name in names:
+            metrics[f"{stage}/separation/{name}"] = (SeparationScore(), name, None)
+        for a, b in pairs:
+            metrics[f"{stage}/mnn/{a}~{b}"] = (MutualKNN(k=self.k), a, b)
+            metrics[f"{stage}/cycle_knn/{a}~{b}"] = (CycleKNN(k=self.k), a, b)
+            metrics[f"{stage}/lcs_knn/{a}~{b}"] = (LCSKNN(k=self.k), a, b)
+        # Callback-owned metrics are not submodules of the LightningModule, so Lightning won't move them.
+        for metric, _, _ in metrics.values():
+            metric.to(pl_module.device)
+        self._names[stage] = names
+        self._metrics[stage] = metrics
+
+    # ---------------------------------------------------------------- update / log
+
+    def _update(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, stage: str) -> None:
+        # Sanity-check batches come from an untrained model and would pollute the first epoch's values.
+        if trainer.sanity_checking or not isinstance(outputs, Mapping):
+            return
+        embeddings = outputs.get("embeddings")
+        if not embeddings:
+            return
+        labels: Tensor | None = outputs.get("labels")
+        names = tuple(sorted(embeddings))
+        if stage not in self._metrics:
+            self._build(stage, names, pl_module)
+        elif names != self._names[stage]:
+            raise ValueError(
+                f"the {stage} step returned embeddings {list(names)} but earlier batches returned "
+                f"{list(self._names[stage])}; every batch (and every DDP rank) must return the same names"
+            )
+        for metric, first, second in self._metrics[stage].values():
+            if metric.device != pl_module.device:  # e.g. fit on one device, test on another
+                metric.to(pl_module.device)
+            if second is not None:
+                metric.update(embeddings[first], embeddings[second])
+            elif labels is not None:
+                metric.update(embeddings[first], labels)
+
+    def _log_and_reset(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if trainer.sanity_checking:
+            return
+        for log_name, (metric, _, _) in self._metrics.get(stage, {}).items():
+            # compute() all-gathers the states: it runs on every rank, and the value is already global, so
+            # logging needs no further sync. NaN is identical on all ranks, so skipping it stays consistent.
+            with warnings.catch_warnings():
+                # A metric with no data this epoch (e.g. no labels returned) is expected: it gives NaN, which
+                # is not logged, so torchmetrics' "compute before update" warning would only be noise.
+                warnings.filterwarnings("ignore", message=r".*was called before the ``update`` method")
+                value = metric.compute()
+            if not math.isnan(value.item()):
+                pl_module.log(log_name, value, sync_dist=False)
+            metric.reset()
+
+    # ---------------------------------------------------------------- Lightning hooks
+
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._update(trainer, pl_module, outputs, "val")
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._log_and_reset(trainer, pl_module, "val")
+
+    def on_test_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._update(trainer, pl_module, outputs, "test")
+
+    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._log_and_reset(trainer, pl_module, "test")

@@ -1,0 +1,146 @@
+"""``python -m lit_icl`` / ``lit-icl``: one LightningCLI for every paper.
+
+Model and data are chosen by ``class_path`` in the YAML (subclass mode), e.g.::
+
+    python -m lit_icl fit  --config configs/icssl_manifolds.yaml
+    python -m lit_icl test --config configs/icssl_manifolds.yaml --ckpt_path runs/icssl_manifolds/version_0/checkpoints/last.ckpt
+    python -m lit_icl fit  --config configs/icssl_manifolds.yaml --ckpt_path last      # resume in place
+
+What this adds to a plain LightningCLI:
+
+- TensorBoard logging under ``runs/`` and a checkpoint callback (``--checkpoint.*``) that keeps ``last.ckpt``;
+- ``--ckpt_path last`` resumes the newest run of the same logger name *in its own folder* (Lightning alone
+  would look into a new, empty ``version_N+1``);
+- bad input stops the program before anything is written, with one line ``lit_icl: error: ...`` and exit
+  status 2: unknown keys and class paths (jsonargparse), invalid values (:class:`ConfigError`), and a
+  ``--ckpt_path`` that does not exist or is not a Lightning checkpoint.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningDataModule, LightningModule
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
+
+# Imported so short class names (``ICSSLModule``, ``ManifoldDataModule``) resolve in configs.
+import lit_icl.icssl  # noqa: F401
+from lit_icl.core.errors import ConfigError
+
+#: ``ckpt_path`` values that Lightning resolves itself.
+SPECIAL_CKPT_PATHS = ("last", "best", "hpc")
+
+
+class LitICLCLI(LightningCLI):
+    """LightningCLI with the project's defaults, links and input checks (see the module docstring)."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults({"checkpoint.save_last": True, "checkpoint.save_top_k": 1})
+        # The data module owns episode size and evaluation ratios; the module needs them to validate
+        # its net and to name its metrics. Links keep a single place to set them.
+        parser.link_arguments("data.init_args.n_points", "model.init_args.n_points", apply_on="parse")
+        parser.link_arguments(
+            "data.init_args.eval_label_ratios", "model.init_args.label_ratios", apply_on="parse"
+        )
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
+        super().parse_arguments(parser, args)
+        # Runs before Lightning reads the checkpoint's hyper-parameters, so a bad path fails cleanly here.
+        sub = self.config.get("subcommand")
+        if sub:
+            check_ckpt_path(self.config[sub].get("ckpt_path"))
+
+    def before_instantiate_classes(self) -> None:
+        sub = self.subcommand
+        if sub == "fit" and self.config[sub].get("ckpt_path") == "last":
+            pin_logger_version_for_resume(self.config[sub])
+
+
+def check_ckpt_path(ckpt_path: str | None) -> None:
+    """Refuse a ``ckpt_path`` that is neither a special value nor an existing Lightning checkpoint."""
+    if ckpt_path is None or ckpt_path in SPECIAL_CKPT_PATHS or str(ckpt_path).startswith("registry"):
+        return
+    path = Path(ckpt_path)
+    if not path.is_file():
+        raise ConfigError(
+            f"--ckpt_path {ckpt_path} does not exist; pass an existing .ckpt file, or 'last' to resume the "
+            "newest run of this config"
+        )
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except (zipfile.BadZipFile, RuntimeError, EOFError, OSError, ValueError) as err:
+        raise ConfigError(f"--ckpt_path {ckpt_path} is not a PyTorch checkpoint ({type(err).__name__})") from None
+    except Exception:  # noqa: BLE001 - unpicklable content: still a torch file, let Lightning decide
+        return
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        raise ConfigError(
+            f"--ckpt_path {ckpt_path} is a torch file but not a Lightning checkpoint (no 'state_dict'); "
+            "pass a .ckpt written by `python -m lit_icl fit`"
+        )
+
+
+def pin_logger_version_for_resume(config: Any) -> None:
+    """Point the logger at the newest existing run folder that has ``checkpoints/last.ckpt``.
+
+    With an auto-incremented version Lightning would open ``version_N+1`` and find no ``last`` checkpoint
+    there; pinning the version resumes the run in the folder it was written to. Nothing changes when the user
+    pinned a version or a checkpoint ``dirpath`` already, or when there is nothing to resume.
+    """
+    if config.get("checkpoint") is not None and config.checkpoint.get("dirpath"):
+        return
+    logger = config.trainer.get("logger")
+    if isinstance(logger, list):
+        logger = logger[0] if logger else None
+    if logger is None or isinstance(logger, bool) or not hasattr(logger, "init_args"):
+        return
+    init = logger.init_args
+    if init.get("version") is not None:
+        return
+    root = Path(init.get("save_dir") or ".") / (init.get("name") or "lightning_logs")
+    candidates = []
+    for run in root.glob("version_*"):
+        match = re.fullmatch(r"version_(\d+)", run.name)
+        if match and (run / "checkpoints" / "last.ckpt").is_file():
+            candidates.append((int(match.group(1)), run.name))
+    if candidates:
+        init.version = max(candidates)[1]
+
+
+def main(args: ArgsType = None) -> None:
+    """Entry point of ``python -m lit_icl`` and the ``lit-icl`` script."""
+    torch.set_float32_matmul_precision("high")
+    try:
+        LitICLCLI(
+            LightningModule,
+            LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            # Resuming in place rewrites the run's config.yaml with the (same) config.
+            save_config_kwargs={"overwrite": True},
+            seed_everything_default=0,
+            trainer_defaults={
+                "logger": {
+                    "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                    "init_args": {"save_dir": "runs", "name": "lit_icl", "default_hp_metric": False},
+                },
+                # Training data is regenerated each epoch from the epoch number, so checkpoints at epoch
+                # ends are exact resume points.
+                "enable_model_summary": True,
+            },
+            args=args,
+        )
+    except ConfigError as err:
+        print(f"lit_icl: error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
+

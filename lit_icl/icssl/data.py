@@ -1,0 +1,284 @@
+"""IC-SSL data: episodes of points on synthetic manifolds (Sec. 4.3, App. D-E), generated on the fly.
+
+One dataset *item* is a chunk of ``chunk_size`` episodes generated in one vectorised call; the DataLoader
+stacks ``batch_size / chunk_size`` items into a batch. Every item is a pure function of
+``(data_seed, split, index)``:
+
+- training items use a global index ``epoch * items_per_epoch + i`` (see :class:`EpochSampler`), so each epoch
+  brings fresh episodes and a resumed run regenerates exactly the stream it would have seen;
+- validation and test sets are fixed (their seeds do not involve the epoch nor ``seed_everything``).
+
+Under DDP Lightning shards the items across ranks (interleaved, no shuffling), so ranks see disjoint episodes
+and ``k`` ranks with ``batch_size = b`` see, step by step, the same episodes as one process with ``k * b``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from typing import Literal
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from lit_icl.core.errors import ConfigError
+from lit_icl.core.seeding import make_generator
+from lit_icl.icssl.manifolds import Manifold, PoseConfig, get_manifold, sample_episodes
+from lit_icl.icssl.module import DEFAULT_LABEL_RATIOS, check_label_ratios, labeled_count
+
+Split = Literal["train", "val", "test"]
+
+
+class EpisodeChunks(Dataset):
+    """Chunks of episodes on a list of manifolds; item ``i`` is seeded by ``(data_seed, split, i)``.
+
+    Each episode picks one of ``manifolds`` uniformly at random. Training chunks also carry ``n_labeled``, the
+    number of labeled points per episode, drawn uniformly from ``labeled_range`` (so one model serves every
+    label ratio).
+    """
+
+    def __init__(
+        self,
+        split: Split,
+        manifolds: Sequence[Manifold],
+        n_points: int,
+        chunk_size: int,
+        length: int,
+        data_seed: int,
+        pose: PoseConfig,
+        labeled_range: tuple[int, int] | None = None,
+    ):
+        self.split = split
+        self.manifolds = list(manifolds)
+        self.n_points = n_points
+        self.chunk_size = chunk_size
+        self.length = length
+        self.data_seed = data_seed
+        self.pose = pose
+        self.labeled_range = labeled_range
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict[str, Tensor]:
+        g = make_generator(self.data_seed, self.split, int(index))
+        c = self.chunk_size
+        which = torch.randint(len(self.manifolds), (c,), generator=g)
+        xs, ys, order = [], [], []
+        for k, manifold in enumerate(self.manifolds):
+            idx = (which == k).nonzero().flatten()
+            if idx.numel() == 0:
+                continue
+            ep = sample_episodes(manifold, idx.numel(), self.n_points, g, self.pose)
+            xs.append(ep.x)
+            ys.append(ep.y)
+            order.append(idx)
+        # Put episodes back in the order of `which`, so the chunk does not group manifolds together.
+        perm = torch.cat(order).argsort()
+        item = {"x": torch.cat(xs)[perm], "y": torch.cat(ys)[perm]}
+        if self.labeled_range is not None:
+            lo, hi = self.labeled_range
+            item["n_labeled"] = torch.randint(lo, hi + 1, (c,), generator=g)
+        return item
+
+
+def collate_chunks(items: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """Concatenate chunks along the episode axis: ``batch_size / chunk_size`` items -> one batch."""
+    return {k: torch.cat([it[k] for it in items]) for k in items[0]}
+
+
+class EpochSampler(Sampler[int]):
+    """Yields the global item indices of the current epoch: ``epoch * length + i``, ``i < length``.
+
+    Lightning calls ``set_epoch`` before every training epoch (also through its DDP sampler wrapper), which
+    makes training data fresh each epoch while keeping it a pure function of the index.
+    """
+
+    def __init__(self, length: int):
+        self.length = length
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        start = self.epoch * self.length
+        return iter(range(start, start + self.length))
+
+    def __len__(self) -> int:
+        return self.length
+
+
+class ManifoldDataModule(LightningDataModule):
+    """Episodes of ``n_points`` points on synthetic manifolds with geodesic-ball labels (IC-SSL Sec. 4.3).
+
+    Manifolds are named ``sphere``, ``cylinder``, ``cone``, ``spiral`` (alias ``swiss_roll``), ``torus``
+    (alias ``flat_torus``), or products such as ``sphere*cylinder*cone*spiral*torus`` (App. E.2). The ID
+    protocol of Sec. 4.3.1 trains and tests on the same manifold; the OOD protocol trains on four and tests on
+    the held-out fifth (``test_manifolds``). All manifolds of one run must have the same ambient dimension.
+
+    Args:
+        train_manifolds: manifolds of the training episodes (each episode picks one uniformly).
+        val_manifolds: validation manifolds; default ``train_manifolds`` (model selection never looks at an
+            OOD test manifold).
+        test_manifolds: test manifolds; default ``train_manifolds`` (in-distribution).
+        n_points: points per episode ``n`` (100 in the paper).
+        batch_size: episodes per training step (per device under DDP).
+        chunk_size: episodes generated per dataset item; must divide ``batch_size`` and ``eval_batch_size``.
+        train_batches_per_epoch: training steps per epoch; a checkpoint is written at the end of every epoch,
+            so this is also the most work a crash can cost.
+        val_episodes: size of the fixed validation set.
+        test_episodes: size of the fixed test set.
+        eval_batch_size: episodes per validation/test step.
+        train_label_ratio: ``(low, high)``: each training episode labels ``m`` points, ``m`` uniform between
+            ``round(low * n)`` and ``round(high * n)``.
+        eval_label_ratios: label ratios swept in validation and test (the CLI passes them to the model).
+        data_seed: seed of all generated data, independent of ``seed_everything``.
+        pose_scale: range of the random isotropic scale (App. D).
+        pose_translation: range of the random x/y translation (App. D).
+        pose_rotation: ``planar`` (about z, App. D), ``haar`` (any 3-D rotation, App. E.1) or ``none``.
+        cylinder_height: height of the cylinder chart (the paper leaves it open).
+        product_positive_fraction: fraction of points inside the geodesic ball of a product manifold (the
+            paper gives no product threshold; 0.5 makes balanced classes).
+        num_workers: DataLoader workers per device; generation takes about 1 ms per 64 episodes, so the
+            default 0 keeps it in the training process.
+    """
+
+    def __init__(
+        self,
+        train_manifolds: Sequence[str] = ("cylinder",),
+        val_manifolds: Sequence[str] | None = None,
+        test_manifolds: Sequence[str] | None = None,
+        n_points: int = 100,
+        batch_size: int = 64,
+        chunk_size: int = 16,
+        train_batches_per_epoch: int = 250,
+        val_episodes: int = 512,
+        test_episodes: int = 2048,
+        eval_batch_size: int = 128,
+        train_label_ratio: tuple[float, float] = (0.03, 0.39),
+        eval_label_ratios: Sequence[float] = DEFAULT_LABEL_RATIOS,
+        data_seed: int = 0,
+        pose_scale: tuple[float, float] = (0.02, 0.1),
+        pose_translation: tuple[float, float] = (-1.0, 1.0),
+        pose_rotation: Literal["planar", "haar", "none"] = "planar",
+        cylinder_height: float = 2.0,
+        product_positive_fraction: float = 0.5,
+        num_workers: int = 0,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        if n_points < 2:
+            raise ConfigError(f"n_points={n_points}: an episode needs at least 2 points")
+        for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
+            if value < 1 or value % chunk_size:
+                raise ConfigError(
+                    f"{name}={value} must be a positive multiple of chunk_size={chunk_size}; "
+                    f"change one of them (e.g. chunk_size=16, {name}=64)"
+                )
+        for name, value in (("val_episodes", val_episodes), ("test_episodes", test_episodes)):
+            if value < 1 or value % chunk_size:
+                raise ConfigError(f"{name}={value} must be a positive multiple of chunk_size={chunk_size}")
+        if train_batches_per_epoch < 1:
+            raise ConfigError(f"train_batches_per_epoch={train_batches_per_epoch} must be >= 1")
+        lo, hi = train_label_ratio
+        check_label_ratios([lo, hi], n_points)
+        if lo > hi:
+            raise ConfigError(f"train_label_ratio={tuple(train_label_ratio)} must be (low, high) with low <= high")
+        check_label_ratios(eval_label_ratios, n_points)
+
+        self.train_manifolds = list(train_manifolds)
+        self.val_manifolds = list(val_manifolds) if val_manifolds is not None else list(train_manifolds)
+        self.test_manifolds = list(test_manifolds) if test_manifolds is not None else list(train_manifolds)
+        self.n_points = n_points
+        self.test_episodes = test_episodes
+        self.data_seed = data_seed
+        self.eval_label_ratios = [float(r) for r in eval_label_ratios]
+        self.labeled_range = (labeled_count(lo, n_points), labeled_count(hi, n_points))
+        try:
+            self.pose = PoseConfig(tuple(pose_scale), tuple(pose_translation), pose_rotation)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        options = {"height": cylinder_height, "positive_fraction": product_positive_fraction}
+        self._manifolds = {
+            split: self._build(names, options)
+            for split, names in (
+                ("train", self.train_manifolds),
+                ("val", self.val_manifolds),
+                ("test", self.test_manifolds),
+            )
+        }
+        dims = {m.ambient_dim for ms in self._manifolds.values() for m in ms}
+        if len(dims) > 1:
+            raise ConfigError(
+                f"train/val/test manifolds have different ambient dimensions {sorted(dims)}; "
+                "a model's input size is fixed, so use manifolds of one dimension (e.g. all single manifolds)"
+            )
+        self.ambient_dim = dims.pop()
+
+    @staticmethod
+    def _build(names: Sequence[str], options: dict[str, float]) -> list[Manifold]:
+        if not names:
+            raise ConfigError("a manifold list is empty; name at least one manifold, e.g. ['cylinder']")
+        out = []
+        for name in names:
+            # Pass only the options that apply: a cylinder has a height, a product a positive fraction.
+            parts = name.lower().split("*")
+            opts = {}
+            if "cylinder" in parts:
+                opts["height"] = options["height"]
+            if len(parts) > 1:
+                opts["positive_fraction"] = options["positive_fraction"]
+            try:
+                out.append(get_manifold(name, **opts))
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
+        return out
+
+    def _dataset(self, split: Split, length: int, chunk: int) -> EpisodeChunks:
+        return EpisodeChunks(
+            split,
+            self._manifolds[split],
+            self.n_points,
+            chunk,
+            length,
+            self.data_seed,
+            self.pose,
+            self.labeled_range if split == "train" else None,
+        )
+
+    def _loader(self, dataset: EpisodeChunks, batch_size: int, sampler: Sampler[int] | None = None) -> DataLoader:
+        hp = self.hparams
+        return DataLoader(
+            dataset,
+            batch_size=batch_size // hp.chunk_size,
+            sampler=sampler,
+            shuffle=False,
+            collate_fn=collate_chunks,
+            num_workers=hp.num_workers,
+            persistent_workers=False,  # workers must be re-forked to see the sampler's new epoch
+            worker_init_fn=_single_thread_worker if hp.num_workers > 0 else None,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        hp = self.hparams
+        items = hp.train_batches_per_epoch * (hp.batch_size // hp.chunk_size)
+        ds = self._dataset("train", items, hp.chunk_size)
+        return self._loader(ds, hp.batch_size, EpochSampler(items))
+
+    def val_dataloader(self) -> DataLoader:
+        hp = self.hparams
+        return self._loader(self._dataset("val", hp.val_episodes // hp.chunk_size, hp.chunk_size), hp.eval_batch_size)
+
+    def test_dataloader(self) -> DataLoader:
+        hp = self.hparams
+        ds = self._dataset("test", hp.test_episodes // hp.chunk_size, hp.chunk_size)
+        return self._loader(ds, hp.eval_batch_size)
+
+
+def _single_thread_worker(worker_id: int) -> None:
+    """Workers generate small tensors: one intra-op thread each avoids oversubscribing the cores."""
+    torch.set_num_threads(1)
+    random.seed(worker_id)  # nothing here uses it; kept deterministic for third-party transforms

@@ -1,0 +1,508 @@
+"""Networks of IC-SSL (in-context semi-supervised learning): plain ``nn.Module``s, no Lightning.
+
+Every model of Sec. 4.1 is written ``[Data + Model]``: a *representation* ``phi(X)`` computed from all ``n``
+points of an episode, followed by a *classifier* that sees the ``m`` labels. Here that is literally
+:class:`SemiSupervisedICL` ``(representation, head)``:
+
+=================  =================================  =========================
+paper name         representation                     head
+=================  =================================  =========================
+ORIG+E2E-ICL       :class:`InContextEigenmap`         :class:`GDICLHead`
+EIG+ICL            :class:`LaplacianEigenmap`         :class:`GDICLHead`
+ORIG+ICL           :class:`RawCoordinates`            :class:`GDICLHead`
+=================  =================================  =========================
+
+Layouts are token-major: a batch of episodes is ``(B, n, features)`` and token ``i`` is row ``i``. The paper
+writes tokens as *columns* (``Z in R^{(d+n) x n}``), so a paper matrix ``Z`` is our ``Z^T`` per episode.
+
+The representation modules compute distances, Gram matrices and a power iteration; they run in float32 with
+autocast disabled, as those lose their meaning in bf16. Only the head's MLP follows autocast.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from lit_icl.core.errors import ConfigError
+from lit_icl.core.spectral import LaplacianNorm, laplacian_eigenmap, pairwise_sq_dists
+
+def _fp32_region(fn):  # type: ignore[no-untyped-def]
+    """Run ``fn`` with autocast off on CPU and CUDA (numerically delicate code)."""
+    return torch.autocast("cuda", enabled=False)(torch.autocast("cpu", enabled=False)(fn))
+
+
+def _normalize_columns(phi: Tensor, eps: float = 1e-8) -> Tensor:
+    """Unit-norm columns over the tokens: the paper's row-wise ``normalize`` of Eq. (15) in our layout."""
+    return phi / phi.norm(dim=-2, keepdim=True).clamp_min(eps)
+
+
+# --------------------------------------------------------------------------------------------------------
+# TF^L: the Laplacian module (Sec. 3.1, App. A.1, Lemma 1)
+# --------------------------------------------------------------------------------------------------------
+class RBFAttentionLayer(nn.Module):
+    """One layer of Eq. (10) with RBF attention (Eq. 9) and the block-diagonal weights of Eq. (11).
+
+    The token state is ``z_i = [x_i ; psi_i]`` with coordinates ``x_i in R^d`` and a Laplacian block
+    ``psi_i in R^n``. Following Remark 1 every block of ``W^V, W^Q, W^K, W^S`` is a learnable scalar
+    multiple of the identity. We tie the query and key scales of each block (``b = c = 1/sigma`` on
+    coordinates, ``b' = c' = 1/rho`` on the Laplacian block), which is the choice of Lemma 1 and makes the
+    attention depend on differences only, hence invariant to the random translation of App. D. Per head ``h``:
+
+        kappa^h_ij = softmax_i( -||x_i - x_j||^2 / sigma_h^2 - ||psi_i - psi_j||^2 / rho_h^2 )
+        x_j   <- (1 + s)  x_j   + sum_h a_h  sum_i kappa^h_ij x_i
+        psi_j <- (1 + s') psi_j + sum_h a'_h sum_i kappa^h_ij psi_i
+
+    The softmax runs over the *key* index ``i``, as in Eq. (9), so ``kappa`` is ``A D^{-1}`` of Eq. (13).
+    Several heads with different bandwidths let the layer build a combination of Laplacians (Sec. 3.1).
+
+    Args:
+        bandwidths: initial ``sigma_h`` per head (one head per entry).
+        exclude_self: set ``A_ii = 0`` (Sec. 3.1); Lemma 1's Eq. (12) keeps the diagonal.
+        value_init: initial ``a'_h`` (Lemma 1 uses ``-1`` with one head); ``a_h`` and ``s, s'`` start at 0.
+    """
+
+    def __init__(self, bandwidths: Sequence[float], exclude_self: bool = True, value_init: float = -1.0):
+        super().__init__()
+        heads = len(bandwidths)
+        if heads < 1 or any(b <= 0 for b in bandwidths):
+            raise ConfigError(f"bandwidths must be a non-empty list of positive numbers, got {list(bandwidths)}")
+        self.exclude_self = exclude_self
+        self.log_sigma = nn.Parameter(torch.tensor([math.log(b) for b in bandwidths]))
+        # rho = exp(log_rho); the Laplacian block starts almost switched off (rho = 10 on unit-scale rows).
+        self.log_rho = nn.Parameter(torch.full((heads,), math.log(10.0)))
+        self.value_coord = nn.Parameter(torch.zeros(heads))  # a_h
+        self.value_lap = nn.Parameter(torch.full((heads,), value_init / heads))  # a'_h
+        self.skip_coord = nn.Parameter(torch.zeros(()))  # s
+        self.skip_lap = nn.Parameter(torch.zeros(()))  # s'
+
+    def attention(self, x: Tensor, psi: Tensor) -> Tensor:
+        """Per-head attention weights ``W[b, h, j, i] = kappa^h_ij`` (row ``j`` sums to 1 over ``i``)."""
+        d2x = pairwise_sq_dists(x).unsqueeze(1)
+        d2p = pairwise_sq_dists(psi).unsqueeze(1)
+        inv_s2 = torch.exp(-2.0 * self.log_sigma)[None, :, None, None]
+        inv_r2 = torch.exp(-2.0 * self.log_rho)[None, :, None, None]
+        logits = -(d2x * inv_s2 + d2p * inv_r2)
+        if self.exclude_self:
+            n = x.shape[-2]
+            eye = torch.eye(n, dtype=torch.bool, device=x.device)
+            logits = logits.masked_fill(eye, float("-inf"))
+        return torch.softmax(logits, dim=-1)
+
+    @_fp32_region
+    def forward(self, x: Tensor, psi: Tensor) -> tuple[Tensor, Tensor]:
+        x, psi = x.float(), psi.float()
+        w = self.attention(x, psi)
+        # Mix heads first: sum_h a_h W_h is one (B, n, n) matrix, so the value product is done once.
+        w_coord = torch.einsum("bhji,h->bji", w, self.value_coord)
+        w_lap = torch.einsum("bhji,h->bji", w, self.value_lap)
+        x = (1.0 + self.skip_coord) * x + w_coord @ x
+        psi = (1.0 + self.skip_lap) * psi + w_lap @ psi
+        return x, psi
+
+
+class LaplacianTransformer(nn.Module):
+    """``TF^L`` of Sec. 3.1: RBF-attention layers whose Laplacian block converges to ``I - A D^{-1}``.
+
+    The input is ``Z_0^T = [X^T, M]`` (App. A.1) with a learnable initialisation ``M in R^{n x n}``, started
+    at the identity as in Lemma 1. The output Laplacian block ``Psi`` (token ``j`` holds column ``j`` of the
+    paper's ``L_hat``, i.e. ``Psi = L_hat^T``) feeds the eigenmap module.
+
+    Args:
+        n_points: episode size ``n``; fixed, because ``M`` is ``n x n`` (a limitation the reviewers noted).
+        num_layers: RBF-attention layers.
+        bandwidths: initial RBF bandwidths ``sigma_h``, one head each; the default spans the range of point
+            spacings produced by the random scale of App. D (0.02 to 0.1).
+        exclude_self: drop self loops, ``A_ii = 0`` (Sec. 3.1).
+    """
+
+    def __init__(
+        self,
+        n_points: int = 100,
+        num_layers: int = 2,
+        bandwidths: Sequence[float] = (0.004, 0.01, 0.025, 0.06),
+        exclude_self: bool = True,
+    ):
+        super().__init__()
+        if n_points < 2:
+            raise ConfigError(f"n_points={n_points}: an episode needs at least 2 points")
+        if num_layers < 1:
+            raise ConfigError(f"num_layers={num_layers}: the Laplacian module needs at least one layer")
+        self.n_points = n_points
+        self.init_state = nn.Parameter(torch.eye(n_points))  # M of App. A.1
+        # Later layers start as identity maps (a' = 0) so training begins from the Lemma-1 Laplacian.
+        self.layers = nn.ModuleList(
+            RBFAttentionLayer(bandwidths, exclude_self, value_init=-1.0 if i == 0 else 0.0)
+            for i in range(num_layers)
+        )
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``x: (B, n, d)`` -> ``(x_out (B, n, d), Psi (B, n, n))``."""
+        b, n, _ = x.shape
+        if n != self.n_points:
+            raise ValueError(
+                f"the Laplacian module was built for n_points={self.n_points} but got episodes of {n} points; "
+                f"set the net's n_points to the data's n_points"
+            )
+        psi = self.init_state.unsqueeze(0).expand(b, n, n)
+        for layer in self.layers:
+            x, psi = layer(x, psi)
+        return x, psi
+
+    @classmethod
+    def from_lemma1(cls, n_points: int, sigma: float, exclude_self: bool = False) -> LaplacianTransformer:
+        """The single-head, single-layer construction of Lemma 1, whose output block is ``I - A D^{-1}``.
+
+        ``M = I``, ``a = 0``, ``a' = -1``, ``b = c = 1/sigma``, ``b' = c' = 0``, ``s = s' = 0``.
+        """
+        net = cls(n_points, num_layers=1, bandwidths=[sigma], exclude_self=exclude_self)
+        layer = net.layers[0]
+        with torch.no_grad():
+            layer.log_rho.fill_(float("inf"))  # b' = c' = 0: the Laplacian block does not enter the kernel
+            layer.value_lap.fill_(-1.0)
+            layer.value_coord.zero_()
+        return net
+
+
+# --------------------------------------------------------------------------------------------------------
+# TF^phi: the eigenmap module (Sec. 3.1, App. A.2, Lemma 2)
+# --------------------------------------------------------------------------------------------------------
+class LinearAttentionLayer(nn.Module):
+    """One layer of Eq. (15) with linear attention and the block weights of Eq. (16).
+
+    Token ``i`` carries ``[psi_i ; phi_i]`` with ``psi_i in R^n`` (the Laplacian block, read-only: we fix
+    ``a = s = 0`` on it, as every construction of Lemma 2 does) and the eigenmap ``phi_i in R^k``. With
+    ``G = Psi^T Psi`` (``G_ij = psi_i . psi_j``) and per-head ``k x k`` matrices ``A_h, B_h, C_h`` and scalar
+    ``beta_h = b_h c_h``, the attention score is ``S^h_ij = beta_h psi_i.psi_j + phi_i^T B_h^T C_h phi_j`` and
+
+        Phi <- Phi (I + S)^T + sum_h [ beta_h G Phi A_h^T + Phi C_h^T B_h (Phi^T Phi) A_h^T ]
+
+    followed by unit-norm columns (the paper's row normalisation). Both products are computed without forming
+    an ``n x n`` score matrix per head.
+    """
+
+    def __init__(self, n_components: int, num_heads: int):
+        super().__init__()
+        k, h = n_components, num_heads
+        self.skip = nn.Parameter(torch.zeros(k, k))  # S
+        self.beta = nn.Parameter(torch.zeros(h))  # b c per head
+        self.value = nn.Parameter(torch.zeros(h, k, k))  # A
+        self.query = nn.Parameter(torch.zeros(h, k, k))  # B
+        self.key = nn.Parameter(torch.zeros(h, k, k))  # C
+
+    @_fp32_region
+    def forward(self, phi: Tensor, gram: Tensor) -> Tensor:
+        k = phi.shape[-1]
+        eye = torch.eye(k, dtype=phi.dtype, device=phi.device)
+        out = phi @ (eye + self.skip).transpose(0, 1)
+        g_phi = gram @ phi  # shared by all heads
+        # sum_h beta_h A_h: the Psi-part of every head acts through one k x k matrix.
+        a_eff = torch.einsum("h,hij->ij", self.beta, self.value)
+        out = out + g_phi @ a_eff.transpose(0, 1)
+        # Phi-part: Phi C_h^T B_h (Phi^T Phi) A_h^T, summed over heads.
+        pp = phi.transpose(-1, -2) @ phi  # (B, k, k)
+        cb = self.key.transpose(-1, -2) @ self.query  # (h, k, k)
+        mix = torch.einsum("hij,bjl,hml->bim", cb, pp, self.value)
+        out = out + phi @ mix
+        return _normalize_columns(out)
+
+
+class EigenmapTransformer(nn.Module):
+    """``TF^phi`` of Sec. 3.1: linear attention implementing block power iteration (Lemma 2).
+
+    The input is the Laplacian block ``Psi`` from :class:`LaplacianTransformer`; the eigenmap block starts at a
+    learnable initial guess ``M in R^{n x k}`` (App. A.2). As in Remark 3 each layer is applied
+    ``layer_repeats`` times and the whole stack ``stack_repeats`` times with tied weights.
+
+    The default initialisation is a low-pass filter ``Phi <- Phi - G Phi / 4``: on ``G = L^T L`` with spectrum
+    in ``[0, 4]`` it damps high frequencies, i.e. a damped power step towards the bottom eigenvectors.
+    """
+
+    def __init__(
+        self,
+        n_points: int = 100,
+        n_components: int = 4,
+        num_layers: int = 2,
+        num_heads: int = 2,
+        layer_repeats: int = 2,
+        stack_repeats: int = 2,
+    ):
+        super().__init__()
+        if not 1 <= n_components < n_points:
+            raise ConfigError(f"n_components={n_components} must lie in [1, n_points - 1 = {n_points - 1}]")
+        if min(num_layers, num_heads, layer_repeats, stack_repeats) < 1:
+            raise ConfigError("num_layers, num_heads, layer_repeats and stack_repeats must all be >= 1")
+        self.n_points = n_points
+        self.n_components = n_components
+        self.layer_repeats = layer_repeats
+        self.stack_repeats = stack_repeats
+        init = torch.empty(n_points, n_components)
+        nn.init.orthogonal_(init)
+        self.init_state = nn.Parameter(init)  # M of App. A.2
+        self.layers = nn.ModuleList(LinearAttentionLayer(n_components, num_heads) for _ in range(num_layers))
+        with torch.no_grad():
+            for layer in self.layers:
+                layer.beta[0] = 1.0
+                layer.value[0] = -0.25 * torch.eye(n_components)
+                # Small random query/key/value weights for the remaining heads break the symmetry between them.
+                layer.query.normal_(0.0, 0.1)
+                layer.key.normal_(0.0, 0.1)
+                layer.value[1:].normal_(0.0, 0.1)
+
+    @_fp32_region
+    def forward(self, psi: Tensor) -> Tensor:
+        """``psi: (B, n, n)`` token-major Laplacian block -> eigenmap ``(B, n, k)`` with unit-norm columns."""
+        psi = psi.float()
+        gram = psi @ psi.transpose(-1, -2)  # paper's Psi^T Psi
+        phi = _normalize_columns(self.init_state).unsqueeze(0).expand(psi.shape[0], -1, -1)
+        for _ in range(self.stack_repeats):
+            for layer in self.layers:
+                for _ in range(self.layer_repeats):
+                    phi = layer(phi, gram)
+        return phi
+
+    @classmethod
+    def from_lemma2(cls, n_points: int, n_components: int, mu: float, iterations: int) -> EigenmapTransformer:
+        """The construction in the proof of Lemma 2: ``iterations`` steps of block power iteration with QR.
+
+        Layer 0 does the power step ``Phi <- (mu I - G) Phi`` (``beta = 1``, ``A = -I``, ``S = (mu-1) I``);
+        layer ``i = 1..k-1`` orthogonalises column ``i`` against columns ``j < i`` (``A = -e_i e_i^T``,
+        ``B = C = diag(1[j < i])``, ``beta = 0``); unit-norm columns after every layer complete the QR step.
+        The columns converge to the bottom eigenvectors of ``G = Psi^T Psi`` when ``mu I > G``.
+        """
+        k = n_components
+        net = cls(n_points, k, num_layers=k, num_heads=1, layer_repeats=1, stack_repeats=iterations)
+        eye = torch.eye(k)
+        with torch.no_grad():
+            for i, layer in enumerate(net.layers):
+                layer.query.zero_()
+                layer.key.zero_()
+                layer.value.zero_()
+                layer.beta.zero_()
+                layer.skip.zero_()
+                if i == 0:
+                    layer.beta.fill_(1.0)
+                    layer.value[0] = -eye
+                    layer.skip.copy_((mu - 1.0) * eye)
+                else:
+                    mask = torch.diag((torch.arange(k) < i).float())
+                    layer.query[0] = mask
+                    layer.key[0] = mask
+                    layer.value[0, i, i] = -1.0
+        return net
+
+
+# --------------------------------------------------------------------------------------------------------
+# Representations phi(X)
+# --------------------------------------------------------------------------------------------------------
+class InContextEigenmap(nn.Module):
+    """``TF_rep = TF^phi o TF^L`` (Sec. 3.1): the learned, in-context Laplacian eigenmap of ORIG+E2E-ICL."""
+
+    def __init__(
+        self,
+        n_points: int = 100,
+        n_components: int = 4,
+        lap_layers: int = 2,
+        lap_bandwidths: Sequence[float] = (0.004, 0.01, 0.025, 0.06),
+        exclude_self: bool = True,
+        eig_layers: int = 2,
+        eig_heads: int = 2,
+        layer_repeats: int = 2,
+        stack_repeats: int = 2,
+    ):
+        super().__init__()
+        self.n_points = n_points
+        self.out_dim = n_components
+        self.laplacian = LaplacianTransformer(n_points, lap_layers, lap_bandwidths, exclude_self)
+        self.eigenmap = EigenmapTransformer(
+            n_points, n_components, eig_layers, eig_heads, layer_repeats, stack_repeats
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        _, psi = self.laplacian(x)
+        return self.eigenmap(psi)
+
+
+class LaplacianEigenmap(nn.Module):
+    """EIG of Sec. 4.1: exact bottom eigenvectors of the kNN-RBF graph Laplacian (App. D), no parameters."""
+
+    def __init__(
+        self,
+        n_components: int = 4,
+        n_neighbors: int = 6,
+        rbf_scale: float = 10.0,
+        normalization: LaplacianNorm = "sym",
+    ):
+        super().__init__()
+        if n_neighbors < 1:
+            raise ConfigError(f"n_neighbors={n_neighbors} must be >= 1")
+        self.out_dim = n_components
+        self.n_components = n_components
+        self.n_neighbors = n_neighbors
+        self.rbf_scale = rbf_scale
+        self.normalization = normalization
+
+    def forward(self, x: Tensor) -> Tensor:
+        return laplacian_eigenmap(x, self.n_components, self.n_neighbors, self.rbf_scale, self.normalization)
+
+
+class RawCoordinates(nn.Module):
+    """ORIG of Sec. 4.1: the raw coordinates, unchanged (the control without representation learning)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.float()
+
+
+# --------------------------------------------------------------------------------------------------------
+# TF_sup: the categorical functional-GD ICL head (Sec. 3.2, App. B-C)
+# --------------------------------------------------------------------------------------------------------
+class GDICLHead(nn.Module):
+    """In-context functional gradient descent for categorical labels (Eq. 6-7, App. C).
+
+    Starting from ``f_0 = 0``, each layer performs (App. C, Eq. 25)
+
+        f_{l+1}(i) = f_l(i) + (alpha / m) sum_{j <= m} [ w_{y_j} - E(w | f_l(j)) ] kappa(phi_i, phi_j)
+
+    for every token ``i``, where only the ``m`` labeled tokens act as keys and values. ``E(w|f)`` is the
+    softmax-weighted mean of the class embeddings (Eq. 7); the paper replaces it by one MLP tied across layers
+    (App. C.2, ``expectation="mlp"``); ``expectation="exact"`` computes Eq. 7 itself. The logits of token ``i``
+    are ``w_c^T f_L(i)`` (Eq. 3). With ``expectation="exact"`` and ``kernel="linear"`` the update is exactly
+    gradient descent on the cross-entropy (5) of a linear model ``f = A phi`` started at ``A = 0`` (App. B).
+
+    Args:
+        num_classes: ``C``.
+        embed_dim: ``d'``, the dimension of ``f`` and of the class embeddings ``w_c``.
+        mlp_hidden: hidden width of ``MLP_gamma``.
+        num_layers: GD steps (the paper uses 1; 2 in App. F.1).
+        kernel: ``"rbf"``: ``exp(-gamma ||phi_i - phi_j||^2)``; ``"linear"``: ``phi_i . phi_j``.
+        expectation: ``"mlp"`` (paper) or ``"exact"`` (Eq. 7).
+        step_size: initial GD step ``alpha`` (learned, as a log).
+        gamma: initial RBF inverse bandwidth (learned, as a log).
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 2,
+        embed_dim: int = 16,
+        mlp_hidden: int = 16,
+        num_layers: int = 1,
+        kernel: Literal["rbf", "linear"] = "rbf",
+        expectation: Literal["mlp", "exact"] = "mlp",
+        step_size: float = 1.0,
+        gamma: float = 20.0,
+    ):
+        super().__init__()
+        if num_classes < 2:
+            raise ConfigError(f"num_classes={num_classes}: a classifier needs at least 2 classes")
+        if num_layers < 1:
+            raise ConfigError(f"num_layers={num_layers}: the ICL head needs at least one GD layer")
+        if kernel not in ("rbf", "linear"):
+            raise ConfigError(f"unknown kernel {kernel!r}; choose 'rbf' or 'linear'")
+        if expectation not in ("mlp", "exact"):
+            raise ConfigError(f"unknown expectation {expectation!r}; choose 'mlp' or 'exact'")
+        self.num_classes = num_classes
+        self.num_layers = num_layers
+        self.kernel = kernel
+        self.expectation = expectation
+        self.class_embed = nn.Parameter(torch.randn(num_classes, embed_dim) / math.sqrt(embed_dim))  # w_c
+        self.mlp = nn.Sequential(nn.Linear(embed_dim, mlp_hidden), nn.GELU(), nn.Linear(mlp_hidden, embed_dim))
+        self.log_step = nn.Parameter(torch.tensor(math.log(step_size)))
+        self.log_gamma = nn.Parameter(torch.tensor(math.log(gamma)), requires_grad=kernel == "rbf")
+
+    @_fp32_region
+    def kernel_matrix(self, phi: Tensor) -> Tensor:
+        """``kappa(phi_i, phi_j)`` for all pairs, ``(B, n, n)``, in float32."""
+        phi = phi.float()
+        if self.kernel == "linear":
+            return phi @ phi.transpose(-1, -2)
+        return torch.exp(-torch.exp(self.log_gamma) * pairwise_sq_dists(phi))
+
+    def expected_embedding(self, f: Tensor) -> Tensor:
+        """``E(w | f)`` of Eq. (7): the MLP approximation, or the exact softmax-weighted class embedding."""
+        if self.expectation == "mlp":
+            return self.mlp(f).float()
+        return torch.softmax(f @ self.class_embed.T, dim=-1) @ self.class_embed
+
+    def forward(self, phi: Tensor, y: Tensor, labeled: Tensor) -> Tensor:
+        """Logits ``(B, n, C)`` for every token.
+
+        Args:
+            phi: ``(B, n, k)`` representation.
+            y: ``(B, n)`` labels; only the entries where ``labeled`` is True are read.
+            labeled: ``(B, n)`` bool mask of the ``m`` labeled tokens (at least one per episode).
+        """
+        labeled_f = labeled.to(torch.float32)
+        m = labeled_f.sum(-1).clamp_min(1.0)
+        # Keys/values are the labeled tokens only: unlabeled columns of the kernel are zeroed.
+        kern = self.kernel_matrix(phi) * labeled_f.unsqueeze(-2)
+        kern = kern * (torch.exp(self.log_step) / m)[:, None, None]
+        # Never read the labels of unlabeled tokens (they are the training targets).
+        w_y = self.class_embed[y.masked_fill(~labeled, 0)] * labeled_f.unsqueeze(-1)
+        f = torch.zeros_like(w_y)
+        for _ in range(self.num_layers):
+            residual = (w_y - self.expected_embedding(f)) * labeled_f.unsqueeze(-1)
+            f = f + kern @ residual
+        return f @ self.class_embed.T
+
+
+class ICSSLOutput(NamedTuple):
+    """What an IC-SSL net returns: class logits for every token and the representation it classified."""
+
+    logits: Tensor  # (B, n, C)
+    features: Tensor  # (B, n, k)
+
+
+class SemiSupervisedICL(nn.Module):
+    """``[Data + Model]`` of Sec. 4.1: a representation ``phi(X)`` of all points, then the GD ICL head.
+
+    Args:
+        representation: :class:`InContextEigenmap` (ORIG+E2E-ICL, the default), :class:`LaplacianEigenmap`
+            (EIG+ICL) or :class:`RawCoordinates` (ORIG+ICL); any module mapping ``(B, n, d)`` to ``(B, n, k)``.
+        head: the classifier; defaults to :class:`GDICLHead` with the paper's one RBF layer.
+    """
+
+    def __init__(self, representation: nn.Module | None = None, head: nn.Module | None = None):
+        super().__init__()
+        self.representation = representation if representation is not None else InContextEigenmap()
+        self.head = head if head is not None else GDICLHead()
+
+    @property
+    def n_points(self) -> int | None:
+        """The episode size the representation was built for, or None if it works for any size."""
+        return getattr(self.representation, "n_points", None)
+
+    def represent(self, x: Tensor) -> Tensor:
+        """``phi(X)``: ``(B, n, d)`` -> ``(B, n, k)``; it never sees labels, so it can be reused across ratios."""
+        return self.representation(x)
+
+    def classify(self, features: Tensor, y: Tensor, labeled: Tensor) -> Tensor:
+        """Logits ``(B, n, C)`` from features and the labeled subset."""
+        return self.head(features, y, labeled)
+
+    def forward(self, x: Tensor, y: Tensor, labeled: Tensor) -> ICSSLOutput:
+        features = self.represent(x)
+        return ICSSLOutput(self.classify(features, y, labeled), features)
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Trainable parameters, as counted in App. H."""
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+__all__ = [
+    "EigenmapTransformer",
+    "GDICLHead",
+    "ICSSLOutput",
+    "InContextEigenmap",
+    "LaplacianEigenmap",
+    "LaplacianTransformer",
+    "LinearAttentionLayer",
+    "RBFAttentionLayer",
+    "RawCoordinates",
+    "SemiSupervisedICL",
+    "count_parameters",
+]
