@@ -26,7 +26,10 @@ def pairwise_sq_dists(x: Tensor) -> Tensor:
         ``(..., n, n)`` float32 matrix with ``D[..., i, j] = ||x_i - x_j||^2``, clamped at 0 so round-off
         never produces a negative distance.
     """
+    # Centre each set first: the expansion below cancels catastrophically when the points sit far from the
+    # origin relative to their spread (App. D translates by up to 1 and scales by 0.02).
     x = x.float()
+    x = x - x.mean(dim=-2, keepdim=True)
     sq = (x * x).sum(-1)
     d2 = sq.unsqueeze(-1) + sq.unsqueeze(-2) - 2.0 * (x @ x.transpose(-1, -2))
     return d2.clamp_min_(0.0)

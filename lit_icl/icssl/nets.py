@@ -118,6 +118,10 @@ class LaplacianTransformer(nn.Module):
         bandwidths: initial RBF bandwidths ``sigma_h``, one head each; the default spans the range of point
             spacings produced by the random scale of App. D (0.02 to 0.1).
         exclude_self: drop self loops, ``A_ii = 0`` (Sec. 3.1).
+        output: what the first layer is initialised to produce: ``"laplacian"``, ``L_hat = I - A D^{-1}``
+            (Lemma 1: ``a' = -1, s' = 0``), or ``"random_walk"``, ``A D^{-1} = I - L_hat`` (``a' = 1, s' = -1``).
+            Both are points of the same parameter family; the second lets the eigenmap module start as plain
+            subspace iteration (see :class:`EigenmapTransformer`), which trains much better from scratch.
     """
 
     def __init__(
@@ -126,6 +130,8 @@ class LaplacianTransformer(nn.Module):
         num_layers: int = 2,
         bandwidths: Sequence[float] = (0.004, 0.01, 0.025, 0.06),
         exclude_self: bool = True,
+        output: Literal["random_walk", "laplacian"] = "random_walk",
+        init_lr_scale: float = 0.01,
     ):
         super().__init__()
         if n_points < 2:
@@ -133,25 +139,41 @@ class LaplacianTransformer(nn.Module):
         if num_layers < 1:
             raise ConfigError(f"num_layers={num_layers}: the Laplacian module needs at least one layer")
         self.n_points = n_points
-        self.init_state = nn.Parameter(torch.eye(n_points))  # M of App. A.1
+        # M of App. A.1, started at I (Lemma 1) and stored as M = I + init_lr_scale * delta. Adam moves every
+        # entry of a parameter by about lr per step whatever its gradient, so a raw n x n M is scrambled
+        # (100^2 entries of noise) long before a useful gradient reaches it; the scale keeps M near I.
+        self.register_buffer("init_base", torch.eye(n_points))
+        self.init_delta = nn.Parameter(torch.zeros(n_points, n_points))
+        self.init_lr_scale = init_lr_scale
         # Later layers start as identity maps (a' = 0) so training begins from the Lemma-1 Laplacian.
+        if output not in ("random_walk", "laplacian"):
+            raise ConfigError(f"unknown output {output!r}; choose 'random_walk' or 'laplacian'")
         self.layers = nn.ModuleList(
-            RBFAttentionLayer(bandwidths, exclude_self, value_init=-1.0 if i == 0 else 0.0)
-            for i in range(num_layers)
+            RBFAttentionLayer(bandwidths, exclude_self, value_init=0.0) for _ in range(num_layers)
         )
+        first = self.layers[0]
+        with torch.no_grad():
+            first.value_lap.fill_((1.0 if output == "random_walk" else -1.0) / len(bandwidths))
+            first.skip_lap.fill_(-1.0 if output == "random_walk" else 0.0)
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """``x: (B, n, d)`` -> ``(x_out (B, n, d), Psi (B, n, n))``."""
         b, n, _ = x.shape
         if n != self.n_points:
-            raise ValueError(
+            raise ConfigError(
                 f"the Laplacian module was built for n_points={self.n_points} but got episodes of {n} points; "
                 f"set the net's n_points to the data's n_points"
             )
-        psi = self.init_state.unsqueeze(0).expand(b, n, n)
+        # Not expanded to the batch: the first layer broadcasts it, saving an (n x n) copy per episode.
+        psi = self.init_state.unsqueeze(0)
         for layer in self.layers:
             x, psi = layer(x, psi)
         return x, psi
+
+    @property
+    def init_state(self) -> Tensor:
+        """The learnable initialisation ``M in R^{n x n}`` of App. A.1."""
+        return self.init_base + self.init_lr_scale * self.init_delta
 
     @classmethod
     def from_lemma1(cls, n_points: int, sigma: float, exclude_self: bool = False) -> LaplacianTransformer:
@@ -159,9 +181,10 @@ class LaplacianTransformer(nn.Module):
 
         ``M = I``, ``a = 0``, ``a' = -1``, ``b = c = 1/sigma``, ``b' = c' = 0``, ``s = s' = 0``.
         """
-        net = cls(n_points, num_layers=1, bandwidths=[sigma], exclude_self=exclude_self)
+        net = cls(n_points, num_layers=1, bandwidths=[sigma], exclude_self=exclude_self, output="laplacian")
         layer = net.layers[0]
         with torch.no_grad():
+            layer.skip_lap.zero_()
             layer.log_rho.fill_(float("inf"))  # b' = c' = 0: the Laplacian block does not enter the kernel
             layer.value_lap.fill_(-1.0)
             layer.value_coord.zero_()
@@ -218,8 +241,14 @@ class EigenmapTransformer(nn.Module):
     learnable initial guess ``M in R^{n x k}`` (App. A.2). As in Remark 3 each layer is applied
     ``layer_repeats`` times and the whole stack ``stack_repeats`` times with tied weights.
 
-    The default initialisation is a low-pass filter ``Phi <- Phi - G Phi / 4``: on ``G = L^T L`` with spectrum
-    in ``[0, 4]`` it damps high frequencies, i.e. a damped power step towards the bottom eigenvectors.
+    Initialisation (training then moves freely in the parameter family of Eq. 16): even layers do a power
+    step ``Phi <- G Phi`` (head 0: ``beta = 1``, ``A = I``, ``S = -I``), odd layers orthogonalise column ``i``
+    against columns ``j < i`` with head ``i`` (the Gram-Schmidt construction of the Lemma 2 proof, with the
+    ``H`` heads working on ``H`` columns at once, Remark 3.2). With the random-walk block ``Psi = A D^{-1}``
+    this is subspace iteration towards the top eigenvectors of ``G = Psi^T Psi``, the smooth, low-frequency
+    functions on the point cloud, i.e. the bottom of the Laplacian spectrum. Lemma 2's own shifted form
+    (power step on ``mu I - G`` with ``Psi = L_hat``) is :meth:`from_lemma2`; it needs thousands of steps
+    because the bottom of ``L_hat^T L_hat`` is tightly clustered, which is why it is not the training default.
     """
 
     def __init__(
@@ -227,11 +256,13 @@ class EigenmapTransformer(nn.Module):
         n_points: int = 100,
         n_components: int = 4,
         num_layers: int = 2,
-        num_heads: int = 2,
+        num_heads: int | None = None,
         layer_repeats: int = 2,
-        stack_repeats: int = 2,
+        stack_repeats: int = 4,
+        init_lr_scale: float = 0.01,
     ):
         super().__init__()
+        num_heads = n_components if num_heads is None else num_heads
         if not 1 <= n_components < n_points:
             raise ConfigError(f"n_components={n_components} must lie in [1, n_points - 1 = {n_points - 1}]")
         if min(num_layers, num_heads, layer_repeats, stack_repeats) < 1:
@@ -242,16 +273,33 @@ class EigenmapTransformer(nn.Module):
         self.stack_repeats = stack_repeats
         init = torch.empty(n_points, n_components)
         nn.init.orthogonal_(init)
-        self.init_state = nn.Parameter(init)  # M of App. A.2
+        # M of App. A.2, reparametrised like the Laplacian module's M (see there).
+        self.register_buffer("init_base", init)
+        self.init_delta = nn.Parameter(torch.zeros(n_points, n_components))
+        self.init_lr_scale = init_lr_scale
         self.layers = nn.ModuleList(LinearAttentionLayer(n_components, num_heads) for _ in range(num_layers))
+        k, eye = n_components, torch.eye(n_components)
         with torch.no_grad():
-            for layer in self.layers:
-                layer.beta[0] = 1.0
-                layer.value[0] = -0.25 * torch.eye(n_components)
-                # Small random query/key/value weights for the remaining heads break the symmetry between them.
-                layer.query.normal_(0.0, 0.1)
-                layer.key.normal_(0.0, 0.1)
-                layer.value[1:].normal_(0.0, 0.1)
+            for idx, layer in enumerate(self.layers):
+                # Tiny random weights everywhere keep unused heads trainable (all-zero heads get no gradient).
+                for p in (layer.query, layer.key, layer.value):
+                    p.normal_(0.0, 1e-3)
+                if idx % 2 == 0 or num_layers == 1:
+                    layer.beta[0] = 1.0
+                    layer.value[0] = eye
+                    layer.skip.copy_(-eye)
+                if idx % 2 == 1 or num_layers == 1:
+                    for i in range(1, min(num_heads, k)):
+                        mask = torch.diag((torch.arange(k) < i).float())
+                        layer.query[i] = mask
+                        layer.key[i] = mask
+                        layer.value[i].zero_()
+                        layer.value[i, i, i] = -1.0
+
+    @property
+    def init_state(self) -> Tensor:
+        """The learnable initial guess ``M in R^{n x k}`` of App. A.2."""
+        return self.init_base + self.init_lr_scale * self.init_delta
 
     @_fp32_region
     def forward(self, psi: Tensor) -> Tensor:
@@ -309,15 +357,16 @@ class InContextEigenmap(nn.Module):
         lap_layers: int = 2,
         lap_bandwidths: Sequence[float] = (0.004, 0.01, 0.025, 0.06),
         exclude_self: bool = True,
+        lap_output: Literal["random_walk", "laplacian"] = "random_walk",
         eig_layers: int = 2,
-        eig_heads: int = 2,
+        eig_heads: int | None = None,
         layer_repeats: int = 2,
-        stack_repeats: int = 2,
+        stack_repeats: int = 4,
     ):
         super().__init__()
         self.n_points = n_points
         self.out_dim = n_components
-        self.laplacian = LaplacianTransformer(n_points, lap_layers, lap_bandwidths, exclude_self)
+        self.laplacian = LaplacianTransformer(n_points, lap_layers, lap_bandwidths, exclude_self, lap_output)
         self.eigenmap = EigenmapTransformer(
             n_points, n_components, eig_layers, eig_heads, layer_repeats, stack_repeats
         )
@@ -373,6 +422,13 @@ class GDICLHead(nn.Module):
     are ``w_c^T f_L(i)`` (Eq. 3). With ``expectation="exact"`` and ``kernel="linear"`` the update is exactly
     gradient descent on the cross-entropy (5) of a linear model ``f = A phi`` started at ``A = 0`` (App. B).
 
+    ``normalize_kernel=True`` (default) divides each query's kernel row by its mass over the labeled keys, the
+    softmax-attention form of the update that Sec. 3.2 mentions (``alpha`` then replaces ``alpha / m``). We
+    measured why it is the default: with the unnormalised RBF sum the head, even on fixed good features,
+    first collapses to predicting the majority class (points far from every label get ``f ~ 0`` and the
+    cheapest loss decrease is the class prior), and end-to-end training of the representation then never
+    recovers; the normalised form trains stably from the first step.
+
     Args:
         num_classes: ``C``.
         embed_dim: ``d'``, the dimension of ``f`` and of the class embeddings ``w_c``.
@@ -382,6 +438,7 @@ class GDICLHead(nn.Module):
         expectation: ``"mlp"`` (paper) or ``"exact"`` (Eq. 7).
         step_size: initial GD step ``alpha`` (learned, as a log).
         gamma: initial RBF inverse bandwidth (learned, as a log).
+        normalize_kernel: normalise the kernel over the labeled keys (see above).
     """
 
     def __init__(
@@ -393,7 +450,8 @@ class GDICLHead(nn.Module):
         kernel: Literal["rbf", "linear"] = "rbf",
         expectation: Literal["mlp", "exact"] = "mlp",
         step_size: float = 1.0,
-        gamma: float = 20.0,
+        gamma: float = 300.0,
+        normalize_kernel: bool = True,
     ):
         super().__init__()
         if num_classes < 2:
@@ -412,6 +470,7 @@ class GDICLHead(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(embed_dim, mlp_hidden), nn.GELU(), nn.Linear(mlp_hidden, embed_dim))
         self.log_step = nn.Parameter(torch.tensor(math.log(step_size)))
         self.log_gamma = nn.Parameter(torch.tensor(math.log(gamma)), requires_grad=kernel == "rbf")
+        self.normalize_kernel = normalize_kernel
 
     @_fp32_region
     def kernel_matrix(self, phi: Tensor) -> Tensor:
@@ -439,7 +498,10 @@ class GDICLHead(nn.Module):
         m = labeled_f.sum(-1).clamp_min(1.0)
         # Keys/values are the labeled tokens only: unlabeled columns of the kernel are zeroed.
         kern = self.kernel_matrix(phi) * labeled_f.unsqueeze(-2)
-        kern = kern * (torch.exp(self.log_step) / m)[:, None, None]
+        if self.normalize_kernel:
+            kern = kern / kern.sum(-1, keepdim=True).clamp_min(1e-12) * torch.exp(self.log_step)
+        else:
+            kern = kern * (torch.exp(self.log_step) / m)[:, None, None]
         # Never read the labels of unlabeled tokens (they are the training targets).
         w_y = self.class_embed[y.masked_fill(~labeled, 0)] * labeled_f.unsqueeze(-1)
         f = torch.zeros_like(w_y)

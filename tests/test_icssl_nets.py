@@ -1,0 +1,203 @@
+"""The IC-SSL networks against the paper's constructions and independent computations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lit_icl.core.errors import ConfigError
+from lit_icl.core.spectral import knn_rbf_adjacency, laplacian_eigenmap, pairwise_sq_dists
+from lit_icl.icssl.nets import (
+    EigenmapTransformer,
+    GDICLHead,
+    InContextEigenmap,
+    LaplacianEigenmap,
+    LaplacianTransformer,
+    RawCoordinates,
+    SemiSupervisedICL,
+    count_parameters,
+)
+
+
+def _points(b: int = 3, n: int = 30, d: int = 3, seed: int = 0) -> torch.Tensor:
+    return torch.randn(b, n, d, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("exclude_self", [False, True])
+def test_lemma1_construction_gives_right_normalized_laplacian(exclude_self: bool) -> None:
+    """Lemma 1: one RBF-attention layer with M = I, a' = -1 outputs L_hat = I - A D^{-1} (Eq. 12-14)."""
+    n, sigma = 30, 0.8
+    x = _points(n=n)
+    net = LaplacianTransformer.from_lemma1(n, sigma, exclude_self=exclude_self)
+    x_out, psi = net(x)
+
+    # Independent computation in float64 with explicit loops over the definition.
+    xd = x.double()
+    a = torch.exp(-((xd[:, :, None, :] - xd[:, None, :, :]) ** 2).sum(-1) / sigma**2)
+    if exclude_self:
+        a = a * (1 - torch.eye(n, dtype=torch.float64))
+    d = a.sum(dim=1)  # D_jj = sum_k A_kj
+    l_hat = torch.eye(n, dtype=torch.float64) - a / d[:, None, :]  # A D^{-1} scales column j by 1/D_jj
+    # Token j holds column j of L_hat: our token-major block is L_hat^T.
+    torch.testing.assert_close(psi.double(), l_hat.transpose(-1, -2), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(x_out, x)  # a = s = 0 leaves the coordinates untouched
+    # Columns of A D^{-1} sum to one, so every column of L_hat sums to zero.
+    assert psi.sum(-1).abs().max() < 1e-5
+
+
+def test_rbf_attention_is_translation_and_rotation_invariant() -> None:
+    """Tied query/key scales make TF^L depend on distances only (App. D poses must not matter)."""
+    torch.manual_seed(0)
+    net = LaplacianTransformer(n_points=30, num_layers=2)
+    x = _points(n=30) * 0.05
+    q, _ = torch.linalg.qr(torch.randn(3, 3))
+    _, psi = net(x)
+    _, psi_moved = net(x @ q + torch.tensor([0.7, -0.3, 0.2]))
+    torch.testing.assert_close(psi, psi_moved, atol=1e-4, rtol=1e-4)
+
+
+def _subspace_sin(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Largest sine of the principal angles between the column spaces of orthonormal ``u`` and ``v``."""
+    s = torch.linalg.svdvals(u.transpose(-1, -2) @ v)
+    return torch.sqrt((1 - s.min() ** 2).clamp_min(0))
+
+
+def test_lemma2_construction_recovers_bottom_eigenvectors() -> None:
+    """Lemma 2: power step + Gram-Schmidt layers = block power iteration -> bottom eigvecs of Psi^T Psi."""
+    n, k = 40, 3
+    # A Laplacian block from Lemma 1 on a noisy circle: a realistic input with a small bottom spectrum.
+    t = torch.rand(2, n, generator=torch.Generator().manual_seed(1)) * 2 * math.pi
+    x = torch.stack([t.cos(), t.sin(), 0.05 * torch.randn(2, n)], -1)
+    with torch.no_grad():
+        _, psi = LaplacianTransformer.from_lemma1(n, sigma=0.5, exclude_self=True)(x)
+    gram = psi.double() @ psi.double().transpose(-1, -2)  # paper's Psi^T Psi, G_ij = psi_i . psi_j
+    evals, evecs = torch.linalg.eigh(gram)
+    mu = float(evals.max()) * 1.05
+    net = EigenmapTransformer.from_lemma2(n, k, mu=mu, iterations=3000)
+    phi = net(psi).double()
+    for b in range(2):
+        assert evals[b, k] - evals[b, k - 1] > 1e-3, "test input needs a spectral gap"
+        assert _subspace_sin(phi[b], evecs[b, :, :k]) < 1e-2
+    # Columns are orthonormal: the Gram-Schmidt layers plus normalisation implement QR.
+    eye = torch.eye(k, dtype=torch.float64)
+    torch.testing.assert_close(phi.transpose(-1, -2) @ phi, eye.expand(2, k, k), atol=1e-4, rtol=0)
+
+
+def test_lemma2_gram_schmidt_layer_orthogonalises_one_column() -> None:
+    """A single GS layer of the Lemma 2 proof removes column i's projection on columns j < i."""
+    n, k = 20, 3
+    net = EigenmapTransformer.from_lemma2(n, k, mu=1.0, iterations=1)
+    layer = net.layers[2]  # orthogonalises column 2 against columns 0 and 1
+    q, _ = torch.linalg.qr(torch.randn(1, n, 2))
+    c = torch.randn(1, n, 1)
+    phi = torch.cat([q, c / c.norm()], -1)
+    out = layer(phi, torch.zeros(1, n, n))
+    expected = c - q @ (q.transpose(-1, -2) @ c)
+    torch.testing.assert_close(out[..., 2:], expected / expected.norm(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[..., :2], q, atol=1e-6, rtol=1e-6)
+
+
+def test_gd_head_equals_gradient_descent_on_cross_entropy() -> None:
+    """App. B-C: with the exact E(w|f) and a linear kernel, L layers = L GD steps on Eq. (5) for f = A phi."""
+    torch.manual_seed(0)
+    b, n, k, c, dp, steps, alpha = 2, 25, 4, 3, 5, 3, 0.7
+    head = GDICLHead(num_classes=c, embed_dim=dp, num_layers=steps, kernel="linear", expectation="exact",
+                     step_size=alpha, normalize_kernel=False)
+    phi = torch.randn(b, n, k)
+    y = torch.randint(0, c, (b, n))
+    labeled = torch.zeros(b, n, dtype=torch.bool)
+    labeled[0, :7] = True
+    labeled[1, :11] = True
+    logits = head(phi, y, labeled)
+
+    w = head.class_embed.detach()
+    for e in range(b):
+        a = torch.zeros(dp, k, requires_grad=True)  # f(phi) = A phi, started at A = 0 (f_0 = 0)
+        idx = labeled[e].nonzero().flatten()
+        for _ in range(steps):
+            f = phi[e, idx] @ a.T
+            loss = torch.nn.functional.cross_entropy(f @ w.T, y[e, idx])  # Eq. (5), mean over the m labels
+            (grad,) = torch.autograd.grad(loss, a)
+            a = (a - alpha * grad).detach().requires_grad_()
+        expected = (phi[e] @ a.T) @ w.T
+        torch.testing.assert_close(logits[e], expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_gd_head_rbf_update_matches_eq6(normalize: bool) -> None:
+    """One RBF layer: f_1(i) = (alpha/m) sum_j [w_{y_j} - MLP(0)] exp(-gamma ||phi_i - phi_j||^2) (Eq. 6, 25);
+    the normalised form divides by sum_j kappa_ij instead of m."""
+    torch.manual_seed(1)
+    head = GDICLHead(num_classes=2, embed_dim=6, mlp_hidden=8, num_layers=1, gamma=3.0, step_size=0.5,
+                     normalize_kernel=normalize)
+    phi, y = torch.randn(1, 12, 2), torch.randint(0, 2, (1, 12))
+    labeled = torch.arange(12)[None] < 5
+    logits = head(phi, y, labeled)
+    w = head.class_embed
+    e0 = head.mlp(torch.zeros(6))
+    f = torch.zeros(12, 6)
+    for i in range(12):
+        kern = [math.exp(-3.0 * float(((phi[0, i] - phi[0, j]) ** 2).sum())) for j in range(5)]
+        scale = 0.5 / sum(kern) if normalize else 0.5 / 5
+        for j in range(5):
+            f[i] += scale * (w[y[0, j]] - e0) * kern[j]
+    torch.testing.assert_close(logits[0], f @ w.T, atol=1e-5, rtol=1e-4)
+
+
+def test_gd_head_never_reads_labels_of_unlabeled_points() -> None:
+    head = GDICLHead()
+    phi = torch.randn(2, 30, 4)
+    y = torch.randint(0, 2, (2, 30))
+    labeled = torch.arange(30)[None].expand(2, 30) < 6
+    flipped = torch.where(labeled, y, 1 - y)
+    torch.testing.assert_close(head(phi, y, labeled), head(phi, flipped, labeled))
+
+
+def test_laplacian_eigenmap_matches_eigh_of_knn_graph() -> None:
+    x = _points(b=2, n=40)
+    phi = laplacian_eigenmap(x, n_components=4, n_neighbors=6, rbf_scale=10.0)
+    a = knn_rbf_adjacency(x, 6, 10.0).double()
+    assert torch.equal(a, a.transpose(-1, -2))
+    assert (a > 0).sum(-1).min() >= 6  # every point keeps its 6 neighbours (symmetrised graph)
+    deg = a.sum(-1)
+    lap = torch.eye(40, dtype=torch.float64) - a / torch.sqrt(deg[:, :, None] * deg[:, None, :])
+    evals, evecs = torch.linalg.eigh(lap)
+    for b in range(2):
+        assert _subspace_sin(phi[b].double(), evecs[b, :, :4]) < 1e-3
+
+
+def test_pairwise_sq_dists_matches_cdist() -> None:
+    x = _points(n=17, d=5)
+    torch.testing.assert_close(pairwise_sq_dists(x), torch.cdist(x, x) ** 2, atol=1e-4, rtol=1e-4)
+
+
+def test_e2e_net_shapes_parameter_count_and_permutation_equivariance_of_baselines() -> None:
+    net = SemiSupervisedICL()
+    x, y = _points(b=2, n=100) * 0.05, torch.randint(0, 2, (2, 100))
+    labeled = torch.arange(100)[None].expand(2, 100) < 25
+    out = net(x, y, labeled)
+    assert out.logits.shape == (2, 100, 2) and out.features.shape == (2, 100, 4)
+    assert torch.isfinite(out.logits).all()
+    # App. H reports 10,852 parameters for ORIG+E2E-ICL; ours is of the same order.
+    assert 8_000 < count_parameters(net) < 14_000
+    # The baselines have no position-specific parameters: permuting points permutes predictions.
+    perm = torch.randperm(100)
+    lab_p = torch.zeros(2, 100, dtype=torch.bool)
+    lab_p[:, perm[:25]] = True
+    for rep in (RawCoordinates(), LaplacianEigenmap()):
+        model = SemiSupervisedICL(rep, GDICLHead(gamma=100.0))
+        inv = perm.argsort()
+        a = model(x, y, lab_p).logits
+        b = model(x[:, perm], y[:, perm], lab_p[:, perm]).logits[:, inv]
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_bad_net_configurations_raise_clear_errors() -> None:
+    with pytest.raises(ConfigError, match="n_points=100"):
+        InContextEigenmap(n_points=100)(torch.randn(1, 50, 3))
+    with pytest.raises(ConfigError, match="n_neighbors=60"):
+        LaplacianEigenmap(n_neighbors=60)(torch.randn(1, 50, 3))
+    with pytest.raises(ConfigError, match="kernel"):
+        GDICLHead(kernel="cosine")  # type: ignore[arg-type]
