@@ -24,12 +24,9 @@ def _nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
     raw = (hi - lo) / max(count - 1, 1)
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    start = math.floor(lo / step) * step
-    ticks, t = [], start
-    while t <= hi + 1e-9 * step:
-        ticks.append(round(t, 10))
-        t += step
-    return ticks
+    start = math.floor(lo / step + 1e-9) * step
+    stop = math.ceil(hi / step - 1e-9) * step
+    return [round(start + i * step, 10) for i in range(int(round((stop - start) / step)) + 1)]
 
 
 def line_plot_png(

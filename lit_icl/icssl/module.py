@@ -102,6 +102,12 @@ class ICSSLModule(LightningModule):
                 f"the net was built for n_points={net_n} but the data has n_points={n_points}; "
                 f"set the representation's n_points to {n_points}"
             )
+        rep = getattr(self.net, "representation", None)
+        k = getattr(rep, "n_neighbors", None)
+        if k is not None and not 1 <= k <= n_points - 1:
+            raise ConfigError(
+                f"n_neighbors={k} but episodes have only {n_points} points; choose 1 <= n_neighbors <= {n_points - 1}"
+            )
         if lr_schedule not in ("cosine", "constant"):
             raise ConfigError(f"unknown lr_schedule {lr_schedule!r}; choose 'cosine' or 'constant'")
         self.label_ratios = [float(r) for r in label_ratios]

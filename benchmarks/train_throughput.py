@@ -1,0 +1,110 @@
+"""Training steps per second: Lightning path vs a bare PyTorch loop over the same net, data and optimiser.
+
+    python benchmarks/train_throughput.py --config configs/icssl_manifolds.yaml --steps 150 --warmup 20
+
+Both paths build the model and data module from the same YAML through the project's CLI, start from the same
+weights, iterate the same DataLoader, and use the same loss and AdamW settings. Timing starts after
+``--warmup`` steps and stops after ``--steps``; each path is measured ``--repeats`` times, interleaved, and the
+best run is reported (the least disturbed by other work on the machine). The goal tracked in the issues is
+``lightning / bare >= 0.95``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+
+import torch
+from lightning.pytorch import Callback, Trainer
+
+from lit_icl.cli import LitICLCLI
+from lightning.pytorch import LightningDataModule, LightningModule
+
+
+class _StepTimer(Callback):
+    def __init__(self, warmup: int, steps: int):
+        self.warmup, self.steps = warmup, steps
+        self.t0 = self.t1 = 0.0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
+        if trainer.global_step == self.warmup:
+            self.t0 = time.perf_counter()
+        if trainer.global_step == self.steps:
+            self.t1 = time.perf_counter()
+
+
+def lightning_steps_per_s(module: LightningModule, dm: LightningDataModule, warmup: int, steps: int) -> float:
+    timer = _StepTimer(warmup, steps)
+    trainer = Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        callbacks=[timer],
+    )
+    trainer.fit(module, datamodule=dm)
+    return (steps - warmup) / (timer.t1 - timer.t0)
+
+
+def bare_steps_per_s(module: LightningModule, dm: LightningDataModule, warmup: int, steps: int) -> float:
+    """The same step as ``ICSSLModule.training_step`` + AdamW, without Lightning."""
+    net = module.net
+    hp = module.hparams
+    opt = torch.optim.AdamW(net.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
+    loader = dm.train_dataloader()
+    step, t0 = 0, 0.0
+    while step < steps:
+        for batch in loader:
+            x, y = batch["x"], batch["y"]
+            labeled = torch.arange(x.shape[1]).unsqueeze(0) < batch["n_labeled"].unsqueeze(1)
+            logits = net(x, y, labeled).logits
+            loss = module.unlabeled_loss(logits, y, labeled)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            step += 1
+            if step == warmup:
+                t0 = time.perf_counter()
+            if step == steps:
+                break
+    return (steps - warmup) / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/icssl_manifolds.yaml")
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+
+    cli = LitICLCLI(
+        LightningModule,
+        LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        run=False,
+        args=["--config", args.config, "--trainer.logger", "false"],
+    )
+    template = cli.model
+    dm = cli.datamodule
+    dm.hparams.train_batches_per_epoch = max(dm.hparams.train_batches_per_epoch, args.steps + 1)
+    results: dict[str, list[float]] = {"lightning": [], "bare": []}
+    for _ in range(args.repeats):
+        results["lightning"].append(lightning_steps_per_s(copy.deepcopy(template), dm, args.warmup, args.steps))
+        results["bare"].append(bare_steps_per_s(copy.deepcopy(template), dm, args.warmup, args.steps))
+    lit, bare = max(results["lightning"]), max(results["bare"])
+    print(f"config: {args.config}  steps timed: {args.steps - args.warmup}  threads: {torch.get_num_threads()}")
+    print(f"lightning: {lit:.2f} steps/s  (runs: {', '.join(f'{v:.2f}' for v in results['lightning'])})")
+    print(f"bare loop: {bare:.2f} steps/s  (runs: {', '.join(f'{v:.2f}' for v in results['bare'])})")
+    print(f"ratio lightning/bare: {lit / bare:.3f}")
+
+
+if __name__ == "__main__":
+    main()

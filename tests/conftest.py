@@ -1,0 +1,49 @@
+"""Shared fixtures: tiny, fast IC-SSL configurations for CLI-level tests."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+# Tests run on 2 cores next to each other's subprocesses; one intra-op thread avoids oversubscription.
+torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def tiny_args(tmp_path, *extra: str, name: str = "tiny") -> list[str]:
+    """CLI arguments for a seconds-long IC-SSL run (20-point episodes) logging under ``tmp_path``."""
+    return [
+        "--config", "configs/icssl_manifolds.yaml",
+        "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
+        "--trainer.logger.init_args.name", name,
+        "--trainer.max_epochs", "2",
+        "--trainer.enable_progress_bar", "false",
+        "--trainer.enable_model_summary", "false",
+        "--trainer.log_every_n_steps", "1",
+        "--trainer.num_sanity_val_steps", "0",
+        "--model.init_args.net.init_args.representation.init_args.n_points", "20",
+        "--model.init_args.net.init_args.representation.init_args.stack_repeats", "1",
+        "--data.init_args.n_points", "20",
+        "--data.init_args.batch_size", "16",
+        "--data.init_args.chunk_size", "8",
+        "--data.init_args.eval_batch_size", "16",
+        "--data.init_args.train_batches_per_epoch", "3",
+        "--data.init_args.val_episodes", "16",
+        "--data.init_args.test_episodes", "16",
+        "--data.init_args.eval_label_ratios", "[0.1, 0.25, 0.5]",
+        "--data.init_args.train_label_ratio", "[0.1, 0.5]",
+        "--trainer.callbacks", "[]",
+        *extra,
+    ]
+
+
+@pytest.fixture
+def repo_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True)
+def _run_from_repo_root(monkeypatch: pytest.MonkeyPatch, repo_root: str) -> None:
+    monkeypatch.chdir(repo_root)

@@ -1,0 +1,143 @@
+"""End-to-end CLI behaviour: bad input, exact resume, DDP, bf16, test outputs."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from conftest import tiny_args
+from lit_icl.cli import main
+
+
+def _run(args: list[str]) -> None:
+    main(args)
+
+
+def _scalars(run_dir: Path) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for path in sorted(glob.glob(str(run_dir / "events.out.tfevents.*"))):
+        ea = EventAccumulator(path)
+        ea.Reload()
+        for tag in ea.Tags()["scalars"]:
+            out.setdefault(tag, []).extend(e.value for e in ea.Scalars(tag))
+    return out
+
+
+def _state(ckpt: Path) -> dict[str, torch.Tensor]:
+    return torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+
+
+# ------------------------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--model.init_args.no_such_key", "1"], "no_such_key"),
+        (["--model.init_args.net.init_args.representation", "lit_icl.icssl.nets.NoSuchNet"], "NoSuchNet"),
+        (["--data.init_args.eval_label_ratios", "[0.25, 1.2]"], "label ratio 1.2 is outside (0, 1)"),
+        (["--data.init_args.eval_label_ratios", "[0.01]"], "leaves no labeled point"),
+        (["--data.init_args.train_manifolds", "[cylindr]"], "unknown manifold 'cylindr'"),
+        (
+            ["--model.init_args.net.init_args.representation", "lit_icl.icssl.nets.LaplacianEigenmap",
+             "--model.init_args.net.init_args.representation.init_args.n_neighbors", "50"],
+            "n_neighbors=50",
+        ),
+        (["--ckpt_path", "does/not/exist.ckpt"], "does not exist"),
+    ],
+)
+def test_bad_input_fails_early_with_one_line(tmp_path, capsys, extra: list[str], needle: str) -> None:
+    args = ["fit", *tiny_args(tmp_path)]
+    if extra[0] == "--model.init_args.net.init_args.representation" and "LaplacianEigenmap" in extra[1]:
+        # Swap the whole representation (its init args differ from the E2E one's).
+        args = [a for a in args if "representation.init_args" not in a]
+        args = [a for i, a in enumerate(args) if i == 0 or "representation.init_args" not in args[i - 1]]
+    with pytest.raises(SystemExit) as info:
+        _run(args + extra)
+    assert info.value.code != 0
+    err = capsys.readouterr().err
+    assert needle in err, err
+    assert not (tmp_path / "runs").exists(), "nothing may be written before the input is checked"
+
+
+def test_ckpt_path_that_is_not_a_checkpoint(tmp_path, capsys) -> None:
+    bogus = tmp_path / "notes.ckpt"
+    bogus.write_text("not a checkpoint")
+    with pytest.raises(SystemExit) as info:
+        _run(["fit", *tiny_args(tmp_path), "--ckpt_path", str(bogus)])
+    assert info.value.code == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert lines == [f"lit_icl: error: --ckpt_path {bogus} is not a PyTorch checkpoint (UnpicklingError)"] or (
+        len(lines) == 1 and "is not a PyTorch checkpoint" in lines[0]
+    )
+    assert not (tmp_path / "runs").exists()
+
+
+# ------------------------------------------------------------------------------------------- exactness
+def test_resume_from_last_is_exact_and_stays_in_the_run_folder(tmp_path) -> None:
+    straight = tmp_path / "a"
+    _run(["fit", *tiny_args(straight, name="run")])
+    interrupted = tmp_path / "b"
+    _run(["fit", *tiny_args(interrupted, "--trainer.max_epochs", "1", name="run")])
+    _run(["fit", *tiny_args(interrupted, "--ckpt_path", "last", name="run")])
+
+    runs = sorted(p.name for p in (interrupted / "runs" / "run").iterdir())
+    assert runs == ["version_0"], f"resume must continue version_0, found {runs}"
+    a = _state(straight / "runs/run/version_0/checkpoints/last.ckpt")
+    b = _state(interrupted / "runs/run/version_0/checkpoints/last.ckpt")
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    ck = torch.load(interrupted / "runs/run/version_0/checkpoints/last.ckpt", weights_only=False)
+    assert ck["global_step"] == 6 and ck["epoch"] == 1
+
+
+def test_bf16_mixed_trains_with_finite_loss(tmp_path) -> None:
+    _run(["fit", *tiny_args(tmp_path, "--trainer.precision", "bf16-mixed", "--trainer.max_epochs", "1")])
+    scalars = _scalars(tmp_path / "runs/tiny/version_0")
+    assert scalars["train/loss"] and all(torch.isfinite(torch.tensor(scalars["train/loss"])))
+    assert 0.0 <= scalars["val/acc/label_ratio=0.25"][-1] <= 1.0
+
+
+def test_test_writes_results_table_and_figure(tmp_path) -> None:
+    _run(["fit", *tiny_args(tmp_path, "--trainer.max_epochs", "1")])
+    ckpt = tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt"
+    _run(["test", *tiny_args(tmp_path), "--ckpt_path", str(ckpt)])
+    out = tmp_path / "runs/tiny/version_1"
+    result = json.loads((out / "results.json").read_text())
+    ratios = [r["label_ratio"] for r in result["results"]]
+    assert ratios == [0.1, 0.25, 0.5]
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in result["results"])
+    assert [r["n_labeled"] for r in result["results"]] == [2, 5, 10]
+    assert (out / "results.csv").read_text().startswith("label_ratio,n_labeled,accuracy")
+    assert (out / "accuracy_vs_label_ratio.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_ddp_on_cpu_matches_single_process(tmp_path) -> None:
+    """2 gloo ranks x 8 episodes per step see the same data as 1 process x 16: same validation metrics."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    common = ["--trainer.max_epochs", "1", "--model.init_args.lr_schedule", "constant"]
+    single = tmp_path / "single"
+    ddp = tmp_path / "ddp"
+    subprocess.run(
+        [sys.executable, "-m", "lit_icl", "fit", *tiny_args(single, *common, "--data.init_args.batch_size", "16")],
+        check=True, env=env, capture_output=True, timeout=300,
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "lit_icl", "fit",
+         *tiny_args(ddp, *common, "--data.init_args.batch_size", "8", "--data.init_args.eval_batch_size", "8",
+                    "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu")],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = _scalars(single / "runs/tiny/version_0")
+    d = _scalars(ddp / "runs/tiny/version_0")
+    for tag in ("val/acc/label_ratio=0.1", "val/acc/label_ratio=0.25", "val/acc/label_ratio=0.5", "val/loss"):
+        # Same episodes, same averaged gradients; only the order of float reductions differs.
+        assert abs(s[tag][-1] - d[tag][-1]) < 2e-3, (tag, s[tag], d[tag])
