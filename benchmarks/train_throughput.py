@@ -34,11 +34,13 @@ class _StepTimer(Callback):
             self.t1 = time.perf_counter()
 
 
-def lightning_steps_per_s(module: LightningModule, dm: LightningDataModule, warmup: int, steps: int) -> float:
+def lightning_steps_per_s(
+    module: LightningModule, dm: LightningDataModule, warmup: int, steps: int, device: torch.device
+) -> float:
     timer = _StepTimer(warmup, steps)
     trainer = Trainer(
         max_steps=steps,
-        accelerator="cpu",
+        accelerator="gpu" if device.type == "cuda" else "cpu",
         devices=1,
         logger=False,
         enable_checkpointing=False,
@@ -52,17 +54,19 @@ def lightning_steps_per_s(module: LightningModule, dm: LightningDataModule, warm
     return (steps - warmup) / (timer.t1 - timer.t0)
 
 
-def bare_steps_per_s(module: LightningModule, dm: LightningDataModule, warmup: int, steps: int) -> float:
+def bare_steps_per_s(
+    module: LightningModule, dm: LightningDataModule, warmup: int, steps: int, device: torch.device
+) -> float:
     """The same step as ``ICSSLModule.training_step`` + AdamW, without Lightning."""
-    net = module.net
+    net = module.net.to(device)
     hp = module.hparams
     opt = torch.optim.AdamW(net.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
     loader = dm.train_dataloader()
     step, t0 = 0, 0.0
     while step < steps:
         for batch in loader:
-            x, y = batch["x"], batch["y"]
-            labeled = torch.arange(x.shape[1]).unsqueeze(0) < batch["n_labeled"].unsqueeze(1)
+            x, y, n_labeled = (batch[k].to(device, non_blocking=True) for k in ("x", "y", "n_labeled"))
+            labeled = torch.arange(x.shape[1], device=device).unsqueeze(0) < n_labeled.unsqueeze(1)
             logits = net(x, y, labeled).logits
             loss = module.unlabeled_loss(logits, y, labeled)
             opt.zero_grad(set_to_none=True)
@@ -70,10 +74,17 @@ def bare_steps_per_s(module: LightningModule, dm: LightningDataModule, warmup: i
             opt.step()
             step += 1
             if step == warmup:
+                _sync(device)
                 t0 = time.perf_counter()
             if step == steps:
                 break
+    _sync(device)
     return (steps - warmup) / (time.perf_counter() - t0)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def main() -> None:
@@ -82,6 +93,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--accelerator", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args()
 
     cli = LitICLCLI(
@@ -95,12 +107,18 @@ def main() -> None:
     template = cli.model
     dm = cli.datamodule
     dm.hparams.train_batches_per_epoch = max(dm.hparams.train_batches_per_epoch, args.steps + 1)
+    device = torch.device(args.accelerator)
     results: dict[str, list[float]] = {"lightning": [], "bare": []}
     for _ in range(args.repeats):
-        results["lightning"].append(lightning_steps_per_s(copy.deepcopy(template), dm, args.warmup, args.steps))
-        results["bare"].append(bare_steps_per_s(copy.deepcopy(template), dm, args.warmup, args.steps))
+        results["lightning"].append(
+            lightning_steps_per_s(copy.deepcopy(template), dm, args.warmup, args.steps, device)
+        )
+        results["bare"].append(bare_steps_per_s(copy.deepcopy(template), dm, args.warmup, args.steps, device))
     lit, bare = max(results["lightning"]), max(results["bare"])
-    print(f"config: {args.config}  steps timed: {args.steps - args.warmup}  threads: {torch.get_num_threads()}")
+    print(
+        f"config: {args.config}  device: {args.accelerator}  steps timed: {args.steps - args.warmup}  "
+        f"threads: {torch.get_num_threads()}"
+    )
     print(f"lightning: {lit:.2f} steps/s  (runs: {', '.join(f'{v:.2f}' for v in results['lightning'])})")
     print(f"bare loop: {bare:.2f} steps/s  (runs: {', '.join(f'{v:.2f}' for v in results['bare'])})")
     print(f"ratio lightning/bare: {lit / bare:.3f}")

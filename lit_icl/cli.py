@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import re
 import sys
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +41,8 @@ class LitICLCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        # No monitor: Lightning refreshes last.ckpt only when this callback saves, which an unmonitored one
+        # does every epoch; a monitored one would leave last.ckpt behind after the best epoch.
         parser.set_defaults({"checkpoint.save_last": True, "checkpoint.save_top_k": 1})
         # The data module owns episode size and evaluation ratios; the module needs them to validate
         # its net and to name its metrics. Links keep a single place to set them.
@@ -74,11 +75,13 @@ def check_ckpt_path(ckpt_path: str | None) -> None:
             "newest run of this config"
         )
     try:
+        # Lightning reads the checkpoint with weights_only=True as well, so this is the same test it applies.
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except (zipfile.BadZipFile, RuntimeError, EOFError, OSError, ValueError) as err:
-        raise ConfigError(f"--ckpt_path {ckpt_path} is not a PyTorch checkpoint ({type(err).__name__})") from None
-    except Exception:  # noqa: BLE001 - unpicklable content: still a torch file, let Lightning decide
-        return
+    except Exception as err:  # noqa: BLE001 - any failure means Lightning could not read it either
+        raise ConfigError(
+            f"--ckpt_path {ckpt_path} is not a PyTorch checkpoint ({type(err).__name__}); "
+            "pass a .ckpt written by `python -m lit_icl fit`"
+        ) from None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise ConfigError(
             f"--ckpt_path {ckpt_path} is a torch file but not a Lightning checkpoint (no 'state_dict'); "
@@ -136,9 +139,28 @@ def main(args: ArgsType = None) -> None:
             },
             args=args,
         )
-    except ConfigError as err:
-        print(f"lit_icl: error: {err}", file=sys.stderr)
+    except Exception as err:  # noqa: BLE001 - re-raised unless it is (or wraps) a ConfigError
+        config_error = find_config_error(err)
+        if config_error is None:
+            raise
+        print(f"lit_icl: error: {config_error}", file=sys.stderr)
         sys.exit(2)
+
+
+def find_config_error(err: BaseException) -> ConfigError | None:
+    """The :class:`ConfigError` behind ``err``, if any.
+
+    jsonargparse re-raises errors from class constructors inside nested (sub)class arguments as a long
+    multi-line ``ValueError`` chained ``from`` the original one; the original holds the one-line message.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ConfigError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+from lightning.pytorch import Callback
 
 # Tests run on 2 cores next to each other's subprocesses; one intra-op thread avoids oversubscription.
 torch.set_num_threads(1)
@@ -47,3 +48,26 @@ def repo_root() -> str:
 @pytest.fixture(autouse=True)
 def _run_from_repo_root(monkeypatch: pytest.MonkeyPatch, repo_root: str) -> None:
     monkeypatch.chdir(repo_root)
+
+
+class CrashAtEpoch(Callback):
+    """Simulates a crash: raises at the start of epoch ``epoch``, after the previous epoch's checkpoint."""
+
+    def __init__(self, epoch: int = 1):
+        self.epoch = epoch
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:  # noqa: ANN001
+        if trainer.current_epoch == self.epoch:
+            raise RuntimeError("simulated crash")
+
+
+class RecordBatches(Callback):
+    """Debug aid: appends (epoch, global_step, batch checksum, lr) lines to ``path``."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: ANN001
+        lr = trainer.optimizers[0].param_groups[0]["lr"]
+        with open(self.path, "a") as fh:
+            fh.write(f"{trainer.current_epoch} {trainer.global_step} {float(batch['x'].sum()):.6f} {lr:.8f}\n")

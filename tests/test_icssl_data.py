@@ -56,10 +56,14 @@ def test_ddp_shards_equal_one_process_with_the_total_batch() -> None:
     per_rank = _dm(batch_size=8)
     ds = single.train_dataloader().dataset
     items = list(EpochSampler(len(ds)))
-    # Rank r of 2 gets items r, r + 2, ... (DistributedSampler without shuffling); each rank's step takes one.
-    rank0, rank1 = items[0::2], items[1::2]
+    rank0, rank1 = EpochSampler(len(ds), 2, 0), EpochSampler(len(ds), 2, 1)
+    for s in (rank0, rank1):
+        s.set_epoch(3)
+    assert sorted([*rank0, *rank1]) == list(range(3 * len(ds), 4 * len(ds)))  # disjoint, complete
+    rank0.set_epoch(0)
+    rank1.set_epoch(0)
     step0_single = collate_chunks([ds[i] for i in items[:2]])
-    step0_ranks = collate_chunks([ds[rank0[0]], ds[rank1[0]]])
+    step0_ranks = collate_chunks([ds[next(iter(rank0))], ds[next(iter(rank1))]])
     assert torch.equal(step0_single["x"], step0_ranks["x"])
     assert per_rank.train_dataloader().batch_size == 1
 

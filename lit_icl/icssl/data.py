@@ -8,8 +8,9 @@ stacks ``batch_size / chunk_size`` items into a batch. Every item is a pure func
   brings fresh episodes and a resumed run regenerates exactly the stream it would have seen;
 - validation and test sets are fixed (their seeds do not involve the epoch nor ``seed_everything``).
 
-Under DDP Lightning shards the items across ranks (interleaved, no shuffling), so ranks see disjoint episodes
-and ``k`` ranks with ``batch_size = b`` see, step by step, the same episodes as one process with ``k * b``.
+Under DDP the training sampler shards the items across ranks itself (interleaved, no shuffling; see
+:class:`EpochSampler`), so ranks see disjoint episodes and ``k`` ranks with ``batch_size = b`` see, step by
+step, the same episodes as one process with ``k * b``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data.distributed import DistributedSampler
 
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
@@ -89,26 +91,28 @@ def collate_chunks(items: list[dict[str, Tensor]]) -> dict[str, Tensor]:
     return {k: torch.cat([it[k] for it in items]) for k in items[0]}
 
 
-class EpochSampler(Sampler[int]):
-    """Yields the global item indices of the current epoch: ``epoch * length + i``, ``i < length``.
+class EpochSampler(DistributedSampler):
+    """Global item indices of the current epoch, ``epoch * length + i``, sharded across DDP ranks.
 
-    Lightning calls ``set_epoch`` before every training epoch (also through its DDP sampler wrapper), which
-    makes training data fresh each epoch while keeping it a pure function of the index.
+    Lightning calls ``set_epoch`` before every training epoch, which makes training data fresh each epoch
+    while keeping it a pure function of the index. Rank ``r`` of ``k`` takes items ``r, r + k, ...`` in order.
+    Being a ``DistributedSampler`` it is used as is under DDP (Lightning would otherwise wrap it in a
+    *shuffling* distributed sampler), so ``k`` ranks with ``b`` episodes per step see exactly the episodes
+    one process sees with ``k * b``.
     """
 
-    def __init__(self, length: int):
+    def __init__(self, length: int, num_replicas: int = 1, rank: int = 0):
+        if length % num_replicas:
+            raise ConfigError(f"{length} items per epoch cannot be split evenly over {num_replicas} ranks")
+        super().__init__(range(length), num_replicas=num_replicas, rank=rank, shuffle=False)
         self.length = length
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def __iter__(self) -> Iterator[int]:
         start = self.epoch * self.length
-        return iter(range(start, start + self.length))
+        return iter(range(start + self.rank, start + self.length, self.num_replicas))
 
     def __len__(self) -> int:
-        return self.length
+        return self.length // self.num_replicas
 
 
 class ManifoldDataModule(LightningDataModule):
@@ -127,8 +131,8 @@ class ManifoldDataModule(LightningDataModule):
         n_points: points per episode ``n`` (100 in the paper).
         batch_size: episodes per training step (per device under DDP).
         chunk_size: episodes generated per dataset item; must divide ``batch_size`` and ``eval_batch_size``.
-        train_batches_per_epoch: training steps per epoch; a checkpoint is written at the end of every epoch,
-            so this is also the most work a crash can cost.
+        train_batches_per_epoch: training steps per epoch (per device under DDP); a checkpoint is written at
+            the end of every epoch, so this is also the most work a crash can cost.
         val_episodes: size of the fixed validation set.
         test_episodes: size of the fixed test set.
         eval_batch_size: episodes per validation/test step.
@@ -264,9 +268,11 @@ class ManifoldDataModule(LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
-        items = hp.train_batches_per_epoch * (hp.batch_size // hp.chunk_size)
+        # Every rank takes `train_batches_per_epoch` steps per epoch; the item space grows with the world size.
+        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
+        items = hp.train_batches_per_epoch * (hp.batch_size // hp.chunk_size) * world
         ds = self._dataset("train", items, hp.chunk_size)
-        return self._loader(ds, hp.batch_size, EpochSampler(items))
+        return self._loader(ds, hp.batch_size, EpochSampler(items, world, rank))
 
     def val_dataloader(self) -> DataLoader:
         hp = self.hparams

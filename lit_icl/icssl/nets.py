@@ -66,7 +66,13 @@ class RBFAttentionLayer(nn.Module):
         value_init: initial ``a'_h`` (Lemma 1 uses ``-1`` with one head); ``a_h`` and ``s, s'`` start at 0.
     """
 
-    def __init__(self, bandwidths: Sequence[float], exclude_self: bool = True, value_init: float = -1.0):
+    def __init__(
+        self,
+        bandwidths: Sequence[float],
+        exclude_self: bool = True,
+        value_init: float = -1.0,
+        update_coordinates: bool = True,
+    ):
         super().__init__()
         heads = len(bandwidths)
         if heads < 1 or any(b <= 0 for b in bandwidths):
@@ -75,10 +81,14 @@ class RBFAttentionLayer(nn.Module):
         self.log_sigma = nn.Parameter(torch.tensor([math.log(b) for b in bandwidths]))
         # rho = exp(log_rho); the Laplacian block starts almost switched off (rho = 10 on unit-scale rows).
         self.log_rho = nn.Parameter(torch.full((heads,), math.log(10.0)))
-        self.value_coord = nn.Parameter(torch.zeros(heads))  # a_h
         self.value_lap = nn.Parameter(torch.full((heads,), value_init / heads))  # a'_h
-        self.skip_coord = nn.Parameter(torch.zeros(()))  # s
         self.skip_lap = nn.Parameter(torch.zeros(()))  # s'
+        # The coordinate block's update (a_h, s) only matters if a later layer reads the coordinates; the last
+        # layer has none, so DDP sees no unused parameters.
+        self.update_coordinates = update_coordinates
+        if update_coordinates:
+            self.value_coord = nn.Parameter(torch.zeros(heads))  # a_h
+            self.skip_coord = nn.Parameter(torch.zeros(()))  # s
 
     def attention(self, x: Tensor, psi: Tensor) -> Tensor:
         """Per-head attention weights ``W[b, h, j, i] = kappa^h_ij`` (row ``j`` sums to 1 over ``i``)."""
@@ -98,10 +108,11 @@ class RBFAttentionLayer(nn.Module):
         x, psi = x.float(), psi.float()
         w = self.attention(x, psi)
         # Mix heads first: sum_h a_h W_h is one (B, n, n) matrix, so the value product is done once.
-        w_coord = torch.einsum("bhji,h->bji", w, self.value_coord)
         w_lap = torch.einsum("bhji,h->bji", w, self.value_lap)
-        x = (1.0 + self.skip_coord) * x + w_coord @ x
         psi = (1.0 + self.skip_lap) * psi + w_lap @ psi
+        if self.update_coordinates:
+            w_coord = torch.einsum("bhji,h->bji", w, self.value_coord)
+            x = (1.0 + self.skip_coord) * x + w_coord @ x
         return x, psi
 
 
@@ -149,7 +160,8 @@ class LaplacianTransformer(nn.Module):
         if output not in ("random_walk", "laplacian"):
             raise ConfigError(f"unknown output {output!r}; choose 'random_walk' or 'laplacian'")
         self.layers = nn.ModuleList(
-            RBFAttentionLayer(bandwidths, exclude_self, value_init=0.0) for _ in range(num_layers)
+            RBFAttentionLayer(bandwidths, exclude_self, value_init=0.0, update_coordinates=i < num_layers - 1)
+            for i in range(num_layers)
         )
         first = self.layers[0]
         with torch.no_grad():
@@ -186,8 +198,7 @@ class LaplacianTransformer(nn.Module):
         with torch.no_grad():
             layer.skip_lap.zero_()
             layer.log_rho.fill_(float("inf"))  # b' = c' = 0: the Laplacian block does not enter the kernel
-            layer.value_lap.fill_(-1.0)
-            layer.value_coord.zero_()
+            layer.value_lap.fill_(-1.0)  # a' = -1; the single (last) layer has a = s = 0 by construction
         return net
 
 
