@@ -13,10 +13,10 @@ torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-def tiny_args(tmp_path, *extra: str, name: str = "tiny") -> list[str]:
+def tiny_args(tmp_path, *extra: str, name: str = "tiny", config: str = "configs/icssl_manifolds.yaml") -> list[str]:
     """CLI arguments for a seconds-long IC-SSL run (20-point episodes) logging under ``tmp_path``."""
     return [
-        "--config", "configs/icssl_manifolds.yaml",
+        "--config", config,
         "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
         "--trainer.logger.init_args.name", name,
         "--trainer.max_epochs", "2",

@@ -141,3 +141,20 @@ def test_ddp_on_cpu_matches_single_process(tmp_path) -> None:
     for tag in ("val/acc/label_ratio=0.1", "val/acc/label_ratio=0.25", "val/acc/label_ratio=0.5", "val/loss"):
         # Same episodes, same averaged gradients; only the order of float reductions differs.
         assert abs(s[tag][-1] - d[tag][-1]) < 2e-3, (tag, s[tag], d[tag])
+
+
+CONFIGS = sorted(f"configs/{p.name}" for p in (Path(__file__).parents[1] / "configs").glob("icssl_*.yaml"))
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_every_config_trains_and_tests(tmp_path, config: str) -> None:
+    """Each shipped config runs as is (shrunk to 20-point episodes), including its callbacks."""
+    args = tiny_args(tmp_path, "--trainer.max_epochs", "1", config=config)
+    args = [a for i, a in enumerate(args) if a != "--trainer.callbacks" and args[i - 1] != "--trainer.callbacks"]
+    _run(["fit", *args])
+    ckpts = sorted((tmp_path / "runs/tiny/version_0/checkpoints").iterdir())
+    assert any(p.name == "last.ckpt" for p in ckpts) and any(p.name.startswith("best-") for p in ckpts)
+    scalars = _scalars(tmp_path / "runs/tiny/version_0")
+    assert "val/separation/model" in scalars and "val/mnn/eig~model" in scalars
+    _run(["test", *args, "--ckpt_path", str(tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt")])
+    assert (tmp_path / "runs/tiny/version_1/results.json").is_file()

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.precision import float32_region
 
 LaplacianNorm = Literal["sym", "unnormalized"]
 
@@ -35,8 +36,7 @@ def pairwise_sq_dists(x: Tensor) -> Tensor:
     return d2.clamp_min_(0.0)
 
 
-@torch.autocast("cuda", enabled=False)
-@torch.autocast("cpu", enabled=False)
+@float32_region
 def knn_rbf_adjacency(x: Tensor, n_neighbors: int = 6, rbf_scale: float = 10.0) -> Tensor:
     """Symmetric k-nearest-neighbour graph with RBF weights (IC-SSL App. D).
 
@@ -82,8 +82,7 @@ def graph_laplacian(adjacency: Tensor, normalization: LaplacianNorm = "sym") -> 
     raise ConfigError(f"unknown Laplacian normalization {normalization!r}; choose 'sym' or 'unnormalized'")
 
 
-@torch.autocast("cuda", enabled=False)
-@torch.autocast("cpu", enabled=False)
+@float32_region
 def laplacian_eigenmap(
     x: Tensor,
     n_components: int = 4,

@@ -29,12 +29,8 @@ import torch
 from torch import Tensor, nn
 
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.precision import float32_region
 from lit_icl.core.spectral import LaplacianNorm, laplacian_eigenmap, pairwise_sq_dists
-
-def _fp32_region(fn):  # type: ignore[no-untyped-def]
-    """Run ``fn`` with autocast off on CPU and CUDA (numerically delicate code)."""
-    return torch.autocast("cuda", enabled=False)(torch.autocast("cpu", enabled=False)(fn))
-
 
 def _normalize_columns(phi: Tensor, eps: float = 1e-8) -> Tensor:
     """Unit-norm columns over the tokens: the paper's row-wise ``normalize`` of Eq. (15) in our layout."""
@@ -103,7 +99,7 @@ class RBFAttentionLayer(nn.Module):
             logits = logits.masked_fill(eye, float("-inf"))
         return torch.softmax(logits, dim=-1)
 
-    @_fp32_region
+    @float32_region
     def forward(self, x: Tensor, psi: Tensor) -> tuple[Tensor, Tensor]:
         x, psi = x.float(), psi.float()
         w = self.attention(x, psi)
@@ -228,7 +224,7 @@ class LinearAttentionLayer(nn.Module):
         self.query = nn.Parameter(torch.zeros(h, k, k))  # B
         self.key = nn.Parameter(torch.zeros(h, k, k))  # C
 
-    @_fp32_region
+    @float32_region
     def forward(self, phi: Tensor, gram: Tensor) -> Tensor:
         k = phi.shape[-1]
         eye = torch.eye(k, dtype=phi.dtype, device=phi.device)
@@ -312,7 +308,7 @@ class EigenmapTransformer(nn.Module):
         """The learnable initial guess ``M in R^{n x k}`` of App. A.2."""
         return self.init_base + self.init_lr_scale * self.init_delta
 
-    @_fp32_region
+    @float32_region
     def forward(self, psi: Tensor) -> Tensor:
         """``psi: (B, n, n)`` token-major Laplacian block -> eigenmap ``(B, n, k)`` with unit-norm columns."""
         psi = psi.float()
@@ -483,7 +479,7 @@ class GDICLHead(nn.Module):
         self.log_gamma = nn.Parameter(torch.tensor(math.log(gamma)), requires_grad=kernel == "rbf")
         self.normalize_kernel = normalize_kernel
 
-    @_fp32_region
+    @float32_region
     def kernel_matrix(self, phi: Tensor) -> Tensor:
         """``kappa(phi_i, phi_j)`` for all pairs, ``(B, n, n)``, in float32."""
         phi = phi.float()
