@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch import LightningDataModule, LightningModule
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import tiny_args
-from lit_icl.cli import main
+from lit_icl.cli import LitICLCLI, main
 
 
 def _run(args: list[str]) -> None:
@@ -117,6 +118,13 @@ def test_test_writes_results_table_and_figure(tmp_path) -> None:
     assert [r["n_labeled"] for r in result["results"]] == [2, 5, 10]
     assert (out / "results.csv").read_text().startswith("label_ratio,n_labeled,accuracy")
     assert (out / "accuracy_vs_label_ratio.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # predict: per-point probabilities at every ratio, rows summing to one.
+    cli = LitICLCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                    run=False, args=tiny_args(tmp_path))
+    outputs = cli.trainer.predict(cli.model, datamodule=cli.datamodule, ckpt_path=str(ckpt))
+    probs = torch.cat([o["probs"] for o in outputs], dim=1)
+    assert probs.shape == (3, 16, 20, 2)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(3, 16, 20))
 
 
 def test_ddp_on_cpu_matches_single_process(tmp_path) -> None:

@@ -283,6 +283,10 @@ class ManifoldDataModule(LightningDataModule):
         ds = self._dataset("test", hp.test_episodes // hp.chunk_size, hp.chunk_size)
         return self._loader(ds, hp.eval_batch_size)
 
+    def predict_dataloader(self) -> DataLoader:
+        """The test episodes (``predict`` returns per-point probabilities at every evaluation ratio)."""
+        return self.test_dataloader()
+
 
 def _single_thread_worker(worker_id: int) -> None:
     """Workers generate small tensors: one intra-op thread each avoids oversubscribing the cores."""

@@ -224,6 +224,22 @@ class ICSSLModule(LightningModule):
         if self.trainer.is_global_zero:
             self._write_results(rows)
 
+    def predict_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        """Class probabilities of every point at every label ratio: ``probs (R, B, n, C)``, plus the inputs.
+
+        ``labels`` are the episodes' labels; at ratio ``label_ratios[r]`` only the first
+        ``round(r * n)`` of them were shown to the model.
+        """
+        features, sweep = self._sweep(batch)
+        probs = torch.stack([logits.float().softmax(-1) for _, logits, _, _ in sweep])
+        return {
+            "x": batch["x"],
+            "labels": batch["y"],
+            "features": features,
+            "label_ratios": torch.tensor(self.label_ratios),
+            "probs": probs,
+        }
+
     # ---------------------------------------------------------------- outputs
     def _write_results(self, rows: list[dict[str, float]]) -> None:
         """``results.json`` / ``results.csv`` / figure next to the run's logs (rank 0 only)."""
