@@ -116,6 +116,7 @@ def test_test_writes_results_table_and_figure(tmp_path) -> None:
     assert ratios == [0.1, 0.25, 0.5]
     assert all(0.0 <= r["accuracy"] <= 1.0 for r in result["results"])
     assert [r["n_labeled"] for r in result["results"]] == [2, 5, 10]
+    assert result["trained_steps"] == 3 and result["checkpoint"] == str(ckpt)
     assert (out / "results.csv").read_text().startswith("label_ratio,n_labeled,accuracy")
     assert (out / "accuracy_vs_label_ratio.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # predict: per-point probabilities at every ratio, rows summing to one.

@@ -118,6 +118,7 @@ class ICSSLModule(LightningModule):
             {ratio_key(r).replace(".", "_"): MeanMetric() for r in self.label_ratios}
         )
         self.val_loss = MeanMetric()
+        self._trained_steps: int | None = None
 
     # ---------------------------------------------------------------- core
     @staticmethod
@@ -240,6 +241,9 @@ class ICSSLModule(LightningModule):
             "probs": probs,
         }
 
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._trained_steps = checkpoint.get("global_step")
+
     # ---------------------------------------------------------------- outputs
     def _write_results(self, rows: list[dict[str, float]]) -> None:
         """``results.json`` / ``results.csv`` / figure next to the run's logs (rank 0 only)."""
@@ -250,7 +254,9 @@ class ICSSLModule(LightningModule):
             "net": type(net).__name__,
             "representation": type(getattr(net, "representation", net)).__name__,
             "parameters": count_parameters(net),
-            "global_step": int(self.global_step),
+            # A test run starts its own step counter at 0; report the training steps of the checkpoint.
+            "trained_steps": int(self._trained_steps if self._trained_steps is not None else self.global_step),
+            "checkpoint": str(self.trainer.ckpt_path) if self.trainer.ckpt_path else None,
             "datamodule": _datamodule_summary(self.trainer.datamodule),
             "results": rows,
         }
