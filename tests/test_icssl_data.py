@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from lit_icl.core.errors import ConfigError
-from lit_icl.icssl.data import EpisodeChunks, EpochSampler, ManifoldDataModule, collate_chunks
+from lit_icl.core.data import EpochSampler, collate_chunks
+from lit_icl.icssl.data import EpisodeChunks, ManifoldDataModule
 from lit_icl.icssl.manifolds import PoseConfig, get_manifold
 
 

@@ -16,15 +16,15 @@ step, the same episodes as one process with ``k * b``.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
 from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
-from torch.utils.data.distributed import DistributedSampler
 
+from lit_icl.core.data import EpochSampler, collate_chunks
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
 from lit_icl.icssl.manifolds import Manifold, PoseConfig, get_manifold, sample_episodes
@@ -84,35 +84,6 @@ class EpisodeChunks(Dataset):
             lo, hi = self.labeled_range
             item["n_labeled"] = torch.randint(lo, hi + 1, (c,), generator=g)
         return item
-
-
-def collate_chunks(items: list[dict[str, Tensor]]) -> dict[str, Tensor]:
-    """Concatenate chunks along the episode axis: ``batch_size / chunk_size`` items -> one batch."""
-    return {k: torch.cat([it[k] for it in items]) for k in items[0]}
-
-
-class EpochSampler(DistributedSampler):
-    """Global item indices of the current epoch, ``epoch * length + i``, sharded across DDP ranks.
-
-    Lightning calls ``set_epoch`` before every training epoch, which makes training data fresh each epoch
-    while keeping it a pure function of the index. Rank ``r`` of ``k`` takes items ``r, r + k, ...`` in order.
-    Being a ``DistributedSampler`` it is used as is under DDP (Lightning would otherwise wrap it in a
-    *shuffling* distributed sampler), so ``k`` ranks with ``b`` episodes per step see exactly the episodes
-    one process sees with ``k * b``.
-    """
-
-    def __init__(self, length: int, num_replicas: int = 1, rank: int = 0):
-        if length % num_replicas:
-            raise ConfigError(f"{length} items per epoch cannot be split evenly over {num_replicas} ranks")
-        super().__init__(range(length), num_replicas=num_replicas, rank=rank, shuffle=False)
-        self.length = length
-
-    def __iter__(self) -> Iterator[int]:
-        start = self.epoch * self.length
-        return iter(range(start + self.rank, start + self.length, self.num_replicas))
-
-    def __len__(self) -> int:
-        return self.length // self.num_replicas
 
 
 class ManifoldDataModule(LightningDataModule):
