@@ -35,3 +35,23 @@ def test_line_plot_is_a_png_of_the_requested_size() -> None:
     assert img.format == "PNG" and img.size == (400, 300)
     with pytest.raises(ValueError, match="series 'bad'"):
         line_plot_png([1, 2], {"bad": [1.0]})
+
+
+def test_report_combines_runs(tmp_path, capsys) -> None:
+    import json
+
+    from lit_icl.report import main as report
+
+    for name, accs in (("a", [0.7, 0.9]), ("b", [0.6, 0.8])):
+        run = tmp_path / name
+        run.mkdir()
+        rows = [{"label_ratio": r, "accuracy": a} for r, a in zip([0.03, 0.25], accs)]
+        (run / "results.json").write_text(json.dumps({"representation": name.upper(), "results": rows}))
+    out = tmp_path / "cmp.png"
+    report([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)])
+    table = capsys.readouterr().out.splitlines()
+    assert table[0] == "| run | 0.03 | 0.25 |"
+    assert table[2:] == ["| A | 0.700 | 0.900 |", "| B | 0.600 | 0.800 |"]
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(SystemExit):
+        report([str(tmp_path / "missing")])
