@@ -65,6 +65,11 @@ def ratio_key(ratio: float) -> str:
     return f"label_ratio={ratio:g}"
 
 
+def _slot(ratio: float) -> str:
+    """A ``ModuleDict`` key for a ratio's metric (module names cannot contain dots)."""
+    return ratio_key(ratio).replace(".", "_")
+
+
 class ICSSLModule(LightningModule):
     """Trains an IC-SSL net with the semi-supervised cross-entropy of Eq. (4) on the unlabeled points.
 
@@ -112,11 +117,9 @@ class ICSSLModule(LightningModule):
             raise ConfigError(f"unknown lr_schedule {lr_schedule!r}; choose 'cosine' or 'constant'")
         self.label_ratios = [float(r) for r in label_ratios]
         self.n_points = n_points
-        self.val_acc = nn.ModuleDict({ratio_key(r).replace(".", "_"): MeanMetric() for r in self.label_ratios})
-        self.test_acc = nn.ModuleDict({ratio_key(r).replace(".", "_"): MeanMetric() for r in self.label_ratios})
-        self.test_majority = nn.ModuleDict(
-            {ratio_key(r).replace(".", "_"): MeanMetric() for r in self.label_ratios}
-        )
+        self.val_acc = nn.ModuleDict({_slot(r): MeanMetric() for r in self.label_ratios})
+        self.test_acc = nn.ModuleDict({_slot(r): MeanMetric() for r in self.label_ratios})
+        self.test_majority = nn.ModuleDict({_slot(r): MeanMetric() for r in self.label_ratios})
         self.val_loss = MeanMetric()
         self._trained_steps: int | None = None
 
@@ -183,7 +186,7 @@ class ICSSLModule(LightningModule):
         features, sweep = self._sweep(batch)
         for r, logits, labeled, y in sweep:
             acc, _ = self._accuracy_parts(logits, y, labeled)
-            metric = self.val_acc[ratio_key(r).replace(".", "_")]
+            metric = self.val_acc[_slot(r)]
             metric.update(acc)
             # Logging the Metric object: Lightning computes (synced across ranks) and resets it at epoch end.
             self.log(f"val/acc/{ratio_key(r)}", metric, on_step=False, on_epoch=True, prog_bar=r == 0.25)
@@ -198,7 +201,7 @@ class ICSSLModule(LightningModule):
         features, sweep = self._sweep(batch)
         for r, logits, labeled, y in sweep:
             acc, maj = self._accuracy_parts(logits, y, labeled)
-            key = ratio_key(r).replace(".", "_")
+            key = _slot(r)
             self.test_acc[key].update(acc)
             self.test_majority[key].update(maj)
         return {"embeddings": {"model": features.detach()}, "labels": batch["y"]}
@@ -206,7 +209,7 @@ class ICSSLModule(LightningModule):
     def on_test_epoch_end(self) -> None:
         rows = []
         for r in self.label_ratios:
-            key = ratio_key(r).replace(".", "_")
+            key = _slot(r)
             acc = self.test_acc[key].compute()
             maj = self.test_majority[key].compute()
             # compute() already synced the ranks; sync_dist averages identical values (and keeps DDP quiet).
