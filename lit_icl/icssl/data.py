@@ -15,7 +15,6 @@ step, the same episodes as one process with ``k * b``.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from typing import Literal
 
@@ -261,5 +260,5 @@ class ManifoldDataModule(LightningDataModule):
 
 def _single_thread_worker(worker_id: int) -> None:
     """Workers generate small tensors: one intra-op thread each avoids oversubscribing the cores."""
+    # Items draw only from their own seeded generators, so no per-worker RNG seeding is needed.
     torch.set_num_threads(1)
-    random.seed(worker_id)  # nothing here uses it; kept deterministic for third-party transforms
