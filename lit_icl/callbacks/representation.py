@@ -72,6 +72,18 @@ class RepresentationMetrics(Callback):
         self._names: dict[str, tuple[str, ...]] = {}
         self._metrics: dict[str, dict[str, tuple[Metric, str, str | None]]] = {}
 
+    def check_config(self, *, datamodule: Any = None, **_: Any) -> None:
+        """Before a run: ``k`` neighbours need sets of more than ``k`` points.
+
+        Uses the data module's ``n_points`` (points per episode) when it has one; otherwise the per-set check
+        of :func:`lit_icl.metrics.functional.knn_indices` still applies at the first evaluation step.
+        """
+        n = getattr(datamodule, "n_points", None)
+        if isinstance(n, int) and self.k > n - 1:
+            raise ConfigError(
+                f"RepresentationMetrics k={self.k} but episodes have only {n} points; choose k <= {n - 1}"
+            )
+
     # ---------------------------------------------------------------- construction
 
     def _build(self, stage: str, names: tuple[str, ...], pl_module: pl.LightningModule) -> None:

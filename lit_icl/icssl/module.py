@@ -33,6 +33,14 @@ from torchvision.transforms.functional import pil_to_tensor
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.plotting import line_plot_png
 from lit_icl.core.spectral import laplacian_eigenmap
+from lit_icl.core.validation import (
+    check_choice,
+    check_int,
+    check_nonempty,
+    check_nonnegative,
+    check_positive,
+    check_unique,
+)
 from lit_icl.icssl.nets import SemiSupervisedICL, count_parameters
 
 DEFAULT_LABEL_RATIOS = (0.03, 0.05, 0.10, 0.15, 0.25, 0.39)
@@ -100,6 +108,7 @@ class ICSSLModule(LightningModule):
         super().__init__()
         self.save_hyperparameters(ignore=["net"])
         self.net = net if net is not None else SemiSupervisedICL()
+        check_int("n_points", n_points, minimum=2)
         check_label_ratios(label_ratios, n_points)
         net_n = getattr(self.net, "n_points", None)
         if net_n is not None and net_n != n_points:
@@ -113,8 +122,13 @@ class ICSSLModule(LightningModule):
             raise ConfigError(
                 f"n_neighbors={k} but episodes have only {n_points} points; choose 1 <= n_neighbors <= {n_points - 1}"
             )
-        if lr_schedule not in ("cosine", "constant"):
-            raise ConfigError(f"unknown lr_schedule {lr_schedule!r}; choose 'cosine' or 'constant'")
+        check_choice("lr_schedule", lr_schedule, ("cosine", "constant"))
+        check_unique("label_ratios", check_nonempty("label_ratios", label_ratios, example="[0.1, 0.25]"))
+        check_positive("lr", lr, hint="e.g. lr: 0.003")
+        check_nonnegative("weight_decay", weight_decay, hint="0.0 disables it")
+        check_int("warmup_steps", warmup_steps, minimum=0, hint="0 disables the warm-up")
+        if not isinstance(eig_reference, bool):
+            raise ConfigError(f"eig_reference={eig_reference!r} must be true or false")
         self.label_ratios = [float(r) for r in label_ratios]
         self.n_points = n_points
         self.val_acc = nn.ModuleDict({_slot(r): MeanMetric() for r in self.label_ratios})
