@@ -145,7 +145,10 @@ def main(args: ArgsType = None) -> None:
                 "enable_model_summary": True,
             },
             # Parse errors are raised (not printed with the full usage) so they become one line below.
-            parser_kwargs={"exit_on_error": False, **{sub: {"exit_on_error": False} for sub in LitICLCLI.subcommands()}},
+            parser_kwargs={
+                "exit_on_error": False,
+                **{sub: {"exit_on_error": False} for sub in LitICLCLI.subcommands()},
+            },
             args=args,
         )
     except ArgumentError as err:

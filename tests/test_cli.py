@@ -1,4 +1,4 @@
-"""End-to-end CLI behaviour: bad input, exact resume, DDP, bf16, test outputs."""
+"""End-to-end CLI behaviour: exact resume, DDP, bf16, test outputs (bad input: tests/test_bad_input.py)."""
 
 from __future__ import annotations
 
@@ -36,46 +36,7 @@ def _state(ckpt: Path) -> dict[str, torch.Tensor]:
     return torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
 
 
-# ------------------------------------------------------------------------------------------- bad input
-@pytest.mark.parametrize(
-    ("extra", "needle"),
-    [
-        (["--model.init_args.no_such_key", "1"], "no_such_key"),
-        (["--model.init_args.net.init_args.representation", "lit_icl.icssl.nets.NoSuchNet"], "NoSuchNet"),
-        (["--data.init_args.eval_label_ratios", "[0.25, 1.2]"], "label ratio 1.2 is outside (0, 1)"),
-        (["--data.init_args.eval_label_ratios", "[0.01]"], "leaves no labeled point"),
-        (["--data.init_args.train_manifolds", "[cylindr]"], "unknown manifold 'cylindr'"),
-        (
-            ["--model.init_args.net.init_args.representation", "lit_icl.icssl.nets.LaplacianEigenmap",
-             "--model.init_args.net.init_args.representation.init_args.n_neighbors", "50"],
-            "n_neighbors=50",
-        ),
-        (["--ckpt_path", "does/not/exist.ckpt"], "does not exist"),
-    ],
-)
-def test_bad_input_fails_early_with_one_line(tmp_path, capsys, extra: list[str], needle: str) -> None:
-    args = ["fit", *tiny_args(tmp_path)]
-    if "LaplacianEigenmap" in " ".join(extra):
-        # Swapping the representation class: drop the E2E representation's init args (flag + value pairs).
-        flags = [i for i, a in enumerate(args) if "representation.init_args" in a]
-        args = [a for i, a in enumerate(args) if i not in flags and i - 1 not in flags]
-    with pytest.raises(SystemExit) as info:
-        _run(args + extra)
-    assert info.value.code != 0
-    err = capsys.readouterr().err
-    assert needle in err, err
-    assert not (tmp_path / "runs").exists(), "nothing may be written before the input is checked"
-
-
-def test_ckpt_path_that_is_not_a_checkpoint(tmp_path, capsys) -> None:
-    bogus = tmp_path / "notes.ckpt"
-    bogus.write_text("not a checkpoint")
-    with pytest.raises(SystemExit) as info:
-        _run(["fit", *tiny_args(tmp_path), "--ckpt_path", str(bogus)])
-    assert info.value.code == 2
-    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("lit_icl")]
-    assert len(lines) == 1 and lines[0].startswith(f"lit_icl: error: --ckpt_path {bogus} is not a PyTorch checkpoint")
-    assert not (tmp_path / "runs").exists()
+# Bad input: table-driven, in tests/test_bad_input.py (shared assertion in tests/badinput.py).
 
 
 # ------------------------------------------------------------------------------------------- exactness
