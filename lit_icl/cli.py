@@ -203,9 +203,11 @@ def one_line_parser_error(message: str) -> str:
             given[len(problems) - 1] = value.group(1)
         if not ln or _PARSER_NOISE.match(ln):
             continue
-        key = re.fullmatch(r'Parser key "([^"]+)":', ln)
+        key = re.fullmatch(r'Parser key "([^"]+)":(.*)', ln)
         if key:
             keys.append(key.group(1))
+            if key.group(2).strip():  # the whole problem on one line, e.g. a --config file that does not exist
+                problems.append(key.group(2).strip())
             continue
         cls = re.fullmatch(r"- Problem with given class_path '([^']+)':", ln)
         if cls:

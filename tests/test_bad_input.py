@@ -39,6 +39,7 @@ ICSSL_ROWS: list[tuple[str, list[str], str]] = [
     (ID, ["--trainer.max_epochs", "x"], "--trainer.max_epochs: Expected a <class 'int'>. Got value: x"),
     (ID, ["--no_such_option", "1"], "unrecognized arguments: --no_such_option"),
     (ID, ["--ckpt_path", "does/not/exist.ckpt"], "does not exist"),
+    (ID, ["--config", "configs/no_such_config.yaml"], "--config: File does not exist"),
     # --- ICSSLModule
     (ID, [M + "lr", "0"], "lr=0.0 must be > 0"),
     (ID, [M + "lr", "-1"], "lr=-1.0 must be > 0"),
