@@ -168,3 +168,16 @@ def test_real_hooks_compare_against_the_data_sizes() -> None:
     )
     # A data module without the attribute (another paper's) is not checked.
     RepresentationMetrics(k=50).check_config(datamodule=object())
+    # Pairs against the embeddings a module declares it returns per stage (unchecked if it declares none).
+
+    class _Module:
+        embedding_names = {"val": ("eig", "model"), "test": ("model",)}
+
+    RepresentationMetrics(pairs=[("model", "eig")]).check_config(model=object(), datamodule=_DM())
+    msg = _refused(RepresentationMetrics(pairs=[("model", "eig")]).check_config, model=_Module(), datamodule=_DM())
+    assert msg == (
+        "RepresentationMetrics pairs name embeddings ['eig'] that the test step does not return "
+        "(it returns ['model'])"
+    )
+    _Module.embedding_names = {"val": ("eig", "model")}
+    RepresentationMetrics(pairs=[("model", "eig")]).check_config(model=_Module(), datamodule=_DM())
