@@ -83,9 +83,19 @@ def test_alpha_star_of_theorem_6_2() -> None:
 
 
 def _dm(**kw) -> LatentFactorDataModule:
-    args = dict(d1=2, d2=2, train_context_length=8, train_prompts=32, batch_size=16, chunk_size=8,
-                train_batches_per_epoch=4, val_prompts=8, test_prompts=16, test_context_lengths=[4, 12],
-                eval_batch_size=8)
+    args = {
+        "d1": 2,
+        "d2": 2,
+        "train_context_length": 8,
+        "train_prompts": 32,
+        "batch_size": 16,
+        "chunk_size": 8,
+        "train_batches_per_epoch": 4,
+        "val_prompts": 8,
+        "test_prompts": 16,
+        "test_context_lengths": [4, 12],
+        "eval_batch_size": 8,
+    }
     args.update(kw)
     return LatentFactorDataModule(**args)
 
@@ -117,7 +127,7 @@ def test_eval_sets_are_fixed_and_test_prompts_have_the_longest_context() -> None
     t1, t2 = list(dm.test_dataloader()), list(dm.test_dataloader())
     assert t1[0]["x"].shape == (8, 12, 4) and len(t1) == 2
     assert torch.equal(t1[1]["x"], t2[1]["x"])
-    assert list(dm.val_dataloader())[0]["x"].shape == (8, 8, 4)
+    assert next(iter(dm.val_dataloader()))["x"].shape == (8, 8, 4)
     assert dm.d == 4 and dm.alpha_star == pytest.approx(2 / 27)
 
 

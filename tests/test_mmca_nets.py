@@ -22,7 +22,6 @@ from lit_icl.mmca.nets import (
 )
 from lit_icl.mmca.theory import (
     alpha_star_depth,
-    bayes_mse,
     lsa_error_floor,
     one_parameter_loss,
     theorem63_alpha,
@@ -30,7 +29,9 @@ from lit_icl.mmca.theory import (
 )
 
 
-def _prompts(n: int, L: int, d1: int = 2, d2: int = 2, norm_range=(0.0, 5.0), seed: int = 0) -> dict[str, torch.Tensor]:
+def _prompts(
+    n: int, L: int, d1: int = 2, d2: int = 2, norm_range=(0.0, 5.0), seed: int = 0
+) -> dict[str, torch.Tensor]:
     return sample_latent_factor_prompts(n, L, d1, d2, norm_range, make_generator(seed, "nets-test", n, L))
 
 
@@ -44,7 +45,9 @@ def _icl_error(net, b, **kw) -> float:
 
 
 # ----------------------------------------------------------------------------------------- reference maths
-def explicit_lsa(x: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, w_pv: torch.Tensor, w_kq: torch.Tensor) -> torch.Tensor:
+def explicit_lsa(
+    x: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, w_pv: torch.Tensor, w_kq: torch.Tensor
+) -> torch.Tensor:
     """Eq. (4.2) literally, float64: build E, compute E + W^PV E (E^T W^KQ E / L), read entry (d+1, L+1)."""
     x, y, xq, w_pv, w_kq = (t.double() for t in (x, y, xq, w_pv, w_kq))
     B, L, d = x.shape
@@ -78,16 +81,22 @@ def test_lsa_readout_equals_eq_4_2_for_any_weights() -> None:
     g = make_generator(1, "w")
     w_pv, w_kq = torch.randn(5, 5, generator=g), torch.randn(5, 5, generator=g)
     fast = lsa_readout(b["x"].transpose(1, 2), b["y"], b["x_query"], w_pv, w_kq)
-    assert torch.allclose(fast.double(), explicit_lsa(b["x"], b["y"], b["x_query"], w_pv, w_kq), rtol=1e-4, atol=1e-4)
+    assert torch.allclose(
+        fast.double(), explicit_lsa(b["x"], b["y"], b["x_query"], w_pv, w_kq), rtol=1e-4, atol=1e-4
+    )
     net = SingleLayerLSA(d=4, init_noise=0.3, init_seed=2)
     ref = explicit_lsa(b["x"], b["y"], b["x_query"], net.w_pv.detach(), net.w_kq.detach())
     assert torch.allclose(net(b["x"], b["y"], b["x_query"]).double(), ref, rtol=1e-4, atol=1e-4)
 
 
 CASES = [
-    dict(parametrization=p, attention=a, mixer=mx, injection=inj, initial_state=s0)
+    {"parametrization": p, "attention": a, "mixer": mx, "injection": inj, "initial_state": s0}
     for p, a, mx, inj, s0 in itertools.product(
-        ("one", "two", "untied", "diagonal", "full"), ("linear", "softmax"), ("cross", "self"), (True, False), ("zero", "x")
+        ("one", "two", "untied", "diagonal", "full"),
+        ("linear", "softmax"),
+        ("cross", "self"),
+        (True, False),
+        ("zero", "x"),
     )
     if not (p == "two" and not inj)
 ]
@@ -133,7 +142,12 @@ def test_lemma_c2_closed_form_of_the_tied_lca() -> None:
     assert torch.allclose(X @ F.transpose(1, 2) / 30, closed, atol=1e-5)
     # Lemma C.1: the readout is y^T F^T x_q / L.
     pred = net(b["x"], b["y"], b["x_query"]).double()
-    assert torch.allclose(pred, (b["y"].double().unsqueeze(1) @ F.transpose(1, 2) @ b["x_query"].double().unsqueeze(-1)).flatten() / 30, atol=1e-5)
+    assert torch.allclose(
+        pred,
+        (b["y"].double().unsqueeze(1) @ F.transpose(1, 2) @ b["x_query"].double().unsqueeze(-1)).flatten()
+        / 30,
+        atol=1e-5,
+    )
     # The whitening residual of the one-parameter model is ||(I - alpha Lambda_hat)^T||_F / sqrt(d).
     one = DeepCrossAttention(d=5, depth=T, alpha_init=alpha)
     res = whitening_residuals(b["x"], one.layer_states(b["x"]))
@@ -163,7 +177,9 @@ def test_one_parameter_lca_approaches_bayes_as_depth_and_context_grow() -> None:
     def excess(T: int, L: int) -> torch.Tensor:
         net = DeepCrossAttention(d=d, depth=T)
         with torch.no_grad():
-            g = torch.stack([net(big["x"][:, :L], big["y"][:, :L], torch.eye(d)[k].expand(n, d)) for k in range(d)], -1)
+            g = torch.stack(
+                [net(big["x"][:, :L], big["y"][:, :L], torch.eye(d)[k].expand(n, d)) for k in range(d)], -1
+            )
         diff = g.double() - w
         return (diff.unsqueeze(1) @ lam @ diff.unsqueeze(-1)).flatten()
 
@@ -199,16 +215,24 @@ def test_theorem_6_3_initialisation_minimises_the_two_parameter_loss_in_alpha() 
     for h in (1e-3, -1e-3, 0.05, -0.05):
         assert two_parameter_loss(a0 + h, beta0, T, nr) > two_parameter_loss(a0, beta0, T, nr)
     # With beta = -alpha the two-parameter loss is the one-parameter loss (Lemma E.1 vs D.1).
-    assert two_parameter_loss(0.3, -0.3, T, nr) == pytest.approx(float(one_parameter_loss(0.3, T, nr)), rel=1e-9)
-    net = DeepCrossAttention(d=4, depth=T, parametrization="two", init="theorem_6_3", beta_init=beta0, norm_range=nr)
-    assert float(net.alpha.detach()) == pytest.approx(a0, rel=1e-6) and float(net.beta.detach()) == pytest.approx(beta0)
+    assert two_parameter_loss(0.3, -0.3, T, nr) == pytest.approx(
+        float(one_parameter_loss(0.3, T, nr)), rel=1e-9
+    )
+    net = DeepCrossAttention(
+        d=4, depth=T, parametrization="two", init="theorem_6_3", beta_init=beta0, norm_range=nr
+    )
+    assert float(net.alpha.detach()) == pytest.approx(a0, rel=1e-6) and float(
+        net.beta.detach()
+    ) == pytest.approx(beta0)
 
 
 def test_app_h_initialisation_near_alpha_star() -> None:
     a = 2 / 27
     net = DeepCrossAttention(d=4, depth=3, parametrization="full", init_noise=0.0)
     ws, wv = net.layer_weights()
-    assert torch.allclose(ws, a * torch.eye(4).expand(3, 4, 4)) and torch.allclose(wv, -a * torch.eye(4).expand(3, 4, 4))
+    assert torch.allclose(ws, a * torch.eye(4).expand(3, 4, 4)) and torch.allclose(
+        wv, -a * torch.eye(4).expand(3, 4, 4)
+    )
     noisy = DeepCrossAttention(d=32, depth=10, parametrization="diagonal", init_noise=0.1, init_seed=3)
     dev = noisy.alpha.detach() - a
     assert abs(float(dev.mean())) < 0.02 and abs(float(dev.std()) - 0.1) < 0.02
@@ -226,8 +250,14 @@ def test_single_layer_lsa_keeps_an_error_floor_when_norm_m_varies() -> None:
 
     def features(b: dict[str, torch.Tensor]) -> torch.Tensor:
         x, y, xq = b["x"].double(), b["y"].double(), b["x_query"].double()
-        B, L, d = x.shape
-        e = torch.cat([torch.cat([x, y.unsqueeze(-1)], -1), torch.cat([xq, torch.zeros(B, 1, dtype=x.dtype)], -1).unsqueeze(1)], 1)
+        B, L, _d = x.shape
+        e = torch.cat(
+            [
+                torch.cat([x, y.unsqueeze(-1)], -1),
+                torch.cat([xq, torch.zeros(B, 1, dtype=x.dtype)], -1).unsqueeze(1),
+            ],
+            1,
+        )
         g = e.transpose(1, 2) @ e / L  # (B, d+1, d+1): E E^T / L including the query column
         return (g.unsqueeze(-1) * xq[:, None, None, :]).flatten(1)  # (B, (d+1)^2 d)
 
@@ -260,18 +290,18 @@ def test_single_layer_lsa_keeps_an_error_floor_when_norm_m_varies() -> None:
 @pytest.mark.parametrize(
     ("kw", "count"),
     [
-        (dict(parametrization="one"), 1),
-        (dict(parametrization="two"), 2),
-        (dict(parametrization="untied"), 2 * 10),
-        (dict(parametrization="diagonal"), 2 * 10 * 32),
-        (dict(parametrization="full"), 2 * 10 * 32 * 32),
-        (dict(parametrization="one", injection=False), 1),
-        (dict(parametrization="untied", injection=False), 10),
-        (dict(parametrization="diagonal", injection=False), 10 * 32),
-        (dict(parametrization="full", injection=False), 10 * 32 * 32),
-        (dict(parametrization="two", mixer="self"), 2),
-        (dict(parametrization="one", attention="softmax"), 1),
-        (dict(parametrization="two", readout_trainable=True), 2 + 2 * 33 * 33),
+        ({"parametrization": "one"}, 1),
+        ({"parametrization": "two"}, 2),
+        ({"parametrization": "untied"}, 2 * 10),
+        ({"parametrization": "diagonal"}, 2 * 10 * 32),
+        ({"parametrization": "full"}, 2 * 10 * 32 * 32),
+        ({"parametrization": "one", "injection": False}, 1),
+        ({"parametrization": "untied", "injection": False}, 10),
+        ({"parametrization": "diagonal", "injection": False}, 10 * 32),
+        ({"parametrization": "full", "injection": False}, 10 * 32 * 32),
+        ({"parametrization": "two", "mixer": "self"}, 2),
+        ({"parametrization": "one", "attention": "softmax"}, 1),
+        ({"parametrization": "two", "readout_trainable": True}, 2 + 2 * 33 * 33),
     ],
 )
 def test_parameter_counts(kw, count) -> None:
@@ -307,19 +337,22 @@ def test_no_injection_from_zero_state_predicts_zero() -> None:
 @pytest.mark.parametrize(
     ("kw", "needle"),
     [
-        (dict(d=0), "d=0 must be a positive integer"),
-        (dict(depth=0), "depth=0 must be a positive integer"),
-        (dict(parametrization="fulll"), "unknown parametrization 'fulll'"),
-        (dict(attention="relu"), "unknown attention 'relu'"),
-        (dict(mixer="both"), "unknown mixer 'both'"),
-        (dict(parametrization="two", injection=False), "needs injection=True"),
-        (dict(init_noise=-0.1), "init_noise=-0.1"),
-        (dict(init="theorem_6_3", parametrization="two"), "needs beta_init in (-2/(m_hi+1), 0)"),
-        (dict(init="theorem_6_3", parametrization="two", beta_init=-0.5), "needs beta_init in"),
-        (dict(init="theorem_6_3", parametrization="two", beta_init=-0.05, alpha_init=0.1), "drop alpha_init"),
-        (dict(parametrization="one", beta_init=-0.1), "ties beta = -alpha"),
-        (dict(norm_range=(2.0, 2.0)), "must satisfy 0 <= lo < hi"),
-        (dict(alpha_init=float("nan")), "alpha_init=nan must be a finite number"),
+        ({"d": 0}, "d=0 must be a positive integer"),
+        ({"depth": 0}, "depth=0 must be a positive integer"),
+        ({"parametrization": "fulll"}, "unknown parametrization 'fulll'"),
+        ({"attention": "relu"}, "unknown attention 'relu'"),
+        ({"mixer": "both"}, "unknown mixer 'both'"),
+        ({"parametrization": "two", "injection": False}, "needs injection=True"),
+        ({"init_noise": -0.1}, "init_noise=-0.1"),
+        ({"init": "theorem_6_3", "parametrization": "two"}, "needs beta_init in (-2/(m_hi+1), 0)"),
+        ({"init": "theorem_6_3", "parametrization": "two", "beta_init": -0.5}, "needs beta_init in"),
+        (
+            {"init": "theorem_6_3", "parametrization": "two", "beta_init": -0.05, "alpha_init": 0.1},
+            "drop alpha_init",
+        ),
+        ({"parametrization": "one", "beta_init": -0.1}, "ties beta = -alpha"),
+        ({"norm_range": (2.0, 2.0)}, "must satisfy 0 <= lo < hi"),
+        ({"alpha_init": float("nan")}, "alpha_init=nan must be a finite number"),
     ],
 )
 def test_bad_net_arguments(kw, needle) -> None:

@@ -198,11 +198,17 @@ class LatentFactorDataModule(LightningDataModule):
                 raise ConfigError(f"{name}={value!r} must be a positive integer (16 in App. H)")
         self.norm_range = check_norm_range(norm_range)
         if not isinstance(train_context_length, int) or train_context_length < 1:
-            raise ConfigError(f"train_context_length={train_context_length!r} must be a positive integer (100 in App. H)")
+            raise ConfigError(
+                f"train_context_length={train_context_length!r} must be a positive integer (100 in App. H)"
+            )
         if not isinstance(chunk_size, int) or chunk_size < 1:
             raise ConfigError(f"chunk_size={chunk_size!r} must be a positive integer")
-        sizes = [("batch_size", batch_size), ("eval_batch_size", eval_batch_size), ("val_prompts", val_prompts),
-                 ("test_prompts", test_prompts)]
+        sizes = [
+            ("batch_size", batch_size),
+            ("eval_batch_size", eval_batch_size),
+            ("val_prompts", val_prompts),
+            ("test_prompts", test_prompts),
+        ]
         if train_prompts is not None:
             sizes.append(("train_prompts", train_prompts))
         for name, value in sizes:
@@ -216,7 +222,9 @@ class LatentFactorDataModule(LightningDataModule):
                 f"passes; use batch_size={train_prompts} for full-batch gradient descent (App. H)"
             )
         if not isinstance(train_batches_per_epoch, int) or train_batches_per_epoch < 1:
-            raise ConfigError(f"train_batches_per_epoch={train_batches_per_epoch!r} must be a positive integer")
+            raise ConfigError(
+                f"train_batches_per_epoch={train_batches_per_epoch!r} must be a positive integer"
+            )
         lengths = list(test_context_lengths)
         if not lengths or any(not isinstance(v, int) or v < 1 for v in lengths):
             raise ConfigError(
@@ -240,10 +248,20 @@ class LatentFactorDataModule(LightningDataModule):
         """``alpha*`` of Theorem 6.2 for this data's ``||m||`` distribution."""
         return alpha_star(self.norm_range)
 
-    def _dataset(self, split: Split, length: int, context_length: int, cycle: int | None = None) -> LatentFactorPrompts:
+    def _dataset(
+        self, split: Split, length: int, context_length: int, cycle: int | None = None
+    ) -> LatentFactorPrompts:
         hp = self.hparams
         return LatentFactorPrompts(
-            split, length, hp.chunk_size, context_length, self.d1, self.d2, self.norm_range, self.data_seed, cycle
+            split,
+            length,
+            hp.chunk_size,
+            context_length,
+            self.d1,
+            self.d2,
+            self.norm_range,
+            self.data_seed,
+            cycle,
         )
 
     def _loader(self, dataset: Dataset, batch_size: int, sampler: EpochSampler | None = None) -> DataLoader:
@@ -260,12 +278,16 @@ class LatentFactorDataModule(LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
-        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
+        world, rank = (
+            (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
+        )
         items = hp.train_batches_per_epoch * (hp.batch_size // hp.chunk_size) * world
         if self.train_prompts is None:
             ds = self._dataset("train", items, self.train_context_length)
         else:
-            ds = self._dataset("train_fixed", items, self.train_context_length, self.train_prompts // hp.chunk_size)
+            ds = self._dataset(
+                "train_fixed", items, self.train_context_length, self.train_prompts // hp.chunk_size
+            )
         return self._loader(ds, hp.batch_size, EpochSampler(items, world, rank))
 
     def val_dataloader(self) -> DataLoader:

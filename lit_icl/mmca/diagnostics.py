@@ -57,7 +57,13 @@ class WhiteningDiagnostic(Callback):
         self._length = None
 
     def on_test_batch_end(
-        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None:
         net = getattr(pl_module, "net", None)
         if net is None or not hasattr(net, "layer_states"):
@@ -65,7 +71,9 @@ class WhiteningDiagnostic(Callback):
         x = batch["x"]
         L = self.context_length or x.shape[1]
         if L > x.shape[1]:
-            raise ValueError(f"WhiteningDiagnostic context_length={L} exceeds the test prompts' {x.shape[1]} tokens")
+            raise ValueError(
+                f"WhiteningDiagnostic context_length={L} exceeds the test prompts' {x.shape[1]} tokens"
+            )
         x = x[:, :L]
         res = whitening_residuals(x, net.layer_states(x))
         if not self._metrics:
@@ -84,7 +92,14 @@ class WhiteningDiagnostic(Callback):
             value = float(metric.compute())
             pl_module.log(f"test/whitening_residual/layer={t + 1}", value, sync_dist=True)
             rows.append(
-                {"metric": "whitening_residual", "value": value, "split": "test", "method": method,
-                 "layer": t + 1, "depth": depth, "context_length": self._length}
+                {
+                    "metric": "whitening_residual",
+                    "value": value,
+                    "split": "test",
+                    "method": method,
+                    "layer": t + 1,
+                    "depth": depth,
+                    "context_length": self._length,
+                }
             )
         pl_module.extra_test_rows = list(getattr(pl_module, "extra_test_rows", [])) + rows

@@ -12,11 +12,13 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
 
-def _series(rows: list[dict[str, Any]], metric: str, x: str, by: tuple[str, ...]) -> dict[tuple, dict[float, list[float]]]:
+def _series(
+    rows: list[dict[str, Any]], metric: str, x: str, by: tuple[str, ...]
+) -> dict[tuple, dict[float, list[float]]]:
     """``{series key: {x: [values]}}`` for rows of ``metric`` that have coordinate ``x`` (values pooled over runs)."""
     out: dict[tuple, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
@@ -29,13 +31,18 @@ def _line(ax: Any, points: dict[float, list[float]], label: str, **kw: Any) -> N
     xs = sorted(points)
     mean = [sum(points[v]) / len(points[v]) for v in xs]
     if any(len(points[v]) > 1 for v in xs):
-        sd = [(sum((p - m) ** 2 for p in points[v]) / max(len(points[v]) - 1, 1)) ** 0.5 for v, m in zip(xs, mean)]
+        sd = [
+            (sum((p - m) ** 2 for p in points[v]) / max(len(points[v]) - 1, 1)) ** 0.5
+            for v, m in zip(xs, mean)
+        ]
         ax.errorbar(xs, mean, yerr=sd, marker="o", capsize=3, label=label, **kw)
     else:
         ax.plot(xs, mean, marker="o", label=label, **kw)
 
 
-def _finish(fig: Figure, ax: Any, title: str, xlabel: str, ylabel: str, logy: bool = True, logx: bool = False) -> Figure:
+def _finish(
+    fig: Figure, ax: Any, title: str, xlabel: str, ylabel: str, logy: bool = True, logx: bool = False
+) -> Figure:
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -87,7 +94,9 @@ def mmca_figures(rows: list[dict[str, Any]]) -> dict[str, Figure]:
             fig, ax = plt.subplots(figsize=(6.4, 4.4))
             for (method, _), pts in sorted(chosen.items(), key=lambda kv: str(kv[0])):
                 _line(ax, pts, method)
-            figs["icl_error_vs_depth"] = _finish(fig, ax, f"icl_error vs depth (L_te={longest})", "depth T", "icl_error")
+            figs["icl_error_vs_depth"] = _finish(
+                fig, ax, f"icl_error vs depth (L_te={longest})", "depth T", "icl_error"
+            )
 
     alpha = _series(rows, "alpha_hat", "layer", ("method",))
     beta = _series(rows, "beta_hat", "layer", ("method",))
@@ -102,12 +111,16 @@ def mmca_figures(rows: list[dict[str, Any]]) -> dict[str, Figure]:
             a = stars[0]
             ax.axhline(a, color="black", linewidth=1, label=f"alpha* = {a:.4f}")
             ax.axhline(-a, color="black", linewidth=1, linestyle=":", label="-alpha*")
-        figs["layer_scalars"] = _finish(fig, ax, "layerwise scalar projections", "layer t", "tr(W_t)/d", logy=False)
+        figs["layer_scalars"] = _finish(
+            fig, ax, "layerwise scalar projections", "layer t", "tr(W_t)/d", logy=False
+        )
 
     white = _series(rows, "whitening_residual", "layer", ("method",))
     if white:
         fig, ax = plt.subplots(figsize=(6.4, 4.4))
         for (method,), pts in sorted(white.items()):
             _line(ax, pts, method)
-        figs["whitening_residual"] = _finish(fig, ax, "whitening diagnostic", "layer t", "||X F_t^T/L - I||_F / sqrt(d)")
+        figs["whitening_residual"] = _finish(
+            fig, ax, "whitening diagnostic", "layer t", "||X F_t^T/L - I||_F / sqrt(d)"
+        )
     return figs

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
@@ -59,7 +59,7 @@ class LatentFactorICLModule(LightningModule):
         self,
         net: nn.Module | None = None,
         lr: float = 0.01,
-        optimizer: Literal["sgd", "adam"] = "sgd",
+        optimizer: str = "sgd",
         momentum: float = 0.0,
         weight_decay: float = 0.0,
         test_depths: Sequence[int] | None = None,
@@ -71,7 +71,9 @@ class LatentFactorICLModule(LightningModule):
         if not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
             raise ConfigError(f"lr={lr!r} must be a positive number")
         if optimizer not in ("sgd", "adam"):
-            raise ConfigError(f"unknown optimizer {optimizer!r}; choose 'sgd' (gradient descent, App. H) or 'adam'")
+            raise ConfigError(
+                f"unknown optimizer {optimizer!r}; choose 'sgd' (gradient descent, App. H) or 'adam'"
+            )
         for name, value in (("momentum", momentum), ("weight_decay", weight_decay)):
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ConfigError(f"{name}={value!r} must be a finite number >= 0")
@@ -81,7 +83,9 @@ class LatentFactorICLModule(LightningModule):
             if not depths or any(not isinstance(t, int) or isinstance(t, bool) or t < 1 for t in depths):
                 raise ConfigError(f"test_depths={depths!r} must be a non-empty list of positive integers")
             if net_depth is None:
-                raise ConfigError(f"test_depths needs a net with layers; {type(self.net).__name__} has none, drop it")
+                raise ConfigError(
+                    f"test_depths needs a net with layers; {type(self.net).__name__} has none, drop it"
+                )
             if not getattr(self.net, "tied", False) and depths != [net_depth]:
                 raise ConfigError(
                     f"test_depths={depths} needs weights tied across layers (parametrization 'one' or 'two'); "
@@ -126,7 +130,9 @@ class LatentFactorICLModule(LightningModule):
             )
 
     # ---------------------------------------------------------------- training
-    def forward(self, batch: dict[str, Tensor], depth: int | None = None, net: nn.Module | None = None) -> Tensor:
+    def forward(
+        self, batch: dict[str, Tensor], depth: int | None = None, net: nn.Module | None = None
+    ) -> Tensor:
         net = self.net if net is None else net
         kwargs = {"depth": depth} if depth is not None and isinstance(net, DeepCrossAttention) else {}
         return net(batch["x"], batch["y"], batch["x_query"], batch.get("m"), batch.get("zeta"), **kwargs)
@@ -210,12 +216,22 @@ class LatentFactorICLModule(LightningModule):
         d, depth = ws.shape[-1], ws.shape[0]
         for t in range(depth):
             # layer t+1 computes F_{t+1} from (W^S_t, W^V_t): the same index as the whitening diagnostic
-            rows.append(result_row("alpha_hat", float(ws[t].diagonal().sum() / d), self.method, layer=t + 1, depth=depth))
-            rows.append(result_row("beta_hat", float(wv[t].diagonal().sum() / d), self.method, layer=t + 1, depth=depth))
+            rows.append(
+                result_row(
+                    "alpha_hat", float(ws[t].diagonal().sum() / d), self.method, layer=t + 1, depth=depth
+                )
+            )
+            rows.append(
+                result_row(
+                    "beta_hat", float(wv[t].diagonal().sum() / d), self.method, layer=t + 1, depth=depth
+                )
+            )
         norm_range = self.norm_range or getattr(net, "norm_range", None)
         if norm_range is not None:
             rows.append(result_row("alpha_star", alpha_star(norm_range), "theory"))
-            rows.append(result_row("alpha_star_T", alpha_star_depth(depth, norm_range), "theory", depth=depth))
+            rows.append(
+                result_row("alpha_star_T", alpha_star_depth(depth, norm_range), "theory", depth=depth)
+            )
         return rows
 
     # ---------------------------------------------------------------- figures

@@ -37,6 +37,8 @@ from lit_icl.core.precision import float32_region
 from lit_icl.mmca.data import alpha_star, bayes_weights, check_norm_range
 from lit_icl.mmca.theory import theorem63_alpha
 
+# Choices are plain ``str`` arguments validated in the constructor, so a typo gets the project's one-line
+# ConfigError rather than the CLI parser's usage dump.
 Parametrization = Literal["one", "two", "untied", "diagonal", "full"]
 
 
@@ -47,7 +49,9 @@ def count_parameters(net: nn.Module) -> int:
 
 def _check_dim(d: object) -> int:
     if not isinstance(d, int) or isinstance(d, bool) or d < 1:
-        raise ConfigError(f"d={d!r} must be a positive integer: the covariate dimension d1 + d2 (32 in App. H)")
+        raise ConfigError(
+            f"d={d!r} must be a positive integer: the covariate dimension d1 + d2 (32 in App. H)"
+        )
     return d
 
 
@@ -108,7 +112,9 @@ class SingleLayerLSA(nn.Module):
         self.w_kq = nn.Parameter(w_kq + init_noise * torch.randn(d + 1, d + 1, generator=g))
 
     @float32_region
-    def forward(self, x: Tensor, y: Tensor, x_query: Tensor, m: Tensor | None = None, zeta: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, y: Tensor, x_query: Tensor, m: Tensor | None = None, zeta: Tensor | None = None
+    ) -> Tensor:
         return lsa_readout(x.float().transpose(1, 2), y.float(), x_query.float(), self.w_pv, self.w_kq)
 
 
@@ -163,17 +169,17 @@ class DeepCrossAttention(nn.Module):
         self,
         d: int = 32,
         depth: int = 10,
-        parametrization: Parametrization = "one",
-        attention: Literal["linear", "softmax"] = "linear",
-        mixer: Literal["cross", "self"] = "cross",
+        parametrization: str = "one",
+        attention: str = "linear",
+        mixer: str = "cross",
         injection: bool = True,
-        init: Literal["alpha_star", "theorem_6_3"] = "alpha_star",
+        init: str = "alpha_star",
         alpha_init: float | None = None,
         beta_init: float | None = None,
         init_noise: float = 0.0,
         init_seed: int = 0,
         norm_range: Sequence[float] = (0.0, 5.0),
-        initial_state: Literal["zero", "x"] = "zero",
+        initial_state: str = "zero",
         readout_trainable: bool = False,
     ):
         super().__init__()
@@ -206,9 +212,13 @@ class DeepCrossAttention(nn.Module):
                     f"({lo:g}, {hi:g}), got {beta_init!r}"
                 )
             if alpha_init is not None:
-                raise ConfigError("init='theorem_6_3' computes alpha_init = alpha*(beta_init) (Eq. E.1); drop alpha_init")
+                raise ConfigError(
+                    "init='theorem_6_3' computes alpha_init = alpha*(beta_init) (Eq. E.1); drop alpha_init"
+                )
             if parametrization == "one":
-                raise ConfigError("init='theorem_6_3' applies to a free beta; use parametrization 'two' (or less tied)")
+                raise ConfigError(
+                    "init='theorem_6_3' applies to a free beta; use parametrization 'two' (or less tied)"
+                )
             alpha_init = theorem63_alpha(float(beta_init), depth, self.norm_range)
         for name, value in (("alpha_init", alpha_init), ("beta_init", beta_init)):
             if value is not None and (not isinstance(value, (int, float)) or not math.isfinite(value)):
@@ -216,7 +226,9 @@ class DeepCrossAttention(nn.Module):
         a0 = float(alpha_init) if alpha_init is not None else alpha_star(self.norm_range)
         b0 = float(beta_init) if beta_init is not None else -a0
         if parametrization == "one" and beta_init is not None:
-            raise ConfigError("parametrization='one' ties beta = -alpha; drop beta_init or use parametrization 'two'")
+            raise ConfigError(
+                "parametrization='one' ties beta = -alpha; drop beta_init or use parametrization 'two'"
+            )
 
         self.depth = depth
         self.parametrization = parametrization
@@ -311,7 +323,9 @@ class DeepCrossAttention(nn.Module):
         if depth is None:
             return self.depth
         if not self.tied and depth != self.depth:
-            raise ValueError(f"{self.method} has untied weights for {self.depth} layers; it cannot run at depth {depth}")
+            raise ValueError(
+                f"{self.method} has untied weights for {self.depth} layers; it cannot run at depth {depth}"
+            )
         if depth < 1:
             raise ValueError(f"depth={depth} must be >= 1")
         return depth
@@ -375,7 +389,11 @@ class DeepCrossAttention(nn.Module):
         depth: int | None = None,
     ) -> Tensor:
         depth = self._check_depth(depth)
-        if self.attention == "linear" and isinstance(self.w_pv, Tensor) and not isinstance(self.w_pv, nn.Parameter):
+        if (
+            self.attention == "linear"
+            and isinstance(self.w_pv, Tensor)
+            and not isinstance(self.w_pv, nn.Parameter)
+        ):
             # Frozen App. C.1 readout: y_hat = y^T F^T x_q / L = x_q^T P_T (X y / L) (Lemma C.1).
             xc = x.float().transpose(1, 2)
             xy = (xc @ y.float().unsqueeze(-1)) / xc.shape[-1]  # (B, d, 1)
@@ -401,7 +419,9 @@ class SampleMean(nn.Module):
 
     method = "sample_mean"
 
-    def forward(self, x: Tensor, y: Tensor, x_query: Tensor, m: Tensor | None = None, zeta: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, y: Tensor, x_query: Tensor, m: Tensor | None = None, zeta: Tensor | None = None
+    ) -> Tensor:
         return y.float().mean(-1)
 
 
@@ -411,7 +431,11 @@ class BayesOptimal(nn.Module):
 
     method = "bayes"
 
-    def forward(self, x: Tensor, y: Tensor, x_query: Tensor, m: Tensor | None = None, zeta: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, y: Tensor, x_query: Tensor, m: Tensor | None = None, zeta: Tensor | None = None
+    ) -> Tensor:
         if m is None or zeta is None:
-            raise ValueError("BayesOptimal needs the prompt's latent m and zeta (batches of LatentFactorDataModule)")
+            raise ValueError(
+                "BayesOptimal needs the prompt's latent m and zeta (batches of LatentFactorDataModule)"
+            )
         return (bayes_weights(m.float(), zeta.float()) * x_query.float()).sum(-1)

@@ -62,7 +62,7 @@ def alpha_star_depth(depth: int, norm_range: Sequence[float], tol: float = 1e-10
     ``l`` is strictly convex (Lemma D.1), so golden-section search on ``(0, 1)`` finds the minimiser.
     """
     lo, hi = 0.0, 1.0
-    phi = (5 ** 0.5 - 1) / 2
+    phi = (5**0.5 - 1) / 2
     a, b = hi - phi * (hi - lo), lo + phi * (hi - lo)
     fa, fb = float(one_parameter_loss(a, depth, norm_range)), float(one_parameter_loss(b, depth, norm_range))
     while hi - lo > tol:

@@ -1,0 +1,187 @@
+"""mmca through the CLI: a tiny fit + test end to end, test rows and figures, and the bad-input table."""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+
+from lit_icl.cli import main
+from lit_icl.mmca.data import LatentFactorDataModule
+from lit_icl.mmca.diagnostics import WhiteningDiagnostic
+from lit_icl.mmca.module import LatentFactorICLModule
+from lit_icl.mmca.nets import DeepCrossAttention
+
+
+def mmca_args(tmp_path: Path, *extra: str, config: str = "configs/mmca_synthetic_fig2.yaml") -> list[str]:
+    """A seconds-long run: d = 4, L_tr = 12, N = 64 fixed prompts, full batch, 2 epochs x 3 steps."""
+    return [
+        "--config",
+        config,
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path / "runs"),
+        "--trainer.logger.init_args.name",
+        "tiny",
+        "--trainer.max_epochs",
+        "2",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.enable_model_summary",
+        "false",
+        "--trainer.log_every_n_steps",
+        "1",
+        "--trainer.num_sanity_val_steps",
+        "0",
+        "--model.init_args.net.init_args.d",
+        "4",
+        "--model.init_args.net.init_args.depth",
+        "3",
+        "--model.init_args.test_depths",
+        "[1, 3]",
+        "--data.init_args.d1",
+        "2",
+        "--data.init_args.d2",
+        "2",
+        "--data.init_args.train_context_length",
+        "12",
+        "--data.init_args.train_prompts",
+        "64",
+        "--data.init_args.batch_size",
+        "64",
+        "--data.init_args.chunk_size",
+        "32",
+        "--data.init_args.train_batches_per_epoch",
+        "3",
+        "--data.init_args.val_prompts",
+        "32",
+        "--data.init_args.test_prompts",
+        "64",
+        "--data.init_args.eval_batch_size",
+        "32",
+        "--data.init_args.test_context_lengths",
+        "[5, 10, 20]",
+        *extra,
+    ]
+
+
+def test_tiny_fit_then_test_end_to_end(tmp_path) -> None:
+    main(["fit", *mmca_args(tmp_path)])
+    ckpts = glob.glob(str(tmp_path / "runs" / "tiny" / "version_0" / "checkpoints" / "last.ckpt"))
+    assert ckpts, "fit must leave last.ckpt"
+    main(["test", *mmca_args(tmp_path), "--ckpt_path", ckpts[0]])
+
+    # The same checkpoint outside the CLI: the rows and figures of the test protocol.
+    net = DeepCrossAttention(d=4, depth=3)
+    model = LatentFactorICLModule.load_from_checkpoint(ckpts[0], net=net, test_depths=[1, 3])
+    trained_alpha = float(torch.load(ckpts[0], weights_only=True)["state_dict"]["net.alpha"])
+    assert float(model.net.alpha) == trained_alpha != pytest.approx(2 / 27, abs=1e-6)  # training moved alpha
+    dm = LatentFactorDataModule(
+        d1=2,
+        d2=2,
+        train_context_length=12,
+        train_prompts=64,
+        batch_size=64,
+        chunk_size=32,
+        val_prompts=32,
+        test_prompts=64,
+        eval_batch_size=32,
+        test_context_lengths=[5, 10, 20],
+    )
+    trainer = Trainer(
+        logger=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[WhiteningDiagnostic()]
+    )
+    trainer.test(model, datamodule=dm)
+    rows = model.test_rows
+    icl = {
+        (r["method"], r.get("depth"), r["context_length"]): r["value"]
+        for r in rows
+        if r["metric"] == "icl_error"
+    }
+    assert set(icl) == {
+        (m, t, L)
+        for L in (5, 10, 20)
+        for m, t in (("lca_one", 1), ("lca_one", 3), ("bayes", None), ("sample_mean", None))
+    }
+    assert all(icl[("bayes", None, L)] == 0.0 for L in (5, 10, 20))
+    # Recompute one number independently: the sample mean's icl_error at L = 10 over the 64 test prompts.
+    batch = {k: torch.cat([b[k] for b in dm.test_dataloader()]) for k in ("x", "y", "x_query", "m", "zeta")}
+    w = batch["zeta"].unsqueeze(-1) * batch["m"] / (1 + batch["m"].pow(2).sum(-1, keepdim=True))
+    expect = float((batch["y"][:, :10].mean(-1) - (w * batch["x_query"]).sum(-1)).pow(2).mean())
+    assert icl[("sample_mean", None, 10)] == pytest.approx(expect, rel=1e-5)
+    layers = sorted(r["layer"] for r in rows if r["metric"] == "alpha_hat")
+    assert layers == [1, 2, 3]
+    assert all(r["value"] == pytest.approx(trained_alpha) for r in rows if r["metric"] == "alpha_hat")
+    white = [r for r in rows if r["metric"] == "whitening_residual"]
+    assert [r["layer"] for r in white] == [1, 2, 3] and all(r["context_length"] == 20 for r in white)
+    assert any(r["metric"] == "alpha_star" and r["value"] == pytest.approx(2 / 27) for r in rows)
+    assert all(
+        set(r) >= {"metric", "value", "split", "method"} and isinstance(r["value"], float) for r in rows
+    )
+    figs = model.test_figures(rows)
+    assert set(figs) == {
+        "icl_error_vs_context_length",
+        "mse_vs_context_length",
+        "icl_error_vs_depth",
+        "layer_scalars",
+        "whitening_residual",
+    }
+
+
+def test_config_errors_found_at_setup_exit_2(tmp_path, capsys) -> None:
+    """d of the net vs the data, and fitting a net without parameters, are checked when the data is known."""
+    for extra, needle in (
+        (
+            ["--model.init_args.net.init_args.d", "6"],
+            "the net was built for d=6 but the data has d = d1 + d2 = 4",
+        ),
+        (["--model.init_args.net.init_args.norm_range", "[0, 2]"], "differs from the data's norm_range"),
+    ):
+        with pytest.raises(SystemExit) as info:
+            main(["fit", *mmca_args(tmp_path), *extra])
+        assert info.value.code == 2
+        assert needle in capsys.readouterr().err
+
+
+# (args, needle): each must stop the CLI with exit 2, one line naming the problem, and no run folder.
+BAD_INPUT = [
+    (["--data.init_args.d1", "0"], "d1=0 must be a positive integer"),
+    (["--data.init_args.norm_range", "[5, 1]"], "norm_range=(5, 1) must satisfy 0 <= lo < hi"),
+    (["--data.init_args.batch_size", "48"], "batch_size=48 must be a positive multiple of chunk_size=32"),
+    (["--data.init_args.train_prompts", "96"], "must divide train_prompts=96"),
+    (["--data.init_args.test_context_lengths", "[]"], "test_context_lengths=[] must be a non-empty list"),
+    (["--model.init_args.net.init_args.parametrization", "fulll"], "unknown parametrization 'fulll'"),
+    (["--model.init_args.net.init_args.depth", "0"], "depth=0 must be a positive integer"),
+    (["--model.init_args.net.init_args.init", "theorem_6_3"], "needs beta_init in (-2/(m_hi+1), 0)"),
+    (["--model.init_args.optimizer", "rmsprop"], "unknown optimizer 'rmsprop'"),
+    (["--model.init_args.lr", "0"], "lr=0"),
+    (
+        [
+            "--model.init_args.net.init_args.parametrization",
+            "untied",
+            "--model.init_args.test_depths",
+            "[1, 3]",
+        ],
+        "needs weights tied across layers",
+    ),
+    (
+        [
+            "--trainer.callbacks+=lit_icl.mmca.diagnostics.WhiteningDiagnostic",
+            "--trainer.callbacks.context_length=0",
+        ],
+        "context_length=0 must be a positive integer",
+    ),
+]
+
+
+@pytest.mark.parametrize(("extra", "needle"), BAD_INPUT, ids=[n[:40] for _, n in BAD_INPUT])
+def test_bad_input_table(tmp_path, capsys, extra: list[str], needle: str) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["fit", *mmca_args(tmp_path), *extra])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("lit_icl: error:")]
+    assert len(lines) == 1 and needle in lines[0], err
+    assert not (tmp_path / "runs").exists(), "nothing may be written before the input is checked"
