@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import math
 from pathlib import Path
 
 import pytest
@@ -185,3 +186,54 @@ def test_bad_input_table(tmp_path, capsys, extra: list[str], needle: str) -> Non
     lines = [ln for ln in err.splitlines() if ln.startswith("lit_icl: error:")]
     assert len(lines) == 1 and needle in lines[0], err
     assert not (tmp_path / "runs").exists(), "nothing may be written before the input is checked"
+
+
+CONFIGS = sorted(glob.glob("configs/mmca_synthetic*.yaml"))
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: Path(c).stem)
+def test_every_shipped_config_fits_and_tests_at_tiny_size(tmp_path, config) -> None:
+    """Each figure's config runs as shipped, shrunk only in sizes (d = 4, short contexts, 2 steps)."""
+    from lightning.pytorch import LightningDataModule, LightningModule
+
+    from lit_icl.cli import LitICLCLI
+
+    args = [
+        "--config", config,
+        "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
+        "--trainer.max_epochs", "1",
+        "--trainer.enable_progress_bar", "false",
+        "--trainer.enable_model_summary", "false",
+        "--checkpoint.dirpath", str(tmp_path / "ckpt"),
+        "--trainer.num_sanity_val_steps", "0",
+        "--model.init_args.net.init_args.d", "4",
+        "--data.init_args.d1", "2",
+        "--data.init_args.d2", "2",
+        "--data.init_args.train_context_length", "12",
+        "--data.init_args.chunk_size", "16",
+        "--data.init_args.batch_size", "32",
+        "--data.init_args.train_batches_per_epoch", "2",
+        "--data.init_args.val_prompts", "16",
+        "--data.init_args.test_prompts", "16",
+        "--data.init_args.eval_batch_size", "16",
+        "--data.init_args.test_context_lengths", "[6, 12]",
+    ]  # fmt: skip
+    with open(config) as fh:
+        if "train_prompts: 2000" in fh.read():
+            args += ["--data.init_args.train_prompts", "32"]
+    cli = LitICLCLI(
+        LightningModule,
+        LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        run=False,
+        args=args,
+    )
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)
+    rows = cli.model.test_rows
+    values = [r["value"] for r in rows if r["metric"] == "icl_error"]
+    assert (
+        values and all(math.isfinite(v) or v > 0 for v in values) and not any(math.isnan(v) for v in values)
+    )
+    assert {r["context_length"] for r in rows if r["metric"] == "icl_error"} == {6, 12}

@@ -41,7 +41,14 @@ def _line(ax: Any, points: dict[float, list[float]], label: str, **kw: Any) -> N
 
 
 def _finish(
-    fig: Figure, ax: Any, title: str, xlabel: str, ylabel: str, logy: bool = True, logx: bool = False
+    fig: Figure,
+    ax: Any,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    logy: bool = True,
+    logx: bool = False,
+    clip_top: float | None = None,
 ) -> Figure:
     ax.set_title(title)
     ax.set_xlabel(xlabel)
@@ -50,6 +57,10 @@ def _finish(
         ax.set_yscale("log")
     if logx:
         ax.set_xscale("log")
+    bottom, top = ax.get_ylim()
+    if clip_top is not None and top > clip_top:
+        ax.set_ylim(bottom, clip_top)
+        ax.set_ylabel(f"{ylabel} (clipped at {clip_top:g})")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -73,10 +84,13 @@ def mmca_figures(rows: list[dict[str, Any]]) -> dict[str, Figure]:
         series = _series(rows, metric, "context_length", ("method", "depth"))
         if not series:
             continue
+        # Fixed depth (Fig. 2 left): the depth the net was trained at (that of its alpha_hat rows), else the largest.
+        trained = {r["method"]: r.get("depth") for r in rows if r.get("metric") == "alpha_hat"}
         top_depth: dict[str, Any] = {}
         for method, depth in series:
             if depth is not None and (top_depth.get(method) is None or depth > top_depth[method]):
                 top_depth[method] = depth
+        top_depth.update({m: t for m, t in trained.items() if (m, t) in series})
         fig, ax = plt.subplots(figsize=(6.4, 4.4))
         for (method, depth), pts in sorted(series.items(), key=lambda kv: str(kv[0])):
             if depth != top_depth.get(method):
@@ -84,7 +98,10 @@ def mmca_figures(rows: list[dict[str, Any]]) -> dict[str, Figure]:
             if metric == "icl_error" and method == "bayes":
                 continue  # identically 0: the reference the ICL error measures against
             _line(ax, pts, method if depth is None else f"{method} (T={depth})")
-        figs[name] = _finish(fig, ax, f"{metric} vs test context length", "L_te", ylabel, logx=True)
+        # Deep tied stacks explode at tiny L_te (Lambda_hat is far from Lambda); keep the interesting range readable.
+        figs[name] = _finish(
+            fig, ax, f"{metric} vs test context length", "L_te", ylabel, logx=True, clip_top=10.0
+        )
 
     by_depth = _series(rows, "icl_error", "depth", ("method", "context_length"))
     if by_depth:

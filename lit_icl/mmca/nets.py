@@ -269,11 +269,13 @@ class DeepCrossAttention(nn.Module):
 
     @property
     def method(self) -> str:
-        """A short name for result rows, e.g. ``lca_one``, ``lca_one_no_s``, ``deep_lsa_two``, ``sca_full``."""
+        """A short name for result rows, e.g. ``lca_one``, ``lca_one_no_s``, ``deep_lsa_two``, ``sca_full``
+        (``_x0`` marks ``initial_state="x"``)."""
         base = {"cross": "lca" if self.attention == "linear" else "sca", "self": "deep_lsa"}[self.mixer]
         if self.mixer == "self" and self.attention == "softmax":
             base = "deep_ssa"
-        return f"{base}_{self.parametrization}" + ("" if self.injection else "_no_s")
+        name = f"{base}_{self.parametrization}" + ("" if self.injection else "_no_s")
+        return name + ("_x0" if self.initial_state == "x" else "")
 
     @property
     def tied(self) -> bool:
