@@ -6,50 +6,55 @@ Model and data are chosen by ``class_path`` in the YAML (subclass mode), e.g.::
     python -m lit_icl test --config configs/icssl_manifolds.yaml --ckpt_path runs/icssl_manifolds/version_0/checkpoints/last.ckpt
     python -m lit_icl fit  --config configs/icssl_manifolds.yaml --ckpt_path last      # resume in place
 
+The CLI names no paper: configs give full class paths, and values that data and model share are read by the
+module from its data module (:meth:`lit_icl.core.module.ICLModule.bind_datamodule`), not linked here.
+
 What this adds to a plain LightningCLI:
 
+- reproducible runs by default (``trainer.deterministic: true``): the same config and seed give bit-identical
+  weights on CPU at any thread count, and a run killed and resumed with ``--ckpt_path last`` ends where the
+  uninterrupted run ends;
 - TensorBoard logging under ``runs/`` and a checkpoint callback (``--checkpoint.*``) that keeps ``last.ckpt``;
+- :class:`lit_icl.core.results.ResultsWriter` on every run, which writes a ``test`` run's ``results.json``,
+  ``results.csv`` and figures;
 - ``--ckpt_path last`` resumes the newest run of the same logger name *in its own folder* (Lightning alone
   would look into a new, empty ``version_N+1``);
 - bad input stops the program before anything is written, with one line ``lit_icl: error: ...`` and exit
-  status 2: unknown keys and class paths (jsonargparse), invalid values (:class:`ConfigError`), and a
-  ``--ckpt_path`` that does not exist or is not a Lightning checkpoint.
+  status 2: unknown keys and class paths (jsonargparse), invalid values (:class:`ConfigError`, raised by
+  constructors and by ``bind_datamodule``), and a ``--ckpt_path`` that does not exist or is not a Lightning
+  checkpoint.
 """
 
 from __future__ import annotations
 
 import re
 import sys
+from argparse import ArgumentError
 from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningDataModule, LightningModule
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 
-# Imported so short class names (``ICSSLModule``, ``ManifoldDataModule``) resolve in configs.
-import lit_icl.icssl  # noqa: F401
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.module import ICLModule
+from lit_icl.core.results import ResultsWriter
+from lit_icl.core.validation import check_run_config
 
 #: ``ckpt_path`` values that Lightning resolves itself.
 SPECIAL_CKPT_PATHS = ("last", "best", "hpc")
 
 
 class LitICLCLI(LightningCLI):
-    """LightningCLI with the project's defaults, links and input checks (see the module docstring)."""
+    """LightningCLI with the project's defaults and input checks (see the module docstring)."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         # No monitor: Lightning refreshes last.ckpt only when this callback saves, which an unmonitored one
         # does every epoch; a monitored one would leave last.ckpt behind after the best epoch.
         parser.set_defaults({"checkpoint.save_last": True, "checkpoint.save_top_k": 1})
-        # The data module owns episode size and evaluation ratios; the module needs them to validate
-        # its net and to name its metrics. Links keep a single place to set them.
-        parser.link_arguments("data.init_args.n_points", "model.init_args.n_points", apply_on="parse")
-        parser.link_arguments(
-            "data.init_args.eval_label_ratios", "model.init_args.label_ratios", apply_on="parse"
-        )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         super().parse_arguments(parser, args)
@@ -58,10 +63,27 @@ class LitICLCLI(LightningCLI):
         if sub:
             check_ckpt_path(self.config[sub].get("ckpt_path"))
 
+    def instantiate_classes(self) -> None:
+        super().instantiate_classes()
+        # Checks between objects (net vs data sizes, callback vs data) run here, before the run writes anything.
+        check_run_config(self.trainer, self.model, self.datamodule)
+
     def before_instantiate_classes(self) -> None:
         sub = self.subcommand
         if sub == "fit" and self.config[sub].get("ckpt_path") == "last":
             pin_logger_version_for_resume(self.config[sub])
+
+    def after_instantiate_classes(self) -> None:
+        # The module checks the values it shares with the data module now, before any run folder exists;
+        # Lightning would otherwise do it only in `setup`, after the logger has created the folder.
+        if isinstance(self.model, ICLModule):
+            self.model.attach_datamodule(self.datamodule)
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        trainer = super().instantiate_trainer(**kwargs)
+        if not any(isinstance(cb, ResultsWriter) for cb in trainer.callbacks):
+            trainer.callbacks.append(ResultsWriter())
+        return trainer
 
 
 def check_ckpt_path(ckpt_path: str | None) -> None:
@@ -129,6 +151,9 @@ def main(args: ArgsType = None) -> None:
             save_config_kwargs={"overwrite": True},
             seed_everything_default=0,
             trainer_defaults={
+                # Deterministic kernels: without them, two CPU runs with the same seed differ by ~1e-2 after a
+                # few hundred steps (multi-threaded reductions); the cost is measured in the README.
+                "deterministic": True,
                 "logger": {
                     "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
                     "init_args": {"save_dir": "runs", "name": "lit_icl", "default_hp_metric": False},
@@ -137,8 +162,16 @@ def main(args: ArgsType = None) -> None:
                 # ends are exact resume points.
                 "enable_model_summary": True,
             },
+            # Parse errors are raised (not printed with the full usage) so they become one line below.
+            parser_kwargs={
+                "exit_on_error": False,
+                **{sub: {"exit_on_error": False} for sub in LitICLCLI.subcommands()},
+            },
             args=args,
         )
+    except ArgumentError as err:
+        print(f"lit_icl: error: {one_line_parser_error(str(err))}", file=sys.stderr)
+        sys.exit(2)
     except Exception as err:  # noqa: BLE001 - re-raised unless it is (or wraps) a ConfigError
         config_error = find_config_error(err)
         if config_error is None:
@@ -161,6 +194,52 @@ def find_config_error(err: BaseException) -> ConfigError | None:
         seen.add(id(current))
         current = current.__cause__ or current.__context__
     return None
+
+
+#: Lines of a jsonargparse error that only describe the union machinery, not the user's mistake.
+_PARSER_NOISE = re.compile(
+    r"^(- )?(Does not validate against any of the Union subtypes|Subtypes: |Errors:|Expected a <class 'NoneType'>"
+    r"|Given value type: |Given value: )"
+)
+
+
+def one_line_parser_error(message: str) -> str:
+    """Condense a (nested, multi-line) jsonargparse error into ``<option path>: <innermost problem>``.
+
+    jsonargparse reports a bad value deep inside ``model.init_args.net.init_args...`` as an indented tree of
+    union alternatives; the user needs the path of keys and the innermost message (e.g. "Expected a
+    typing.Literal['rbf', 'linear']. Got value: poly"), plus the class whose option it was.
+    """
+    lines = [ln.strip() for ln in message.splitlines()]
+    keys: list[str] = []
+    classes: list[str] = []
+    problems: list[str] = []
+    given: dict[int, str] = {}  # problem index -> the value reported right after it
+    for ln in lines:
+        value = re.fullmatch(r"Given value: (.*)", ln)
+        if value and problems and len(problems) - 1 not in given:
+            given[len(problems) - 1] = value.group(1)
+        if not ln or _PARSER_NOISE.match(ln):
+            continue
+        key = re.fullmatch(r'Parser key "([^"]+)":(.*)', ln)
+        if key:
+            keys.append(key.group(1))
+            if key.group(2).strip():  # the whole problem on one line, e.g. a --config file that does not exist
+                problems.append(key.group(2).strip())
+            continue
+        cls = re.fullmatch(r"- Problem with given class_path '([^']+)':", ln)
+        if cls:
+            classes.append(cls.group(1))
+            continue
+        problems.append(ln.removeprefix("- "))
+    if not problems:
+        return " ".join(ln for ln in lines if ln)
+    problem = problems[-1]
+    if problem.startswith("Expected a") and "Got value" not in problem and len(problems) - 1 in given:
+        problem += f". Got value: {given[len(problems) - 1]}"
+    path = ".init_args.".join(keys)
+    where = f" (in {classes[-1]})" if classes and classes[-1].rsplit(".", 1)[-1] not in problem else ""
+    return f"{'--' + path + ': ' if path else ''}{problem}{where}"
 
 
 if __name__ == "__main__":
