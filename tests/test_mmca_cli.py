@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import math
 from pathlib import Path
 
@@ -73,10 +74,19 @@ def test_tiny_fit_then_test_end_to_end(tmp_path) -> None:
     ckpts = glob.glob(str(tmp_path / "runs" / "tiny" / "version_0" / "checkpoints" / "last.ckpt"))
     assert ckpts, "fit must leave last.ckpt"
     main(["test", *mmca_args(tmp_path), "--ckpt_path", ckpts[0]])
+    # The shared ResultsWriter put the rows and this paper's figures next to the test run's logs.
+    results = sorted(glob.glob(str(tmp_path / "runs" / "tiny" / "version_*" / "results.json")))
+    assert results, "test must write results.json"
+    payload = json.loads(Path(results[-1]).read_text())
+    assert payload["meta"]["trained_steps"] == 6
+    metrics = {r["metric"] for r in payload["rows"]}
+    assert {"icl_error", "mse", "alpha_hat", "beta_hat", "alpha_star", "whitening_residual"} <= metrics
+    pngs = {Path(p).stem for p in glob.glob(str(Path(results[-1]).parent / "*.png"))}
+    assert {"icl_error_vs_context_length", "layer_scalars", "whitening_residual"} <= pngs
 
-    # The same checkpoint outside the CLI: the rows and figures of the test protocol.
-    net = DeepCrossAttention(d=4, depth=3)
-    model = LatentFactorICLModule.load_from_checkpoint(ckpts[0], net=net, test_depths=[1, 3])
+    # The same checkpoint outside the CLI: the net is rebuilt from the stored config.
+    model = LatentFactorICLModule.load_from_checkpoint(ckpts[0])
+    assert isinstance(model.net, DeepCrossAttention) and model.net.d == 4 and model.test_depths == [1, 3]
     trained_alpha = float(torch.load(ckpts[0], weights_only=True)["state_dict"]["net.alpha"])
     assert float(model.net.alpha) == trained_alpha != pytest.approx(2 / 27, abs=1e-6)  # training moved alpha
     dm = LatentFactorDataModule(
@@ -131,23 +141,30 @@ def test_tiny_fit_then_test_end_to_end(tmp_path) -> None:
     }
 
 
-def test_config_errors_found_at_setup_exit_2(tmp_path, capsys) -> None:
-    """d of the net vs the data, and fitting a net without parameters, are checked when the data is known."""
-    for extra, needle in (
-        (
-            ["--model.init_args.net.init_args.d", "6"],
-            "the net was built for d=6 but the data has d = d1 + d2 = 4",
-        ),
-        (["--model.init_args.net.init_args.norm_range", "[0, 2]"], "differs from the data's norm_range"),
-    ):
-        with pytest.raises(SystemExit) as info:
-            main(["fit", *mmca_args(tmp_path), *extra])
-        assert info.value.code == 2
-        assert needle in capsys.readouterr().err
+def test_fitting_a_net_without_parameters_is_refused(tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(
+            [
+                "fit",
+                *mmca_args(tmp_path),
+                "--model.init_args.net",
+                "lit_icl.mmca.nets.SampleMean",
+                "--model.init_args.test_depths",
+                "null",
+            ]
+        )
+    assert info.value.code == 2
+    assert "SampleMean has no trainable parameters; evaluate it with `test`" in capsys.readouterr().err
 
 
 # (args, needle): each must stop the CLI with exit 2, one line naming the problem, and no run folder.
 BAD_INPUT = [
+    (["--model.init_args.net", "lit_icl.mmca.nets.BayesOptimal"], "test_depths needs a net with layers"),
+    (
+        ["--model.init_args.net.init_args.d", "6"],
+        "the net was built for d=6 but the data has d = d1 + d2 = 4",
+    ),
+    (["--model.init_args.net.init_args.norm_range", "[0, 2]"], "differs from the data's norm_range"),
     (["--data.init_args.d1", "0"], "d1=0 must be a positive integer"),
     (["--data.init_args.norm_range", "[5, 1]"], "norm_range=(5, 1) must satisfy 0 <= lo < hi"),
     (["--data.init_args.batch_size", "48"], "batch_size=48 must be a positive multiple of chunk_size=32"),

@@ -11,6 +11,7 @@ from torchmetrics import MeanMetric
 
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.precision import float32_region
+from lit_icl.core.results import result_row
 
 
 @float32_region
@@ -92,14 +93,13 @@ class WhiteningDiagnostic(Callback):
             value = float(metric.compute())
             pl_module.log(f"test/whitening_residual/layer={t + 1}", value, sync_dist=True)
             rows.append(
-                {
-                    "metric": "whitening_residual",
-                    "value": value,
-                    "split": "test",
-                    "method": method,
-                    "layer": t + 1,
-                    "depth": depth,
-                    "context_length": self._length,
-                }
+                result_row(
+                    "whitening_residual",
+                    value,
+                    method=method,
+                    layer=t + 1,
+                    depth=depth,
+                    context_length=self._length,
+                )
             )
         pl_module.extra_test_rows = list(getattr(pl_module, "extra_test_rows", [])) + rows

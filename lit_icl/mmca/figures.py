@@ -1,7 +1,7 @@
 """Matplotlib figures of the paper's synthetic experiments (Figs. 2, 3, 5, 6), drawn from tidy result rows.
 
 Kept apart from the module so that a report over several runs can call :func:`mmca_figures` on their pooled
-rows. (When ``lit_icl.core.figures`` lands on main these become thin calls to its line-figure helper.)
+rows. Figures are ``matplotlib.figure.Figure`` objects built without pyplot (``lit_icl.core.figures.new_figure``).
 """
 
 from __future__ import annotations
@@ -9,11 +9,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
+
+from lit_icl.core.figures import new_figure
 
 
 def _series(
@@ -63,7 +61,6 @@ def _finish(
         ax.set_ylabel(f"{ylabel} (clipped at {clip_top:g})")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
     return fig
 
 
@@ -91,7 +88,7 @@ def mmca_figures(rows: list[dict[str, Any]]) -> dict[str, Figure]:
             if depth is not None and (top_depth.get(method) is None or depth > top_depth[method]):
                 top_depth[method] = depth
         top_depth.update({m: t for m, t in trained.items() if (m, t) in series})
-        fig, ax = plt.subplots(figsize=(6.4, 4.4))
+        fig, ax = new_figure(6.4, 4.4)
         for (method, depth), pts in sorted(series.items(), key=lambda kv: str(kv[0])):
             if depth != top_depth.get(method):
                 continue
@@ -108,7 +105,7 @@ def mmca_figures(rows: list[dict[str, Any]]) -> dict[str, Figure]:
         longest = max(k[1] for k in by_depth)
         chosen = {k: v for k, v in by_depth.items() if k[1] == longest}
         if any(len(v) > 1 for v in chosen.values()):
-            fig, ax = plt.subplots(figsize=(6.4, 4.4))
+            fig, ax = new_figure(6.4, 4.4)
             for (method, _), pts in sorted(chosen.items(), key=lambda kv: str(kv[0])):
                 _line(ax, pts, method)
             figs["icl_error_vs_depth"] = _finish(
@@ -118,7 +115,7 @@ def mmca_figures(rows: list[dict[str, Any]]) -> dict[str, Figure]:
     alpha = _series(rows, "alpha_hat", "layer", ("method",))
     beta = _series(rows, "beta_hat", "layer", ("method",))
     if alpha or beta:
-        fig, ax = plt.subplots(figsize=(6.4, 4.4))
+        fig, ax = new_figure(6.4, 4.4)
         for (method,), pts in sorted(alpha.items()):
             _line(ax, pts, f"alpha_hat {method}")
         for (method,), pts in sorted(beta.items()):
@@ -134,7 +131,7 @@ def mmca_figures(rows: list[dict[str, Any]]) -> dict[str, Figure]:
 
     white = _series(rows, "whitening_residual", "layer", ("method",))
     if white:
-        fig, ax = plt.subplots(figsize=(6.4, 4.4))
+        fig, ax = new_figure(6.4, 4.4)
         for (method,), pts in sorted(white.items()):
             _line(ax, pts, method)
         figs["whitening_residual"] = _finish(

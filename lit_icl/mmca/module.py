@@ -22,19 +22,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningModule
+from lightning.pytorch import LightningDataModule
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.module import ICLModule
+from lit_icl.core.results import result_row
 from lit_icl.mmca.data import alpha_star, bayes_weights
 from lit_icl.mmca.nets import BayesOptimal, DeepCrossAttention, SampleMean, count_parameters
 from lit_icl.mmca.theory import alpha_star_depth
-
-
-def result_row(metric: str, value: float, method: str, split: str = "test", **coords: Any) -> dict[str, Any]:
-    """One tidy result row (the shape of ``lit_icl.core.results.result_row``; swap for it once it is on main)."""
-    return {"metric": metric, "value": float(value), "split": split, "method": method, **coords}
 
 
 def method_name(net: nn.Module) -> str:
@@ -42,7 +39,7 @@ def method_name(net: nn.Module) -> str:
     return str(getattr(net, "method", type(net).__name__))
 
 
-class LatentFactorICLModule(LightningModule):
+class LatentFactorICLModule(ICLModule):
     """Trains a net of :mod:`lit_icl.mmca.nets` on the squared query error and runs the ``L_te`` / depth sweep.
 
     Args:
@@ -66,7 +63,7 @@ class LatentFactorICLModule(LightningModule):
         baselines: bool = True,
     ):
         super().__init__()
-        self.save_hyperparameters(ignore=["net"])
+        self.save_reloadable_hparams()
         self.net = net if net is not None else DeepCrossAttention()
         if not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
             raise ConfigError(f"lr={lr!r} must be a positive number")
@@ -99,31 +96,33 @@ class LatentFactorICLModule(LightningModule):
         self.val_mse = MeanMetric()
         self.val_icl = MeanMetric()
         self.test_metrics = nn.ModuleDict()
-        self.test_rows: list[dict[str, Any]] = []
         self.extra_test_rows: list[dict[str, Any]] = []
         self.context_lengths: list[int] | None = None
         self.norm_range: tuple[float, float] | None = None
 
     # ---------------------------------------------------------------- wiring with the data
+    def bind_datamodule(self, datamodule: LightningDataModule) -> None:
+        """Check the net against the data's ``d`` and ``norm_range``; take the test context lengths from it."""
+        dm = datamodule
+        d = getattr(dm, "d", None)
+        net_d = getattr(self.net, "d", None)
+        if d is not None and net_d is not None and d != net_d:
+            raise ConfigError(
+                f"the net was built for d={net_d} but the data has d = d1 + d2 = {d}; set the net's d to {d}"
+            )
+        nr = getattr(dm, "norm_range", None)
+        net_nr = getattr(self.net, "norm_range", None)
+        if nr is not None and net_nr is not None and tuple(nr) != tuple(net_nr):
+            raise ConfigError(
+                f"the net's norm_range={tuple(net_nr)} (used for its alpha* initialisation) differs from the "
+                f"data's norm_range={tuple(nr)}; set the net's norm_range to {list(nr)}"
+            )
+        self.norm_range = tuple(nr) if nr is not None else None
+        lengths = getattr(dm, "test_context_lengths", None)
+        self.context_lengths = list(lengths) if lengths is not None else None
+
     def setup(self, stage: str) -> None:
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        if dm is not None:
-            d = getattr(dm, "d", None)
-            net_d = getattr(self.net, "d", None)
-            if d is not None and net_d is not None and d != net_d:
-                raise ConfigError(
-                    f"the net was built for d={net_d} but the data has d = d1 + d2 = {d}; set the net's d to {d}"
-                )
-            nr = getattr(dm, "norm_range", None)
-            net_nr = getattr(self.net, "norm_range", None)
-            if nr is not None and net_nr is not None and tuple(nr) != tuple(net_nr):
-                raise ConfigError(
-                    f"the net's norm_range={tuple(net_nr)} (used for its alpha* initialisation) differs from the "
-                    f"data's norm_range={tuple(nr)}; set the net's norm_range to {list(nr)}"
-                )
-            self.norm_range = tuple(nr) if nr is not None else None
-            lengths = getattr(dm, "test_context_lengths", None)
-            self.context_lengths = list(lengths) if lengths is not None else None
+        super().setup(stage)
         if stage == "fit" and count_parameters(self.net) == 0:
             raise ConfigError(
                 f"{type(self.net).__name__} has no trainable parameters; evaluate it with `test` instead of `fit`"
@@ -198,7 +197,7 @@ class LatentFactorICLModule(LightningModule):
             coords: dict[str, Any] = {"context_length": int(length[1:])}
             if depth != "TNone":
                 coords["depth"] = int(depth[1:])
-            rows.append(result_row(name, float(value), method, **coords))
+            rows.append(result_row(name, float(value), method=method, **coords))
             tag = "/".join(f"{k}={v}" for k, v in coords.items())
             self.log(f"test/{name}/{method}/{tag}", value, sync_dist=True)
         rows += self._layer_rows()
@@ -218,19 +217,27 @@ class LatentFactorICLModule(LightningModule):
             # layer t+1 computes F_{t+1} from (W^S_t, W^V_t): the same index as the whitening diagnostic
             rows.append(
                 result_row(
-                    "alpha_hat", float(ws[t].diagonal().sum() / d), self.method, layer=t + 1, depth=depth
+                    "alpha_hat",
+                    float(ws[t].diagonal().sum() / d),
+                    method=self.method,
+                    layer=t + 1,
+                    depth=depth,
                 )
             )
             rows.append(
                 result_row(
-                    "beta_hat", float(wv[t].diagonal().sum() / d), self.method, layer=t + 1, depth=depth
+                    "beta_hat",
+                    float(wv[t].diagonal().sum() / d),
+                    method=self.method,
+                    layer=t + 1,
+                    depth=depth,
                 )
             )
         norm_range = self.norm_range or getattr(net, "norm_range", None)
         if norm_range is not None:
-            rows.append(result_row("alpha_star", alpha_star(norm_range), "theory"))
+            rows.append(result_row("alpha_star", alpha_star(norm_range), method="theory"))
             rows.append(
-                result_row("alpha_star_T", alpha_star_depth(depth, norm_range), "theory", depth=depth)
+                result_row("alpha_star_T", alpha_star_depth(depth, norm_range), method="theory", depth=depth)
             )
         return rows
 
