@@ -161,6 +161,13 @@ def test_fitting_a_net_without_parameters_is_refused(tmp_path, capsys) -> None:
 BAD_INPUT = [
     (["--model.init_args.net", "lit_icl.mmca.nets.BayesOptimal"], "test_depths needs a net with layers"),
     (
+        [
+            "--trainer.callbacks+=lit_icl.mmca.diagnostics.WhiteningDiagnostic",
+            "--trainer.callbacks.context_length=50",
+        ],
+        "WhiteningDiagnostic context_length=50 exceeds the longest test context 20",
+    ),
+    (
         ["--model.init_args.net.init_args.d", "6"],
         "the net was built for d=6 but the data has d = d1 + d2 = 4",
     ),

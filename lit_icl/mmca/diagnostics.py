@@ -53,6 +53,15 @@ class WhiteningDiagnostic(Callback):
         self._metrics: list[MeanMetric] = []
         self._length: int | None = None
 
+    def check_config(self, trainer: Any = None, model: Any = None, datamodule: Any = None) -> None:
+        """Before the run: the diagnostic's context must fit in the test prompts (their longest ``L_te``)."""
+        lengths = getattr(datamodule, "test_context_lengths", None)
+        if self.context_length is not None and lengths and self.context_length > max(lengths):
+            raise ConfigError(
+                f"WhiteningDiagnostic context_length={self.context_length} exceeds the longest test context "
+                f"{max(lengths)}; use at most {max(lengths)} or null"
+            )
+
     def on_test_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._metrics = []
         self._length = None
