@@ -122,6 +122,14 @@ def test_tiny_fit_then_test_end_to_end(tmp_path) -> None:
     w = batch["zeta"].unsqueeze(-1) * batch["m"] / (1 + batch["m"].pow(2).sum(-1, keepdim=True))
     expect = float((batch["y"][:, :10].mean(-1) - (w * batch["x_query"]).sum(-1)).pow(2).mean())
     assert icl[("sample_mean", None, 10)] == pytest.approx(expect, rel=1e-5)
+    # ... and the trained LCA's at depth 3, L = 20 from Lemma C.2: y_hat = alpha y^T X^T sum_k M^k x_q / L.
+    X = batch["x"].double().transpose(1, 2)
+    M = torch.eye(4, dtype=torch.float64) - trained_alpha * X @ X.transpose(1, 2) / 20
+    S = sum(torch.linalg.matrix_power(M, k) for k in range(3))
+    xq = batch["x_query"].double().unsqueeze(-1)
+    pred = trained_alpha * (batch["y"].double().unsqueeze(1) @ X.transpose(1, 2) @ S @ xq).flatten() / 20
+    expect = float((pred - (w.double() * batch["x_query"].double()).sum(-1)).pow(2).mean())
+    assert icl[("lca_one", 3, 20)] == pytest.approx(expect, rel=1e-4)
     layers = sorted(r["layer"] for r in rows if r["metric"] == "alpha_hat")
     assert layers == [1, 2, 3]
     assert all(r["value"] == pytest.approx(trained_alpha) for r in rows if r["metric"] == "alpha_hat")
