@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import torch
 from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
 from lit_icl.core.errors import ConfigError
@@ -44,3 +45,34 @@ class EpochSampler(DistributedSampler):
 
     def __len__(self) -> int:
         return self.length // self.num_replicas
+
+
+def chunk_loader(
+    dataset: Dataset,
+    batch_size: int,
+    chunk_size: int,
+    num_workers: int = 0,
+    sampler: Sampler[int] | None = None,
+) -> DataLoader:
+    """A DataLoader that stacks ``batch_size / chunk_size`` chunks of episodes into one batch, in index order.
+
+    Workers are re-forked every epoch (not persistent) so they see the :class:`EpochSampler`'s new epoch, and run
+    one intra-op thread each so they do not oversubscribe the cores. Items draw only from their own seeded
+    generators, so no per-worker RNG seeding is needed.
+    """
+    if batch_size % chunk_size:
+        raise ConfigError(f"batch_size={batch_size} must be a multiple of chunk_size={chunk_size}")
+    return DataLoader(
+        dataset,
+        batch_size=batch_size // chunk_size,
+        sampler=sampler,
+        shuffle=False,
+        collate_fn=collate_chunks,
+        num_workers=num_workers,
+        persistent_workers=False,
+        worker_init_fn=_single_thread_worker if num_workers > 0 else None,
+    )
+
+
+def _single_thread_worker(worker_id: int) -> None:
+    torch.set_num_threads(1)

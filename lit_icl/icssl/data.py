@@ -23,7 +23,7 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from lit_icl.core.data import EpochSampler, collate_chunks
+from lit_icl.core.data import EpochSampler, chunk_loader
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import (
@@ -280,16 +280,7 @@ class ManifoldDataModule(LightningDataModule):
 
     def _loader(self, dataset: EpisodeChunks, batch_size: int, sampler: Sampler[int] | None = None) -> DataLoader:
         hp = self.hparams
-        return DataLoader(
-            dataset,
-            batch_size=batch_size // hp.chunk_size,
-            sampler=sampler,
-            shuffle=False,
-            collate_fn=collate_chunks,
-            num_workers=hp.num_workers,
-            persistent_workers=False,  # workers must be re-forked to see the sampler's new epoch
-            worker_init_fn=_single_thread_worker if hp.num_workers > 0 else None,
-        )
+        return chunk_loader(dataset, batch_size, hp.chunk_size, hp.num_workers, sampler)
 
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
@@ -311,9 +302,3 @@ class ManifoldDataModule(LightningDataModule):
     def predict_dataloader(self) -> DataLoader:
         """The test episodes (``predict`` returns per-point probabilities at every evaluation ratio)."""
         return self.test_dataloader()
-
-
-def _single_thread_worker(worker_id: int) -> None:
-    """Workers generate small tensors: one intra-op thread each avoids oversubscribing the cores."""
-    # Items draw only from their own seeded generators, so no per-worker RNG seeding is needed.
-    torch.set_num_threads(1)

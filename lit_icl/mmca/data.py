@@ -34,7 +34,7 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from lit_icl.core.data import EpochSampler, collate_chunks
+from lit_icl.core.data import EpochSampler, chunk_loader
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
 
@@ -266,15 +266,7 @@ class LatentFactorDataModule(LightningDataModule):
 
     def _loader(self, dataset: Dataset, batch_size: int, sampler: EpochSampler | None = None) -> DataLoader:
         hp = self.hparams
-        return DataLoader(
-            dataset,
-            batch_size=batch_size // hp.chunk_size,
-            sampler=sampler,
-            shuffle=False,
-            collate_fn=collate_chunks,
-            num_workers=hp.num_workers,
-            persistent_workers=False,
-        )
+        return chunk_loader(dataset, batch_size, hp.chunk_size, hp.num_workers, sampler)
 
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
