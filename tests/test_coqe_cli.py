@@ -1,0 +1,138 @@
+"""CoQE through the CLI on a tiny Omniglot-layout fixture: fit + test, results rows, figures, bad input."""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import LightningDataModule, LightningModule
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from lit_icl.cli import LitICLCLI, main
+from test_coqe_data import write_omniglot_fixture
+
+
+def coqe_args(tmp_path: Path, *extra: str, config: str = "configs/coqe_omniglot.yaml") -> list[str]:
+    """A seconds-long run: 24 classes x 4 drawings of 16x16 pixels, a tiny ResNet, 1-layer Transformer."""
+    folder = tmp_path / "omniglot-py"
+    if not folder.exists():
+        write_omniglot_fixture(folder)
+    return [
+        "--config", config,
+        "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
+        "--trainer.logger.init_args.name", "tiny",
+        "--trainer.accelerator", "cpu",
+        "--trainer.max_steps", "4",
+        "--trainer.enable_progress_bar", "false",
+        "--trainer.enable_model_summary", "false",
+        "--trainer.log_every_n_steps", "1",
+        "--trainer.num_sanity_val_steps", "0",
+        "--data.init_args.source", "omniglot",
+        "--data.init_args.folder", str(folder),
+        "--data.init_args.image_size", "16",
+        "--data.init_args.n_holdout", "4",
+        "--data.init_args.n_common", "2",
+        "--data.init_args.batch_size", "8",
+        "--data.init_args.chunk_size", "4",
+        "--data.init_args.train_batches_per_epoch", "2",
+        "--data.init_args.val_sequences", "8",
+        "--data.init_args.test_sequences", "16",
+        "--data.init_args.eval_batch_size", "8",
+        "--model.init_args.net.init_args.n_classes", "20",
+        "--model.init_args.net.init_args.resnet_channels", "[8, 8, 8, 16]",
+        "--model.init_args.net.init_args.depth", "1",
+        *extra,
+    ]
+
+
+def _scalars(run_dir: Path) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for path in sorted(glob.glob(str(run_dir / "events.out.tfevents.*"))):
+        ea = EventAccumulator(path)
+        ea.Reload()
+        for tag in ea.Tags()["scalars"]:
+            out.setdefault(tag, []).extend(e.value for e in ea.Scalars(tag))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("config", "method"), [("configs/coqe_omniglot.yaml", "coqe"), ("configs/transformer_omniglot.yaml", "transformer")]
+)
+def test_fit_then_test_gives_icl_iwl_curves_rows_and_figure(tmp_path, config: str, method: str) -> None:
+    main(["fit", *coqe_args(tmp_path, config=config)])
+    run = tmp_path / "runs/tiny/version_0"
+    scalars = _scalars(run)
+    for tag in ("val/acc/icl", "val/acc/iwl"):
+        assert len(scalars[tag]) == 2 and all(0.0 <= v <= 1.0 for v in scalars[tag]), tag  # one per epoch
+    assert ("train/loss_mod" in scalars) == (method == "coqe")
+    assert ("train/noise_mean" in scalars) == (method == "coqe")
+    ckpt = run / "checkpoints/last.ckpt"
+    cli = LitICLCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                    run=False, args=coqe_args(tmp_path, config=config))
+    cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=str(ckpt))
+    rows = cli.model.test_rows
+    assert [r["evaluator"] for r in rows] == ["icl", "iwl"]
+    for r in rows:
+        assert r["metric"] == "accuracy" and r["split"] == "test" and r["method"] == method
+        assert r["source"] == "omniglot" and r["p_bursty"] == 0.9 and r["zipf_alpha"] == 1.0
+        assert 0.0 <= r["value"] <= 1.0 and (r["value"] * 16) == round(r["value"] * 16)  # 16 test sequences
+    assert ("noise_mean0" in rows[0]) == (method == "coqe")
+    figures = cli.model.test_figures(rows)
+    assert list(figures) == ["icl_vs_iwl"]
+    ax = figures["icl_vs_iwl"].axes[0]
+    heights = [p.get_height() for p in ax.patches]
+    assert heights == pytest.approx([r["value"] for r in rows])
+
+
+def test_test_accuracy_matches_an_independent_evaluation(tmp_path) -> None:
+    """The logged test accuracy equals a hand loop over the evaluators' batches with the trained net."""
+    main(["fit", *coqe_args(tmp_path)])
+    ckpt = tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt"
+    cli = LitICLCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                    run=False, args=coqe_args(tmp_path))
+    cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=str(ckpt))
+    model, dm = cli.model.eval(), cli.datamodule
+    for loader, row in zip(dm.test_dataloader(), cli.model.test_rows):
+        hits = []
+        for batch in loader:
+            batch = dm.on_after_batch_transfer(batch, 0)
+            with torch.no_grad():
+                logits = model.net(batch["images"], batch["labels"][:, :-1]).logits[:, -1]
+            allowed = 2 if row["evaluator"] == "icl" else logits.shape[-1]
+            hits.append(logits[:, :allowed].argmax(-1) == batch["labels"][:, -1])
+        assert torch.cat(hits).float().mean().item() == pytest.approx(row["value"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--data.init_args.p_bursty", "1.5"], "p_bursty=1.5 must lie in [0, 1]"),
+        (["--data.init_args.source", "mnist"], "mnist"),  # refused by jsonargparse (a Literal)
+        (["--data.init_args.folder", "/no/such/omniglot"], "put torchvision's Omniglot folder"),
+        (["--data.init_args.batch_size", "6"], "batch_size=6 must be a positive multiple of chunk_size=4"),
+        (["--model.init_args.lr", "-1"], "lr=-1"),
+        (["--model.init_args.lr_schedule", "cosine"], "lr_schedule"),
+        (["--model.init_args.noise_interval", "0"], "noise_interval=0"),
+        (["--model.init_args.net.init_args.resnet_channels", "[8, 8, 8]"], "must be 4 integers"),
+        (["--model.init_args.net.init_args.context_logit", "mix"], "context_logit"),
+        (["--model.init_args.net.init_args.heads", "3"], "not divisible by heads=3"),
+    ],
+)
+def test_bad_input_fails_early_with_one_line(tmp_path, capsys, extra: list[str], needle: str) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["fit", *coqe_args(tmp_path), *extra])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    ours = [ln for ln in err.splitlines() if ln.startswith("lit_icl: error:")]
+    assert needle in (ours[0] if ours else err), err[-2000:]
+    assert len(ours) <= 1
+    assert not (tmp_path / "runs").exists(), "nothing may be written before the input is checked"
+
+
+def test_net_size_must_match_the_data(tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["fit", *coqe_args(tmp_path, "--model.init_args.net.init_args.n_classes", "1613")])
+    assert info.value.code == 2
+    assert "set model.init_args.net.init_args.n_classes: 20" in capsys.readouterr().err
