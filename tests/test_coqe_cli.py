@@ -136,3 +136,22 @@ def test_net_size_must_match_the_data(tmp_path, capsys) -> None:
         main(["fit", *coqe_args(tmp_path, "--model.init_args.net.init_args.n_classes", "1613")])
     assert info.value.code == 2
     assert "set model.init_args.net.init_args.n_classes: 20" in capsys.readouterr().err
+
+
+SHIPPED = sorted(
+    f"configs/{p.name}"
+    for pattern in ("coqe_omniglot*.yaml", "transformer_omniglot*.yaml")
+    for p in (Path(__file__).parents[1] / "configs").glob(pattern)
+)
+
+
+@pytest.mark.parametrize("config", SHIPPED)
+def test_every_shipped_config_trains_on_the_tiny_fixture(tmp_path, config: str) -> None:
+    """Each Table 1 / Table 2 / baseline config parses and trains (net shrunk, everything else as shipped)."""
+    assert len(SHIPPED) >= 7
+    extra = ["--trainer.max_steps", "2", "--data.init_args.train_batches_per_epoch", "2"]
+    if "noise_k" in Path(config).read_text():
+        extra += ["--model.init_args.net.init_args.noise_k", "10"]  # 1500 > the fixture's 20 classes
+    main(["fit", *coqe_args(tmp_path, *extra, config=config)])
+    ckpt = torch.load(tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt", weights_only=False)
+    assert ckpt["global_step"] == 2
