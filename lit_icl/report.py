@@ -1,76 +1,178 @@
-"""Combine the ``results.json`` of several ``test`` runs into one table and one figure.
+"""Tables and figures from the tidy rows of any paper's ``test`` runs.
 
-    python -m lit_icl.report runs/icssl_manifolds/version_1 runs/final_LaplacianEigenmap/version_1 \\
-        --out comparison.png
+    python -m lit_icl.report runs/icssl_manifolds/version_1 runs/icssl_manifolds/version_3 \\
+        runs/icssl_eig/version_1 --metric accuracy --out comparison.png
 
-Each argument is a run folder or a ``results.json``. A run is labelled by its ``representation`` (or
-``net``) field unless ``--labels`` is given. Prints a Markdown table (one row per run, one column per x value)
-and writes a figure with one line per run: the paper-style "accuracy vs label ratio" comparison.
+Each argument is a run folder or a ``results.json`` (see :mod:`lit_icl.core.results`). Runs whose configs differ
+only in their seeds (``seed_everything``, ``data_seed``) and in where they log form one *experiment*, and their
+rows are averaged: cells read ``mean ± sd`` over the runs (the table header says how many). An experiment is
+named by its TensorBoard logger name unless ``--labels`` gives one label per run (runs with the same label are
+then pooled).
+
+One Markdown table is printed per metric: a line per (experiment, method, other coordinates), a column per
+value of the ``--x`` coordinate. ``--out`` draws the same numbers as a figure: lines over a numeric ``--x``,
+grouped bars over a categorical one.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lit_icl.core.plotting import line_plot_png
+from lit_icl.core.figures import _sort_key, aggregate, bar_figure, line_figure
+from lit_icl.core.results import ROW_KEYS, load_results
+
+#: Config entries that do not change what an experiment is.
+SEED_KEYS = ("seed_everything", "data_seed", "ckpt_path")
+LOGGING_KEYS = ("logger", "default_root_dir", "enable_progress_bar", "enable_model_summary", "callbacks")
 
 
-def load_results(path: str | Path) -> dict[str, Any]:
-    """Read a ``results.json`` (or the one inside a run folder)."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "results.json"
-    if not p.is_file():
-        raise FileNotFoundError(f"{p} not found; pass a run folder written by `python -m lit_icl test`")
-    data = json.loads(p.read_text())
-    if "results" not in data:
-        raise ValueError(f"{p} has no 'results' list; is it a lit_icl results.json?")
-    return data
+def experiment_fingerprint(meta: Mapping[str, Any]) -> str:
+    """A hash of the run's config without seeds and logging: equal for runs that differ only in seed."""
+
+    def strip(value: Any, depth: int = 0) -> Any:
+        if isinstance(value, Mapping):
+            return {
+                k: strip(v, depth + 1)
+                for k, v in sorted(value.items())
+                if k not in SEED_KEYS and not (depth == 1 and k in LOGGING_KEYS)
+            }
+        if isinstance(value, list):
+            return [strip(v, depth + 1) for v in value]
+        return value
+
+    config = meta.get("config") or {}
+    core = strip({k: config.get(k) for k in ("model", "data", "trainer")})
+    return hashlib.sha1(json.dumps(core, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 
-def markdown_table(runs: Sequence[tuple[str, dict[str, Any]]], x: str, y: str) -> str:
-    """Rows = runs, columns = the union of x values, cells = y (blank where a run lacks that x)."""
-    xs = sorted({row[x] for _, data in runs for row in data["results"]})
-    lines = ["| run | " + " | ".join(f"{v:g}" for v in xs) + " |", "|---" * (len(xs) + 1) + "|"]
-    for label, data in runs:
-        by_x = {row[x]: row[y] for row in data["results"]}
-        cells = [f"{by_x[v]:.3f}" if v in by_x else "" for v in xs]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+def _logger_name(meta: Mapping[str, Any]) -> str | None:
+    logger = ((meta.get("config") or {}).get("trainer") or {}).get("logger")
+    if isinstance(logger, list):
+        logger = logger[0] if logger else None
+    if isinstance(logger, Mapping):
+        return (logger.get("init_args") or {}).get("name")
+    return None
+
+
+def label_runs(runs: Sequence[Mapping[str, Any]], labels: Sequence[str] | None = None) -> list[str]:
+    """One experiment label per run (see the module docstring)."""
+    if labels:
+        return list(labels)
+    prints = [experiment_fingerprint(r["meta"]) for r in runs]
+    names: dict[str, str] = {}
+    for fp, run in zip(prints, runs):
+        names.setdefault(fp, _logger_name(run["meta"]) or fp)
+    # Two experiments with the same logger name are told apart by their fingerprint.
+    counts: dict[str, int] = {}
+    for name in names.values():
+        counts[name] = counts.get(name, 0) + 1
+    return [names[fp] if counts[names[fp]] == 1 else f"{names[fp]}@{fp}" for fp in prints]
+
+
+def pooled_rows(runs: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> list[dict[str, Any]]:
+    """Every row of every run, tagged with its experiment label and run index."""
+    out = []
+    for i, (run, label) in enumerate(zip(runs, labels)):
+        for row in run["rows"]:
+            out.append({**row, "experiment": label, "_run": i})
+    return out
+
+
+def choose_x(rows: Sequence[Mapping[str, Any]]) -> str | None:
+    """The coordinate with the most distinct values (the natural column axis), if any."""
+    coords: dict[str, set] = {}
+    for row in rows:
+        for k, v in row.items():
+            if k not in ROW_KEYS and k not in ("experiment", "_run"):
+                coords.setdefault(k, set()).add(v)
+    varying = {k: len(v) for k, v in coords.items() if len(v) > 1}
+    return max(varying, key=lambda k: (varying[k], k)) if varying else None
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]], metric: str, x: str | None) -> str:
+    """A Markdown table of one metric: mean ± sd over runs per (experiment, method, coordinates) and ``x``."""
+    chosen = [r for r in rows if r["metric"] == metric]
+    ignore = {"value", "metric", "_run", x}
+    keys = [k for k in dict.fromkeys(k for r in chosen for k in r) if k not in ignore]
+    # Drop key columns that are constant across the table (e.g. one split, one experiment).
+    keys = [k for k in keys if len({r.get(k) for r in chosen}) > 1 or k == "method"]
+    keys.sort(key=lambda k: k != "experiment")  # the experiment first, then the row's own keys
+    xs = sorted({r.get(x) for r in chosen}, key=_sort_key) if x else [None]
+    stats = aggregate(chosen, [*keys, x] if x else keys)
+    runs_per_cell = {v[2] for v in stats.values()}
+    n_note = f"n = {min(runs_per_cell)}" if len(runs_per_cell) == 1 else f"n = {min(runs_per_cell)}-{max(runs_per_cell)}"
+    header = [*keys, *([f"{x}={_fmt_x(v)}" for v in xs] if x else [metric])]
+    lines = [f"**{metric}** ({n_note} runs per cell)", "", "| " + " | ".join(header) + " |",
+             "|" + "---|" * len(header)]
+    line_keys = sorted({k[: len(keys)] for k in stats}, key=lambda t: tuple(_sort_key(v) for v in t))
+    for lk in line_keys:
+        cells = []
+        for v in xs:
+            key = (*lk, v) if x else lk
+            cells.append(_fmt_cell(*stats[key]) if key in stats else "")
+        lines.append("| " + " | ".join([*(str(c) for c in lk), *cells]) + " |")
     return "\n".join(lines)
+
+
+def _fmt_x(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _fmt_cell(mean: float, sd: float, n: int) -> str:
+    digits = 3 if abs(mean) < 100 else 1
+    return f"{mean:.{digits}f} ± {sd:.{digits}f}" if n > 1 else f"{mean:.{digits}f}"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", help="run folders or results.json files")
-    parser.add_argument("--labels", nargs="*", help="one label per run (default: the run's representation)")
-    parser.add_argument("--x", default="label_ratio", help="x field of each result row")
-    parser.add_argument("--y", default="accuracy", help="y field of each result row")
-    parser.add_argument("--out", help="write the figure to this PNG file")
-    parser.add_argument("--title", default="test accuracy")
+    parser.add_argument("--labels", nargs="*", help="one experiment label per run (default: the logger name)")
+    parser.add_argument("--metric", nargs="*", help="metrics to report (default: all)")
+    parser.add_argument("--x", help="coordinate for the columns and the figure's x axis (default: automatic)")
+    parser.add_argument("--split", default=None, help="only rows of this split")
+    parser.add_argument("--out", help="write a figure of the first metric to this PNG file")
+    parser.add_argument("--title", default="")
     args = parser.parse_args(argv)
     if args.labels and len(args.labels) != len(args.runs):
         parser.error(f"--labels has {len(args.labels)} entries for {len(args.runs)} runs")
     try:
-        loaded = [load_results(r) for r in args.runs]
+        runs = [load_results(r) for r in args.runs]
     except (FileNotFoundError, ValueError) as err:
         print(f"lit_icl.report: error: {err}", file=sys.stderr)
         sys.exit(2)
-    labels = args.labels or [d.get("representation") or d.get("net") or str(r) for d, r in zip(loaded, args.runs)]
-    runs = list(zip(labels, loaded))
-    print(markdown_table(runs, args.x, args.y))
+    rows = pooled_rows(runs, label_runs(runs, args.labels))
+    if args.split:
+        rows = [r for r in rows if r["split"] == args.split]
+    metrics = args.metric or list(dict.fromkeys(r["metric"] for r in rows))
+    missing = [m for m in metrics if not any(r["metric"] == m for r in rows)]
+    if missing or not rows:
+        print(f"lit_icl.report: error: no rows for metric(s) {missing or metrics}", file=sys.stderr)
+        sys.exit(2)
+    tables = []
+    for metric in metrics:
+        chosen = [r for r in rows if r["metric"] == metric]
+        x = args.x if args.x and any(args.x in r for r in chosen) else choose_x(chosen)
+        tables.append(markdown_table(chosen, metric, x))
+    print("\n\n".join(tables))
     if args.out:
-        xs = sorted({row[args.x] for _, d in runs for row in d["results"]})
-        series = {
-            label: [next((row[args.y] for row in d["results"] if row[args.x] == v), float("nan")) for v in xs]
-            for label, d in runs
-        }
-        png = line_plot_png(xs, series, title=args.title, xlabel=args.x, ylabel=args.y)
-        Path(args.out).write_bytes(png.getvalue())
+        metric = metrics[0]
+        chosen = [r for r in rows if r["metric"] == metric]
+        x = args.x or choose_x(chosen)
+        multi = len({r["experiment"] for r in chosen}) > 1
+        tagged = [{**r, "series": f"{r['experiment']}: {r['method']}" if multi else r["method"]} for r in chosen]
+        if x is None:
+            print("lit_icl.report: error: the rows have no coordinate to draw against", file=sys.stderr)
+            sys.exit(2)
+        numeric = all(isinstance(r.get(x), (int, float)) and not isinstance(r.get(x), bool) for r in tagged)
+        draw = line_figure if numeric else bar_figure
+        fig = draw(tagged, x, series="series", title=args.title, metric=metric)
+        fig.savefig(args.out, dpi=120, bbox_inches="tight")
 
 
 if __name__ == "__main__":

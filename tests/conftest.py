@@ -8,9 +8,9 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
-# Tests run on 2 cores next to each other's subprocesses; one intra-op thread avoids oversubscription.
+# In-process tests use one intra-op thread so they do not fight the subprocesses some tests start. Nothing is
+# put into the environment: subprocesses run with the default thread count, as a user's run does.
 torch.set_num_threads(1)
-os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def tiny_args(tmp_path, *extra: str, name: str = "tiny", config: str = "configs/icssl_manifolds.yaml") -> list[str]:
@@ -71,3 +71,4 @@ class RecordBatches(Callback):
         lr = trainer.optimizers[0].param_groups[0]["lr"]
         with open(self.path, "a") as fh:
             fh.write(f"{trainer.current_epoch} {trainer.global_step} {float(batch['x'].sum()):.6f} {lr:.8f}\n")
+

@@ -16,6 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from conftest import tiny_args
 from lit_icl.cli import LitICLCLI, main
+from lit_icl.icssl import ICSSLModule
 
 
 def _run(args: list[str]) -> None:
@@ -78,27 +79,6 @@ def test_ckpt_path_that_is_not_a_checkpoint(tmp_path, capsys) -> None:
     assert not (tmp_path / "runs").exists()
 
 
-# ------------------------------------------------------------------------------------------- exactness
-def test_resume_from_last_is_exact_and_stays_in_the_run_folder(tmp_path) -> None:
-    straight = tmp_path / "a"
-    _run(["fit", *tiny_args(straight, name="run")])
-    interrupted = tmp_path / "b"
-    crash = '[{"class_path": "conftest.CrashAtEpoch", "init_args": {"epoch": 1}}]'
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        _run(["fit", *tiny_args(interrupted, "--trainer.callbacks", crash, name="run")])
-    _run(["fit", *tiny_args(interrupted, "--ckpt_path", "last", name="run")])
-
-    runs = sorted(p.name for p in (interrupted / "runs" / "run").iterdir())
-    assert runs == ["version_0"], f"resume must continue version_0, found {runs}"
-    a = _state(straight / "runs/run/version_0/checkpoints/last.ckpt")
-    b = _state(interrupted / "runs/run/version_0/checkpoints/last.ckpt")
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
-    ck = torch.load(interrupted / "runs/run/version_0/checkpoints/last.ckpt", weights_only=False)
-    assert ck["global_step"] == 6 and ck["epoch"] == 1
-
-
 def test_bf16_mixed_trains_with_finite_loss(tmp_path) -> None:
     _run(["fit", *tiny_args(tmp_path, "--trainer.precision", "bf16-mixed", "--trainer.max_epochs", "1")])
     scalars = _scalars(tmp_path / "runs/tiny/version_0")
@@ -106,19 +86,31 @@ def test_bf16_mixed_trains_with_finite_loss(tmp_path) -> None:
     assert 0.0 <= scalars["val/acc/label_ratio=0.25"][-1] <= 1.0
 
 
-def test_test_writes_results_table_and_figure(tmp_path) -> None:
+def test_test_writes_tidy_results_with_provenance_and_figure(tmp_path) -> None:
     _run(["fit", *tiny_args(tmp_path, "--trainer.max_epochs", "1")])
     ckpt = tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt"
     _run(["test", *tiny_args(tmp_path), "--ckpt_path", str(ckpt)])
     out = tmp_path / "runs/tiny/version_1"
     result = json.loads((out / "results.json").read_text())
-    ratios = [r["label_ratio"] for r in result["results"]]
-    assert ratios == [0.1, 0.25, 0.5]
-    assert all(0.0 <= r["accuracy"] <= 1.0 for r in result["results"])
-    assert [r["n_labeled"] for r in result["results"]] == [2, 5, 10]
-    assert result["trained_steps"] == 3 and result["checkpoint"] == str(ckpt)
-    assert (out / "results.csv").read_text().startswith("label_ratio,n_labeled,accuracy")
+    meta, rows = result["meta"], result["rows"]
+    assert meta["checkpoint"] == str(ckpt) and meta["trained_steps"] == 3
+    assert meta["seeds"] == {"seed_everything": 0, "data_seed": 0}
+    assert set(meta["versions"]) == {"python", "torch", "lightning", "lit_icl"}
+    assert meta["config"]["data"]["init_args"]["n_points"] == 20
+    acc = [r for r in rows if r["metric"] == "accuracy" and r["method"] == "ORIG+E2E-ICL"]
+    assert [r["label_ratio"] for r in acc] == [0.1, 0.25, 0.5]
+    assert [r["n_labeled"] for r in acc] == [2, 5, 10]
+    assert all(0.0 <= r["value"] <= 1.0 and r["split"] == "test" for r in acc)
+    assert len([r for r in rows if r["method"] == "labeled_majority"]) == 3
+    # The logged test metrics and the rows are the same numbers.
+    scalars = _scalars(out)
+    for r in acc:
+        assert scalars[f"test/acc/label_ratio={r['label_ratio']:g}"][-1] == pytest.approx(r["value"])
+    assert (out / "results.csv").read_text().startswith("metric,value,split,method,label_ratio,n_labeled")
     assert (out / "accuracy_vs_label_ratio.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    ea = EventAccumulator(str(next(out.glob("events.out.tfevents.*"))))
+    ea.Reload()
+    assert "test/accuracy_vs_label_ratio" in ea.Tags()["images"]
     # predict: per-point probabilities at every ratio, rows summing to one.
     cli = LitICLCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
                     run=False, args=tiny_args(tmp_path))
@@ -153,17 +145,45 @@ def test_ddp_on_cpu_matches_single_process(tmp_path) -> None:
 
 
 CONFIGS = sorted(f"configs/{p.name}" for p in (Path(__file__).parents[1] / "configs").glob("icssl_*.yaml"))
+BASELINES = ["lit_icl.icssl.nets.LaplacianEigenmap", "lit_icl.icssl.nets.RawCoordinates"]
 
 
-@pytest.mark.parametrize("config", CONFIGS)
-def test_every_config_trains_and_tests(tmp_path, config: str) -> None:
-    """Each shipped config runs as is (shrunk to 20-point episodes), including its callbacks."""
+def _without_representation_args(args: list[str]) -> list[str]:
+    """Drop the E2E representation's init args (flag + value pairs) before swapping its class."""
+    flags = [i for i, a in enumerate(args) if "representation.init_args" in a]
+    return [a for i, a in enumerate(args) if i not in flags and i - 1 not in flags]
+
+
+@pytest.mark.parametrize(
+    ("config", "representation"), [(c, None) for c in CONFIGS] + [("configs/icssl_manifolds.yaml", b) for b in BASELINES]
+)
+def test_every_config_trains_tests_and_reloads(tmp_path, config: str, representation: str | None) -> None:
+    """Each shipped config (and each baseline override) runs as is, shrunk to 20-point episodes, including its
+    callbacks; its checkpoint reloads outside the CLI, with one call, into the exact trained model."""
     args = tiny_args(tmp_path, "--trainer.max_epochs", "1", config=config)
     args = [a for i, a in enumerate(args) if a != "--trainer.callbacks" and args[i - 1] != "--trainer.callbacks"]
+    if representation is not None:
+        args = [*_without_representation_args(args), "--model.init_args.net.init_args.representation", representation]
     _run(["fit", *args])
-    ckpts = sorted((tmp_path / "runs/tiny/version_0/checkpoints").iterdir())
+    run = tmp_path / "runs/tiny/version_0"
+    ckpts = sorted((run / "checkpoints").iterdir())
     assert any(p.name == "last.ckpt" for p in ckpts) and any(p.name.startswith("best-") for p in ckpts)
-    scalars = _scalars(tmp_path / "runs/tiny/version_0")
+    scalars = _scalars(run)
     assert "val/separation/model" in scalars and "val/mnn/eig~model" in scalars
-    _run(["test", *args, "--ckpt_path", str(tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt")])
-    assert (tmp_path / "runs/tiny/version_1/results.json").is_file()
+    last = run / "checkpoints/last.ckpt"
+    _run(["test", *args, "--ckpt_path", str(last)])
+    cli_rows = json.loads((tmp_path / "runs/tiny/version_1/results.json").read_text())["rows"]
+
+    # One call, no CLI: the right classes, the trained weights, and the same test numbers.
+    model = ICSSLModule.load_from_checkpoint(last)
+    expected = (representation or "lit_icl.icssl.nets.InContextEigenmap").rsplit(".", 1)[1]
+    assert type(model.net.representation).__name__ == expected
+    state = _state(last)
+    assert model.state_dict().keys() == state.keys()
+    assert all(torch.equal(model.state_dict()[k], state[k]) for k in state)
+    assert isinstance(LightningModule.load_from_checkpoint(last), ICSSLModule)
+    cli = LitICLCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                    run=False, save_config_callback=None,
+                    args=[*args, "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path / "py")])
+    cli.trainer.test(model, datamodule=cli.datamodule)
+    assert model.test_rows == cli_rows

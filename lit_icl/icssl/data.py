@@ -27,9 +27,37 @@ from lit_icl.core.data import EpochSampler, collate_chunks
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
 from lit_icl.icssl.manifolds import Manifold, PoseConfig, get_manifold, sample_episodes
-from lit_icl.icssl.module import DEFAULT_LABEL_RATIOS, check_label_ratios, labeled_count
 
 Split = Literal["train", "val", "test"]
+
+DEFAULT_LABEL_RATIOS = (0.03, 0.05, 0.10, 0.15, 0.25, 0.39)
+
+
+def labeled_count(ratio: float, n_points: int) -> int:
+    """``m = round(ratio * n)``: the number of labeled points of an episode at a label ratio."""
+    return int(round(ratio * n_points))
+
+
+def check_label_ratios(ratios: Sequence[float], n_points: int) -> None:
+    """Refuse label ratios outside (0, 1) or ones that leave no labeled or no unlabeled point."""
+    for r in ratios:
+        if not 0.0 < r < 1.0:
+            raise ConfigError(f"label ratio {r} is outside (0, 1); use fractions such as 0.03 or 0.25")
+        m = labeled_count(r, n_points)
+        if m < 1:
+            raise ConfigError(
+                f"label ratio {r} leaves no labeled point in episodes of {n_points} points "
+                f"(round({r} * {n_points}) = 0); use a ratio >= {0.5 / n_points:.3g}"
+            )
+        if m >= n_points:
+            raise ConfigError(
+                f"label ratio {r} labels all {n_points} points, leaving nothing to predict; use a smaller ratio"
+            )
+
+
+def ratio_key(ratio: float) -> str:
+    """The name under which a ratio's metrics are logged, e.g. ``label_ratio=0.25``."""
+    return f"label_ratio={ratio:g}"
 
 
 class EpisodeChunks(Dataset):

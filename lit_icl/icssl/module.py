@@ -8,61 +8,37 @@ Batches are dicts from :mod:`lit_icl.icssl.data`:
   ``m = round(ratio * n)`` labeled points, on the same episodes, so the ratios are compared pairwise.
 
 The representation never sees labels, so it is computed once per batch and the GD head is re-run per ratio.
-``test`` writes ``results.json``, ``results.csv`` and ``accuracy_vs_label_ratio.png`` into the run folder and
-logs the figure to TensorBoard.
+``test`` produces tidy rows (metric ``accuracy``, coordinates ``label_ratio`` and ``n_labeled``; the model's
+method name and the ``labeled_majority`` baseline) and the accuracy-vs-label-ratio figure, which
+:class:`lit_icl.core.results.ResultsWriter` writes.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from lightning.pytorch import LightningModule
-from lightning.pytorch.loggers import TensorBoardLogger
-from PIL import Image
+from lightning.pytorch import LightningDataModule
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
-from torchvision.transforms.functional import pil_to_tensor
 
 from lit_icl.core.errors import ConfigError
-from lit_icl.core.plotting import line_plot_png
+from lit_icl.core.figures import line_figure
+from lit_icl.core.module import ICLModule
+from lit_icl.core.results import result_row
 from lit_icl.core.spectral import laplacian_eigenmap
+from lit_icl.icssl.data import DEFAULT_LABEL_RATIOS, check_label_ratios, labeled_count, ratio_key
 from lit_icl.icssl.nets import SemiSupervisedICL, count_parameters
 
-DEFAULT_LABEL_RATIOS = (0.03, 0.05, 0.10, 0.15, 0.25, 0.39)
-
-
-def labeled_count(ratio: float, n_points: int) -> int:
-    """``m = round(ratio * n)``: the number of labeled points of an episode at a label ratio."""
-    return int(round(ratio * n_points))
-
-
-def check_label_ratios(ratios: Sequence[float], n_points: int) -> None:
-    """Refuse label ratios outside (0, 1) or ones that leave no labeled or no unlabeled point."""
-    for r in ratios:
-        if not 0.0 < r < 1.0:
-            raise ConfigError(f"label ratio {r} is outside (0, 1); use fractions such as 0.03 or 0.25")
-        m = labeled_count(r, n_points)
-        if m < 1:
-            raise ConfigError(
-                f"label ratio {r} leaves no labeled point in episodes of {n_points} points "
-                f"(round({r} * {n_points}) = 0); use a ratio >= {0.5 / n_points:.3g}"
-            )
-        if m >= n_points:
-            raise ConfigError(
-                f"label ratio {r} labels all {n_points} points, leaving nothing to predict; use a smaller ratio"
-            )
-
-
-def ratio_key(ratio: float) -> str:
-    """The name under which a ratio's metrics are logged, e.g. ``label_ratio=0.25``."""
-    return f"label_ratio={ratio:g}"
+#: The paper's names of the representations (Sec. 4.1), used as the ``method`` of result rows.
+METHOD_NAMES = {
+    "InContextEigenmap": "ORIG+E2E-ICL",
+    "LaplacianEigenmap": "EIG+ICL",
+    "RawCoordinates": "ORIG+ICL",
+}
 
 
 def _slot(ratio: float) -> str:
@@ -70,14 +46,16 @@ def _slot(ratio: float) -> str:
     return ratio_key(ratio).replace(".", "_")
 
 
-class ICSSLModule(LightningModule):
+class ICSSLModule(ICLModule):
     """Trains an IC-SSL net with the semi-supervised cross-entropy of Eq. (4) on the unlabeled points.
+
+    Episode size and evaluation label ratios belong to the data module; :meth:`bind_datamodule` reads them and
+    checks the net against them.
 
     Args:
         net: the network, e.g. ``SemiSupervisedICL(InContextEigenmap(), GDICLHead())`` (ORIG+E2E-ICL, default).
-        label_ratios: evaluation ratios for validation and test (linked from the data module's
-            ``eval_label_ratios`` by the CLI).
-        n_points: episode size (linked from the data module), used to validate the ratios and the net.
+        label_ratios: evaluation ratios for validation and test; ``None`` (default) takes the data module's
+            ``eval_label_ratios``; if both are given they must agree.
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
         lr_schedule: ``"cosine"`` (linear warm-up, then cosine decay to 0 over the run) or ``"constant"``.
@@ -89,8 +67,7 @@ class ICSSLModule(LightningModule):
     def __init__(
         self,
         net: nn.Module | None = None,
-        label_ratios: Sequence[float] = DEFAULT_LABEL_RATIOS,
-        n_points: int = 100,
+        label_ratios: Sequence[float] | None = None,
         lr: float = 3e-3,
         weight_decay: float = 0.0,
         lr_schedule: Literal["cosine", "constant"] = "cosine",
@@ -98,30 +75,70 @@ class ICSSLModule(LightningModule):
         eig_reference: bool = True,
     ):
         super().__init__()
-        self.save_hyperparameters(ignore=["net"])
+        self.save_reloadable_hparams()
         self.net = net if net is not None else SemiSupervisedICL()
-        check_label_ratios(label_ratios, n_points)
-        net_n = getattr(self.net, "n_points", None)
-        if net_n is not None and net_n != n_points:
+        if lr_schedule not in ("cosine", "constant"):
+            raise ConfigError(f"unknown lr_schedule {lr_schedule!r}; choose 'cosine' or 'constant'")
+        self.n_points: int | None = getattr(self.net, "n_points", None)
+        self.label_ratios: list[float] = []
+        self.val_acc = nn.ModuleDict()
+        self.test_acc = nn.ModuleDict()
+        self.test_majority = nn.ModuleDict()
+        self.val_loss = MeanMetric()
+        if label_ratios is not None:
+            if self.n_points is not None:
+                check_label_ratios(label_ratios, self.n_points)
+            self._set_label_ratios(label_ratios)
+
+    def _set_label_ratios(self, ratios: Sequence[float]) -> None:
+        """One accuracy metric per ratio (torchmetrics states are not checkpointed, so this is free to redo)."""
+        self.label_ratios = [float(r) for r in ratios]
+        for store in (self.val_acc, self.test_acc, self.test_majority):
+            store.clear()
+            store.update({_slot(r): MeanMetric() for r in self.label_ratios})
+
+    def bind_datamodule(self, datamodule: LightningDataModule) -> None:
+        """Take ``n_points`` and ``eval_label_ratios`` from the data and check the net against them."""
+        n = getattr(datamodule, "n_points", None)
+        ratios = getattr(datamodule, "eval_label_ratios", None)
+        if n is None or ratios is None:
             raise ConfigError(
-                f"the net was built for n_points={net_n} but the data has n_points={n_points}; "
-                f"set the representation's n_points to {n_points}"
+                f"{type(datamodule).__name__} has no n_points/eval_label_ratios; ICSSLModule needs an IC-SSL "
+                "data module such as lit_icl.icssl.ManifoldDataModule"
+            )
+        net_n = getattr(self.net, "n_points", None)
+        if net_n is not None and net_n != n:
+            raise ConfigError(
+                f"the net was built for n_points={net_n} but the data has n_points={n}; "
+                f"set the representation's n_points to {n}"
             )
         rep = getattr(self.net, "representation", None)
         k = getattr(rep, "n_neighbors", None)
-        if k is not None and not 1 <= k <= n_points - 1:
+        if k is not None and not 1 <= k <= n - 1:
             raise ConfigError(
-                f"n_neighbors={k} but episodes have only {n_points} points; choose 1 <= n_neighbors <= {n_points - 1}"
+                f"n_neighbors={k} but episodes have only {n} points; choose 1 <= n_neighbors <= {n - 1}"
             )
-        if lr_schedule not in ("cosine", "constant"):
-            raise ConfigError(f"unknown lr_schedule {lr_schedule!r}; choose 'cosine' or 'constant'")
-        self.label_ratios = [float(r) for r in label_ratios]
-        self.n_points = n_points
-        self.val_acc = nn.ModuleDict({_slot(r): MeanMetric() for r in self.label_ratios})
-        self.test_acc = nn.ModuleDict({_slot(r): MeanMetric() for r in self.label_ratios})
-        self.test_majority = nn.ModuleDict({_slot(r): MeanMetric() for r in self.label_ratios})
-        self.val_loss = MeanMetric()
-        self._trained_steps: int | None = None
+        if self.hparams.get("label_ratios") is not None:
+            mine = [float(r) for r in self.hparams.label_ratios]
+            if mine != [float(r) for r in ratios]:
+                raise ConfigError(
+                    f"model label_ratios {mine} differ from the data's eval_label_ratios {list(ratios)}; "
+                    "set them in one place (the data module) and leave the model's unset"
+                )
+        check_label_ratios(ratios, n)
+        self.n_points = n
+        self._set_label_ratios(ratios)
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        if not self.label_ratios:  # no data module and no explicit ratios: the paper's protocol
+            self._set_label_ratios(DEFAULT_LABEL_RATIOS)
+
+    @property
+    def method(self) -> str:
+        """The paper's name of this model (``ORIG+E2E-ICL``, ``EIG+ICL``, ``ORIG+ICL``) or the class names."""
+        rep = getattr(self.net, "representation", self.net)
+        return METHOD_NAMES.get(type(rep).__name__, type(rep).__name__)
 
     # ---------------------------------------------------------------- core
     @staticmethod
@@ -215,18 +232,22 @@ class ICSSLModule(LightningModule):
             # compute() already synced the ranks; sync_dist averages identical values (and keeps DDP quiet).
             self.log(f"test/acc/{ratio_key(r)}", acc, sync_dist=True)
             self.log(f"test/majority_acc/{ratio_key(r)}", maj, sync_dist=True)
-            rows.append(
-                {
-                    "label_ratio": r,
-                    "n_labeled": labeled_count(r, self.n_points),
-                    "accuracy": float(acc),
-                    "labeled_majority_accuracy": float(maj),
-                }
-            )
+            coords = {"label_ratio": r, "n_labeled": labeled_count(r, self.n_points) if self.n_points else None}
+            rows.append(result_row("accuracy", acc, method=self.method, **coords))
+            rows.append(result_row("accuracy", maj, method="labeled_majority", **coords))
             self.test_acc[key].reset()
             self.test_majority[key].reset()
-        if self.trainer.is_global_zero:
-            self._write_results(rows)
+        rows.append(result_row("parameters", count_parameters(self.net), method=self.method))
+        self.test_rows = rows
+
+    def test_figures(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """Accuracy on the unlabeled points against the share of labeled points (Fig. 4)."""
+        fig = line_figure(
+            rows, "label_ratio", metric="accuracy", split="test", x_transform=lambda r: 100 * r,
+            title="IC-SSL test accuracy vs label ratio", xlabel="labeled points (%)",
+            ylabel="accuracy on unlabeled points",
+        )
+        return {"accuracy_vs_label_ratio": fig}
 
     def predict_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
         """Class probabilities of every point at every label ratio: ``probs (R, B, n, C)``, plus the inputs.
@@ -244,48 +265,6 @@ class ICSSLModule(LightningModule):
             "probs": probs,
         }
 
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self._trained_steps = checkpoint.get("global_step")
-
-    # ---------------------------------------------------------------- outputs
-    def _write_results(self, rows: list[dict[str, float]]) -> None:
-        """``results.json`` / ``results.csv`` / figure next to the run's logs (rank 0 only)."""
-        out_dir = Path(self.trainer.log_dir or self.trainer.default_root_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        net = self.net
-        info = {
-            "net": type(net).__name__,
-            "representation": type(getattr(net, "representation", net)).__name__,
-            "parameters": count_parameters(net),
-            # A test run starts its own step counter at 0; report the training steps of the checkpoint.
-            "trained_steps": int(self._trained_steps if self._trained_steps is not None else self.global_step),
-            "checkpoint": str(self.trainer.ckpt_path) if self.trainer.ckpt_path else None,
-            "datamodule": _datamodule_summary(self.trainer.datamodule),
-            "results": rows,
-        }
-        (out_dir / "results.json").write_text(json.dumps(info, indent=2))
-        with open(out_dir / "results.csv", "w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-        label = info["representation"]
-        png = line_plot_png(
-            x=[100 * r["label_ratio"] for r in rows],
-            series={
-                f"{label} + GD-ICL": [r["accuracy"] for r in rows],
-                "labeled-majority baseline": [r["labeled_majority_accuracy"] for r in rows],
-            },
-            title="IC-SSL test accuracy vs label ratio",
-            xlabel="labeled points (%)",
-            ylabel="accuracy on unlabeled points",
-        )
-        (out_dir / "accuracy_vs_label_ratio.png").write_bytes(png.getvalue())
-        for logger in self.loggers:
-            if isinstance(logger, TensorBoardLogger):
-                png.seek(0)
-                image = pil_to_tensor(Image.open(png).convert("RGB"))
-                logger.experiment.add_image("test/accuracy_vs_label_ratio", image, self.global_step)
-
     # ---------------------------------------------------------------- optimisation
     def configure_optimizers(self) -> Any:
         opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
@@ -302,11 +281,3 @@ class ICSSLModule(LightningModule):
 
         sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
-
-
-def _datamodule_summary(dm: Any) -> dict[str, Any]:
-    """The data settings that identify a result (manifolds, sizes, seed), if the data module exposes them."""
-    if dm is None:
-        return {}
-    keys = ("train_manifolds", "val_manifolds", "test_manifolds", "n_points", "test_episodes", "data_seed")
-    return {k: getattr(dm, k) for k in keys if hasattr(dm, k)}

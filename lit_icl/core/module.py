@@ -1,0 +1,88 @@
+"""``ICLModule``: what every paper's LightningModule shares.
+
+Three conventions live here so that each paper follows them without repeating code:
+
+1. **Reloadable checkpoints.** :meth:`ICLModule.save_reloadable_hparams` stores the constructor arguments such
+   that ``<Module>.load_from_checkpoint(path)`` rebuilds the exact trained model outside the CLI, the
+   dependency-injected net included. Under ``python -m lit_icl`` the CLI hands the module its parsed config, in
+   which the net is ``{"class_path": ..., "init_args": ...}``; that entry is kept, and Lightning's CLI
+   instantiator rebuilds it at load time. A module built in Python from a net *object* cannot store that object
+   as a hyper-parameter (it would pickle the weights into the config), so the entry is dropped there and
+   ``load_from_checkpoint(path, net=...)`` takes the net.
+2. **Values shared by data and model belong to the data module.** A module declares what it needs from the data
+   in :meth:`ICLModule.bind_datamodule`. Lightning calls it from ``setup`` (so ``Trainer.fit(model, datamodule=dm)``
+   works in Python), and the CLI calls it right after instantiating both, so an inconsistency stops the program
+   before a run folder exists. The shared CLI links nothing.
+3. **Results are rows, written by shared code.** In ``on_test_epoch_end`` (all ranks, after torchmetrics has
+   synced) a module sets :attr:`ICLModule.test_rows` to tidy rows built with
+   :func:`lit_icl.core.results.result_row` and may draw figures from them in :meth:`ICLModule.test_figures`;
+   :class:`lit_icl.core.results.ResultsWriter` writes them. Modules do no file I/O.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from typing import Any
+
+from lightning.pytorch import LightningDataModule, LightningModule
+from torch import nn
+
+
+class ICLModule(LightningModule):
+    """Base class of the paper modules (see the module docstring for the conventions it carries)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: Tidy result rows of the last ``test`` epoch (see :func:`lit_icl.core.results.result_row`).
+        self.test_rows: list[dict[str, Any]] = []
+        self._trained_steps: int | None = None
+        self._bound_datamodule: LightningDataModule | None = None
+
+    # ------------------------------------------------------------------ hyper-parameters
+    def save_reloadable_hparams(self) -> None:
+        """``save_hyperparameters()`` that keeps config-given nets and drops net *objects*.
+
+        Call it from the subclass's ``__init__`` in place of ``save_hyperparameters``.
+        """
+        frame = inspect.currentframe()
+        caller = frame.f_back if frame is not None else None
+        with warnings.catch_warnings():
+            # The warning is about exactly the entries removed below.
+            warnings.filterwarnings("ignore", message=r".*is an instance of `nn.Module`")
+            self.save_hyperparameters(frame=caller)
+        for key in [k for k, v in self.hparams.items() if isinstance(v, nn.Module)]:
+            del self.hparams[key]
+
+    # ------------------------------------------------------------------ data binding
+    def bind_datamodule(self, datamodule: LightningDataModule) -> None:
+        """Read (and check against the module's own arguments) the values the data module owns.
+
+        Override in a paper module; raise :class:`lit_icl.core.errors.ConfigError` on an inconsistency. It may
+        be called twice with the same data module (by the CLI, then from ``setup``), so keep it idempotent.
+        """
+
+    def attach_datamodule(self, datamodule: LightningDataModule | None) -> None:
+        """Call :meth:`bind_datamodule` once per data module object."""
+        if datamodule is None or datamodule is self._bound_datamodule:
+            return
+        self.bind_datamodule(datamodule)
+        self._bound_datamodule = datamodule
+
+    def setup(self, stage: str) -> None:
+        trainer = self._trainer
+        self.attach_datamodule(getattr(trainer, "datamodule", None) if trainer is not None else None)
+
+    # ------------------------------------------------------------------ results
+    @property
+    def trained_steps(self) -> int:
+        """Optimizer steps behind the current weights (a ``test`` run's own step counter starts at 0)."""
+        # After a resumed `fit` the loop's counter is ahead of the loaded checkpoint's; in `test` it is 0.
+        return max(int(self.global_step), int(self._trained_steps or 0))
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._trained_steps = checkpoint.get("global_step")
+
+    def test_figures(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """Figures drawn from the test rows: ``{file stem: matplotlib Figure}`` (none by default)."""
+        return {}

@@ -1,0 +1,191 @@
+"""One results format for every paper: tidy rows, written with their provenance by shared code.
+
+A ``test`` run's folder gets
+
+- ``results.json``: ``{"meta": {...}, "rows": [...]}``. ``meta`` holds the resolved config, the checkpoint
+  path, the checkpoint's trained steps, the seeds, and the versions of Python, torch, lightning and lit_icl.
+  ``rows`` is tidy: each row is one number, ``{"metric", "value", "split", "method", <coordinates>}``, where
+  coordinates are the experiment's axes (``label_ratio``, ``n_context``, ``evaluator``, ``depth``, ...);
+- ``results.csv``: the same rows, one column per key;
+- one PNG per figure of the module's :meth:`~lit_icl.core.module.ICLModule.test_figures`, each also logged to
+  TensorBoard with ``add_figure``.
+
+Modules build rows with :func:`result_row` in ``on_test_epoch_end``; :class:`ResultsWriter` (always added by the
+CLI) writes them at ``on_test_end`` on rank 0. ``python -m lit_icl.report`` reads the rows of any paper's runs.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import json
+import math
+import os
+import platform
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers import TensorBoardLogger
+
+#: Keys every row has, in CSV column order; any other key is a coordinate.
+ROW_KEYS = ("metric", "value", "split", "method")
+_SCALAR = (str, int, float, bool, type(None))
+
+
+def result_row(metric: str, value: float, *, method: str, split: str = "test", **coordinates: Any) -> dict[str, Any]:
+    """One tidy row: a single number and the coordinates that identify it.
+
+    Args:
+        metric: what was measured, e.g. ``accuracy``, ``mse``, ``icl_error``.
+        value: the number (a tensor with one element is accepted).
+        method: the model or baseline that produced it, e.g. ``ORIG+E2E-ICL``, ``least_squares``.
+        split: the data split, ``test`` unless stated.
+        coordinates: the experiment's axes, JSON scalars only (``label_ratio=0.25``, ``evaluator="icl"``).
+    """
+    if not metric or not isinstance(metric, str):
+        raise ValueError(f"a result row needs a metric name, got {metric!r}")
+    bad = {k: type(v).__name__ for k, v in coordinates.items() if not isinstance(v, _SCALAR)}
+    if bad:
+        raise ValueError(f"coordinates must be JSON scalars; got {bad}")
+    number = float(value.item() if hasattr(value, "item") else value)
+    return {"metric": metric, "value": number, "split": split, "method": str(method), **coordinates}
+
+
+def csv_columns(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """``metric, value, split, method`` followed by the coordinates in order of first appearance."""
+    extra: dict[str, None] = {}
+    for row in rows:
+        for key in row:
+            if key not in ROW_KEYS:
+                extra.setdefault(key, None)
+    return [*ROW_KEYS, *extra]
+
+
+def versions() -> dict[str, str]:
+    """Versions of what produced a result."""
+    import lightning
+    import torch
+
+    import lit_icl
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "lightning": lightning.__version__,
+        "lit_icl": lit_icl.__version__,
+    }
+
+
+def run_meta(trainer: Trainer, module: LightningModule) -> dict[str, Any]:
+    """Provenance of a test run: config, checkpoint, trained steps, seeds, versions, time."""
+    log_dir = Path(trainer.log_dir) if trainer.log_dir else None
+    config = None
+    if log_dir is not None and (log_dir / "config.yaml").is_file():
+        # Written by the CLI's SaveConfigCallback at setup: the fully resolved config of this run.
+        config = yaml.safe_load((log_dir / "config.yaml").read_text())
+    if config is None:
+        dm = trainer.datamodule
+        config = {
+            "model": {"class_path": _qualname(module), "init_args": _jsonable(dict(module.hparams))},
+            "data": None if dm is None else {"class_path": _qualname(dm), "init_args": _jsonable(dict(dm.hparams))},
+        }
+    dm_hparams = getattr(trainer.datamodule, "hparams", {}) if trainer.datamodule is not None else {}
+    seed = os.environ.get("PL_GLOBAL_SEED")
+    return {
+        "config": _jsonable(config),
+        "checkpoint": str(trainer.ckpt_path) if trainer.ckpt_path else None,
+        "trained_steps": int(getattr(module, "trained_steps", module.global_step)),
+        "seeds": {
+            "seed_everything": int(seed) if seed is not None else None,
+            "data_seed": dm_hparams.get("data_seed"),
+        },
+        "versions": versions(),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def write_results(
+    out_dir: str | Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], figures: Mapping[str, Any] = ()
+) -> Path:
+    """Write ``results.json``, ``results.csv`` and ``<name>.png`` per figure into ``out_dir``; return the JSON path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {"meta": dict(meta), "rows": [dict(r) for r in rows]}
+    path = out / "results.json"
+    path.write_text(json.dumps(payload, indent=2, allow_nan=True))
+    columns = csv_columns(rows)
+    with open(out / "results.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+    for name, fig in dict(figures).items():
+        fig.savefig(out / f"{name}.png", dpi=120, bbox_inches="tight")
+    return path
+
+
+def load_results(path: str | Path) -> dict[str, Any]:
+    """Read a ``results.json`` (or the one inside a run folder) and check its shape."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "results.json"
+    if not p.is_file():
+        raise FileNotFoundError(f"{p} not found; pass a run folder written by `python -m lit_icl test`")
+    data = json.loads(p.read_text())
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list) or "meta" not in data:
+        raise ValueError(f"{p} is not a lit_icl results file (expected {{'meta': ..., 'rows': [...]}})")
+    for row in data["rows"]:
+        missing = [k for k in ROW_KEYS if k not in row]
+        if missing:
+            raise ValueError(f"{p}: a row lacks {missing}: {row}")
+    return data
+
+
+class ResultsWriter(Callback):
+    """Writes a ``test`` run's rows, provenance and figures next to its logs (rank 0).
+
+    Reads ``pl_module.test_rows`` (set in ``on_test_epoch_end``) and ``pl_module.test_figures(rows)``. The CLI adds
+    this callback to every run; in Python add it to the ``Trainer``'s callbacks.
+
+    Args:
+        dirpath: where to write; default the trainer's ``log_dir`` (the run folder).
+    """
+
+    def __init__(self, dirpath: str | None = None):
+        self.dirpath = dirpath
+        #: Path of the last ``results.json`` written (for callers and tests).
+        self.last_path: Path | None = None
+
+    def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        rows = list(getattr(pl_module, "test_rows", None) or [])
+        if not trainer.is_global_zero or not rows:
+            return
+        figure_fn = getattr(pl_module, "test_figures", None)
+        figures = dict(figure_fn(rows)) if callable(figure_fn) else {}
+        out_dir = self.dirpath or trainer.log_dir or trainer.default_root_dir
+        self.last_path = write_results(out_dir, rows, run_meta(trainer, pl_module), figures)
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                for name, fig in figures.items():
+                    # add_figure closes the figure, so it comes after the PNG is saved.
+                    logger.experiment.add_figure(f"test/{name}", fig, pl_module.global_step)
+                logger.experiment.flush()
+
+
+def _qualname(obj: object) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def _jsonable(value: Any) -> Any:
+    """Config values as JSON: containers recursively, scalars as they are, anything else as its ``str``."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, _SCALAR):
+        return value
+    return str(value)

@@ -1,0 +1,37 @@
+"""Callbacks that tests load into ``python -m lit_icl`` subprocesses (via ``--trainer.callbacks``).
+
+Kept apart from ``conftest.py``, which pins the test process to one thread: importing it into a subprocess would
+pin that run too.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import torch
+from lightning.pytorch import Callback
+
+
+class KillAtStep(Callback):
+    """Kills its own process with SIGKILL (no clean-up, no checkpoint) after optimizer step ``step``."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class TraceSteps(Callback):
+    """Debug aid: appends ``step threads weight-sum grad-sum`` after every backward pass to ``path``."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def on_after_backward(self, trainer, pl_module) -> None:  # noqa: ANN001
+        g = sum(float(p.grad.double().sum()) for p in pl_module.parameters() if p.grad is not None)
+        w = sum(float(p.double().sum()) for p in pl_module.parameters())
+        with open(self.path, "a") as fh:
+            fh.write(f"{trainer.global_step} {torch.get_num_threads()} {w:.10f} {g:.10f}\n")

@@ -1,0 +1,91 @@
+"""Runs reproduce as a user runs them: ``python -m lit_icl fit`` in a subprocess, default thread count.
+
+1. Two runs of the same config and seed end with bit-identical weights and optimizer state.
+2. A run killed with SIGKILL in the middle of an epoch and restarted with ``--ckpt_path last`` ends bit-identical
+   to the uninterrupted run.
+
+The batch is large enough (128 episodes x 20 points) for the class-embedding lookup of the GD head to take
+PyTorch's multi-threaded scatter-add path in backward, whose summation order varies from run to run; without
+``trainer.deterministic`` (the CLI's default) both comparisons fail at 2 threads.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import tiny_args
+
+TESTS_DIR = Path(__file__).resolve().parent
+REPO = TESTS_DIR.parent
+STEPS_PER_EPOCH = 3
+EPOCHS = 3
+
+
+def fit(root: Path, *extra: str) -> subprocess.CompletedProcess:
+    """``python -m lit_icl fit`` on the tiny IC-SSL config with 128-episode batches, in a fresh process."""
+    args = tiny_args(
+        root,
+        "--seed_everything", "7",
+        "--trainer.max_epochs", str(EPOCHS),
+        "--data.init_args.batch_size", "128",
+        "--data.init_args.chunk_size", "16",
+        "--data.init_args.eval_batch_size", "16",
+        "--data.init_args.train_batches_per_epoch", str(STEPS_PER_EPOCH),
+        *extra,
+        name="repro",
+    )
+    # The user's environment, minus any thread pinning, plus the tests folder for the kill callback.
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), env.get("PYTHONPATH", "")])
+    return subprocess.run(
+        [sys.executable, "-m", "lit_icl", "fit", *args], cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=600,
+    )
+
+
+def last_ckpt(root: Path) -> dict:
+    return torch.load(root / "runs/repro/version_0/checkpoints/last.ckpt", map_location="cpu", weights_only=False)
+
+
+def assert_bit_identical(a: dict, b: dict) -> None:
+    assert a["global_step"] == b["global_step"] == STEPS_PER_EPOCH * EPOCHS
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    for key in a["state_dict"]:
+        assert torch.equal(a["state_dict"][key], b["state_dict"][key]), f"weights differ in {key}"
+    for sa, sb in zip(a["optimizer_states"][0]["state"].values(), b["optimizer_states"][0]["state"].values()):
+        for key in sa:
+            assert torch.equal(sa[key], sb[key]), f"optimizer state {key} differs"
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("straight")
+    proc = fit(root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return last_ckpt(root)
+
+
+def test_same_seed_gives_bit_identical_weights(straight: dict, tmp_path: Path) -> None:
+    proc = fit(tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_bit_identical(straight, last_ckpt(tmp_path))
+
+
+def test_sigkill_mid_epoch_then_resume_ends_bit_identical(straight: dict, tmp_path: Path) -> None:
+    kill_step = STEPS_PER_EPOCH * (EPOCHS - 1) + 2  # second step of the last epoch
+    kill = f'[{{"class_path": "subprocess_callbacks.KillAtStep", "init_args": {{"step": {kill_step}}}}}]'
+    proc = fit(tmp_path, "--trainer.callbacks", kill)
+    assert proc.returncode == -signal.SIGKILL, (proc.returncode, proc.stderr[-3000:])
+    # What survived the kill is the checkpoint of the last finished epoch.
+    assert last_ckpt(tmp_path)["global_step"] == STEPS_PER_EPOCH * (EPOCHS - 1)
+    proc = fit(tmp_path, "--ckpt_path", "last")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "runs/repro").iterdir()) == ["version_0"]
+    assert_bit_identical(straight, last_ckpt(tmp_path))
