@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import json
 from pathlib import Path
 
 import pytest
@@ -72,8 +73,10 @@ def test_fit_then_test_gives_icl_iwl_curves_rows_and_figure(tmp_path, config: st
     cli = LitICLCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
                     run=False, args=coqe_args(tmp_path, config=config))
     cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=str(ckpt))
-    rows = cli.model.test_rows
+    rows = [r for r in cli.model.test_rows if r["metric"] == "accuracy"]
     assert [r["evaluator"] for r in rows] == ["icl", "iwl"]
+    (params,) = [r for r in cli.model.test_rows if r["metric"] == "parameters"]
+    assert params["value"] == sum(p.numel() for p in cli.model.net.parameters())
     for r in rows:
         assert r["metric"] == "accuracy" and r["split"] == "test" and r["method"] == method
         assert r["source"] == "omniglot" and r["p_bursty"] == 0.9 and r["zipf_alpha"] == 1.0
@@ -84,6 +87,13 @@ def test_fit_then_test_gives_icl_iwl_curves_rows_and_figure(tmp_path, config: st
     ax = figures["icl_vs_iwl"].axes[0]
     heights = [p.get_height() for p in ax.patches]
     assert heights == pytest.approx([r["value"] for r in rows])
+    # Through the CLI, the shared writer puts the rows and the figure into the test run's folder.
+    main(["test", *coqe_args(tmp_path, config=config), "--ckpt_path", str(ckpt)])
+    out = sorted((tmp_path / "runs/tiny").iterdir())[-1]
+    result = json.loads((out / "results.json").read_text())
+    assert [r["value"] for r in result["rows"] if r["metric"] == "accuracy"] == pytest.approx([r["value"] for r in rows])
+    assert result["meta"]["trained_steps"] == 4
+    assert (out / "icl_vs_iwl.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_test_accuracy_matches_an_independent_evaluation(tmp_path) -> None:
@@ -94,7 +104,7 @@ def test_test_accuracy_matches_an_independent_evaluation(tmp_path) -> None:
                     run=False, args=coqe_args(tmp_path))
     cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=str(ckpt))
     model, dm = cli.model.eval(), cli.datamodule
-    for loader, row in zip(dm.test_dataloader(), cli.model.test_rows):
+    for loader, row in zip(dm.test_dataloader(), [r for r in cli.model.test_rows if r["metric"] == "accuracy"]):
         hits = []
         for batch in loader:
             batch = dm.on_after_batch_transfer(batch, 0)
@@ -136,6 +146,7 @@ def test_net_size_must_match_the_data(tmp_path, capsys) -> None:
         main(["fit", *coqe_args(tmp_path, "--model.init_args.net.init_args.n_classes", "1613")])
     assert info.value.code == 2
     assert "set model.init_args.net.init_args.n_classes: 20" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists(), "checked before the run folder is created"
 
 
 SHIPPED = sorted(

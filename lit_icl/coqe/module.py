@@ -23,11 +23,14 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from lightning.pytorch import LightningModule
+from lightning.pytorch import LightningDataModule
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.figures import bar_figure
+from lit_icl.core.module import ICLModule
+from lit_icl.core.results import result_row
 from lit_icl.core.seeding import make_generator
 from lit_icl.coqe.data import EVALUATORS
 from lit_icl.coqe.nets import CoQEClassifier, count_parameters
@@ -41,16 +44,7 @@ def noise_schedule(
     return mean0 + increment * k, std0 + increment * k
 
 
-def _result_row(metric: str, value: float, method: str, split: str = "test", **coords: Any) -> dict[str, Any]:
-    """One tidy result row (the shape of ``lit_icl.core.results.result_row``)."""
-    try:
-        from lit_icl.core.results import result_row  # the platform's helper, once it exists
-    except ImportError:
-        return {"metric": metric, "value": float(value), "split": split, "method": method, **coords}
-    return result_row(metric, value, method=method, split=split, **coords)
-
-
-class CoQEClassificationModule(LightningModule):
+class CoQEClassificationModule(ICLModule):
     """Trains a sequence classifier on bursty/Zipfian sequences; evaluates ICL and IWL (Sec. 5.2).
 
     Args:
@@ -83,7 +77,7 @@ class CoQEClassificationModule(LightningModule):
         noise_seed: int = 0,
     ):
         super().__init__()
-        self.save_hyperparameters(ignore=["net"])
+        self.save_reloadable_hparams()
         self.net = net if net is not None else CoQEClassifier()
         if not hasattr(self.net, "n_classes") or getattr(self.net, "method", None) not in ("coqe", "transformer"):
             raise ConfigError(
@@ -112,25 +106,26 @@ class CoQEClassificationModule(LightningModule):
         )
         #: Image source the model was trained/tested on (``omniglot`` or ``glyphs``), from the data module.
         self.data_source: str | None = None
-        self.test_rows: list[dict[str, Any]] = []
+        self._data_coords: dict[str, Any] = {}
 
-    # ---------------------------------------------------------------- setup
-    def setup(self, stage: str) -> None:
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        if dm is None:
-            return
-        n_labels = getattr(dm, "n_labels", None)
+    # ---------------------------------------------------------------- data binding
+    def bind_datamodule(self, datamodule: LightningDataModule) -> None:
+        """The net's output size must equal the data's training classes; record the source and the data axes."""
+        n_labels = getattr(datamodule, "n_labels", None)
         if n_labels is not None and n_labels != self.net.n_classes:
             raise ConfigError(
                 f"the net has n_classes={self.net.n_classes} but the data has {n_labels} training classes; "
                 f"set model.init_args.net.init_args.n_classes: {n_labels}"
             )
-        self.data_source = getattr(dm, "source", self.data_source)
+        self.data_source = getattr(datamodule, "source", self.data_source)
+        hp = getattr(datamodule, "hparams", {})
+        self._data_coords = {k: float(hp[k]) for k in ("p_bursty", "zipf_alpha") if k in hp}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["coqe_data_source"] = self.data_source
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
         self.data_source = checkpoint.get("coqe_data_source", self.data_source)
 
     # ---------------------------------------------------------------- training
@@ -199,46 +194,30 @@ class CoQEClassificationModule(LightningModule):
             metric = self.acc[f"test_{ev}"]
             value = metric.compute()  # synced across ranks
             self.log(f"test/acc/{ev}", value, sync_dist=True)
-            rows.append(_result_row("accuracy", float(value), method=self.method, evaluator=ev, **coords))
+            rows.append(result_row("accuracy", value, method=self.method, evaluator=ev, **coords))
             metric.reset()
+        rows.append(result_row("parameters", count_parameters(self.net), method=self.method))
         self.test_rows = rows
 
     def result_coordinates(self) -> dict[str, Any]:
-        """What identifies a result besides method and evaluator: source, E, L, P_bursty, alpha, mu_0, #params."""
+        """What identifies a result besides method and evaluator: source, E, L, P_bursty, alpha, mu_0."""
         net = self.net
         coords: dict[str, Any] = {"source": self.data_source}
         coords["emb_dim"] = getattr(net.embed.resnet, "feature_dim", None)
         coords["depth"] = len(net.encoder.blocks)
-        coords["parameters"] = count_parameters(net)
-        dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        if dm is not None:
-            coords["p_bursty"] = float(dm.hparams.p_bursty)
-            coords["zipf_alpha"] = float(dm.hparams.zipf_alpha)
+        coords.update(self._data_coords)
         if self.method == "coqe":
             coords["noise_mean0"] = self.hparams.noise_mean0
         return coords
 
     def test_figures(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        """``{"icl_vs_iwl": Figure}``: test accuracy of each evaluator, one bar group per method."""
-        from matplotlib.figure import Figure
-
-        acc = [r for r in rows if r["metric"] == "accuracy"]
-        methods = list(dict.fromkeys(r["method"] for r in acc))
-        fig = Figure(figsize=(4.5, 3.2), layout="constrained")
-        ax = fig.subplots()
-        width = 0.8 / max(len(methods), 1)
-        for i, m in enumerate(methods):
-            values = [next((r["value"] for r in acc if r["method"] == m and r["evaluator"] == ev), float("nan"))
-                      for ev in EVALUATORS]
-            xs = [j + (i - (len(methods) - 1) / 2) * width for j in range(len(EVALUATORS))]
-            bars = ax.bar(xs, values, width=width, label=m)
-            ax.bar_label(bars, fmt="%.3f", fontsize=8)
-        ax.set_xticks(range(len(EVALUATORS)), [ev.upper() for ev in EVALUATORS])
-        ax.set_ylim(0, 1.05)
-        ax.set_ylabel("test accuracy")
-        source = next((r.get("source") for r in acc if r.get("source")), None)
-        ax.set_title(f"ICL vs IWL ({source})" if source else "ICL vs IWL")
-        ax.legend(loc="lower right", fontsize=8)
+        """``{"icl_vs_iwl": Figure}``: test accuracy per evaluator, one bar per method (Fig. 4's two axes)."""
+        source = next((r.get("source") for r in rows if r.get("source")), None)
+        fig = bar_figure(
+            rows, "evaluator", metric="accuracy", split="test", ylabel="test accuracy",
+            title=f"ICL vs IWL ({source})" if source else "ICL vs IWL",
+        )
+        fig.axes[0].set_ylim(0, 1.05)
         return {"icl_vs_iwl": fig}
 
     # ---------------------------------------------------------------- optimisation
