@@ -12,6 +12,7 @@ from lightning.pytorch import LightningDataModule, LightningModule
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lit_icl.cli import LitICLCLI, main
+from lit_icl.coqe import CoQEClassificationModule
 from test_coqe_data import write_omniglot_fixture
 
 
@@ -70,6 +71,11 @@ def test_fit_then_test_gives_icl_iwl_curves_rows_and_figure(tmp_path, config: st
     assert ("train/loss_mod" in scalars) == (method == "coqe")
     assert ("train/noise_mean" in scalars) == (method == "coqe")
     ckpt = run / "checkpoints/last.ckpt"
+    # The checkpoint alone rebuilds the trained model outside the CLI (net class and size from the config).
+    loaded = CoQEClassificationModule.load_from_checkpoint(ckpt, map_location="cpu")
+    assert loaded.method == method and loaded.data_source == "omniglot"
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    assert all(torch.equal(v, state[k]) for k, v in loaded.state_dict().items())
     cli = LitICLCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
                     run=False, args=coqe_args(tmp_path, config=config))
     cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=str(ckpt))
