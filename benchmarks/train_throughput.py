@@ -7,6 +7,9 @@ weights, iterate the same DataLoader, and use the same loss and AdamW settings. 
 ``--warmup`` steps and stops after ``--steps``; each path is measured ``--repeats`` times, interleaved, and the
 best run is reported (the least disturbed by other work on the machine). The goal tracked in the issues is
 ``lightning / bare >= 0.95``.
+
+``--deterministic true|false`` (default true, as the CLI) turns deterministic kernels on or off for both paths;
+run it both ways to see what reproducibility costs.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import time
 import torch
 from lightning.pytorch import Callback, Trainer
 
-from lit_icl.cli import LitICLCLI
 from lightning.pytorch import LightningDataModule, LightningModule
+
+from lit_icl.cli import LitICLCLI
 
 
 class _StepTimer(Callback):
@@ -35,10 +39,12 @@ class _StepTimer(Callback):
 
 
 def lightning_steps_per_s(
-    module: LightningModule, dm: LightningDataModule, warmup: int, steps: int, device: torch.device
+    module: LightningModule, dm: LightningDataModule, warmup: int, steps: int, device: torch.device,
+    deterministic: bool = True,
 ) -> float:
     timer = _StepTimer(warmup, steps)
     trainer = Trainer(
+        deterministic=deterministic,
         max_steps=steps,
         accelerator="gpu" if device.type == "cuda" else "cpu",
         devices=1,
@@ -55,9 +61,11 @@ def lightning_steps_per_s(
 
 
 def bare_steps_per_s(
-    module: LightningModule, dm: LightningDataModule, warmup: int, steps: int, device: torch.device
+    module: LightningModule, dm: LightningDataModule, warmup: int, steps: int, device: torch.device,
+    deterministic: bool = True,
 ) -> float:
     """The same step as ``ICSSLModule.training_step`` + AdamW, without Lightning."""
+    torch.use_deterministic_algorithms(deterministic)
     net = module.net.to(device)
     hp = module.hparams
     opt = torch.optim.AdamW(net.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
@@ -94,7 +102,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--accelerator", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--deterministic", choices=["true", "false"], default="true")
     args = parser.parse_args()
+    deterministic = args.deterministic == "true"
 
     cli = LitICLCLI(
         LightningModule,
@@ -111,13 +121,13 @@ def main() -> None:
     results: dict[str, list[float]] = {"lightning": [], "bare": []}
     for _ in range(args.repeats):
         results["lightning"].append(
-            lightning_steps_per_s(copy.deepcopy(template), dm, args.warmup, args.steps, device)
+            lightning_steps_per_s(copy.deepcopy(template), dm, args.warmup, args.steps, device, deterministic)
         )
-        results["bare"].append(bare_steps_per_s(copy.deepcopy(template), dm, args.warmup, args.steps, device))
+        results["bare"].append(bare_steps_per_s(copy.deepcopy(template), dm, args.warmup, args.steps, device, deterministic))
     lit, bare = max(results["lightning"]), max(results["bare"])
     print(
         f"config: {args.config}  device: {args.accelerator}  steps timed: {args.steps - args.warmup}  "
-        f"threads: {torch.get_num_threads()}"
+        f"threads: {torch.get_num_threads()}  deterministic: {deterministic}"
     )
     print(f"lightning: {lit:.2f} steps/s  (runs: {', '.join(f'{v:.2f}' for v in results['lightning'])})")
     print(f"bare loop: {bare:.2f} steps/s  (runs: {', '.join(f'{v:.2f}' for v in results['bare'])})")

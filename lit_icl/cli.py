@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import re
 import sys
+from argparse import ArgumentError
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCL
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.module import ICLModule
 from lit_icl.core.results import ResultsWriter
+from lit_icl.core.validation import check_run_config
 
 #: ``ckpt_path`` values that Lightning resolves itself.
 SPECIAL_CKPT_PATHS = ("last", "best", "hpc")
@@ -60,6 +62,11 @@ class LitICLCLI(LightningCLI):
         sub = self.config.get("subcommand")
         if sub:
             check_ckpt_path(self.config[sub].get("ckpt_path"))
+
+    def instantiate_classes(self) -> None:
+        super().instantiate_classes()
+        # Checks between objects (net vs data sizes, callback vs data) run here, before the run writes anything.
+        check_run_config(self.trainer, self.model, self.datamodule)
 
     def before_instantiate_classes(self) -> None:
         sub = self.subcommand
@@ -155,8 +162,16 @@ def main(args: ArgsType = None) -> None:
                 # ends are exact resume points.
                 "enable_model_summary": True,
             },
+            # Parse errors are raised (not printed with the full usage) so they become one line below.
+            parser_kwargs={
+                "exit_on_error": False,
+                **{sub: {"exit_on_error": False} for sub in LitICLCLI.subcommands()},
+            },
             args=args,
         )
+    except ArgumentError as err:
+        print(f"lit_icl: error: {one_line_parser_error(str(err))}", file=sys.stderr)
+        sys.exit(2)
     except Exception as err:  # noqa: BLE001 - re-raised unless it is (or wraps) a ConfigError
         config_error = find_config_error(err)
         if config_error is None:
@@ -179,6 +194,52 @@ def find_config_error(err: BaseException) -> ConfigError | None:
         seen.add(id(current))
         current = current.__cause__ or current.__context__
     return None
+
+
+#: Lines of a jsonargparse error that only describe the union machinery, not the user's mistake.
+_PARSER_NOISE = re.compile(
+    r"^(- )?(Does not validate against any of the Union subtypes|Subtypes: |Errors:|Expected a <class 'NoneType'>"
+    r"|Given value type: |Given value: )"
+)
+
+
+def one_line_parser_error(message: str) -> str:
+    """Condense a (nested, multi-line) jsonargparse error into ``<option path>: <innermost problem>``.
+
+    jsonargparse reports a bad value deep inside ``model.init_args.net.init_args...`` as an indented tree of
+    union alternatives; the user needs the path of keys and the innermost message (e.g. "Expected a
+    typing.Literal['rbf', 'linear']. Got value: poly"), plus the class whose option it was.
+    """
+    lines = [ln.strip() for ln in message.splitlines()]
+    keys: list[str] = []
+    classes: list[str] = []
+    problems: list[str] = []
+    given: dict[int, str] = {}  # problem index -> the value reported right after it
+    for ln in lines:
+        value = re.fullmatch(r"Given value: (.*)", ln)
+        if value and problems and len(problems) - 1 not in given:
+            given[len(problems) - 1] = value.group(1)
+        if not ln or _PARSER_NOISE.match(ln):
+            continue
+        key = re.fullmatch(r'Parser key "([^"]+)":(.*)', ln)
+        if key:
+            keys.append(key.group(1))
+            if key.group(2).strip():  # the whole problem on one line, e.g. a --config file that does not exist
+                problems.append(key.group(2).strip())
+            continue
+        cls = re.fullmatch(r"- Problem with given class_path '([^']+)':", ln)
+        if cls:
+            classes.append(cls.group(1))
+            continue
+        problems.append(ln.removeprefix("- "))
+    if not problems:
+        return " ".join(ln for ln in lines if ln)
+    problem = problems[-1]
+    if problem.startswith("Expected a") and "Got value" not in problem and len(problems) - 1 in given:
+        problem += f". Got value: {given[len(problems) - 1]}"
+    path = ".init_args.".join(keys)
+    where = f" (in {classes[-1]})" if classes and classes[-1].rsplit(".", 1)[-1] not in problem else ""
+    return f"{'--' + path + ': ' if path else ''}{problem}{where}"
 
 
 if __name__ == "__main__":

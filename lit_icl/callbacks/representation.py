@@ -72,6 +72,29 @@ class RepresentationMetrics(Callback):
         self._names: dict[str, tuple[str, ...]] = {}
         self._metrics: dict[str, dict[str, tuple[Metric, str, str | None]]] = {}
 
+    def check_config(self, *, model: Any = None, datamodule: Any = None, **_: Any) -> None:
+        """Before a run: ``k`` neighbours need sets of more than ``k`` points, and ``pairs`` must name
+        embeddings the module returns.
+
+        Uses the data module's ``n_points`` (points per episode) and the module's ``embedding_names`` (a dict
+        ``stage -> names`` returned by its ``validation_step`` / ``test_step``) when they exist; otherwise the
+        same checks run at the first evaluation step.
+        """
+        n = getattr(datamodule, "n_points", None)
+        if isinstance(n, int) and self.k > n - 1:
+            raise ConfigError(
+                f"RepresentationMetrics k={self.k} but episodes have only {n} points; choose k <= {n - 1}"
+            )
+        declared = getattr(model, "embedding_names", None)
+        if self.pairs is not None and isinstance(declared, Mapping):
+            for stage, names in declared.items():
+                missing = sorted({name for p in self.pairs for name in p} - set(names))
+                if missing:
+                    raise ConfigError(
+                        f"RepresentationMetrics pairs name embeddings {missing} that the {stage} step does not "
+                        f"return (it returns {sorted(names)})"
+                    )
+
     # ---------------------------------------------------------------- construction
 
     def _build(self, stage: str, names: tuple[str, ...], pl_module: pl.LightningModule) -> None:

@@ -26,6 +26,16 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from lit_icl.core.data import EpochSampler, collate_chunks
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
+from lit_icl.core.validation import (
+    check_choice,
+    check_fraction,
+    check_int,
+    check_nonempty,
+    check_nonnegative,
+    check_pair_ordered,
+    check_positive,
+    check_unique,
+)
 from lit_icl.icssl.manifolds import Manifold, PoseConfig, get_manifold, sample_episodes
 
 Split = Literal["train", "val", "test"]
@@ -136,7 +146,7 @@ class ManifoldDataModule(LightningDataModule):
         eval_batch_size: episodes per validation/test step.
         train_label_ratio: ``(low, high)``: each training episode labels ``m`` points, ``m`` uniform between
             ``round(low * n)`` and ``round(high * n)``.
-        eval_label_ratios: label ratios swept in validation and test (the CLI passes them to the model).
+        eval_label_ratios: label ratios swept in validation and test (the module reads them from here).
         data_seed: seed of all generated data, independent of ``seed_everything``.
         pose_scale: range of the random isotropic scale (App. D).
         pose_translation: range of the random x/y translation (App. D).
@@ -172,24 +182,41 @@ class ManifoldDataModule(LightningDataModule):
     ):
         super().__init__()
         self.save_hyperparameters()
-        if n_points < 2:
-            raise ConfigError(f"n_points={n_points}: an episode needs at least 2 points")
+        # Everything is checked before anything is built, each message naming the option as the user wrote it.
+        check_int("n_points", n_points, minimum=2, hint="an episode needs at least 2 points")
+        check_positive("chunk_size", chunk_size, integer=True, hint="e.g. chunk_size=16")
         for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
+            check_int(name, value)
             if value < 1 or value % chunk_size:
                 raise ConfigError(
                     f"{name}={value} must be a positive multiple of chunk_size={chunk_size}; "
                     f"change one of them (e.g. chunk_size=16, {name}=64)"
                 )
         for name, value in (("val_episodes", val_episodes), ("test_episodes", test_episodes)):
+            check_int(name, value)
             if value < 1 or value % chunk_size:
                 raise ConfigError(f"{name}={value} must be a positive multiple of chunk_size={chunk_size}")
-        if train_batches_per_epoch < 1:
-            raise ConfigError(f"train_batches_per_epoch={train_batches_per_epoch} must be >= 1")
-        lo, hi = train_label_ratio
+        check_positive("train_batches_per_epoch", train_batches_per_epoch, integer=True)
+        lo, hi = check_pair_ordered("train_label_ratio", train_label_ratio)
         check_label_ratios([lo, hi], n_points)
-        if lo > hi:
-            raise ConfigError(f"train_label_ratio={tuple(train_label_ratio)} must be (low, high) with low <= high")
+        eval_label_ratios = check_nonempty("eval_label_ratios", eval_label_ratios, example="[0.1, 0.25, 0.5]")
+        check_unique("eval_label_ratios", eval_label_ratios)
         check_label_ratios(eval_label_ratios, n_points)
+        check_int("data_seed", data_seed)
+        check_pair_ordered("pose_scale", pose_scale, low=0.0, low_inclusive=False)
+        check_pair_ordered("pose_translation", pose_translation)
+        check_choice("pose_rotation", pose_rotation, ("planar", "haar", "none"))
+        check_positive("cylinder_height", cylinder_height, hint="the paper leaves it open; 2.0 is the default")
+        # Checked even when no product manifold is used, so a typo never waits for a later config change.
+        check_fraction("product_positive_fraction", product_positive_fraction, closed_high=True)
+        check_nonnegative("num_workers", num_workers, integer=True, hint="0 generates data in the main process")
+        manifold_lists = {"train_manifolds": train_manifolds, "val_manifolds": val_manifolds,
+                          "test_manifolds": test_manifolds}
+        for name, names in manifold_lists.items():
+            if names is not None:
+                for spec in check_nonempty(name, names, example="[cylinder]"):
+                    if not isinstance(spec, str):
+                        raise ConfigError(f"{name} entry {spec!r} must be a manifold name such as 'cylinder'")
 
         self.train_manifolds = list(train_manifolds)
         self.val_manifolds = list(val_manifolds) if val_manifolds is not None else list(train_manifolds)

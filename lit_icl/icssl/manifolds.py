@@ -41,6 +41,8 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor
 
+from lit_icl.core.errors import ConfigError
+
 __all__ = [
     "Cone",
     "Cylinder",
@@ -131,11 +133,11 @@ class PoseConfig:
     def __post_init__(self) -> None:
         lo, hi = self.scale
         if not 0.0 < lo <= hi:
-            raise ValueError(f"PoseConfig.scale must satisfy 0 < low <= high, got {self.scale}")
+            raise ConfigError(f"PoseConfig.scale must satisfy 0 < low <= high, got {self.scale}")
         if not self.translation[0] <= self.translation[1]:
-            raise ValueError(f"PoseConfig.translation must satisfy low <= high, got {self.translation}")
+            raise ConfigError(f"PoseConfig.translation must satisfy low <= high, got {self.translation}")
         if self.rotation not in ("planar", "haar", "none"):
-            raise ValueError(
+            raise ConfigError(
                 f"PoseConfig.rotation must be 'planar', 'haar' or 'none', got {self.rotation!r}"
             )
 
@@ -333,7 +335,7 @@ class Cylinder(Manifold):
 
     def __post_init__(self) -> None:
         if not self.height > 0:
-            raise ValueError(f"Cylinder height must be positive, got {self.height}")
+            raise ConfigError(f"Cylinder height must be positive, got {self.height}")
 
     def sample_chart(self, num_episodes: int, n_points: int, generator: torch.Generator) -> Tensor:
         u = _uniform((num_episodes, n_points, 2), 0.0, 1.0, _check_generator(generator))
@@ -377,9 +379,9 @@ class Cone(Manifold):
     def __post_init__(self) -> None:
         lo, hi = self.alpha_range
         if not 0.0 < lo <= hi < math.pi / 2:
-            raise ValueError(f"Cone alpha_range must satisfy 0 < low <= high < pi/2, got {self.alpha_range}")
+            raise ConfigError(f"Cone alpha_range must satisfy 0 < low <= high < pi/2, got {self.alpha_range}")
         if not self.s_max > 0:
-            raise ValueError(f"Cone s_max must be positive, got {self.s_max}")
+            raise ConfigError(f"Cone s_max must be positive, got {self.s_max}")
 
     def sample_chart(self, num_episodes: int, n_points: int, generator: torch.Generator) -> Tensor:
         _check_generator(generator)
@@ -506,13 +508,13 @@ class ProductManifold(Manifold):
         # frozen dataclass: bypass __setattr__ for the derived fields.
         object.__setattr__(self, "factors", tuple(self.factors))
         if len(self.factors) < 2:
-            raise ValueError(
+            raise ConfigError(
                 f"a product manifold needs at least 2 factors (App. E.2), got {len(self.factors)}"
             )
         if not all(isinstance(f, Manifold) for f in self.factors):
             raise TypeError("ProductManifold factors must be Manifold instances")
         if not 0.0 < self.positive_fraction <= 1.0:
-            raise ValueError(f"positive_fraction must be in (0, 1], got {self.positive_fraction}")
+            raise ConfigError(f"positive_fraction must be in (0, 1], got {self.positive_fraction}")
         object.__setattr__(self, "chart_dim", sum(f.chart_dim for f in self.factors))
         object.__setattr__(self, "ambient_dim", sum(f.ambient_dim for f in self.factors))
 
@@ -583,7 +585,7 @@ def _resolve(name: str, spec: str) -> type[Manifold]:
     key = _ALIASES.get(key, key)
     if key not in _REGISTRY:
         where = f" in {spec!r}" if name.strip() != spec.strip() else ""
-        raise ValueError(f"unknown manifold {name.strip()!r}{where}; choose from {_CHOICES}")
+        raise ConfigError(f"unknown manifold {name.strip()!r}{where}; choose from {_CHOICES}")
     return _REGISTRY[key]
 
 
@@ -598,8 +600,8 @@ def get_manifold(spec: str, **options: Any) -> Manifold:
             ``height`` (cylinder), ``alpha_range`` and ``s_max`` (cone), ``positive_fraction`` (product).
 
     Raises:
-        ValueError: an unknown manifold name (the message names it and lists the valid names), or an option
-            that applies to no part of the spec.
+        ConfigError: (a ``ValueError``) an unknown manifold name (the message names it and lists the valid
+            names), or an option that applies to no part of the spec.
     """
     if not isinstance(spec, str):
         raise TypeError(f"manifold spec must be a string, got {type(spec).__name__}")
@@ -612,7 +614,7 @@ def get_manifold(spec: str, **options: Any) -> Manifold:
         accepting.update(cls.option_names)
     for key in options:
         if key not in accepting:
-            raise ValueError(
+            raise ConfigError(
                 f"option {key!r} does not apply to manifold {spec!r}; options are height (cylinder), "
                 "alpha_range and s_max (cone), positive_fraction (products)"
             )

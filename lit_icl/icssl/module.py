@@ -30,6 +30,14 @@ from lit_icl.core.figures import line_figure
 from lit_icl.core.module import ICLModule
 from lit_icl.core.results import result_row
 from lit_icl.core.spectral import laplacian_eigenmap
+from lit_icl.core.validation import (
+    check_choice,
+    check_nonempty,
+    check_nonnegative,
+    check_int,
+    check_positive,
+    check_unique,
+)
 from lit_icl.icssl.data import DEFAULT_LABEL_RATIOS, check_label_ratios, labeled_count, ratio_key
 from lit_icl.icssl.nets import SemiSupervisedICL, count_parameters
 
@@ -77,15 +85,22 @@ class ICSSLModule(ICLModule):
         super().__init__()
         self.save_reloadable_hparams()
         self.net = net if net is not None else SemiSupervisedICL()
-        if lr_schedule not in ("cosine", "constant"):
-            raise ConfigError(f"unknown lr_schedule {lr_schedule!r}; choose 'cosine' or 'constant'")
+        check_choice("lr_schedule", lr_schedule, ("cosine", "constant"))
+        check_positive("lr", lr, hint="e.g. lr: 0.003")
+        check_nonnegative("weight_decay", weight_decay, hint="0.0 disables it")
+        check_int("warmup_steps", warmup_steps, minimum=0, hint="0 disables the warm-up")
+        if not isinstance(eig_reference, bool):
+            raise ConfigError(f"eig_reference={eig_reference!r} must be true or false")
         self.n_points: int | None = getattr(self.net, "n_points", None)
         self.label_ratios: list[float] = []
         self.val_acc = nn.ModuleDict()
         self.test_acc = nn.ModuleDict()
         self.test_majority = nn.ModuleDict()
         self.val_loss = MeanMetric()
+        #: What ``validation_step`` returns under ``embeddings`` (lets RepresentationMetrics check its pairs early).
+        self.embedding_names = {"val": ("model", "eig") if eig_reference else ("model",)}
         if label_ratios is not None:
+            check_unique("label_ratios", check_nonempty("label_ratios", label_ratios, example="[0.1, 0.25]"))
             if self.n_points is not None:
                 check_label_ratios(label_ratios, self.n_points)
             self._set_label_ratios(label_ratios)

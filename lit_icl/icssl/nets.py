@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import torch
 from torch import Tensor, nn
@@ -31,6 +31,14 @@ from torch import Tensor, nn
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.precision import float32_region
 from lit_icl.core.spectral import LaplacianNorm, laplacian_eigenmap, pairwise_sq_dists
+from lit_icl.core.validation import (
+    check_choice,
+    check_int,
+    check_nonempty,
+    check_nonnegative,
+    check_positive,
+    check_range,
+)
 
 def _normalize_columns(phi: Tensor, eps: float = 1e-8) -> Tensor:
     """Unit-norm columns over the tokens: the paper's row-wise ``normalize`` of Eq. (15) in our layout."""
@@ -70,9 +78,10 @@ class RBFAttentionLayer(nn.Module):
         update_coordinates: bool = True,
     ):
         super().__init__()
-        heads = len(bandwidths)
-        if heads < 1 or any(b <= 0 for b in bandwidths):
+        heads = len(check_nonempty("bandwidths", bandwidths, example="[0.01, 0.06]"))
+        if any(not isinstance(b, (int, float)) or isinstance(b, bool) or not b > 0 for b in bandwidths):
             raise ConfigError(f"bandwidths must be a non-empty list of positive numbers, got {list(bandwidths)}")
+        check_range("value_init", value_init)
         self.exclude_self = exclude_self
         self.log_sigma = nn.Parameter(torch.tensor([math.log(b) for b in bandwidths]))
         # rho = exp(log_rho); the Laplacian block starts almost switched off (rho = 10 on unit-scale rows).
@@ -141,10 +150,10 @@ class LaplacianTransformer(nn.Module):
         init_lr_scale: float = 0.01,
     ):
         super().__init__()
-        if n_points < 2:
-            raise ConfigError(f"n_points={n_points}: an episode needs at least 2 points")
-        if num_layers < 1:
-            raise ConfigError(f"num_layers={num_layers}: the Laplacian module needs at least one layer")
+        check_int("n_points", n_points, minimum=2, hint="an episode needs at least 2 points")
+        check_int("num_layers", num_layers, minimum=1, hint="the Laplacian module needs at least one layer")
+        check_choice("output", output, ("random_walk", "laplacian"))
+        check_nonnegative("init_lr_scale", init_lr_scale)
         self.n_points = n_points
         # M of App. A.1, started at I (Lemma 1) and stored as M = I + init_lr_scale * delta. Adam moves every
         # entry of a parameter by about lr per step whatever its gradient, so a raw n x n M is scrambled
@@ -153,8 +162,6 @@ class LaplacianTransformer(nn.Module):
         self.init_delta = nn.Parameter(torch.zeros(n_points, n_points))
         self.init_lr_scale = init_lr_scale
         # Later layers start as identity maps (a' = 0) so training begins from the Lemma-1 Laplacian.
-        if output not in ("random_walk", "laplacian"):
-            raise ConfigError(f"unknown output {output!r}; choose 'random_walk' or 'laplacian'")
         self.layers = nn.ModuleList(
             RBFAttentionLayer(bandwidths, exclude_self, value_init=0.0, update_coordinates=i < num_layers - 1)
             for i in range(num_layers)
@@ -217,7 +224,8 @@ class LinearAttentionLayer(nn.Module):
 
     def __init__(self, n_components: int, num_heads: int):
         super().__init__()
-        k, h = n_components, num_heads
+        k = check_int("n_components", n_components, minimum=1)
+        h = check_int("num_heads", num_heads, minimum=1)
         self.skip = nn.Parameter(torch.zeros(k, k))  # S
         self.beta = nn.Parameter(torch.zeros(h))  # b c per head
         self.value = nn.Parameter(torch.zeros(h, k, k))  # A
@@ -270,10 +278,14 @@ class EigenmapTransformer(nn.Module):
     ):
         super().__init__()
         num_heads = n_components if num_heads is None else num_heads
+        check_int("n_points", n_points, minimum=2, hint="an episode needs at least 2 points")
+        check_int("n_components", n_components)
         if not 1 <= n_components < n_points:
             raise ConfigError(f"n_components={n_components} must lie in [1, n_points - 1 = {n_points - 1}]")
-        if min(num_layers, num_heads, layer_repeats, stack_repeats) < 1:
-            raise ConfigError("num_layers, num_heads, layer_repeats and stack_repeats must all be >= 1")
+        for name, value in (("num_layers", num_layers), ("num_heads", num_heads),
+                            ("layer_repeats", layer_repeats), ("stack_repeats", stack_repeats)):
+            check_int(name, value, minimum=1)
+        check_nonnegative("init_lr_scale", init_lr_scale)
         self.n_points = n_points
         self.n_components = n_components
         self.layer_repeats = layer_repeats
@@ -371,12 +383,32 @@ class InContextEigenmap(nn.Module):
         stack_repeats: int = 4,
     ):
         super().__init__()
+        # Checked here under this class's own option names (the parts below call them num_layers, ...).
+        check_int("n_points", n_points, minimum=2, hint="an episode needs at least 2 points")
+        check_int("n_components", n_components)
+        if not 1 <= n_components < n_points:
+            raise ConfigError(f"n_components={n_components} must lie in [1, n_points - 1 = {n_points - 1}]")
+        check_int("lap_layers", lap_layers, minimum=1)
+        check_int("eig_layers", eig_layers, minimum=1)
+        if eig_heads is not None:
+            check_int("eig_heads", eig_heads, minimum=1, hint="or leave it unset for one head per component")
+        check_int("layer_repeats", layer_repeats, minimum=1)
+        check_int("stack_repeats", stack_repeats, minimum=1)
         self.n_points = n_points
         self.out_dim = n_components
         self.laplacian = LaplacianTransformer(n_points, lap_layers, lap_bandwidths, exclude_self, lap_output)
         self.eigenmap = EigenmapTransformer(
             n_points, n_components, eig_layers, eig_heads, layer_repeats, stack_repeats
         )
+
+    def check_config(self, *, datamodule: object = None, **_: object) -> None:
+        """Before a run: the episode size the data produces must be the one ``M`` was built for."""
+        data_n = getattr(datamodule, "n_points", None)
+        if data_n is not None and data_n != self.n_points:
+            raise ConfigError(
+                f"the representation was built for n_points={self.n_points} but the data has n_points={data_n}; "
+                f"set the representation's n_points to {data_n}"
+            )
 
     def forward(self, x: Tensor) -> Tensor:
         _, psi = self.laplacian(x)
@@ -394,13 +426,30 @@ class LaplacianEigenmap(nn.Module):
         normalization: LaplacianNorm = "sym",
     ):
         super().__init__()
-        if n_neighbors < 1:
-            raise ConfigError(f"n_neighbors={n_neighbors} must be >= 1")
+        check_int("n_components", n_components, minimum=1)
+        check_int("n_neighbors", n_neighbors, minimum=1)
+        check_positive("rbf_scale", rbf_scale, hint="App. D uses 10")
+        check_choice("normalization", normalization, get_args(LaplacianNorm))
         self.out_dim = n_components
         self.n_components = n_components
         self.n_neighbors = n_neighbors
         self.rbf_scale = rbf_scale
         self.normalization = normalization
+
+    def check_config(self, *, datamodule: object = None, **_: object) -> None:
+        """Before a run: the kNN graph and the eigenvectors must fit in the data's episodes."""
+        n = getattr(datamodule, "n_points", None)
+        if n is None:
+            return
+        if self.n_neighbors > n - 1:
+            raise ConfigError(
+                f"n_neighbors={self.n_neighbors} but episodes have only {n} points; "
+                f"choose 1 <= n_neighbors <= {n - 1}"
+            )
+        if self.n_components > n:
+            raise ConfigError(
+                f"n_components={self.n_components} must lie in [1, {n}] for episodes of {n} points"
+            )
 
     def forward(self, x: Tensor) -> Tensor:
         return laplacian_eigenmap(x, self.n_components, self.n_neighbors, self.rbf_scale, self.normalization)
@@ -461,14 +510,17 @@ class GDICLHead(nn.Module):
         normalize_kernel: bool = True,
     ):
         super().__init__()
-        if num_classes < 2:
-            raise ConfigError(f"num_classes={num_classes}: a classifier needs at least 2 classes")
-        if num_layers < 1:
-            raise ConfigError(f"num_layers={num_layers}: the ICL head needs at least one GD layer")
-        if kernel not in ("rbf", "linear"):
-            raise ConfigError(f"unknown kernel {kernel!r}; choose 'rbf' or 'linear'")
-        if expectation not in ("mlp", "exact"):
-            raise ConfigError(f"unknown expectation {expectation!r}; choose 'mlp' or 'exact'")
+        check_int("num_classes", num_classes, minimum=2, hint="a classifier needs at least 2 classes")
+        check_int("embed_dim", embed_dim, minimum=1)
+        check_int("mlp_hidden", mlp_hidden, minimum=1)
+        check_int("num_layers", num_layers, minimum=1, hint="the ICL head needs at least one GD layer")
+        check_choice("kernel", kernel, ("rbf", "linear"))
+        check_choice("expectation", expectation, ("mlp", "exact"))
+        # Both are stored as logs (learned in log space), so they must be positive.
+        check_positive("step_size", step_size, hint="the GD step alpha is learned as a log; e.g. 1.0")
+        check_positive("gamma", gamma, hint="the RBF inverse bandwidth is learned as a log; e.g. 300")
+        if not isinstance(normalize_kernel, bool):
+            raise ConfigError(f"normalize_kernel={normalize_kernel!r} must be true or false")
         self.num_classes = num_classes
         self.num_layers = num_layers
         self.kernel = kernel

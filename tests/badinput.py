@@ -1,0 +1,33 @@
+"""Shared assertion for bad-input tables: every paper's test file imports :func:`assert_rejected`.
+
+A paper adds its own table of rows ``(config, extra CLI args, expected message substring)`` in its own test
+file (``tests/test_bad_input.py`` holds IC-SSL's and the paper-agnostic ones) and runs each row through
+``assert_rejected``. Rows must fail while parsing or constructing (no training), so a table stays fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lit_icl.cli import main
+
+ERROR_PREFIX = "lit_icl: error:"
+
+
+def assert_rejected(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], needle: str) -> str:
+    """``lit_icl.cli.main(args)`` exits with status 2 and one ``lit_icl: error:`` line containing ``needle``.
+
+    ``args`` is the full command line after ``python -m lit_icl`` (subcommand first) and must log under
+    ``tmp_path / "runs"``; nothing may be written there. Returns the error line.
+    """
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    assert info.value.code == 2, f"exit status {info.value.code}, expected 2"
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith(ERROR_PREFIX)]
+    assert len(lines) == 1, f"expected exactly one '{ERROR_PREFIX}' line, got:\n{err}"
+    assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+    assert not (tmp_path / "runs").exists(), "nothing may be written before the input is checked"
+    return lines[0]

@@ -1,0 +1,133 @@
+"""Bad input through the CLI: one ``lit_icl: error:`` line, exit status 2, no run folder.
+
+Table-driven: each row is ``(config, extra CLI args, expected substring of the error line)``, added to the
+tiny IC-SSL arguments of ``conftest.tiny_args`` and run through ``lit_icl.cli.main(["fit", ...])`` by
+:func:`badinput.assert_rejected`. Every row fails while parsing or constructing, so the whole table takes
+seconds. A later paper adds its own table (its own config, its own rows) to its own test file the same way.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from badinput import assert_rejected
+from conftest import tiny_args
+
+ID = "configs/icssl_manifolds.yaml"
+OOD = "configs/icssl_manifolds_ood.yaml"
+PRODUCT = "configs/icssl_product.yaml"
+M = "--model.init_args."
+D = "--data.init_args."
+REP = "--model.init_args.net.init_args.representation"
+HEAD = "--model.init_args.net.init_args.head.init_args."
+EIG = [REP, "lit_icl.icssl.nets.LaplacianEigenmap"]
+CB = "--trainer.callbacks"
+
+
+def _callback(init_args: str) -> list[str]:
+    return [CB, f'[{{"class_path": "lit_icl.callbacks.RepresentationMetrics", "init_args": {init_args}}}]']
+
+
+#: (config, extra args, needle). Grouped by the object whose argument is wrong.
+ICSSL_ROWS: list[tuple[str, list[str], str]] = [
+    # --- parser (jsonargparse): unknown keys, class paths, wrong types, condensed to one line
+    (ID, [M + "no_such_key", "1"], "no_such_key"),
+    (ID, [REP, "lit_icl.icssl.nets.NoSuchNet"], "NoSuchNet"),
+    (ID, [M + "lr_schedule", "linear"], "lr_schedule: Expected a typing.Literal['cosine', 'constant']"),
+    (ID, [D + "train_label_ratio", "[0.1]"], "train_label_ratio: Expected a tuple with 2 elements"),
+    (ID, [D + "n_points", "abc"], "n_points: Expected a <class 'int'>. Got value: abc"),
+    (ID, ["--trainer.max_epochs", "x"], "--trainer.max_epochs: Expected a <class 'int'>. Got value: x"),
+    (ID, ["--no_such_option", "1"], "unrecognized arguments: --no_such_option"),
+    (ID, ["--ckpt_path", "does/not/exist.ckpt"], "does not exist"),
+    (ID, ["--config", "configs/no_such_config.yaml"], "--config: File does not exist"),
+    # --- ICSSLModule
+    (ID, [M + "lr", "0"], "lr=0.0 must be > 0"),
+    (ID, [M + "lr", "-1"], "lr=-1.0 must be > 0"),
+    (ID, [M + "weight_decay", "-0.1"], "weight_decay=-0.1 must be >= 0"),
+    (ID, [M + "warmup_steps", "-5"], "warmup_steps=-5 must be >= 0"),
+    (ID, [REP + ".init_args.n_points", "30"], "built for n_points=30 but the data has n_points=20"),
+    # values shared by data and model live in the data module; a model copy that disagrees is refused
+    (ID, [M + "label_ratios", "[0.1, 0.3]"], "differ from the data's eval_label_ratios [0.1, 0.25, 0.5]"),
+    (ID, [M + "label_ratios", "[0.1, 0.1]"], "label_ratios"),
+    # --- ManifoldDataModule
+    (ID, [D + "eval_label_ratios", "[0.25, 1.2]"], "label ratio 1.2 is outside (0, 1)"),
+    (ID, [D + "eval_label_ratios", "[0.01]"], "leaves no labeled point"),
+    (ID, [D + "eval_label_ratios", "[]"], "is empty"),
+    (ID, [D + "eval_label_ratios", "[0.25, 0.25]"], "repeats 0.25"),
+    (ID, [D + "train_manifolds", "[cylindr]"], "unknown manifold 'cylindr'"),
+    (ID, [D + "train_manifolds", "[]"], "train_manifolds is empty"),
+    (ID, [D + "val_manifolds", "[]"], "val_manifolds is empty"),
+    (ID, [D + "test_manifolds", "[sphere*torus]"], "different ambient dimensions [3, 6]"),
+    (ID, [D + "n_points", "0", REP + ".init_args.n_points", "0"], "n_points=0 must be >= 2"),
+    (ID, [D + "chunk_size", "0"], "chunk_size=0 must be >= 1"),
+    (ID, [D + "chunk_size", "-8"], "chunk_size=-8 must be >= 1"),
+    (ID, [D + "batch_size", "12"], "batch_size=12 must be a positive multiple of chunk_size=8"),
+    (ID, [D + "eval_batch_size", "0"], "eval_batch_size=0 must be a positive multiple of chunk_size=8"),
+    (ID, [D + "val_episodes", "0"], "val_episodes=0 must be a positive multiple"),
+    (ID, [D + "test_episodes", "20"], "test_episodes=20 must be a positive multiple"),
+    (ID, [D + "train_batches_per_epoch", "0"], "train_batches_per_epoch=0 must be >= 1"),
+    (ID, [D + "train_label_ratio", "[0.5, 0.1]"], "train_label_ratio=(0.5, 0.1) must be (low, high)"),
+    (ID, [D + "pose_scale", "[0.1, 0.02]"], "pose_scale=(0.1, 0.02) must be (low, high)"),
+    (ID, [D + "pose_scale", "[-1, 1]"], "pose_scale=(-1.0, 1.0): both ends must lie in (0, inf)"),
+    (ID, [D + "pose_translation", "[1, -1]"], "pose_translation=(1.0, -1.0) must be (low, high)"),
+    (ID, [D + "pose_rotation", "spin"], "pose_rotation: Expected a typing.Literal['planar', 'haar', 'none']"),
+    (ID, [D + "cylinder_height", "0"], "cylinder_height=0.0 must be > 0"),
+    (ID, [D + "cylinder_height", "-2"], "cylinder_height=-2.0 must be > 0"),
+    (PRODUCT, [D + "product_positive_fraction", "0"], "product_positive_fraction=0.0 must lie in (0, 1]"),
+    (ID, [D + "product_positive_fraction", "1.5"], "product_positive_fraction=1.5 must lie in (0, 1]"),
+    (ID, [D + "num_workers", "-1"], "num_workers=-1 must be >= 0"),
+    (OOD, [D + "test_manifolds", "[]"], "test_manifolds is empty"),
+    # --- InContextEigenmap (ORIG+E2E-ICL representation)
+    (ID, [REP + ".init_args.n_components", "0"], "n_components=0 must lie in [1, n_points - 1 = 19]"),
+    (ID, [REP + ".init_args.n_components", "20"], "n_components=20 must lie in [1, n_points - 1 = 19]"),
+    (ID, [REP + ".init_args.lap_layers", "0"], "lap_layers=0 must be >= 1"),
+    (ID, [REP + ".init_args.lap_bandwidths", "[]"], "bandwidths is empty"),
+    (ID, [REP + ".init_args.lap_bandwidths", "[0.01, 0]"], "bandwidths must be a non-empty list of positive"),
+    (ID, [REP + ".init_args.lap_output", "foo"], "lap_output: Expected a typing.Literal"),
+    (ID, [REP + ".init_args.eig_layers", "0"], "eig_layers=0 must be >= 1"),
+    (ID, [REP + ".init_args.eig_heads", "0"], "eig_heads=0 must be >= 1"),
+    (ID, [REP + ".init_args.layer_repeats", "0"], "layer_repeats=0 must be >= 1"),
+    (ID, [REP + ".init_args.stack_repeats", "0"], "stack_repeats=0 must be >= 1"),
+    # --- LaplacianEigenmap (EIG baseline): its own ranges, and sizes against the data (check_config)
+    (ID, [*EIG, REP + ".init_args.n_neighbors", "50"], "n_neighbors=50"),
+    (ID, [*EIG, REP + ".init_args.n_neighbors", "0"], "n_neighbors=0 must be >= 1"),
+    (ID, [*EIG, REP + ".init_args.n_components", "0"], "n_components=0 must be >= 1"),
+    (ID, [*EIG, REP + ".init_args.n_components", "25"], "n_components=25 must lie in [1, 20]"),
+    (ID, [*EIG, REP + ".init_args.rbf_scale", "0"], "rbf_scale=0.0 must be > 0"),
+    (ID, [*EIG, REP + ".init_args.normalization", "foo"], "normalization: Expected a typing.Literal"),
+    # --- GDICLHead
+    (ID, [HEAD + "num_classes", "1"], "num_classes=1 must be >= 2"),
+    (ID, [HEAD + "embed_dim", "0"], "embed_dim=0 must be >= 1"),
+    (ID, [HEAD + "mlp_hidden", "0"], "mlp_hidden=0 must be >= 1"),
+    (ID, [HEAD + "num_layers", "0"], "num_layers=0 must be >= 1"),
+    (ID, [HEAD + "step_size", "0"], "step_size=0.0 must be > 0"),
+    (ID, [HEAD + "gamma", "-1"], "gamma=-1.0 must be > 0"),
+    (ID, [HEAD + "kernel", "poly"], "kernel: Expected a typing.Literal['rbf', 'linear']"),
+    # --- RepresentationMetrics callback
+    (ID, _callback('{"k": 0}'), "k=0 neighbours requested"),
+    (ID, _callback('{"k": 25}'), "RepresentationMetrics k=25 but episodes have only 20 points"),
+    (ID, _callback('{"pairs": [["model", "model"]]}'), "two different embedding names"),
+]
+
+
+def _fit_args(tmp_path, config: str, extra: list[str]) -> list[str]:
+    args = tiny_args(tmp_path, config=config)
+    if extra[:1] == [REP] and "." in extra[1] and not extra[1].startswith("{"):
+        # Swapping the representation class: drop the E2E representation's init args (flag + value pairs).
+        flags = [i for i, a in enumerate(args) if "representation.init_args" in a]
+        args = [a for i, a in enumerate(args) if i not in flags and i - 1 not in flags]
+    return ["fit", *args, *extra]
+
+
+@pytest.mark.parametrize(("config", "extra", "needle"), ICSSL_ROWS, ids=[r[2][:40] for r in ICSSL_ROWS])
+def test_icssl_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, config, extra, needle) -> None:
+    assert_rejected(tmp_path, capsys, _fit_args(tmp_path, config, extra), needle)
+
+
+def test_ckpt_path_that_is_not_a_checkpoint(tmp_path, capsys) -> None:
+    bogus = tmp_path / "notes.ckpt"
+    bogus.write_text("not a checkpoint")
+    line = assert_rejected(
+        tmp_path, capsys, ["fit", *tiny_args(tmp_path), "--ckpt_path", str(bogus)], "is not a PyTorch checkpoint"
+    )
+    assert line.startswith(f"lit_icl: error: --ckpt_path {bogus} is not a PyTorch checkpoint")
