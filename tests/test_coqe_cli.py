@@ -13,6 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from lit_icl.cli import LitICLCLI, main
 from lit_icl.coqe import CoQEClassificationModule
+from badinput import assert_rejected
 from test_coqe_data import write_omniglot_fixture
 
 
@@ -121,38 +122,50 @@ def test_test_accuracy_matches_an_independent_evaluation(tmp_path) -> None:
         assert torch.cat(hits).float().mean().item() == pytest.approx(row["value"])
 
 
-@pytest.mark.parametrize(
-    ("extra", "needle"),
-    [
-        (["--data.init_args.p_bursty", "1.5"], "p_bursty=1.5 must lie in [0, 1]"),
-        (["--data.init_args.source", "mnist"], "mnist"),  # refused by jsonargparse (a Literal)
-        (["--data.init_args.folder", "/no/such/omniglot"], "put torchvision's Omniglot folder"),
-        (["--data.init_args.batch_size", "6"], "batch_size=6 must be a positive multiple of chunk_size=4"),
-        (["--model.init_args.lr", "-1"], "lr=-1"),
-        (["--model.init_args.lr_schedule", "cosine"], "lr_schedule"),
-        (["--model.init_args.noise_interval", "0"], "noise_interval=0"),
-        (["--model.init_args.net.init_args.resnet_channels", "[8, 8, 8]"], "must be 4 integers"),
-        (["--model.init_args.net.init_args.context_logit", "mix"], "context_logit"),
-        (["--model.init_args.net.init_args.heads", "3"], "not divisible by heads=3"),
-    ],
-)
-def test_bad_input_fails_early_with_one_line(tmp_path, capsys, extra: list[str], needle: str) -> None:
-    with pytest.raises(SystemExit) as info:
-        main(["fit", *coqe_args(tmp_path), *extra])
-    assert info.value.code == 2
-    err = capsys.readouterr().err
-    ours = [ln for ln in err.splitlines() if ln.startswith("lit_icl: error:")]
-    assert needle in (ours[0] if ours else err), err[-2000:]
-    assert len(ours) <= 1
-    assert not (tmp_path / "runs").exists(), "nothing may be written before the input is checked"
+C = "configs/coqe_omniglot.yaml"
+T = "configs/transformer_omniglot.yaml"
+M = "--model.init_args."
+N = "--model.init_args.net.init_args."
+D = "--data.init_args."
+
+#: (config, extra args, needle): every row fails while parsing, constructing or binding model to data.
+COQE_ROWS: list[tuple[str, list[str], str]] = [
+    # --- parser
+    (C, [D + "source", "mnist"], "source"),
+    (C, [N + "context_logit", "mix"], "context_logit"),
+    (C, [M + "lr_schedule", "cosine"], "lr_schedule"),
+    (C, [N + "no_such_key", "1"], "no_such_key"),
+    # --- OmniglotSequenceDataModule
+    (C, [D + "p_bursty", "1.5"], "p_bursty=1.5 must lie in [0, 1]"),
+    (C, [D + "folder", "/no/such/omniglot"], "put torchvision's Omniglot folder"),
+    (C, [D + "batch_size", "6"], "batch_size=6 must be a positive multiple of chunk_size=4"),
+    (C, [D + "test_sequences", "0"], "test_sequences=0"),
+    (C, [D + "image_size", "4"], "image_size=4"),
+    (C, [D + "n_holdout", "1"], "at least 2 holdout classes"),
+    (C, [D + "n_common", "100"], "n_common=100"),
+    (C, [D + "zipf_alpha", "-0.5"], "zipf_alpha=-0.5 must be >= 0"),
+    (C, [D + "num_workers", "-1"], "num_workers=-1"),
+    # --- CoQEClassificationModule
+    (C, [M + "lr", "-1"], "lr=-1"),
+    (C, [M + "warmup_steps", "0"], "warmup_steps=0"),
+    (C, [M + "noise_interval", "0"], "noise_interval=0"),
+    (C, [M + "noise_std0", "-1"], "noise_std0=-1"),
+    (C, [M + "noise_delay", "-3"], "noise_delay=-3"),
+    # --- nets
+    (C, [N + "resnet_channels", "[8, 8, 8]"], "must be 4 integers"),
+    (C, [N + "heads", "3"], "not divisible by heads=3"),
+    (C, [N + "depth", "0"], "depth=0"),
+    (C, [N + "noise_k", "50"], "noise_k=50 exceeds n_classes=20"),
+    (T, [N + "heads", "5"], "not divisible by heads=5"),
+    # --- model vs data (bind_datamodule, before any run folder)
+    (C, [N + "n_classes", "1613"], "set model.init_args.net.init_args.n_classes: 20"),
+    (T, [N + "n_classes", "19"], "set model.init_args.net.init_args.n_classes: 20"),
+]
 
 
-def test_net_size_must_match_the_data(tmp_path, capsys) -> None:
-    with pytest.raises(SystemExit) as info:
-        main(["fit", *coqe_args(tmp_path, "--model.init_args.net.init_args.n_classes", "1613")])
-    assert info.value.code == 2
-    assert "set model.init_args.net.init_args.n_classes: 20" in capsys.readouterr().err
-    assert not (tmp_path / "runs").exists(), "checked before the run folder is created"
+@pytest.mark.parametrize(("config", "extra", "needle"), COQE_ROWS)
+def test_bad_input_fails_early_with_one_line(tmp_path, capsys, config: str, extra: list[str], needle: str) -> None:
+    assert_rejected(tmp_path, capsys, ["fit", *coqe_args(tmp_path, config=config), *extra], needle)
 
 
 SHIPPED = sorted(
