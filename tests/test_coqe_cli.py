@@ -185,3 +185,11 @@ def test_every_shipped_config_trains_on_the_tiny_fixture(tmp_path, config: str) 
     main(["fit", *coqe_args(tmp_path, *extra, config=config)])
     ckpt = torch.load(tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt", weights_only=False)
     assert ckpt["global_step"] == 2
+
+
+def test_bf16_mixed_trains_coqe_with_finite_losses(tmp_path) -> None:
+    main(["fit", *coqe_args(tmp_path, "--trainer.precision", "bf16-mixed")])
+    scalars = _scalars(tmp_path / "runs/tiny/version_0")
+    for tag in ("train/loss", "train/loss_mod", "train/loss_orig"):
+        assert scalars[tag] and all(torch.isfinite(torch.tensor(scalars[tag]))), tag
+    assert 0.0 <= scalars["val/acc/icl"][-1] <= 1.0
