@@ -105,6 +105,7 @@ def main() -> None:
     parser.add_argument("--deterministic", choices=["true", "false"], default="true")
     args = parser.parse_args()
     deterministic = args.deterministic == "true"
+    torch.utils.deterministic.fill_uninitialized_memory = False  # as lit_icl.cli.main does
 
     cli = LitICLCLI(
         LightningModule,

@@ -113,7 +113,7 @@ class ICSSLModule(ICLModule):
             store.update({_slot(r): MeanMetric() for r in self.label_ratios})
 
     def bind_datamodule(self, datamodule: LightningDataModule) -> None:
-        """Take ``n_points`` and ``eval_label_ratios`` from the data and check the net against them."""
+        """Take ``n_points`` and ``eval_label_ratios`` from the data (and check the model's own ratios, if set)."""
         n = getattr(datamodule, "n_points", None)
         ratios = getattr(datamodule, "eval_label_ratios", None)
         if n is None or ratios is None:
@@ -121,18 +121,7 @@ class ICSSLModule(ICLModule):
                 f"{type(datamodule).__name__} has no n_points/eval_label_ratios; ICSSLModule needs an IC-SSL "
                 "data module such as lit_icl.icssl.ManifoldDataModule"
             )
-        net_n = getattr(self.net, "n_points", None)
-        if net_n is not None and net_n != n:
-            raise ConfigError(
-                f"the net was built for n_points={net_n} but the data has n_points={n}; "
-                f"set the representation's n_points to {n}"
-            )
-        rep = getattr(self.net, "representation", None)
-        k = getattr(rep, "n_neighbors", None)
-        if k is not None and not 1 <= k <= n - 1:
-            raise ConfigError(
-                f"n_neighbors={k} but episodes have only {n} points; choose 1 <= n_neighbors <= {n - 1}"
-            )
+        # The nets check themselves against the data (`check_config`, called by the CLI before a run starts).
         if self.hparams.get("label_ratios") is not None:
             mine = [float(r) for r in self.hparams.label_ratios]
             if mine != [float(r) for r in ratios]:

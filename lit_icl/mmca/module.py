@@ -1,0 +1,260 @@
+"""The LightningModule for multi-modal ICL on latent-factor prompts: the empirical loss of Sec. 6 and the
+test protocol of Sec. 7 / App. G-H.
+
+Training minimises ``l_{N, L_tr} = (1/N) sum_j (y_q^(j) - y_hat_q^(j))^2`` by (full-batch, if the data module
+says so) gradient descent. ``test`` sweeps the test context lengths ``L_te`` (and, for nets whose weights are
+tied across layers, the depths ``test_depths``) on the same fixed test prompts and reports, per setting:
+
+- ``icl_error``: ``mean (y_hat_q - <w, x_q>)^2``, the squared distance to the Bayes predictor of Eq. (3.3),
+  which the ICL criterion (4.1) asks to vanish as ``L_te -> inf`` (the Bayes predictor scores 0);
+- ``mse``: ``mean (y_hat_q - y_q)^2``, which adds the irreducible ``E[1/Z]`` (the Bayes predictor's MSE).
+
+The parameter-free in-context sample mean and the Bayes predictor run next to the net (``baselines``). Nets
+with layer weights add ``alpha_hat`` / ``beta_hat`` per layer (App. H's normalised traces) and ``alpha_star``; the
+:class:`~lit_icl.mmca.diagnostics.WhiteningDiagnostic` callback adds ``whitening_residual`` per layer.
+All of it lands in ``self.test_rows`` (tidy rows, one number each) and :meth:`test_figures` draws Figs. 2, 3, 5, 6.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch import Tensor, nn
+from torchmetrics import MeanMetric
+
+from lit_icl.core.errors import ConfigError
+from lit_icl.core.module import ICLModule
+from lit_icl.core.results import result_row
+from lit_icl.mmca.data import alpha_star, bayes_weights
+from lit_icl.mmca.nets import BayesOptimal, DeepCrossAttention, SampleMean, count_parameters
+from lit_icl.mmca.theory import alpha_star_depth
+
+
+def method_name(net: nn.Module) -> str:
+    """The ``method`` of a net's rows: its ``method`` attribute, else its class name."""
+    return str(getattr(net, "method", type(net).__name__))
+
+
+class LatentFactorICLModule(ICLModule):
+    """Trains a net of :mod:`lit_icl.mmca.nets` on the squared query error and runs the ``L_te`` / depth sweep.
+
+    Args:
+        net: e.g. ``DeepCrossAttention(parametrization="one")`` (default), ``SingleLayerLSA()``, ``SampleMean()``.
+        lr: learning rate.
+        optimizer: ``sgd`` (plain gradient descent, App. H) or ``adam``.
+        momentum: SGD momentum (0 is plain gradient descent).
+        weight_decay: L2 penalty of the optimiser.
+        test_depths: depths at which a net with tied weights is also evaluated (default: its own depth only).
+        baselines: also evaluate the sample mean and the Bayes predictor on the test prompts.
+    """
+
+    def __init__(
+        self,
+        net: nn.Module | None = None,
+        lr: float = 0.01,
+        optimizer: str = "sgd",
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        test_depths: Sequence[int] | None = None,
+        baselines: bool = True,
+    ):
+        super().__init__()
+        self.save_reloadable_hparams()
+        self.net = net if net is not None else DeepCrossAttention()
+        if not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
+            raise ConfigError(f"lr={lr!r} must be a positive number")
+        if optimizer not in ("sgd", "adam"):
+            raise ConfigError(
+                f"unknown optimizer {optimizer!r}; choose 'sgd' (gradient descent, App. H) or 'adam'"
+            )
+        for name, value in (("momentum", momentum), ("weight_decay", weight_decay)):
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ConfigError(f"{name}={value!r} must be a finite number >= 0")
+        net_depth = getattr(self.net, "depth", None)
+        if test_depths is not None:
+            depths = list(test_depths)
+            if not depths or any(not isinstance(t, int) or isinstance(t, bool) or t < 1 for t in depths):
+                raise ConfigError(f"test_depths={depths!r} must be a non-empty list of positive integers")
+            if net_depth is None:
+                raise ConfigError(
+                    f"test_depths needs a net with layers; {type(self.net).__name__} has none, drop it"
+                )
+            if not getattr(self.net, "tied", False) and depths != [net_depth]:
+                raise ConfigError(
+                    f"test_depths={depths} needs weights tied across layers (parametrization 'one' or 'two'); "
+                    f"this net is trained for depth {net_depth} only"
+                )
+            self.test_depths = sorted(set(depths))
+        else:
+            self.test_depths = [net_depth] if net_depth is not None else [None]
+        self.method = method_name(self.net)
+        self.baseline_nets = nn.ModuleList([SampleMean(), BayesOptimal()]) if baselines else nn.ModuleList()
+        self.val_mse = MeanMetric()
+        self.val_icl = MeanMetric()
+        self.test_metrics = nn.ModuleDict()
+        self.extra_test_rows: list[dict[str, Any]] = []
+        self.context_lengths: list[int] | None = None
+        self.norm_range: tuple[float, float] | None = None
+
+    # ---------------------------------------------------------------- wiring with the data
+    def bind_datamodule(self, datamodule: LightningDataModule) -> None:
+        """Check the net against the data's ``d`` and ``norm_range``; take the test context lengths from it."""
+        dm = datamodule
+        d = getattr(dm, "d", None)
+        net_d = getattr(self.net, "d", None)
+        if d is not None and net_d is not None and d != net_d:
+            raise ConfigError(
+                f"the net was built for d={net_d} but the data has d = d1 + d2 = {d}; set the net's d to {d}"
+            )
+        nr = getattr(dm, "norm_range", None)
+        net_nr = getattr(self.net, "norm_range", None)
+        if nr is not None and net_nr is not None and tuple(nr) != tuple(net_nr):
+            raise ConfigError(
+                f"the net's norm_range={tuple(net_nr)} (used for its alpha* initialisation) differs from the "
+                f"data's norm_range={tuple(nr)}; set the net's norm_range to {list(nr)}"
+            )
+        self.norm_range = tuple(nr) if nr is not None else None
+        lengths = getattr(dm, "test_context_lengths", None)
+        self.context_lengths = list(lengths) if lengths is not None else None
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        if stage == "fit" and count_parameters(self.net) == 0:
+            raise ConfigError(
+                f"{type(self.net).__name__} has no trainable parameters; evaluate it with `test` instead of `fit`"
+            )
+
+    # ---------------------------------------------------------------- training
+    def forward(
+        self, batch: dict[str, Tensor], depth: int | None = None, net: nn.Module | None = None
+    ) -> Tensor:
+        net = self.net if net is None else net
+        kwargs = {"depth": depth} if depth is not None and isinstance(net, DeepCrossAttention) else {}
+        return net(batch["x"], batch["y"], batch["x_query"], batch.get("m"), batch.get("zeta"), **kwargs)
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        pred = self(batch)
+        loss = (pred - batch["y_query"].float()).pow(2).mean()  # l_{N, L_tr} on this batch (Sec. 6)
+        self.log("train/loss", loss, prog_bar=True)
+        if getattr(self.net, "tied", False):
+            self.log("train/alpha", self.net.alpha.detach())
+            if hasattr(self.net, "beta"):
+                self.log("train/beta", self.net.beta.detach())
+        return loss
+
+    @staticmethod
+    def _errors(pred: Tensor, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """Per-prompt squared distance to the Bayes prediction and to ``y_q``."""
+        bayes = (bayes_weights(batch["m"].float(), batch["zeta"].float()) * batch["x_query"].float()).sum(-1)
+        return (pred - bayes).pow(2), (pred - batch["y_query"].float()).pow(2)
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        icl, mse = self._errors(self(batch), batch)
+        self.val_icl.update(icl)
+        self.val_mse.update(mse)
+        self.log("val/icl_error", self.val_icl, on_step=False, on_epoch=True, prog_bar=True)
+        self.log("val/mse", self.val_mse, on_step=False, on_epoch=True)
+
+    # ---------------------------------------------------------------- test protocol
+    def _metric(self, key: str) -> MeanMetric:
+        if key not in self.test_metrics:
+            self.test_metrics[key] = MeanMetric().to(self.device)
+        return self.test_metrics[key]
+
+    def on_test_epoch_start(self) -> None:
+        self.test_metrics = nn.ModuleDict()
+        self.test_rows = []
+
+    def _lengths(self, batch: dict[str, Tensor]) -> list[int]:
+        available = batch["x"].shape[1]
+        lengths = self.context_lengths or [available]
+        too_long = [L for L in lengths if L > available]
+        if too_long:
+            raise ValueError(f"test context lengths {too_long} exceed the prompts' {available} tokens")
+        return lengths
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        for L in self._lengths(batch):
+            # Shorter contexts are prefixes of the same prompts: every L_te is scored on the same tasks.
+            sub = dict(batch, x=batch["x"][:, :L], y=batch["y"][:, :L])
+            runs = [(self.method, depth, self.net) for depth in self.test_depths]
+            runs += [(method_name(b), None, b) for b in self.baseline_nets]
+            for method, depth, net in runs:
+                icl, mse = self._errors(self(sub, depth=depth, net=net), batch)
+                key = f"{method}__T{depth}__L{L}"
+                self._metric(f"icl_error__{key}").update(icl)
+                self._metric(f"mse__{key}").update(mse)
+
+    def on_test_epoch_end(self) -> None:
+        rows: list[dict[str, Any]] = []
+        for key, metric in self.test_metrics.items():
+            name, method, depth, length = key.split("__")
+            value = metric.compute()  # synced across ranks by torchmetrics
+            coords: dict[str, Any] = {"context_length": int(length[1:])}
+            if depth != "TNone":
+                coords["depth"] = int(depth[1:])
+            rows.append(result_row(name, float(value), method=method, **coords))
+            tag = "/".join(f"{k}={v}" for k, v in coords.items())
+            self.log(f"test/{name}/{method}/{tag}", value, sync_dist=True)
+        rows += self._layer_rows()
+        rows += list(self.extra_test_rows)
+        self.extra_test_rows = []
+        self.test_rows = rows
+
+    def _layer_rows(self) -> list[dict[str, Any]]:
+        """``alpha_hat_t = tr(W^S_t)/d``, ``beta_hat_t = tr(W^V_t)/d`` (App. H) and ``alpha*`` (Theorem 6.2)."""
+        net = self.net
+        if not hasattr(net, "layer_weights"):
+            return []
+        rows = []
+        ws, wv = net.layer_weights()
+        d, depth = ws.shape[-1], ws.shape[0]
+        for t in range(depth):
+            # layer t+1 computes F_{t+1} from (W^S_t, W^V_t): the same index as the whitening diagnostic
+            rows.append(
+                result_row(
+                    "alpha_hat",
+                    float(ws[t].diagonal().sum() / d),
+                    method=self.method,
+                    layer=t + 1,
+                    depth=depth,
+                )
+            )
+            rows.append(
+                result_row(
+                    "beta_hat",
+                    float(wv[t].diagonal().sum() / d),
+                    method=self.method,
+                    layer=t + 1,
+                    depth=depth,
+                )
+            )
+        norm_range = self.norm_range or getattr(net, "norm_range", None)
+        if norm_range is not None:
+            rows.append(result_row("alpha_star", alpha_star(norm_range), method="theory"))
+            rows.append(
+                result_row("alpha_star_T", alpha_star_depth(depth, norm_range), method="theory", depth=depth)
+            )
+        return rows
+
+    # ---------------------------------------------------------------- figures
+    def test_figures(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """Figs. 2 (left, right), 3 (left, right), 5 and 6 from tidy rows (also rows gathered from several runs).
+
+        Returns matplotlib figures by name; a figure is left out when the rows hold nothing for it.
+        """
+        from lit_icl.mmca.figures import mmca_figures
+
+        return mmca_figures(rows)
+
+    # ---------------------------------------------------------------- optimisation
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        hp = self.hparams
+        params = [p for p in self.parameters() if p.requires_grad]
+        if hp.optimizer == "adam":
+            return torch.optim.Adam(params, lr=hp.lr, weight_decay=hp.weight_decay)
+        return torch.optim.SGD(params, lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
