@@ -1,0 +1,553 @@
+"""Omniglot-style bursty/Zipfian image-label sequences (Chan et al. 2022; CoQE Sec. 5.2, App. C.2).
+
+Images. One reader serves both sources, torchvision's Omniglot layout::
+
+    <folder>/images_background/<alphabet>/<character>/<id>_<drawer>.png
+    <folder>/images_evaluation/<alphabet>/<character>/<id>_<drawer>.png
+
+- ``omniglot``: the real data set (``data/omniglot-py``, torchvision's folder name);
+- ``glyphs``: the offline stand-in built by :mod:`lit_icl.coqe.glyphs` (``data/glyphs``), font glyphs drawn by
+  20 simulated "drawers". It is *not* Omniglot; its numbers are not the paper's.
+
+All images live in one uint8 tensor ``bank (C, K, H, W)`` (class, exemplar), cached as a ``.pt`` file next to
+the folder and moved once to the training device. A batch leaves the DataLoader as index tensors only
+(``classes``, ``exemplars``, ``augment``, ``labels``, each ``(B, 9)``); :meth:`OmniglotSequenceDataModule.
+on_after_batch_transfer` gathers the images on the device (``images (B, 9, H, W)`` float in [0, 1], ink 0,
+background 1 as in Chan et al.).
+
+Sequences (8 image-label pairs, then a query; labels of the training classes fixed throughout training):
+
+- training: with probability ``p_bursty`` a bursty sequence (3 context items of the query's class, 3 of one
+  distractor class, 2 i.i.d. Zipfian items, context shuffled), otherwise 9 i.i.d. Zipfian items;
+- ICL evaluator: two holdout classes x 4 images, labels 0/1 assigned at random per sequence, query from one
+  of them; accuracy over {0, 1};
+- IWL evaluator: query class Zipfian, the 8 context classes i.i.d. Zipfian among the *other* training classes;
+  training labels; accuracy over all training labels.
+
+Every chunk of sequences is a pure function of ``(data_seed, split, index)``; training uses
+:class:`~lit_icl.core.data.EpochSampler`, so epochs are fresh and resume is exact.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from lit_icl.core.data import EpochSampler, collate_chunks
+from lit_icl.core.errors import ConfigError
+from lit_icl.core.seeding import make_generator
+
+SPLIT_FOLDERS = ("images_background", "images_evaluation")
+SEQ_LEN = 9  # 8 image-label pairs and the query
+BURSTY_SHOTS = 3  # context items of the query's class (and of the distractor) in a bursty sequence
+ICL_SHOTS = 4  # images per holdout class in an ICL evaluation sequence
+N_AUGMENT = 8  # flip_lr x rot90 k
+Source = Literal["auto", "omniglot", "glyphs"]
+Evaluator = Literal["icl", "iwl"]
+EVALUATORS: tuple[Evaluator, Evaluator] = ("icl", "iwl")
+
+OMNIGLOT_HELP = (
+    "put torchvision's Omniglot folder (omniglot-py with images_background/ and images_evaluation/) under "
+    "data/, or set data.init_args.source: glyphs to run on the offline stand-in"
+)
+
+
+# ------------------------------------------------------------------------------------------ folders
+@dataclass(frozen=True)
+class FolderIndex:
+    """The PNG files of an Omniglot-layout folder: ``files[c][k]`` is exemplar ``k`` of class ``c``.
+
+    Classes are ordered by (split folder, alphabet, character) names, sorted (torchvision lists them with
+    ``os.listdir``, whose order depends on the file system); exemplars by file name.
+    """
+
+    root: Path
+    class_names: list[str]
+    files: list[list[Path]]
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.files)
+
+    @property
+    def n_exemplars(self) -> int:
+        return len(self.files[0])
+
+    def fingerprint(self) -> tuple[int, int]:
+        """(number of files, total bytes): changes when the folder's content does."""
+        paths = [p for cls in self.files for p in cls]
+        return len(paths), sum(p.stat().st_size for p in paths)
+
+
+def index_folder(root: str | os.PathLike[str]) -> FolderIndex:
+    """List an Omniglot-layout folder; raise :class:`ConfigError` (one line) when it is missing or malformed."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ConfigError(f"image folder {root} does not exist; {OMNIGLOT_HELP}")
+    present = [s for s in SPLIT_FOLDERS if (root / s).is_dir()]
+    if not present:
+        raise ConfigError(f"{root} has neither images_background/ nor images_evaluation/; {OMNIGLOT_HELP}")
+    names: list[str] = []
+    files: list[list[Path]] = []
+    for split in present:
+        for alphabet in sorted(p for p in (root / split).iterdir() if p.is_dir()):
+            for char in sorted(p for p in alphabet.iterdir() if p.is_dir()):
+                pngs = sorted(p for p in char.iterdir() if p.suffix.lower() == ".png")
+                if not pngs:
+                    raise ConfigError(f"character folder {char} has no .png files; {OMNIGLOT_HELP}")
+                names.append(f"{split}/{alphabet.name}/{char.name}")
+                files.append(pngs)
+    if not files:
+        raise ConfigError(f"{root} holds no alphabet/character/*.png folders; {OMNIGLOT_HELP}")
+    counts = {len(f) for f in files}
+    if len(counts) > 1:
+        bad = next(n for n, f in zip(names, files) if len(f) != len(files[0]))
+        raise ConfigError(
+            f"characters in {root} have different numbers of drawings ({sorted(counts)}, e.g. {bad}); "
+            "every character needs the same number (20 in Omniglot)"
+        )
+    return FolderIndex(root, names, files)
+
+
+def _png_to_tensor(path: Path, size: int) -> Tensor:
+    from PIL import Image  # Pillow comes with torchvision
+
+    with Image.open(path) as im:
+        im = im.convert("L")
+        if im.size != (size, size):
+            # Area-averaging keeps thin strokes visible when downsampling (e.g. to 28x28).
+            im = im.resize((size, size), Image.Resampling.BOX)
+        return torch.frombuffer(bytearray(im.tobytes()), dtype=torch.uint8).view(size, size)
+
+
+def load_bank(root: str | os.PathLike[str], image_size: int = 105) -> Tensor:
+    """All images of a folder as uint8 ``(C, K, image_size, image_size)`` (0 = ink, 255 = background).
+
+    The first call reads the PNGs and caches the tensor as ``<root>/lit_icl_bank_<size>.pt`` (keyed by the
+    folder's fingerprint); later calls load it in about a second.
+    """
+    index = index_folder(root)
+    cache = Path(root) / f"lit_icl_bank_{image_size}.pt"
+    fingerprint = index.fingerprint()
+    if cache.is_file():
+        try:
+            saved = torch.load(cache, map_location="cpu", weights_only=True)
+            if tuple(saved["fingerprint"]) == fingerprint and saved["class_names"] == index.class_names:
+                return saved["images"]
+        except Exception:  # noqa: BLE001 - a stale or partial cache is rebuilt
+            pass
+    images = torch.stack(
+        [torch.stack([_png_to_tensor(p, image_size) for p in cls]) for cls in index.files]
+    )
+    save_bank(index, images, fingerprint)
+    return images
+
+
+def save_bank(index: FolderIndex, images: Tensor, fingerprint: tuple[int, int] | None = None) -> Path:
+    """Write the bank cache of ``index.root`` for ``images (C, K, S, S)`` (atomically: write, then rename)."""
+    cache = index.root / f"lit_icl_bank_{images.shape[-1]}.pt"
+    tmp = cache.with_suffix(".tmp")
+    fp = list(fingerprint if fingerprint is not None else index.fingerprint())
+    torch.save({"images": images, "fingerprint": fp, "class_names": index.class_names}, tmp)
+    os.replace(tmp, cache)  # a concurrent reader never sees half a file
+    return cache
+
+
+# ------------------------------------------------------------------------------------------ classes
+@dataclass(frozen=True)
+class ClassSplit:
+    """Chan et al.'s class split over ``n_base * (8 if augment else 1)`` classes.
+
+    A fixed permutation (seeded by ``class_seed``; augmented classes of one character stay together) is cut
+    into rare (first), common (next ``n_common``) and holdout (last ``n_holdout``) classes. The *training
+    classes* are rare ++ common; training class ``i`` has label ``i`` and Zipf weight
+    ``1 / (N - i)^alpha``, so common classes form the head of the distribution (rank 1 = the last one) and
+    labels 0, 1 (reused by the ICL evaluator) belong to the rarest classes, as in Chan et al.
+
+    Attributes:
+        train: class ids of the training classes in label order, ``(N,)``.
+        holdout: class ids never shown in training, ``(n_holdout,)``.
+        n_common: how many of the last training classes are "common".
+        probs: Zipf probabilities of the training classes, ``(N,)``.
+        augment: whether class ids encode an augmentation (``id = 8 * base + a``).
+    """
+
+    train: Tensor
+    holdout: Tensor
+    n_common: int
+    probs: Tensor
+    augment: bool
+
+    @property
+    def common(self) -> Tensor:
+        return self.train[len(self.train) - self.n_common :]
+
+    @property
+    def rare(self) -> Tensor:
+        return self.train[: len(self.train) - self.n_common]
+
+
+def make_class_split(
+    n_base: int, n_holdout: int, n_common: int, zipf_alpha: float, augment: bool = False, class_seed: int = 1337
+) -> ClassSplit:
+    """Build the :class:`ClassSplit` (see there); raise :class:`ConfigError` when the sizes do not fit."""
+    group = N_AUGMENT if augment else 1
+    total = n_base * group
+    if n_holdout < 2:
+        raise ConfigError(f"n_holdout={n_holdout}: the ICL evaluator needs at least 2 holdout classes")
+    if n_holdout % group:
+        raise ConfigError(f"n_holdout={n_holdout} must be a multiple of 8 with augment (whole characters)")
+    if n_common < 0 or n_common > total - n_holdout - 2:
+        raise ConfigError(f"n_common={n_common} leaves no rare classes ({total} classes, {n_holdout} holdout)")
+    if total - n_holdout < 2:
+        raise ConfigError(f"{total} classes with n_holdout={n_holdout} leave fewer than 2 training classes")
+    if zipf_alpha < 0:
+        raise ConfigError(f"zipf_alpha={zipf_alpha} must be >= 0 (0 = uniform)")
+    g = make_generator("coqe-class-permutation", class_seed)
+    base = torch.randperm(n_base, generator=g)
+    perm = (base[:, None] * group + torch.arange(group)).flatten()
+    train, holdout = perm[: total - n_holdout], perm[total - n_holdout :]
+    n = len(train)
+    weights = (n - torch.arange(n, dtype=torch.float64)) ** (-float(zipf_alpha))
+    return ClassSplit(train, holdout, n_common, (weights / weights.sum()).float(), augment)
+
+
+# ------------------------------------------------------------------------------------------ sequences
+def _pick_exemplars(classes: Tensor, n_exemplars: int, g: torch.Generator) -> Tensor:
+    """Exemplar ids ``(B, S)``, distinct within a sequence for each class while it has drawings left.
+
+    Chan et al. draw a class's exemplars without replacement within a sequence. Vectorised: each sequence
+    gets a random permutation ``pi`` of the exemplars and each class a random offset ``o``; the ``r``-th
+    occurrence of the class takes ``pi[(o + r) mod K]``.
+    """
+    b, s = classes.shape
+    perm = torch.rand(b, n_exemplars, generator=g).argsort(-1)
+    offset = torch.randint(n_exemplars, (b, s), generator=g)
+    same = classes[:, :, None] == classes[:, None, :]  # (B, S, S)
+    first = same.int().argmax(-1)  # first position of each position's class
+    earlier = torch.ones(s, s, dtype=torch.bool).tril(-1)
+    rank = (same & earlier).sum(-1)
+    slot = (offset.gather(1, first) + rank) % n_exemplars
+    return perm.gather(1, slot)
+
+
+def _zipf(probs: Tensor, shape: tuple[int, ...], g: torch.Generator) -> Tensor:
+    """i.i.d. training-class labels with Zipf probabilities."""
+    n = int(torch.tensor(shape).prod())
+    return torch.multinomial(probs, n, replacement=True, generator=g).view(shape)
+
+
+def _zipf_excluding(probs: Tensor, exclude: Tensor, k: int, g: torch.Generator) -> Tensor:
+    """``(B, k)`` i.i.d. labels per row from the Zipf distribution renormalised without ``exclude[b]``."""
+    rows = probs.double().expand(len(exclude), -1).clone()
+    rows.scatter_(1, exclude[:, None], 0.0)
+    # Inverse-CDF sampling: row-wise torch.multinomial is ~100x slower here. The excluded class has an empty
+    # interval (cdf[j] == cdf[j - 1]), so searchsorted(right=True) can never return it.
+    cdf = rows.cumsum(1)
+    u = torch.rand(len(exclude), k, generator=g, dtype=torch.float64) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).clamp_max(rows.shape[1] - 1)
+
+
+def _shuffle_context(labels: Tensor, g: torch.Generator) -> Tensor:
+    order = torch.rand(labels.shape, generator=g).argsort(-1)
+    return labels.gather(1, order)
+
+
+def training_labels(split: ClassSplit, b: int, p_bursty: float, g: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Training sequences as labels ``(B, 9)`` (the query last), and which of them are bursty ``(B,)``.
+
+    Bursty (Chan et al.'s ``get_bursty_seq`` with 3 shots x 2 ways): query class ``q`` ~ Zipf; a distractor
+    ``d`` ~ Zipf without ``q``; context = 3 x ``q``, 3 x ``d`` and 2 i.i.d. Zipfian items, shuffled.
+    Otherwise 9 i.i.d. Zipfian items.
+    """
+    probs = split.probs
+    q = _zipf(probs, (b,), g)
+    d = _zipf_excluding(probs, q, 1, g)[:, 0]
+    rest = _zipf(probs, (b, SEQ_LEN - 1 - 2 * BURSTY_SHOTS), g)
+    ctx = torch.cat([q[:, None].expand(b, BURSTY_SHOTS), d[:, None].expand(b, BURSTY_SHOTS), rest], 1)
+    bursty_seq = torch.cat([_shuffle_context(ctx, g), q[:, None]], 1)
+    iid = _zipf(probs, (b, SEQ_LEN), g)
+    bursty = torch.rand(b, generator=g) < p_bursty
+    return torch.where(bursty[:, None], bursty_seq, iid), bursty
+
+
+def iwl_labels(split: ClassSplit, b: int, g: torch.Generator) -> Tensor:
+    """IWL evaluator: query ~ Zipf, 8 context items i.i.d. Zipf among the other training classes."""
+    q = _zipf(split.probs, (b,), g)
+    ctx = _zipf_excluding(split.probs, q, SEQ_LEN - 1, g)
+    return torch.cat([ctx, q[:, None]], 1)
+
+
+def icl_sequences(split: ClassSplit, b: int, g: torch.Generator) -> tuple[Tensor, Tensor]:
+    """ICL evaluator: ``(class ids (B, 9), labels (B, 9))`` from two distinct holdout classes.
+
+    Four images of each class in shuffled order, labels 0/1 assigned at random per sequence, and a query of
+    one of the two classes. (Chan et al. draw the two classes with replacement, so with 10 holdout classes 10 %
+    of their sequences show one class under both labels; the paper says two classes, so they are distinct.)
+    """
+    pair = torch.rand(b, len(split.holdout), generator=g).argsort(-1)[:, :2]
+    swap = torch.randint(2, (b, 1), generator=g)
+    pair_labels = torch.cat([swap, 1 - swap], 1)  # label of pair[:, 0], pair[:, 1]
+    which = torch.tensor([0] * ICL_SHOTS + [1] * ICL_SHOTS).expand(b, -1)
+    which = _shuffle_context(which, g)
+    q = torch.randint(2, (b, 1), generator=g)
+    which = torch.cat([which, q], 1)
+    classes = split.holdout[pair.gather(1, which)]
+    return classes, pair_labels.gather(1, which)
+
+
+def sample_chunk(
+    split: ClassSplit, kind: Literal["train", "icl", "iwl"], b: int, n_exemplars: int, g: torch.Generator,
+    p_bursty: float = 0.9,
+) -> dict[str, Tensor]:
+    """One chunk of ``b`` sequences as index tensors (all ``(b, 9)``, int64).
+
+    ``classes``: bank class (character) ids; ``exemplars``: drawing ids; ``augment``: 0..7 (flip x rot90);
+    ``labels``: the labels shown in the context (first 8) and the query's target (last).
+    """
+    if kind == "icl":
+        class_ids, labels = icl_sequences(split, b, g)
+    else:
+        labels = training_labels(split, b, p_bursty, g)[0] if kind == "train" else iwl_labels(split, b, g)
+        class_ids = split.train[labels]
+    base, aug = (class_ids // N_AUGMENT, class_ids % N_AUGMENT) if split.augment else (class_ids, torch.zeros_like(class_ids))
+    return {"classes": base, "exemplars": _pick_exemplars(class_ids, n_exemplars, g), "augment": aug, "labels": labels}
+
+
+def gather_images(bank: Tensor, classes: Tensor, exemplars: Tensor, augment: Tensor | None = None) -> Tensor:
+    """``images (B, S, H, W)`` float in [0, 1] from the uint8 bank, with Chan et al.'s class augmentation.
+
+    ``augment = 4 * flip + k``: flip left-right if ``flip``, then rotate by ``k`` quarter turns (counter-
+    clockwise), selected by masks over the whole batch (no per-image Python).
+    """
+    x = bank[classes, exemplars]  # (B, S, H, W) uint8
+    if augment is not None and bool((augment != 0).any()):
+        x = torch.where((augment >= 4)[..., None, None], x.flip(-1), x)
+        k = augment % 4
+        # Rotate only the images that need each turn (masks, not Python loops over images).
+        for turns in (1, 2, 3):
+            sel = k == turns
+            x[sel] = x[sel].rot90(turns, dims=(-2, -1))
+    return x.float() / 255.0
+
+
+class SequenceChunks(Dataset):
+    """Chunks of ``chunk_size`` sequences; item ``i`` is seeded by ``(data_seed, kind, i)``."""
+
+    def __init__(
+        self, split: ClassSplit, kind: Literal["train", "icl", "iwl"], chunk_size: int, length: int,
+        n_exemplars: int, data_seed: int, p_bursty: float,
+    ):
+        self.split, self.kind, self.chunk_size, self.length = split, kind, chunk_size, length
+        self.n_exemplars, self.data_seed, self.p_bursty = n_exemplars, data_seed, p_bursty
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict[str, Tensor]:
+        g = make_generator(self.data_seed, self.kind, int(index))
+        return sample_chunk(self.split, self.kind, self.chunk_size, self.n_exemplars, g, self.p_bursty)
+
+
+# ------------------------------------------------------------------------------------------ data module
+def resolve_source(source: str, root: str | os.PathLike[str], folder: str | None) -> tuple[str, Path]:
+    """``(source name, folder)``: ``auto`` is Omniglot if ``<root>/omniglot-py`` exists, else ``glyphs``."""
+    root = Path(root)
+    if source not in ("auto", "omniglot", "glyphs"):
+        raise ConfigError(f"source={source!r}; choose auto, omniglot or glyphs (the offline stand-in)")
+    if source == "auto":
+        source = "omniglot" if (root / "omniglot-py").is_dir() else "glyphs"
+    if folder is not None:
+        return source, Path(folder)
+    return source, root / ("omniglot-py" if source == "omniglot" else "glyphs")
+
+
+class OmniglotSequenceDataModule(LightningDataModule):
+    """Bursty/Zipfian image-label sequences on Omniglot or the ``glyphs`` stand-in (CoQE Sec. 5.2, App. C.2).
+
+    Args:
+        source: ``auto`` (Omniglot if ``<root>/omniglot-py`` exists, else ``glyphs``), ``omniglot`` or
+            ``glyphs``. One log line says which was used; the module records it in its results.
+        root: folder holding ``omniglot-py/`` and/or ``glyphs/``.
+        folder: explicit image folder (Omniglot layout), overriding ``root``.
+        download: for ``omniglot``: fetch it with torchvision when missing (needs a network).
+        build_glyphs: for ``glyphs``: build the stand-in on first use when the folder is missing.
+        image_size: side of the images fed to the ResNet (105 as Chan et al.; 28 is their downsample option).
+        augment: Chan et al.'s 8x class augmentation (flip x rotation), 12,984 classes from 1,623.
+        n_holdout: classes never trained on, used by the ICL evaluator (10).
+        n_common: the head of the Zipf ranking called "common" (10).
+        zipf_alpha: Zipf exponent alpha (p(rank r) ~ r^-alpha; 0 = uniform; 1 = the "sweet spot").
+        p_bursty: fraction of bursty training sequences (0.9).
+        batch_size: training sequences per step (24 as App. C.2; per device under DDP).
+        chunk_size: sequences generated per dataset item; divides ``batch_size``, ``eval_batch_size`` and
+            the evaluation set sizes.
+        train_batches_per_epoch: steps per epoch (a checkpoint and a validation at every epoch end).
+        val_sequences: sequences per evaluator in validation (fixed set).
+        test_sequences: sequences per evaluator in test (fixed set).
+        eval_batch_size: sequences per validation/test step.
+        data_seed: seed of all sequences.
+        class_seed: seed of the class permutation (the split into rare/common/holdout).
+        num_workers: DataLoader workers; index sampling takes well under a millisecond per batch, so 0.
+    """
+
+    def __init__(
+        self,
+        source: Source = "auto",
+        root: str = "data",
+        folder: str | None = None,
+        download: bool = False,
+        build_glyphs: bool = True,
+        image_size: int = 105,
+        augment: bool = False,
+        n_holdout: int = 10,
+        n_common: int = 10,
+        zipf_alpha: float = 1.0,
+        p_bursty: float = 0.9,
+        batch_size: int = 24,
+        chunk_size: int = 8,
+        train_batches_per_epoch: int = 1000,
+        val_sequences: int = 512,
+        test_sequences: int = 4096,
+        eval_batch_size: int = 128,
+        data_seed: int = 0,
+        class_seed: int = 1337,
+        num_workers: int = 0,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        if not 0.0 <= p_bursty <= 1.0:
+            raise ConfigError(f"p_bursty={p_bursty} must lie in [0, 1]")
+        if isinstance(image_size, bool) or not isinstance(image_size, int) or not 8 <= image_size <= 512:
+            raise ConfigError(f"image_size={image_size!r} must be an integer in [8, 512] (105 native, 28 downsampled)")
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ConfigError(f"chunk_size={chunk_size!r} must be a positive integer")
+        for name, value in (
+            ("batch_size", batch_size), ("eval_batch_size", eval_batch_size),
+            ("val_sequences", val_sequences), ("test_sequences", test_sequences),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value % chunk_size:
+                raise ConfigError(
+                    f"{name}={value!r} must be a positive multiple of chunk_size={chunk_size}; change one of them"
+                )
+        if train_batches_per_epoch < 1:
+            raise ConfigError(f"train_batches_per_epoch={train_batches_per_epoch} must be >= 1")
+        if num_workers < 0:
+            raise ConfigError(f"num_workers={num_workers} must be >= 0")
+        self.source, self.folder = resolve_source(source, root, folder)
+        rank_zero_info(f"lit_icl.coqe: image source = {self.source} ({self.folder})")
+        self._check_folder(download, build_glyphs)
+        self.n_base = self._count_classes()
+        self.split = make_class_split(self.n_base, n_holdout, n_common, zipf_alpha, augment, class_seed)
+        #: Output classes of the nets: the training classes (labels 0 .. n_labels - 1).
+        self.n_labels = len(self.split.train)
+        self.bank: Tensor | None = None
+
+    # -------------------------------------------------------------- source
+    def _check_folder(self, download: bool, build_glyphs: bool) -> None:
+        exists = any((self.folder / s).is_dir() for s in SPLIT_FOLDERS)
+        if exists:
+            return
+        if self.source == "glyphs" and build_glyphs:
+            return  # built in prepare_data
+        if self.source == "omniglot" and download:
+            return  # downloaded in prepare_data
+        if self.source == "glyphs":
+            raise ConfigError(
+                f"the glyphs stand-in is not at {self.folder}; run `python -m lit_icl.coqe.glyphs --out "
+                f"{self.folder}` or set data.init_args.build_glyphs: true"
+            )
+        raise ConfigError(f"Omniglot not found at {self.folder}; {OMNIGLOT_HELP}")
+
+    def _count_classes(self) -> int:
+        """Classes in the folder (listing only, no image read); the stand-in's fixed count if not built yet."""
+        if any((self.folder / s).is_dir() for s in SPLIT_FOLDERS):
+            index = index_folder(self.folder)
+            self._n_exemplars = index.n_exemplars
+            return index.n_classes
+        from lit_icl.coqe.glyphs import DEFAULT_CLASSES, DEFAULT_DRAWERS  # what prepare_data will build
+
+        self._n_exemplars = DEFAULT_DRAWERS if self.source == "glyphs" else 20
+        return DEFAULT_CLASSES if self.source == "glyphs" else 1623
+
+    def prepare_data(self) -> None:
+        """Rank 0: build the glyphs stand-in or download Omniglot when missing, and fill the bank cache."""
+        if not any((self.folder / s).is_dir() for s in SPLIT_FOLDERS):
+            if self.source == "glyphs":
+                from lit_icl.coqe.glyphs import build_glyphs
+
+                rank_zero_info(f"lit_icl.coqe: building the glyphs stand-in in {self.folder} (once)")
+                build_glyphs(self.folder)
+            else:
+                _download_omniglot(self.folder)
+        load_bank(self.folder, self.hparams.image_size)
+
+    def setup(self, stage: str) -> None:
+        if self.bank is None:
+            bank = load_bank(self.folder, self.hparams.image_size)
+            if bank.shape[0] != self.n_base:
+                raise ConfigError(f"{self.folder} has {bank.shape[0]} classes, expected {self.n_base}")
+            self.bank = bank
+            self._n_exemplars = bank.shape[1]
+
+    # -------------------------------------------------------------- loaders
+    def _dataset(self, kind: Literal["train", "icl", "iwl"], length: int) -> SequenceChunks:
+        hp = self.hparams
+        return SequenceChunks(self.split, kind, hp.chunk_size, length, self._n_exemplars, hp.data_seed, hp.p_bursty)
+
+    def _loader(self, ds: SequenceChunks, batch_size: int, sampler: Any = None) -> DataLoader:
+        hp = self.hparams
+        return DataLoader(
+            ds, batch_size=batch_size // hp.chunk_size, sampler=sampler, shuffle=False, collate_fn=collate_chunks,
+            num_workers=hp.num_workers, persistent_workers=False,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        hp = self.hparams
+        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
+        items = hp.train_batches_per_epoch * (hp.batch_size // hp.chunk_size) * world
+        return self._loader(self._dataset("train", items), hp.batch_size, EpochSampler(items, world, rank))
+
+    def _eval_loaders(self, n: int) -> list[DataLoader]:
+        """One loader per evaluator, in the order of :data:`EVALUATORS` (dataloader_idx 0 = ICL, 1 = IWL)."""
+        hp = self.hparams
+        return [self._loader(self._dataset(kind, n // hp.chunk_size), hp.eval_batch_size) for kind in EVALUATORS]
+
+    def val_dataloader(self) -> list[DataLoader]:
+        return self._eval_loaders(self.hparams.val_sequences)
+
+    def test_dataloader(self) -> list[DataLoader]:
+        return self._eval_loaders(self.hparams.test_sequences)
+
+    def on_after_batch_transfer(self, batch: dict[str, Tensor], dataloader_idx: int) -> dict[str, Tensor]:
+        """Gather the images on the device; the bank moves there once."""
+        if self.bank is None:
+            raise RuntimeError("OmniglotSequenceDataModule.setup() was not called: no image bank")
+        device = batch["classes"].device
+        if self.bank.device != device:
+            self.bank = self.bank.to(device)
+        batch["images"] = gather_images(self.bank, batch["classes"], batch["exemplars"], batch["augment"])
+        return batch
+
+
+def _download_omniglot(folder: Path) -> None:
+    """torchvision's Omniglot download into ``folder.parent`` (it creates ``omniglot-py/``)."""
+    from torchvision.datasets import Omniglot
+
+    if folder.name != "omniglot-py":
+        raise ConfigError(f"download puts Omniglot in <root>/omniglot-py, not {folder}; unset `folder`")
+    try:
+        for background in (True, False):
+            Omniglot(str(folder.parent), background=background, download=True)
+    except Exception as err:  # noqa: BLE001 - no network is the usual cause
+        raise ConfigError(
+            f"downloading Omniglot failed ({type(err).__name__}: {err}); {OMNIGLOT_HELP}"
+        ) from None
+

@@ -1,0 +1,235 @@
+"""The CoQE classification LightningModule: L_mod + L_orig with scheduled logit noise, ICL/IWL evaluators.
+
+One objective for both nets of :mod:`lit_icl.coqe.nets` (CoQE paper Sec. 4.2, 5.2, App. C.2):
+
+- :class:`~lit_icl.coqe.nets.SequenceTransformer`: cross-entropy of the query's logits (Chan et al.);
+- :class:`~lit_icl.coqe.nets.CoQEClassifier`: ``L_mod + L_orig``, the cross-entropies of the modified logits
+  (dynamic vectors for context classes, static otherwise, plus Gaussian noise on the non-context classes during
+  training) and of the static logits (to speed up learning of the static vectors; not used at test time).
+
+Noise schedule (App. C.2): ``N(mu_0, 1)``, mean and standard deviation raised by 1 every 10^4 steps. In general
+``k = max(0, floor((step - noise_delay) / noise_interval))``, ``mean = noise_mean0 + noise_increment * k``,
+``std = noise_std0 + noise_increment * k``; the public code's variant is ``noise_std0: 3, noise_delay: 10000``.
+
+Validation and test run two evaluators (dataloader 0: ICL, 1: IWL) and log ``val/acc/icl``, ``val/acc/iwl``
+(``test/...`` likewise): the learning curves of Figs. 5 and 8 in TensorBoard. ``test`` leaves tidy rows in
+``self.test_rows`` and a bar chart in :meth:`test_figures` for the shared results writer.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningDataModule
+from torch import Tensor, nn
+from torchmetrics import MeanMetric
+
+from lit_icl.core.errors import ConfigError
+from lit_icl.core.figures import bar_figure
+from lit_icl.core.module import ICLModule
+from lit_icl.core.results import result_row
+from lit_icl.core.seeding import make_generator
+from lit_icl.coqe.data import EVALUATORS
+from lit_icl.coqe.nets import CoQEClassifier, count_parameters
+
+
+def noise_schedule(
+    step: int, mean0: float, std0: float = 1.0, increment: float = 1.0, interval: int = 10_000, delay: int = 0
+) -> tuple[float, float]:
+    """``(mean, std)`` of the logit noise at training step ``step`` (see the module docstring)."""
+    k = max(0, (step - delay) // interval)
+    return mean0 + increment * k, std0 + increment * k
+
+
+class CoQEClassificationModule(ICLModule):
+    """Trains a sequence classifier on bursty/Zipfian sequences; evaluates ICL and IWL (Sec. 5.2).
+
+    Args:
+        net: :class:`~lit_icl.coqe.nets.CoQEClassifier` (default) or
+            :class:`~lit_icl.coqe.nets.SequenceTransformer`; its ``n_classes`` must equal the data's
+            training classes (checked at setup).
+        lr: Adam learning rate (1e-4, App. C.2).
+        lr_schedule: ``constant`` (App. C.2) or ``warmup_rsqrt``, Chan et al.'s
+            ``lr * min(step / warmup, sqrt(warmup / step))``.
+        warmup_steps: warm-up of ``warmup_rsqrt``.
+        noise_mean0: mu_0 of the CoQE logit noise (5); ``null`` trains without noise (Table 1's noise-free row).
+        noise_std0: initial standard deviation (1 in the paper, 3 in the public code).
+        noise_increment: added to mean and std every ``noise_interval`` steps (1).
+        noise_interval: steps between increments (10^4).
+        noise_delay: steps before the schedule starts counting (0; 10^4 in the public code).
+        noise_seed: seed of the noise; the noise of a step is a function of (seed, rank, step), so resume is exact.
+    """
+
+    def __init__(
+        self,
+        net: nn.Module | None = None,
+        lr: float = 1e-4,
+        lr_schedule: Literal["constant", "warmup_rsqrt"] = "constant",
+        warmup_steps: int = 4000,
+        noise_mean0: float | None = 5.0,
+        noise_std0: float = 1.0,
+        noise_increment: float = 1.0,
+        noise_interval: int = 10_000,
+        noise_delay: int = 0,
+        noise_seed: int = 0,
+    ):
+        super().__init__()
+        self.save_reloadable_hparams()
+        self.net = net if net is not None else CoQEClassifier()
+        if not hasattr(self.net, "n_classes") or getattr(self.net, "method", None) not in ("coqe", "transformer"):
+            raise ConfigError(
+                f"net {type(self.net).__name__} is not a sequence classifier; use lit_icl.coqe.nets.CoQEClassifier "
+                "or lit_icl.coqe.nets.SequenceTransformer"
+            )
+        if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+            raise ConfigError(f"lr={lr!r} must be a positive number (1e-4 in App. C.2)")
+        if lr_schedule not in ("constant", "warmup_rsqrt"):
+            raise ConfigError(f"lr_schedule={lr_schedule!r}; choose 'constant' (paper) or 'warmup_rsqrt' (Chan et al.)")
+        if warmup_steps < 1:
+            raise ConfigError(f"warmup_steps={warmup_steps} must be >= 1")
+        if noise_mean0 is not None:
+            if noise_std0 < 0 or not math.isfinite(noise_std0):
+                raise ConfigError(f"noise_std0={noise_std0} must be a finite number >= 0")
+            if noise_increment < 0:
+                raise ConfigError(f"noise_increment={noise_increment} must be >= 0")
+            if noise_interval < 1:
+                raise ConfigError(f"noise_interval={noise_interval} must be >= 1 step")
+            if noise_delay < 0:
+                raise ConfigError(f"noise_delay={noise_delay} must be >= 0")
+        self.method: str = self.net.method
+        self.uses_noise = self.method == "coqe" and noise_mean0 is not None
+        self.acc = nn.ModuleDict(
+            {f"{stage}_{ev}": MeanMetric() for stage in ("val", "test") for ev in EVALUATORS}
+        )
+        #: Image source the model was trained/tested on (``omniglot`` or ``glyphs``), from the data module.
+        self.data_source: str | None = None
+        self._data_coords: dict[str, Any] = {}
+
+    # ---------------------------------------------------------------- data binding
+    def bind_datamodule(self, datamodule: LightningDataModule) -> None:
+        """The net's output size must equal the data's training classes; record the source and the data axes."""
+        n_labels = getattr(datamodule, "n_labels", None)
+        if n_labels is not None and n_labels != self.net.n_classes:
+            raise ConfigError(
+                f"the net has n_classes={self.net.n_classes} but the data has {n_labels} training classes; "
+                f"set model.init_args.net.init_args.n_classes: {n_labels}"
+            )
+        self.data_source = getattr(datamodule, "source", self.data_source)
+        hp = getattr(datamodule, "hparams", {})
+        self._data_coords = {k: float(hp[k]) for k in ("p_bursty", "zipf_alpha") if k in hp}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["coqe_data_source"] = self.data_source
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self.data_source = checkpoint.get("coqe_data_source", self.data_source)
+
+    # ---------------------------------------------------------------- training
+    def noise(self, batch_size: int, device: torch.device) -> Tensor | None:
+        """Noise ``(B, C)`` for this step's modified query logits, or ``None`` (Transformer / noise-free)."""
+        if not self.uses_noise:
+            return None
+        hp = self.hparams
+        mean, std = noise_schedule(
+            self.global_step, hp.noise_mean0, hp.noise_std0, hp.noise_increment, hp.noise_interval, hp.noise_delay
+        )
+        g = make_generator("coqe-logit-noise", hp.noise_seed, self.global_rank, self.global_step)
+        z = torch.randn(batch_size, self.net.n_classes, generator=g)
+        return (mean + std * z).to(device)
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        labels = batch["labels"]
+        y = labels[:, -1]
+        out = self.net(batch["images"], labels[:, :-1], self.noise(len(y), labels.device))
+        query = out.logits[:, -1].float()
+        loss = F.cross_entropy(query, y)
+        if out.static_logits is not None:
+            loss_orig = F.cross_entropy(out.static_logits[:, -1].float(), y)
+            self.log("train/loss_mod", loss)
+            self.log("train/loss_orig", loss_orig)
+            loss = loss + loss_orig
+            if self.uses_noise:
+                hp = self.hparams
+                mean, _ = noise_schedule(
+                    self.global_step, hp.noise_mean0, hp.noise_std0, hp.noise_increment, hp.noise_interval,
+                    hp.noise_delay,
+                )
+                self.log("train/noise_mean", mean)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/acc", (query.argmax(-1) == y).float().mean())
+        return loss
+
+    # ---------------------------------------------------------------- evaluation
+    def predictions(self, batch: dict[str, Tensor], evaluator: str) -> Tensor:
+        """Predicted labels of the queries: over {0, 1} for ICL, over all training labels for IWL."""
+        labels = batch["labels"]
+        logits = self.net(batch["images"], labels[:, :-1]).logits[:, -1]
+        return (logits[:, :2] if evaluator == "icl" else logits).argmax(-1)
+
+    def _eval_step(self, stage: str, batch: dict[str, Tensor], dataloader_idx: int) -> None:
+        evaluator = EVALUATORS[dataloader_idx]
+        correct = (self.predictions(batch, evaluator) == batch["labels"][:, -1]).float()
+        metric = self.acc[f"{stage}_{evaluator}"]
+        metric.update(correct)
+        if stage == "val":
+            self.log(
+                f"val/acc/{evaluator}", metric, on_step=False, on_epoch=True, prog_bar=True,
+                add_dataloader_idx=False,
+            )
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._eval_step("val", batch, dataloader_idx)
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._eval_step("test", batch, dataloader_idx)
+
+    def on_test_epoch_end(self) -> None:
+        rows = []
+        coords = self.result_coordinates()
+        for ev in EVALUATORS:
+            metric = self.acc[f"test_{ev}"]
+            value = metric.compute()  # synced across ranks
+            self.log(f"test/acc/{ev}", value, sync_dist=True)
+            rows.append(result_row("accuracy", value, method=self.method, evaluator=ev, **coords))
+            metric.reset()
+        rows.append(result_row("parameters", count_parameters(self.net), method=self.method))
+        self.test_rows = rows
+
+    def result_coordinates(self) -> dict[str, Any]:
+        """What identifies a result besides method and evaluator: source, E, L, P_bursty, alpha, mu_0."""
+        net = self.net
+        coords: dict[str, Any] = {"source": self.data_source}
+        coords["emb_dim"] = getattr(net.embed.resnet, "feature_dim", None)
+        coords["depth"] = len(net.encoder.blocks)
+        coords.update(self._data_coords)
+        if self.method == "coqe":
+            coords["noise_mean0"] = self.hparams.noise_mean0
+        return coords
+
+    def test_figures(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """``{"icl_vs_iwl": Figure}``: test accuracy per evaluator, one bar per method (Fig. 4's two axes)."""
+        source = next((r.get("source") for r in rows if r.get("source")), None)
+        fig = bar_figure(
+            rows, "evaluator", metric="accuracy", split="test", ylabel="test accuracy",
+            title=f"ICL vs IWL ({source})" if source else "ICL vs IWL",
+        )
+        fig.axes[0].set_ylim(0, 1.05)
+        return {"icl_vs_iwl": fig}
+
+    # ---------------------------------------------------------------- optimisation
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+        if self.hparams.lr_schedule == "constant":
+            return opt
+        warmup = self.hparams.warmup_steps
+
+        def factor(step: int) -> float:
+            s = step + 1
+            return min(s / warmup, math.sqrt(warmup / s))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -1,0 +1,384 @@
+"""CoQE networks: the causal Transformer stack, Chan et al.'s ResNet embedder, and the two sequence classifiers.
+
+Reusable pieces (no Omniglot specifics; the regression variant of CoQE builds on them):
+
+- :class:`CausalTransformer`: pre-LN blocks with causal ``scaled_dot_product_attention``, GELU MLP, final LN;
+- :func:`sinusoidal_positions`: Chan et al.'s positional encoding (``max_time`` 30, ``[sin ; cos]``);
+- :func:`count_parameters`.
+
+Few-shot classification on image sequences (CoQE paper Sec. 4.2, 5.2, App. C.2):
+
+- :class:`ResNetEmbedder`: 4 groups x 2 bottleneck residual blocks (Chan et al.'s "SimpleResNet"), group
+  widths 16/32/32/64 for E = 64, 64/128/128/256 for E = 256, 64/128/256/512 for E = 512 (App. C.2);
+- :class:`SequenceTransformer`: the baseline, a causal Transformer (width 64, 8 heads) over the interleaved
+  tokens ``x_1, l_1, ..., x_8, l_8, x_q`` with a linear read-out over all classes;
+- :class:`CoQEClassifier`: CoQE (Sec. 4.2): a sample encoder ``s`` (ResNet + linear), a task encoder ``t``
+  (Transformer + linear), a static vector per class, and the *dynamic* class vectors built from the task
+  representations of the context's label tokens, which replace the static ones for classes in the context.
+
+Both classifiers take ``images (B, S, H, W)`` in [0, 1] and the ``S - 1`` context labels ``(B, S - 1)`` and
+return logits at every image position (the last one is the query), so one objective serves both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lit_icl.core.errors import ConfigError
+
+#: Group widths of the ResNet for each embedding size E in App. C.2.
+RESNET_CHANNELS: dict[int, tuple[int, int, int, int]] = {
+    64: (16, 32, 32, 64),
+    256: (64, 128, 128, 256),
+    512: (64, 128, 256, 512),
+}
+#: Width of the Transformer tokens (App. C.2: "Both variants use an embedding dimension of 64").
+TOKEN_WIDTH = 64
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Number of trainable parameters."""
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+def _check_positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name}={value!r} must be a positive integer")
+
+
+# ------------------------------------------------------------------------------------------ Transformer
+def sinusoidal_positions(n: int, dim: int, max_time: float = 30.0) -> Tensor:
+    """Chan et al.'s sinusoidal encoding, ``(n, dim)``: ``[sin(p w_i) ; cos(p w_i)]``, ``w_i = max_time^(-2i/dim)``.
+
+    The halves are concatenated, not interleaved, and the base is 30 rather than 10^4 because sequences are
+    short (17 tokens).
+    """
+    if dim % 2:
+        raise ConfigError(f"positional encoding width {dim} must be even")
+    freqs = max_time ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    angles = torch.arange(n, dtype=torch.float64)[:, None] * freqs[None, :]
+    return torch.cat([angles.sin(), angles.cos()], dim=-1).float()
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention through ``F.scaled_dot_product_attention`` (flash/efficient kernels)."""
+
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        _check_positive("heads", heads)
+        if width % heads:
+            raise ConfigError(f"width={width} is not divisible by heads={heads}; choose heads dividing the width")
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.out = nn.Linear(width, width)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, n, w = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # scale 1/sqrt(d_head)
+        return self.out(y.transpose(1, 2).reshape(b, n, w))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-LN residual block: ``x + attn(LN(x))``, then ``x + MLP(LN(x))`` with a GELU MLP of ``mlp_ratio * width``."""
+
+    def __init__(self, width: int, heads: int, mlp_ratio: int = 4):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(width)
+        self.attn = CausalSelfAttention(width, heads)
+        self.ln2 = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, mlp_ratio * width), nn.GELU(), nn.Linear(mlp_ratio * width, width))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class CausalTransformer(nn.Module):
+    """``depth`` causal pre-LN blocks and a final LayerNorm: ``(B, n, width) -> (B, n, width)``.
+
+    The output at position ``p`` depends only on inputs ``<= p`` (tested), which is what lets one pass train
+    every prefix and what CoQE's task encoder relies on.
+    """
+
+    def __init__(self, width: int = TOKEN_WIDTH, depth: int = 12, heads: int = 8, mlp_ratio: int = 4):
+        super().__init__()
+        for name, value in (("width", width), ("depth", depth), ("mlp_ratio", mlp_ratio)):
+            _check_positive(name, value)
+        self.blocks = nn.ModuleList([TransformerBlock(width, heads, mlp_ratio) for _ in range(depth)])
+        self.ln_f = nn.LayerNorm(width)
+
+    def forward(self, x: Tensor) -> Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.ln_f(x)
+
+
+# ------------------------------------------------------------------------------------------ ResNet
+class Bottleneck(nn.Module):
+    """ResNet-v1 bottleneck block: 1x1 -> c/4, 3x3 (stride) -> c/4, 1x1 -> c, each with BN; ReLU after the add.
+
+    The last BN's scale starts at 0 (as in Chan et al.), so every block starts as its shortcut.
+    """
+
+    def __init__(self, in_ch: int, out_ch: int, stride: int, project: bool):
+        super().__init__()
+        mid = max(out_ch // 4, 1)
+        self.conv1 = nn.Conv2d(in_ch, mid, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(mid)
+        self.conv2 = nn.Conv2d(mid, mid, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(mid)
+        self.conv3 = nn.Conv2d(mid, out_ch, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(out_ch)
+        nn.init.zeros_(self.bn3.weight)
+        self.shortcut = (
+            nn.Sequential(nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False), nn.BatchNorm2d(out_ch))
+            if project
+            else nn.Identity()
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = F.relu(self.bn2(self.conv2(y)))
+        y = self.bn3(self.conv3(y))
+        return F.relu(y + self.shortcut(x))
+
+
+class ResNetEmbedder(nn.Module):
+    """Chan et al.'s image embedder: ``(N, H, W)`` in [0, 1] -> ``(N, out_dim)``.
+
+    Stem: 7x7 conv (64 channels, stride 2), BN, ReLU, 3x3 max-pool (stride 2); then 4 groups of 2 bottleneck
+    blocks with strides (1, 2, 2, 2), a projection shortcut on each group's first block; global mean pool.
+    105x105 inputs give feature maps 53, 27, 27, 14, 7, 4. When E > ``out_dim`` a linear layer maps back to
+    ``out_dim`` = 64 (App. C.2: "a fully connected layer ... to project the final embedding dimension back to
+    64 before feeding it into the Transformer").
+
+    Args:
+        emb_dim: E, one of 64, 256, 512 (App. C.2), selecting the group widths of :data:`RESNET_CHANNELS`;
+            ignored when ``channels`` is given.
+        channels: explicit widths of the 4 groups (each divisible by 4), e.g. for tiny test nets.
+        out_dim: width of the tokens it feeds.
+        stem_channels: stem width (64 in Chan et al.).
+    """
+
+    def __init__(
+        self,
+        emb_dim: int = 64,
+        channels: Sequence[int] | None = None,
+        out_dim: int = TOKEN_WIDTH,
+        stem_channels: int = 64,
+    ):
+        super().__init__()
+        if channels is None:
+            if emb_dim not in RESNET_CHANNELS:
+                raise ConfigError(
+                    f"emb_dim={emb_dim!r} has no preset; use one of {sorted(RESNET_CHANNELS)} or give `channels`"
+                )
+            channels = RESNET_CHANNELS[emb_dim]
+        channels = tuple(channels)
+        if len(channels) != 4 or any(isinstance(c, bool) or not isinstance(c, int) or c < 4 for c in channels):
+            raise ConfigError(f"channels={list(channels)} must be 4 integers >= 4 (one width per residual group)")
+        _check_positive("out_dim", out_dim)
+        _check_positive("stem_channels", stem_channels)
+        self.channels = channels
+        self.stem = nn.Sequential(
+            nn.Conv2d(1, stem_channels, 7, stride=2, padding=3, bias=False),
+            nn.BatchNorm2d(stem_channels),
+            nn.ReLU(),
+            nn.MaxPool2d(3, stride=2, padding=1),
+        )
+        blocks: list[nn.Module] = []
+        in_ch = stem_channels
+        for c, stride in zip(channels, (1, 2, 2, 2)):
+            blocks.append(Bottleneck(in_ch, c, stride, project=True))
+            blocks.append(Bottleneck(c, c, 1, project=False))
+            in_ch = c
+        self.groups = nn.Sequential(*blocks)
+        self.feature_dim = channels[-1]
+        self.proj = nn.Linear(channels[-1], out_dim) if channels[-1] != out_dim else nn.Identity()
+        self.out_dim = out_dim
+
+    def forward(self, images: Tensor) -> Tensor:
+        x = self.groups(self.stem(images.unsqueeze(1)))
+        return self.proj(x.mean(dim=(2, 3)))
+
+
+# ------------------------------------------------------------------------------------------ sequences
+class SequenceLogits(NamedTuple):
+    """Logits at every image position ``(B, S, C)``; the last position is the query.
+
+    ``logits`` are what the model predicts with (CoQE: the modified logits). ``static_logits`` are CoQE's
+    logits from the unmodified static class vectors (for ``L_orig``), ``None`` for the Transformer.
+    """
+
+    logits: Tensor
+    static_logits: Tensor | None
+
+
+class SequenceEmbedder(nn.Module):
+    """Tokens ``x_1, l_1, ..., x_{S-1}, l_{S-1}, x_S`` (``2S - 1`` of them) plus sinusoidal positions.
+
+    Image tokens come from the ResNet, label tokens from a learned table (init N(0, 0.02^2) as Chan et al.);
+    the query's label is never fed.
+    """
+
+    def __init__(self, resnet: ResNetEmbedder, n_classes: int, max_time: float = 30.0):
+        super().__init__()
+        self.resnet = resnet
+        self.label_embedding = nn.Embedding(n_classes, resnet.out_dim)
+        nn.init.trunc_normal_(self.label_embedding.weight, std=0.02, a=-0.04, b=0.04)
+        self.max_time = max_time
+        self.register_buffer("_pe", torch.zeros(0), persistent=False)
+
+    def forward(self, images: Tensor, context_labels: Tensor) -> Tensor:
+        b, s, h, w = images.shape
+        if context_labels.shape != (b, s - 1):
+            raise ValueError(f"context_labels has shape {tuple(context_labels.shape)}, expected {(b, s - 1)}")
+        x = self.resnet(images.reshape(b * s, h, w)).view(b, s, -1)
+        lab = self.label_embedding(context_labels)
+        d = x.shape[-1]
+        tokens = torch.empty(b, 2 * s - 1, d, dtype=x.dtype, device=x.device)
+        tokens[:, 0::2] = x
+        tokens[:, 1::2] = lab.to(x.dtype)
+        if self._pe.shape != (2 * s - 1, d) or self._pe.device != x.device:
+            self._pe = sinusoidal_positions(2 * s - 1, d, self.max_time).to(x.device)
+        return tokens + self._pe.to(tokens.dtype)
+
+
+class SequenceTransformer(nn.Module):
+    """The baseline: Chan et al.'s Transformer over image/label tokens, a linear read-out over all classes.
+
+    Args:
+        n_classes: output classes = training classes of the data (the data module's ``n_labels``).
+        emb_dim: ResNet embedding size E (64, 256, 512).
+        depth: Transformer layers L (4 or 12 in App. C.2).
+        heads: attention heads (8).
+        resnet_channels: explicit ResNet group widths (overrides ``emb_dim``; for tiny nets).
+        max_time: base of the positional encoding.
+    """
+
+    method = "transformer"
+
+    def __init__(
+        self,
+        n_classes: int = 1613,
+        emb_dim: int = 64,
+        depth: int = 12,
+        heads: int = 8,
+        resnet_channels: Sequence[int] | None = None,
+        max_time: float = 30.0,
+    ):
+        super().__init__()
+        _check_positive("n_classes", n_classes)
+        self.n_classes = n_classes
+        self.embed = SequenceEmbedder(ResNetEmbedder(emb_dim, resnet_channels), n_classes, max_time)
+        self.encoder = CausalTransformer(TOKEN_WIDTH, depth, heads)
+        self.head = nn.Linear(TOKEN_WIDTH, n_classes)
+
+    def forward(self, images: Tensor, context_labels: Tensor, noise: Tensor | None = None) -> SequenceLogits:
+        if noise is not None:
+            raise ValueError("the Transformer baseline takes no logit noise (that is CoQE's training trick)")
+        z = self.encoder(self.embed(images, context_labels))
+        return SequenceLogits(self.head(z[:, 0::2]), None)
+
+
+class CoQEClassifier(nn.Module):
+    """CoQE for few-shot classification (Sec. 4.2, Fig. 2).
+
+    - sample representation ``s = Linear(h)`` of every token ``h`` (ResNet image tokens, label tokens, PE);
+    - task representation ``t = Linear(Transformer(s))`` at every token;
+    - static class vectors: a linear layer ``W s + b`` over all classes (the IWL path);
+    - dynamic class vectors: for each class ``c`` among the labels *before* image position ``p``, the mean of
+      ``t`` over the label tokens carrying ``c``; its logit ``<s_p, P_c>`` replaces the static logit
+      (``context_logit="replace"``, the paper) or is added to the gradient-stopped static logit
+      (``"add"``, the public code);
+    - training noise: ``noise (B, C)`` is added to the modified query logits of classes *not* in the context
+      (all of them, or only those among the ``noise_k`` smallest static logits as the public code does with
+      1500), so the context classes must win by a margin: the trick that keeps ICL from collapsing into IWL.
+
+    Prototypes are computed per sequence. (The public code averages ``t`` over the whole batch, which mixes
+    different classes that share the labels 0/1 in few-shot evaluation sequences.)
+
+    Args:
+        n_classes: training classes of the data (the data module's ``n_labels``).
+        emb_dim: ResNet embedding size E (512 in the paper's main CoQE, 256 parameter-matched).
+        depth: task-encoder layers L (4).
+        heads: attention heads (8).
+        context_logit: ``replace`` (paper) or ``add`` (public code).
+        detach_static: stop the gradient of the static logits inside the modified logits, so ``L_mod`` trains
+            only the context path (public code); default False (the paper does not say).
+        noise_k: add noise only to non-context classes among the ``noise_k`` smallest static logits; ``None``
+            = all non-context classes.
+        resnet_channels: explicit ResNet group widths (overrides ``emb_dim``).
+        max_time: base of the positional encoding.
+    """
+
+    method = "coqe"
+
+    def __init__(
+        self,
+        n_classes: int = 1613,
+        emb_dim: int = 512,
+        depth: int = 4,
+        heads: int = 8,
+        context_logit: Literal["replace", "add"] = "replace",
+        detach_static: bool = False,
+        noise_k: int | None = None,
+        resnet_channels: Sequence[int] | None = None,
+        max_time: float = 30.0,
+    ):
+        super().__init__()
+        _check_positive("n_classes", n_classes)
+        if context_logit not in ("replace", "add"):
+            raise ConfigError(f"context_logit={context_logit!r}; choose 'replace' (paper) or 'add' (public code)")
+        if noise_k is not None:
+            _check_positive("noise_k", noise_k)
+            if noise_k > n_classes:
+                raise ConfigError(f"noise_k={noise_k} exceeds n_classes={n_classes}; use <= n_classes or null")
+        self.n_classes = n_classes
+        self.context_logit = context_logit
+        self.detach_static = detach_static
+        self.noise_k = noise_k
+        self.embed = SequenceEmbedder(ResNetEmbedder(emb_dim, resnet_channels), n_classes, max_time)
+        self.sample_proj = nn.Linear(TOKEN_WIDTH, TOKEN_WIDTH)
+        self.encoder = CausalTransformer(TOKEN_WIDTH, depth, heads)
+        self.task_proj = nn.Linear(TOKEN_WIDTH, TOKEN_WIDTH)
+        self.static = nn.Linear(TOKEN_WIDTH, n_classes)
+
+    def forward(self, images: Tensor, context_labels: Tensor, noise: Tensor | None = None) -> SequenceLogits:
+        s = self.sample_proj(self.embed(images, context_labels))
+        t = self.task_proj(self.encoder(s))
+        s_img, t_lab = s[:, 0::2], t[:, 1::2]  # (B, S, d), (B, S-1, d)
+        static = self.static(s_img)  # (B, S, C)
+        n_img, n_ctx = s_img.shape[1], t_lab.shape[1]
+        # Position p sees the label tokens j < p (label token j sits after image j in the sequence).
+        before = torch.ones(n_img, n_ctx, device=s.device).tril(-1)  # before[p, j] = j < p
+        onehot = F.one_hot(context_labels, self.n_classes).to(s.dtype)  # (B, S-1, C)
+        counts = torch.einsum("pj,bjc->bpc", before.to(s.dtype), onehot)  # label-token count per class
+        scores = torch.einsum("bpd,bjd->bpj", s_img, t_lab) * before.to(s.dtype)
+        # <s_p, mean_j t_j> = mean_j <s_p, t_j>: average the scores, never build (B, S, C, d) prototypes.
+        dynamic = torch.einsum("bpj,bjc->bpc", scores, onehot) / counts.clamp_min(1.0)
+        present = counts > 0
+        base = static.detach() if self.detach_static else static
+        if self.context_logit == "add":
+            dynamic = dynamic + static.detach()
+        if noise is not None:
+            base = base.clone()
+            base[:, -1] = base[:, -1] + noise.to(base.dtype) * self._noise_mask(static[:, -1], present[:, -1])
+        return SequenceLogits(torch.where(present, dynamic, base), static)
+
+    def _noise_mask(self, static_query: Tensor, present_query: Tensor) -> Tensor:
+        """Which query logits get noise: non-context classes (among the ``noise_k`` smallest static logits)."""
+        mask = ~present_query
+        if self.noise_k is not None:
+            smallest = torch.zeros_like(mask)
+            idx = static_query.detach().topk(self.noise_k, dim=-1, largest=False).indices
+            smallest.scatter_(-1, idx, True)
+            mask = mask & smallest
+        return mask.to(static_query.dtype)
+

@@ -1,0 +1,195 @@
+"""CoQE through the CLI on a tiny Omniglot-layout fixture: fit + test, results rows, figures, bad input."""
+
+from __future__ import annotations
+
+import glob
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import LightningDataModule, LightningModule
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from lit_icl.cli import LitICLCLI, main
+from lit_icl.coqe import CoQEClassificationModule
+from badinput import assert_rejected
+from test_coqe_data import write_omniglot_fixture
+
+
+def coqe_args(tmp_path: Path, *extra: str, config: str = "configs/coqe_omniglot.yaml") -> list[str]:
+    """A seconds-long run: 24 classes x 4 drawings of 16x16 pixels, a tiny ResNet, 1-layer Transformer."""
+    folder = tmp_path / "omniglot-py"
+    if not folder.exists():
+        write_omniglot_fixture(folder)
+    return [
+        "--config", config,
+        "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
+        "--trainer.logger.init_args.name", "tiny",
+        "--trainer.accelerator", "cpu",
+        "--trainer.max_steps", "4",
+        "--trainer.enable_progress_bar", "false",
+        "--trainer.enable_model_summary", "false",
+        "--trainer.log_every_n_steps", "1",
+        "--trainer.num_sanity_val_steps", "0",
+        "--data.init_args.source", "omniglot",
+        "--data.init_args.folder", str(folder),
+        "--data.init_args.image_size", "16",
+        "--data.init_args.n_holdout", "4",
+        "--data.init_args.n_common", "2",
+        "--data.init_args.batch_size", "8",
+        "--data.init_args.chunk_size", "4",
+        "--data.init_args.train_batches_per_epoch", "2",
+        "--data.init_args.val_sequences", "8",
+        "--data.init_args.test_sequences", "16",
+        "--data.init_args.eval_batch_size", "8",
+        "--model.init_args.net.init_args.n_classes", "20",
+        "--model.init_args.net.init_args.resnet_channels", "[8, 8, 8, 16]",
+        "--model.init_args.net.init_args.depth", "1",
+        *extra,
+    ]
+
+
+def _scalars(run_dir: Path) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for path in sorted(glob.glob(str(run_dir / "events.out.tfevents.*"))):
+        ea = EventAccumulator(path)
+        ea.Reload()
+        for tag in ea.Tags()["scalars"]:
+            out.setdefault(tag, []).extend(e.value for e in ea.Scalars(tag))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("config", "method"), [("configs/coqe_omniglot.yaml", "coqe"), ("configs/transformer_omniglot.yaml", "transformer")]
+)
+def test_fit_then_test_gives_icl_iwl_curves_rows_and_figure(tmp_path, config: str, method: str) -> None:
+    main(["fit", *coqe_args(tmp_path, config=config)])
+    run = tmp_path / "runs/tiny/version_0"
+    scalars = _scalars(run)
+    for tag in ("val/acc/icl", "val/acc/iwl"):
+        assert len(scalars[tag]) == 2 and all(0.0 <= v <= 1.0 for v in scalars[tag]), tag  # one per epoch
+    assert ("train/loss_mod" in scalars) == (method == "coqe")
+    assert ("train/noise_mean" in scalars) == (method == "coqe")
+    ckpt = run / "checkpoints/last.ckpt"
+    # The checkpoint alone rebuilds the trained model outside the CLI (net class and size from the config).
+    loaded = CoQEClassificationModule.load_from_checkpoint(ckpt, map_location="cpu")
+    assert loaded.method == method and loaded.data_source == "omniglot"
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    assert all(torch.equal(v, state[k]) for k, v in loaded.state_dict().items())
+    cli = LitICLCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                    run=False, args=coqe_args(tmp_path, config=config))
+    cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=str(ckpt))
+    rows = [r for r in cli.model.test_rows if r["metric"] == "accuracy"]
+    assert [r["evaluator"] for r in rows] == ["icl", "iwl"]
+    (params,) = [r for r in cli.model.test_rows if r["metric"] == "parameters"]
+    assert params["value"] == sum(p.numel() for p in cli.model.net.parameters())
+    for r in rows:
+        assert r["metric"] == "accuracy" and r["split"] == "test" and r["method"] == method
+        assert r["source"] == "omniglot" and r["p_bursty"] == 0.9 and r["zipf_alpha"] == 1.0
+        assert 0.0 <= r["value"] <= 1.0 and (r["value"] * 16) == round(r["value"] * 16)  # 16 test sequences
+    assert ("noise_mean0" in rows[0]) == (method == "coqe")
+    figures = cli.model.test_figures(rows)
+    assert list(figures) == ["icl_vs_iwl"]
+    ax = figures["icl_vs_iwl"].axes[0]
+    heights = [p.get_height() for p in ax.patches]
+    assert heights == pytest.approx([r["value"] for r in rows])
+    # Through the CLI, the shared writer puts the rows and the figure into the test run's folder.
+    main(["test", *coqe_args(tmp_path, config=config), "--ckpt_path", str(ckpt)])
+    out = sorted((tmp_path / "runs/tiny").iterdir())[-1]
+    result = json.loads((out / "results.json").read_text())
+    assert [r["value"] for r in result["rows"] if r["metric"] == "accuracy"] == pytest.approx([r["value"] for r in rows])
+    assert result["meta"]["trained_steps"] == 4
+    assert (out / "icl_vs_iwl.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_test_accuracy_matches_an_independent_evaluation(tmp_path) -> None:
+    """The logged test accuracy equals a hand loop over the evaluators' batches with the trained net."""
+    main(["fit", *coqe_args(tmp_path)])
+    ckpt = tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt"
+    cli = LitICLCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                    run=False, args=coqe_args(tmp_path))
+    cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=str(ckpt))
+    model, dm = cli.model.eval(), cli.datamodule
+    for loader, row in zip(dm.test_dataloader(), [r for r in cli.model.test_rows if r["metric"] == "accuracy"]):
+        hits = []
+        for batch in loader:
+            batch = dm.on_after_batch_transfer(batch, 0)
+            with torch.no_grad():
+                logits = model.net(batch["images"], batch["labels"][:, :-1]).logits[:, -1]
+            allowed = 2 if row["evaluator"] == "icl" else logits.shape[-1]
+            hits.append(logits[:, :allowed].argmax(-1) == batch["labels"][:, -1])
+        assert torch.cat(hits).float().mean().item() == pytest.approx(row["value"])
+
+
+C = "configs/coqe_omniglot.yaml"
+T = "configs/transformer_omniglot.yaml"
+M = "--model.init_args."
+N = "--model.init_args.net.init_args."
+D = "--data.init_args."
+
+#: (config, extra args, needle): every row fails while parsing, constructing or binding model to data.
+COQE_ROWS: list[tuple[str, list[str], str]] = [
+    # --- parser
+    (C, [D + "source", "mnist"], "source"),
+    (C, [N + "context_logit", "mix"], "context_logit"),
+    (C, [M + "lr_schedule", "cosine"], "lr_schedule"),
+    (C, [N + "no_such_key", "1"], "no_such_key"),
+    # --- OmniglotSequenceDataModule
+    (C, [D + "p_bursty", "1.5"], "p_bursty=1.5 must lie in [0, 1]"),
+    (C, [D + "folder", "/no/such/omniglot"], "put torchvision's Omniglot folder"),
+    (C, [D + "batch_size", "6"], "batch_size=6 must be a positive multiple of chunk_size=4"),
+    (C, [D + "test_sequences", "0"], "test_sequences=0"),
+    (C, [D + "image_size", "4"], "image_size=4"),
+    (C, [D + "n_holdout", "1"], "at least 2 holdout classes"),
+    (C, [D + "n_common", "100"], "n_common=100"),
+    (C, [D + "zipf_alpha", "-0.5"], "zipf_alpha=-0.5 must be >= 0"),
+    (C, [D + "num_workers", "-1"], "num_workers=-1"),
+    # --- CoQEClassificationModule
+    (C, [M + "lr", "-1"], "lr=-1"),
+    (C, [M + "warmup_steps", "0"], "warmup_steps=0"),
+    (C, [M + "noise_interval", "0"], "noise_interval=0"),
+    (C, [M + "noise_std0", "-1"], "noise_std0=-1"),
+    (C, [M + "noise_delay", "-3"], "noise_delay=-3"),
+    # --- nets
+    (C, [N + "resnet_channels", "[8, 8, 8]"], "must be 4 integers"),
+    (C, [N + "heads", "3"], "not divisible by heads=3"),
+    (C, [N + "depth", "0"], "depth=0"),
+    (C, [N + "noise_k", "50"], "noise_k=50 exceeds n_classes=20"),
+    (T, [N + "heads", "5"], "not divisible by heads=5"),
+    # --- model vs data (bind_datamodule, before any run folder)
+    (C, [N + "n_classes", "1613"], "set model.init_args.net.init_args.n_classes: 20"),
+    (T, [N + "n_classes", "19"], "set model.init_args.net.init_args.n_classes: 20"),
+]
+
+
+@pytest.mark.parametrize(("config", "extra", "needle"), COQE_ROWS)
+def test_bad_input_fails_early_with_one_line(tmp_path, capsys, config: str, extra: list[str], needle: str) -> None:
+    assert_rejected(tmp_path, capsys, ["fit", *coqe_args(tmp_path, config=config), *extra], needle)
+
+
+SHIPPED = sorted(
+    f"configs/{p.name}"
+    for pattern in ("coqe_omniglot*.yaml", "transformer_omniglot*.yaml")
+    for p in (Path(__file__).parents[1] / "configs").glob(pattern)
+)
+
+
+@pytest.mark.parametrize("config", SHIPPED)
+def test_every_shipped_config_trains_on_the_tiny_fixture(tmp_path, config: str) -> None:
+    """Each Table 1 / Table 2 / baseline config parses and trains (net shrunk, everything else as shipped)."""
+    assert len(SHIPPED) >= 7
+    extra = ["--trainer.max_steps", "2", "--data.init_args.train_batches_per_epoch", "2"]
+    if "noise_k" in Path(config).read_text():
+        extra += ["--model.init_args.net.init_args.noise_k", "10"]  # 1500 > the fixture's 20 classes
+    main(["fit", *coqe_args(tmp_path, *extra, config=config)])
+    ckpt = torch.load(tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt", weights_only=False)
+    assert ckpt["global_step"] == 2
+
+
+def test_bf16_mixed_trains_coqe_with_finite_losses(tmp_path) -> None:
+    main(["fit", *coqe_args(tmp_path, "--trainer.precision", "bf16-mixed")])
+    scalars = _scalars(tmp_path / "runs/tiny/version_0")
+    for tag in ("train/loss", "train/loss_mod", "train/loss_orig"):
+        assert scalars[tag] and all(torch.isfinite(torch.tensor(scalars[tag]))), tag
+    assert 0.0 <= scalars["val/acc/icl"][-1] <= 1.0

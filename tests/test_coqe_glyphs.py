@@ -1,0 +1,57 @@
+"""The offline `glyphs` stand-in: class count, distinctness, Omniglot layout, drawer variation, determinism."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lit_icl.core.errors import ConfigError
+from lit_icl.coqe.data import index_folder, load_bank
+from lit_icl.coqe.glyphs import build_glyphs, draw, select_glyphs
+
+
+def test_full_set_has_1623_distinct_glyph_classes() -> None:
+    names, protos = select_glyphs(1623)
+    assert len(names) == 1623 and protos.shape == (1623, 105, 105)
+    assert len(set(names)) == 1623
+    assert len({a for a, _ in names}) >= 30, "many alphabets"
+    # Pairwise distinct even after blurring to 16x16 (the builder's duplicate test, recomputed here).
+    small = F.adaptive_avg_pool2d(protos[:, None], 16).flatten(1)
+    d = torch.cdist(small, small) + torch.eye(1623) * 1e9
+    assert d.min() >= 0.5
+
+
+def test_build_writes_omniglot_layout_and_bank(tmp_path) -> None:
+    out = build_glyphs(tmp_path / "glyphs", n_classes=12, n_drawers=3, seed=0)
+    index = index_folder(out)
+    assert index.n_classes == 12 and index.n_exemplars == 3
+    assert {n.split("/")[0] for n in index.class_names} == {"images_background", "images_evaluation"}
+    first = index.files[0][0]
+    assert first.name.endswith("_01.png") and first.name[:4].isdigit()
+    cached = load_bank(out, 105)  # from the cache the build wrote
+    (out / "lit_icl_bank_105.pt").unlink()
+    reread = load_bank(out, 105)  # from the PNGs
+    assert torch.equal(cached, reread), "the build's cache must equal what the reader makes of its PNGs"
+    assert set(reread.unique().tolist()) == {0, 255}  # binary ink on paper, like Omniglot
+    ink = (reread == 0).float().mean((-1, -2))
+    assert bool((ink > 0.01).all()) and bool((ink < 0.5).all())
+    # Drawers differ from each other; rebuilding with the same seed gives the same drawings.
+    assert not torch.equal(reread[:, 0], reread[:, 1])
+    again = load_bank(build_glyphs(tmp_path / "again", n_classes=12, n_drawers=3, seed=0), 105)
+    assert torch.equal(again, reread)
+    with pytest.raises(ConfigError, match="exists already"):
+        build_glyphs(out, n_classes=12, n_drawers=3)
+
+
+def test_drawers_keep_the_glyph_recognisable() -> None:
+    """Each drawing overlaps its own class's glyph more than other classes' glyphs (nearest-prototype check)."""
+    _, protos = select_glyphs(40)
+    drawings = draw(protos, 4, torch.Generator().manual_seed(0))
+    ink = (drawings == 0).float()
+    blur = lambda x: F.avg_pool2d(x.reshape(-1, 1, 105, 105), 9, 1, 4).flatten(1)  # noqa: E731
+    p, q = blur(protos), blur(ink)
+    p, q = F.normalize(p, dim=1), F.normalize(q, dim=1)
+    nearest = (q @ p.T).argmax(1)
+    acc = (nearest == torch.arange(40).repeat_interleave(4)).float().mean().item()
+    assert acc > 0.5, acc  # chance is 1/40; pixel overlap under random affine maps is a crude classifier

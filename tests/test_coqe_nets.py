@@ -1,0 +1,209 @@
+"""CoQE nets: ResNet sizes, causality, CoQE's dynamic/static logits, logit noise and its schedule."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lit_icl.core.errors import ConfigError
+from lit_icl.coqe.module import noise_schedule
+from lit_icl.coqe.nets import (
+    CausalTransformer,
+    CoQEClassifier,
+    ResNetEmbedder,
+    SequenceTransformer,
+    count_parameters,
+    sinusoidal_positions,
+)
+
+TINY = (8, 8, 8, 16)  # tiny ResNet widths
+
+
+def _bottleneck(cin: int, cout: int, project: bool) -> int:
+    """Parameters of one bottleneck block, written out by hand: three convs + their BNs (+ projection)."""
+    mid = cout // 4
+    convs = cin * mid + 3 * 3 * mid * mid + mid * cout
+    bns = 2 * (mid + mid + cout)
+    proj = cin * cout + 2 * cout if project else 0
+    return convs + bns + proj
+
+
+def _resnet_params(widths: tuple[int, ...], out: int = 64) -> int:
+    stem = 7 * 7 * 64 + 2 * 64
+    total, cin = stem, 64
+    for c in widths:
+        total += _bottleneck(cin, c, True) + _bottleneck(c, c, False)
+        cin = c
+    return total + (widths[-1] * out + out if widths[-1] != out else 0)
+
+
+@pytest.mark.parametrize(
+    ("e", "widths"), [(64, (16, 32, 32, 64)), (256, (64, 128, 128, 256)), (512, (64, 128, 256, 512))]
+)
+def test_resnet_parameter_counts(e: int, widths: tuple[int, ...]) -> None:
+    net = ResNetEmbedder(e)
+    assert net.channels == widths
+    assert count_parameters(net) == _resnet_params(widths)
+
+
+def test_resnet_shapes_and_model_sizes() -> None:
+    net = ResNetEmbedder(64).eval()
+    assert net(torch.rand(2, 105, 105)).shape == (2, 64)
+    # The paper's sizes (App. C.2): Transformer E=64/L=12 "approximately 0.9M", CoQE E=256/L=4 "1.0M",
+    # E=512/L=4 "2.0M". This implementation: 0.83M, 0.71M, 1.33M (see the README for the difference).
+    assert round(count_parameters(SequenceTransformer(1613, 64, 12)) / 1e6, 2) == 0.83
+    assert round(count_parameters(CoQEClassifier(1613, 256, 4)) / 1e6, 2) == 0.71
+    assert round(count_parameters(CoQEClassifier(1613, 512, 4)) / 1e6, 2) == 1.33
+
+
+def test_sinusoidal_positions_formula() -> None:
+    pe = sinusoidal_positions(17, 64, 30.0)
+    p, i = 5, 3
+    w = 30.0 ** (-2 * i / 64)
+    assert pe.shape == (17, 64)
+    assert abs(pe[p, i].item() - torch.tensor(p * w).sin().item()) < 1e-6
+    assert abs(pe[p, 32 + i].item() - torch.tensor(p * w).cos().item()) < 1e-6
+
+
+def test_transformer_uses_sdpa_causally() -> None:
+    torch.manual_seed(0)
+    tf = CausalTransformer(16, depth=2, heads=4).eval()
+    x = torch.randn(3, 7, 16)
+    y = tf(x)
+    x2 = x.clone()
+    x2[:, 4:] += torch.randn(3, 3, 16)
+    y2 = tf(x2)
+    torch.testing.assert_close(y[:, :4], y2[:, :4])
+    assert not torch.allclose(y[:, 4:], y2[:, 4:])
+
+
+def _nets() -> list[torch.nn.Module]:
+    torch.manual_seed(0)
+    return [
+        SequenceTransformer(12, depth=2, resnet_channels=TINY).eval(),
+        CoQEClassifier(12, depth=2, resnet_channels=TINY).eval(),
+    ]
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_later_positions_never_change_earlier_predictions(which: int) -> None:
+    net = _nets()[which]
+    g = torch.Generator().manual_seed(1)
+    images = torch.rand(4, 9, 16, 16, generator=g)
+    labels = torch.randint(12, (4, 8), generator=g)
+    base = net(images, labels).logits
+    for p in range(9):
+        img2, lab2 = images.clone(), labels.clone()
+        img2[:, p + 1 :] = torch.rand(img2[:, p + 1 :].shape, generator=g)
+        lab2[:, p:] = torch.randint(12, lab2[:, p:].shape, generator=g)  # label p comes after image p
+        out = net(img2, lab2).logits
+        torch.testing.assert_close(out[:, : p + 1], base[:, : p + 1], rtol=0, atol=1e-5)
+        if p < 8:
+            assert not torch.allclose(out[:, p + 1 :], base[:, p + 1 :])
+
+
+def _coqe_reference(net: CoQEClassifier, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Query logits written per class with Python loops: mean of t over the class's label tokens, dotted
+    with the query's s, for classes in the context; the static linear read-out otherwise."""
+    s = net.sample_proj(net.embed(images, labels))
+    t = net.task_proj(net.encoder(s))
+    out = torch.empty(images.shape[0], net.n_classes)
+    for b in range(images.shape[0]):
+        sq = s[b, -1]
+        for c in range(net.n_classes):
+            tokens = [t[b, 2 * j + 1] for j in range(labels.shape[1]) if labels[b, j] == c]
+            static = net.static.weight[c] @ sq + net.static.bias[c]
+            if tokens:
+                dyn = torch.stack(tokens).mean(0) @ sq
+                out[b, c] = dyn + (static if net.context_logit == "add" else 0.0)
+            else:
+                out[b, c] = static
+    return out
+
+
+@pytest.mark.parametrize("mode", ["replace", "add"])
+def test_coqe_eval_logits_dynamic_for_context_classes_static_otherwise(mode: str) -> None:
+    torch.manual_seed(0)
+    net = CoQEClassifier(12, depth=2, resnet_channels=TINY, context_logit=mode).eval()
+    g = torch.Generator().manual_seed(2)
+    images = torch.rand(3, 9, 16, 16, generator=g)
+    labels = torch.randint(5, (3, 8), generator=g)  # classes 5..11 never in the context
+    with torch.no_grad():
+        out = net(images, labels)
+        ref = _coqe_reference(net, images, labels)
+    torch.testing.assert_close(out.logits[:, -1], ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.logits[:, -1, 5:], out.static_logits[:, -1, 5:])
+
+
+def test_noise_goes_only_to_non_context_classes_at_the_query() -> None:
+    torch.manual_seed(0)
+    net = CoQEClassifier(12, depth=1, resnet_channels=TINY).eval()
+    images = torch.rand(2, 9, 16, 16)
+    labels = torch.tensor([[0, 1, 0, 1, 2, 2, 0, 1], [3, 3, 3, 4, 4, 4, 5, 6]])
+    noise = torch.full((2, 12), 7.0)
+    clean = net(images, labels).logits
+    noisy = net(images, labels, noise).logits
+    diff = noisy - clean
+    torch.testing.assert_close(diff[:, :-1], torch.zeros_like(diff[:, :-1]))
+    ctx = torch.zeros(2, 12, dtype=torch.bool)
+    ctx[0, [0, 1, 2]] = True
+    ctx[1, [3, 4, 5, 6]] = True
+    torch.testing.assert_close(diff[:, -1][ctx], torch.zeros(int(ctx.sum())))
+    torch.testing.assert_close(diff[:, -1][~ctx], torch.full((int((~ctx).sum()),), 7.0))
+    # noise_k: only the k smallest static logits (among non-context classes) get noise.
+    net.noise_k = 4
+    out = net(images, labels, noise)
+    d = out.logits[:, -1] - clean[:, -1]
+    smallest = out.static_logits[:, -1].topk(4, largest=False).indices
+    expect = torch.zeros(2, 12)
+    expect.scatter_(1, smallest, 7.0)
+    torch.testing.assert_close(d, expect * (~ctx))
+
+
+def test_detach_static_stops_lmod_gradient_to_the_static_head() -> None:
+    for detach, grads in ((True, False), (False, True)):
+        torch.manual_seed(0)
+        net = CoQEClassifier(12, depth=1, resnet_channels=TINY, detach_static=detach)
+        out = net(torch.rand(2, 9, 16, 16), torch.randint(3, (2, 8)))
+        F.cross_entropy(out.logits[:, -1], torch.tensor([7, 8])).backward()
+        assert (net.static.weight.grad is not None and net.static.weight.grad.abs().sum() > 0) == grads
+
+
+def test_noise_schedule_paper_and_public_code() -> None:
+    # Paper (App. C.2): N(mu0, 1), mean and std +1 every 10^4 steps.
+    assert noise_schedule(0, 5.0) == (5.0, 1.0)
+    assert noise_schedule(9_999, 5.0) == (5.0, 1.0)
+    assert noise_schedule(10_000, 5.0) == (6.0, 2.0)
+    assert noise_schedule(99_999, 3.0) == (12.0, 10.0)
+    # Public code: N(5, 3^2), first increase after 2 x 10^4 steps.
+    code = {"std0": 3.0, "increment": 1.0, "interval": 10_000, "delay": 10_000}
+    assert noise_schedule(19_999, 5.0, **code) == (5.0, 3.0)
+    assert noise_schedule(20_000, 5.0, **code) == (6.0, 4.0)
+    assert noise_schedule(45_000, 5.0, **code) == (8.0, 6.0)
+
+
+def test_transformer_refuses_noise() -> None:
+    net = _nets()[0]
+    with pytest.raises(ValueError, match="no logit noise"):
+        net(torch.rand(1, 9, 16, 16), torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 12))
+
+
+@pytest.mark.parametrize(
+    ("build", "needle"),
+    [
+        (lambda: ResNetEmbedder(100), "emb_dim=100 has no preset"),
+        (lambda: ResNetEmbedder(channels=(8, 8, 8)), "must be 4 integers"),
+        (lambda: ResNetEmbedder(channels=(8, 8, 8, 2)), "must be 4 integers >= 4"),
+        (lambda: CausalTransformer(64, depth=2, heads=7), "not divisible by heads=7"),
+        (lambda: CausalTransformer(64, depth=0), "depth=0"),
+        (lambda: SequenceTransformer(0), "n_classes=0"),
+        (lambda: CoQEClassifier(12, context_logit="mix", resnet_channels=TINY), "context_logit='mix'"),
+        (lambda: CoQEClassifier(12, noise_k=20, resnet_channels=TINY), "noise_k=20 exceeds n_classes=12"),
+        (lambda: CoQEClassifier(12, noise_k=0, resnet_channels=TINY), "noise_k=0"),
+    ],
+)
+def test_nets_bad_input(build, needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        build()
+    assert needle in str(info.value) and "\n" not in str(info.value)
