@@ -142,7 +142,7 @@ def main(args: ArgsType = None) -> None:
     """Entry point of ``python -m lit_icl`` and the ``lit-icl`` script."""
     torch.set_float32_matmul_precision("high")
     # Deterministic mode would also fill every new tensor with NaN to expose reads of uninitialised memory; that
-    # is a debugging aid, not part of reproducibility, and it slowed an IC-SSL step by up to ~1.8x on CPU here.
+    # is a debugging aid, not part of reproducibility, so it is left off (it only adds work).
     torch.utils.deterministic.fill_uninitialized_memory = False
     try:
         LitICLCLI(
