@@ -92,7 +92,8 @@ def choose_x(rows: Sequence[Mapping[str, Any]]) -> str | None:
             if k not in ROW_KEYS and k not in ("experiment", "_run"):
                 coords.setdefault(k, set()).add(v)
     varying = {k: len(v) for k, v in coords.items() if len(v) > 1}
-    return max(varying, key=lambda k: (varying[k], k)) if varying else None
+    # Ties go to the coordinate the rows name first (IC-SSL's label_ratio before n_labeled).
+    return max(varying, key=lambda k: varying[k]) if varying else None
 
 
 def markdown_table(rows: Sequence[Mapping[str, Any]], metric: str, x: str | None) -> str:
@@ -102,6 +103,9 @@ def markdown_table(rows: Sequence[Mapping[str, Any]], metric: str, x: str | None
     keys = [k for k in dict.fromkeys(k for r in chosen for k in r) if k not in ignore]
     # Drop key columns that are constant across the table (e.g. one split, one experiment).
     keys = [k for k in keys if len({r.get(k) for r in chosen}) > 1 or k == "method"]
+    if x is not None:
+        # A coordinate fixed by x (IC-SSL's n_labeled by label_ratio) is a second name for the column, not a line.
+        keys = [k for k in keys if k in ("method", "experiment") or not _function_of(chosen, k, x)]
     keys.sort(key=lambda k: k != "experiment")  # the experiment first, then the row's own keys
     xs = sorted({r.get(x) for r in chosen}, key=_sort_key) if x else [None]
     stats = aggregate(chosen, [*keys, x] if x else keys)
@@ -120,11 +124,22 @@ def markdown_table(rows: Sequence[Mapping[str, Any]], metric: str, x: str | None
     return "\n".join(lines)
 
 
+def _function_of(rows: Sequence[Mapping[str, Any]], key: str, x: str) -> bool:
+    """Whether ``key`` takes a single value for each value of ``x`` in ``rows``."""
+    seen: dict[Any, Any] = {}
+    for r in rows:
+        if seen.setdefault(r.get(x), r.get(key)) != r.get(key):
+            return False
+    return True
+
+
 def _fmt_x(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
 def _fmt_cell(mean: float, sd: float, n: int) -> str:
+    if mean == int(mean) and sd == 0 and abs(mean) >= 100:  # counts such as parameters
+        return f"{int(mean)}"
     digits = 3 if abs(mean) < 100 else 1
     return f"{mean:.{digits}f} ± {sd:.{digits}f}" if n > 1 else f"{mean:.{digits}f}"
 

@@ -84,7 +84,9 @@ def test_figures_draw_one_line_per_method_with_sd_bands() -> None:
 
 
 def _fake_run(path, seed: int, name: str, accs: list[float], lr: float = 0.003) -> None:
-    rows = [result_row("accuracy", a, method="E2E", label_ratio=r) for r, a in zip([0.03, 0.25], accs)]
+    rows = [result_row("accuracy", a, method="E2E", label_ratio=r, n_labeled=round(100 * r))
+            for r, a in zip([0.03, 0.25], accs)]
+    rows.append(result_row("parameters", 11433, method="E2E"))
     config = {
         "seed_everything": seed,
         "model": {"class_path": "M", "init_args": {"lr": lr}},
@@ -108,7 +110,8 @@ def test_report_averages_runs_that_differ_only_in_seed(tmp_path, capsys) -> None
     assert table[2] == "| experiment | method | label_ratio=0.03 | label_ratio=0.25 |"
     sd = statistics.stdev([0.70, 0.80])
     assert table[4] == f"| exp | E2E | 0.750 ± {sd:.3f} | 0.910 ± {statistics.stdev([0.90, 0.92]):.3f} |"
-    assert table[5] == "| exp2 | E2E | 0.500 | 0.600 |"
+    assert table[5] == "| exp2 | E2E | 0.500 | 0.600 |"  # n_labeled follows label_ratio: no column of its own
+    assert "| exp | E2E | 11433 |" in table  # a count, identical over seeds
     assert out.read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(SystemExit):
         report([str(tmp_path / "missing")])
