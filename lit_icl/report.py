@@ -21,7 +21,6 @@ import hashlib
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from lit_icl.core.figures import _sort_key, aggregate, bar_figure, line_figure

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import glob
 import os
+from pathlib import Path
 
 import pytest
 import torch
 from lightning.pytorch import Callback
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 # In-process tests use one intra-op thread so they do not fight the subprocesses some tests start. Nothing is
 # put into the environment: subprocesses run with the default thread count, as a user's run does.
@@ -72,3 +75,14 @@ class RecordBatches(Callback):
         with open(self.path, "a") as fh:
             fh.write(f"{trainer.current_epoch} {trainer.global_step} {float(batch['x'].sum()):.6f} {lr:.8f}\n")
 
+
+
+def tb_scalars(run_dir: Path) -> dict[str, list[float]]:
+    """Every scalar a run logged to TensorBoard: ``{tag: [values in step order]}``."""
+    out: dict[str, list[float]] = {}
+    for path in sorted(glob.glob(str(Path(run_dir) / "events.out.tfevents.*"))):
+        ea = EventAccumulator(path)
+        ea.Reload()
+        for tag in ea.Tags()["scalars"]:
+            out.setdefault(tag, []).extend(e.value for e in ea.Scalars(tag))
+    return out

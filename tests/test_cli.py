@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import subprocess
@@ -14,23 +13,13 @@ import torch
 from lightning.pytorch import LightningDataModule, LightningModule
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import tiny_args
+from conftest import tb_scalars, tiny_args
 from lit_icl.cli import LitICLCLI, main
 from lit_icl.icssl import ICSSLModule
 
 
 def _run(args: list[str]) -> None:
     main(args)
-
-
-def _scalars(run_dir: Path) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {}
-    for path in sorted(glob.glob(str(run_dir / "events.out.tfevents.*"))):
-        ea = EventAccumulator(path)
-        ea.Reload()
-        for tag in ea.Tags()["scalars"]:
-            out.setdefault(tag, []).extend(e.value for e in ea.Scalars(tag))
-    return out
 
 
 def _state(ckpt: Path) -> dict[str, torch.Tensor]:
@@ -42,7 +31,7 @@ def _state(ckpt: Path) -> dict[str, torch.Tensor]:
 
 def test_bf16_mixed_trains_with_finite_loss(tmp_path) -> None:
     _run(["fit", *tiny_args(tmp_path, "--trainer.precision", "bf16-mixed", "--trainer.max_epochs", "1")])
-    scalars = _scalars(tmp_path / "runs/tiny/version_0")
+    scalars = tb_scalars(tmp_path / "runs/tiny/version_0")
     assert scalars["train/loss"] and all(torch.isfinite(torch.tensor(scalars["train/loss"])))
     assert 0.0 <= scalars["val/acc/label_ratio=0.25"][-1] <= 1.0
 
@@ -64,7 +53,7 @@ def test_test_writes_tidy_results_with_provenance_and_figure(tmp_path) -> None:
     assert all(0.0 <= r["value"] <= 1.0 and r["split"] == "test" for r in acc)
     assert len([r for r in rows if r["method"] == "labeled_majority"]) == 3
     # The logged test metrics and the rows are the same numbers.
-    scalars = _scalars(out)
+    scalars = tb_scalars(out)
     for r in acc:
         assert scalars[f"test/acc/label_ratio={r['label_ratio']:g}"][-1] == pytest.approx(r["value"])
     assert (out / "results.csv").read_text().startswith("metric,value,split,method,label_ratio,n_labeled")
@@ -98,8 +87,8 @@ def test_ddp_on_cpu_matches_single_process(tmp_path) -> None:
         env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    s = _scalars(single / "runs/tiny/version_0")
-    d = _scalars(ddp / "runs/tiny/version_0")
+    s = tb_scalars(single / "runs/tiny/version_0")
+    d = tb_scalars(ddp / "runs/tiny/version_0")
     for tag in ("val/acc/label_ratio=0.1", "val/acc/label_ratio=0.25", "val/acc/label_ratio=0.5", "val/loss"):
         # Same episodes, same averaged gradients; only the order of float reductions differs.
         assert abs(s[tag][-1] - d[tag][-1]) < 2e-3, (tag, s[tag], d[tag])
@@ -132,8 +121,8 @@ def test_torchrun_on_cpu_matches_single_process(tmp_path) -> None:
     # Both ranks joined one gloo group of two: Lightning reports it once per rank.
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in proc.stderr + proc.stdout
     assert sorted(p.name for p in (launched / "runs" / "tiny").iterdir()) == ["version_0"]
-    s = _scalars(single / "runs/tiny/version_0")
-    d = _scalars(launched / "runs/tiny/version_0")
+    s = tb_scalars(single / "runs/tiny/version_0")
+    d = tb_scalars(launched / "runs/tiny/version_0")
     for tag in ("val/acc/label_ratio=0.1", "val/acc/label_ratio=0.25", "val/acc/label_ratio=0.5", "val/loss"):
         assert abs(s[tag][-1] - d[tag][-1]) < 2e-3, (tag, s[tag], d[tag])
     a = _state(single / "runs/tiny/version_0/checkpoints/last.ckpt")
@@ -175,7 +164,7 @@ def test_every_config_trains_tests_and_reloads(tmp_path, config: str, representa
     run = tmp_path / "runs/tiny/version_0"
     ckpts = sorted((run / "checkpoints").iterdir())
     assert any(p.name == "last.ckpt" for p in ckpts) and any(p.name.startswith("best-") for p in ckpts)
-    scalars = _scalars(run)
+    scalars = tb_scalars(run)
     assert "val/separation/model" in scalars and "val/mnn/eig~model" in scalars
     last = run / "checkpoints/last.ckpt"
     _run(["test", *args, "--ckpt_path", str(last)])

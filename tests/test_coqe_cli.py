@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import glob
 import json
 from pathlib import Path
 
 import pytest
 import torch
 from lightning.pytorch import LightningDataModule, LightningModule
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lit_icl.cli import LitICLCLI, main
 from lit_icl.coqe import CoQEClassificationModule
 from badinput import assert_rejected
+from conftest import tb_scalars
 from test_coqe_data import write_omniglot_fixture
 
 
@@ -50,23 +49,13 @@ def coqe_args(tmp_path: Path, *extra: str, config: str = "configs/coqe_omniglot.
     ]
 
 
-def _scalars(run_dir: Path) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {}
-    for path in sorted(glob.glob(str(run_dir / "events.out.tfevents.*"))):
-        ea = EventAccumulator(path)
-        ea.Reload()
-        for tag in ea.Tags()["scalars"]:
-            out.setdefault(tag, []).extend(e.value for e in ea.Scalars(tag))
-    return out
-
-
 @pytest.mark.parametrize(
     ("config", "method"), [("configs/coqe_omniglot.yaml", "coqe"), ("configs/transformer_omniglot.yaml", "transformer")]
 )
 def test_fit_then_test_gives_icl_iwl_curves_rows_and_figure(tmp_path, config: str, method: str) -> None:
     main(["fit", *coqe_args(tmp_path, config=config)])
     run = tmp_path / "runs/tiny/version_0"
-    scalars = _scalars(run)
+    scalars = tb_scalars(run)
     for tag in ("val/acc/icl", "val/acc/iwl"):
         assert len(scalars[tag]) == 2 and all(0.0 <= v <= 1.0 for v in scalars[tag]), tag  # one per epoch
     assert ("train/loss_mod" in scalars) == (method == "coqe")
@@ -189,7 +178,7 @@ def test_every_shipped_config_trains_on_the_tiny_fixture(tmp_path, config: str) 
 
 def test_bf16_mixed_trains_coqe_with_finite_losses(tmp_path) -> None:
     main(["fit", *coqe_args(tmp_path, "--trainer.precision", "bf16-mixed")])
-    scalars = _scalars(tmp_path / "runs/tiny/version_0")
+    scalars = tb_scalars(tmp_path / "runs/tiny/version_0")
     for tag in ("train/loss", "train/loss_mod", "train/loss_orig"):
         assert scalars[tag] and all(torch.isfinite(torch.tensor(scalars[tag]))), tag
     assert 0.0 <= scalars["val/acc/icl"][-1] <= 1.0
