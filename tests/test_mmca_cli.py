@@ -12,6 +12,7 @@ import torch
 from lightning.pytorch import Trainer
 
 from lit_icl.cli import main
+from lit_icl.core.results import collect_test_rows
 from lit_icl.mmca.data import LatentFactorDataModule
 from lit_icl.mmca.diagnostics import WhiteningDiagnostic
 from lit_icl.mmca.module import LatentFactorICLModule
@@ -105,7 +106,7 @@ def test_tiny_fit_then_test_end_to_end(tmp_path) -> None:
         logger=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[WhiteningDiagnostic()]
     )
     trainer.test(model, datamodule=dm)
-    rows = model.test_rows
+    rows = collect_test_rows(trainer, model)  # the module's rows and the whitening callback's
     icl = {
         (r["method"], r.get("depth"), r["context_length"]): r["value"]
         for r in rows

@@ -143,11 +143,23 @@ def load_results(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def collect_test_rows(trainer: Trainer, module: LightningModule) -> list[dict[str, Any]]:
+    """The rows of a ``test`` run: the module's ``test_rows``, then those of every callback that measures
+    something itself (a callback with a ``test_rows`` list, e.g. a diagnostic over the net's layers)."""
+    rows = list(getattr(module, "test_rows", None) or [])
+    for callback in trainer.callbacks:
+        extra = getattr(callback, "test_rows", None)
+        if isinstance(extra, list):
+            rows.extend(extra)
+    return rows
+
+
 class ResultsWriter(Callback):
     """Writes a ``test`` run's rows, provenance and figures next to its logs (rank 0).
 
-    Reads ``pl_module.test_rows`` (set in ``on_test_epoch_end``) and ``pl_module.test_figures(rows)``. The CLI adds
-    this callback to every run; in Python add it to the ``Trainer``'s callbacks.
+    Reads the rows of :func:`collect_test_rows` (the module's ``test_rows``, set in ``on_test_epoch_end``, and any
+    callback's) and draws ``pl_module.test_figures(rows)`` from all of them. The CLI adds this callback to every
+    run; in Python add it to the ``Trainer``'s callbacks.
 
     Args:
         dirpath: where to write; default the trainer's ``log_dir`` (the run folder).
@@ -159,7 +171,7 @@ class ResultsWriter(Callback):
         self.last_path: Path | None = None
 
     def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        rows = list(getattr(pl_module, "test_rows", None) or [])
+        rows = collect_test_rows(trainer, pl_module)
         if not trainer.is_global_zero or not rows:
             return
         figure_fn = getattr(pl_module, "test_figures", None)

@@ -38,8 +38,8 @@ class WhiteningDiagnostic(Callback):
     Works with any net that has ``layer_states(x) -> [F_1, ..., F_T]`` (the CA stacks of
     :mod:`lit_icl.mmca.nets`); others are skipped. At the end of the test epoch it logs
     ``test/whitening_residual/layer=t`` and hands rows (metric ``whitening_residual``, coordinates ``layer``,
-    ``depth``, ``context_length``) to the module through ``pl_module.extra_test_rows``, which the module appends to
-    its ``test_rows`` (callback hooks run before the module's ``on_test_epoch_end``).
+    ``depth``, ``context_length``) as its own ``test_rows``, which :class:`lit_icl.core.results.ResultsWriter`
+    writes next to the module's.
 
     Args:
         context_length: ``L`` of the prompts the diagnostic uses (their first ``L`` tokens); default: all the
@@ -52,6 +52,8 @@ class WhiteningDiagnostic(Callback):
         self.context_length = context_length
         self._metrics: list[MeanMetric] = []
         self._length: int | None = None
+        #: Rows of the last test epoch, written by ResultsWriter beside the module's.
+        self.test_rows: list[dict] = []
 
     def check_config(self, trainer: Any = None, model: Any = None, datamodule: Any = None) -> None:
         """Before the run: the diagnostic's context must fit in the test prompts (their longest ``L_te``)."""
@@ -64,6 +66,7 @@ class WhiteningDiagnostic(Callback):
 
     def on_test_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._metrics = []
+        self.test_rows = []
         self._length = None
 
     def on_test_batch_end(
@@ -111,4 +114,4 @@ class WhiteningDiagnostic(Callback):
                     context_length=self._length,
                 )
             )
-        pl_module.extra_test_rows = list(getattr(pl_module, "extra_test_rows", [])) + rows
+        self.test_rows = rows

@@ -11,8 +11,9 @@ tied across layers, the depths ``test_depths``) on the same fixed test prompts a
 
 The parameter-free in-context sample mean and the Bayes predictor run next to the net (``baselines``). Nets
 with layer weights add ``alpha_hat`` / ``beta_hat`` per layer (App. H's normalised traces) and ``alpha_star``; the
-:class:`~lit_icl.mmca.diagnostics.WhiteningDiagnostic` callback adds ``whitening_residual`` per layer.
-All of it lands in ``self.test_rows`` (tidy rows, one number each) and :meth:`test_figures` draws Figs. 2, 3, 5, 6.
+:class:`~lit_icl.mmca.diagnostics.WhiteningDiagnostic` callback adds ``whitening_residual`` per layer as its own rows.
+The module's numbers land in ``self.test_rows`` (tidy rows, one number each); :meth:`test_figures` draws Figs. 2,
+3, 5, 6 from those and the callback's rows together.
 """
 
 from __future__ import annotations
@@ -96,7 +97,6 @@ class LatentFactorICLModule(ICLModule):
         self.val_mse = MeanMetric()
         self.val_icl = MeanMetric()
         self.test_metrics = nn.ModuleDict()
-        self.extra_test_rows: list[dict[str, Any]] = []
         self.context_lengths: list[int] | None = None
         self.norm_range: tuple[float, float] | None = None
 
@@ -201,8 +201,6 @@ class LatentFactorICLModule(ICLModule):
             tag = "/".join(f"{k}={v}" for k, v in coords.items())
             self.log(f"test/{name}/{method}/{tag}", value, sync_dist=True)
         rows += self._layer_rows()
-        rows += list(self.extra_test_rows)
-        self.extra_test_rows = []
         self.test_rows = rows
 
     def _layer_rows(self) -> list[dict[str, Any]]:
