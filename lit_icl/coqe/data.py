@@ -140,10 +140,12 @@ def load_bank(root: str | os.PathLike[str], image_size: int = 105) -> Tensor:
     if cache.is_file():
         try:
             saved = torch.load(cache, map_location="cpu", weights_only=True)
-            if tuple(saved["fingerprint"]) == fingerprint and saved["class_names"] == index.class_names:
+        except (OSError, RuntimeError, EOFError, KeyError, ValueError) as err:  # partial or foreign file
+            rank_zero_info(f"lit_icl.coqe: rebuilding the unreadable image cache {cache} ({type(err).__name__})")
+        else:
+            if tuple(saved.get("fingerprint", ())) == fingerprint and saved.get("class_names") == index.class_names:
                 return saved["images"]
-        except Exception:  # noqa: BLE001 - a stale or partial cache is rebuilt
-            pass
+            rank_zero_info(f"lit_icl.coqe: the images under {root} changed; rebuilding {cache.name}")
     images = torch.stack(
         [torch.stack([_png_to_tensor(p, image_size) for p in cls]) for cls in index.files]
     )
