@@ -70,28 +70,43 @@ def test_test_writes_tidy_results_with_provenance_and_figure(tmp_path) -> None:
     torch.testing.assert_close(probs.sum(-1), torch.ones(3, 16, 20))
 
 
-def test_ddp_on_cpu_matches_single_process(tmp_path) -> None:
-    """2 gloo ranks x 8 episodes per step see the same data as 1 process x 16: same validation metrics."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    common = ["--trainer.max_epochs", "1", "--model.init_args.lr_schedule", "constant"]
-    single = tmp_path / "single"
-    ddp = tmp_path / "ddp"
+SUBPROCESS_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+COMMON = ["--trainer.max_epochs", "1", "--model.init_args.lr_schedule", "constant"]
+VAL_TAGS = ("val/acc/label_ratio=0.1", "val/acc/label_ratio=0.25", "val/acc/label_ratio=0.5", "val/loss")
+
+
+def _two_rank_args(root: Path) -> list[str]:
+    """Tiny IC-SSL fit on 2 gloo ranks with 8 episodes each per step."""
+    return tiny_args(root, *COMMON, "--data.init_args.batch_size", "8", "--data.init_args.eval_batch_size", "8",
+                     "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu")
+
+
+@pytest.fixture(scope="module")
+def single_process_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference for the multi-process tests: 1 process with 16 episodes per step."""
+    root = tmp_path_factory.mktemp("single")
     subprocess.run(
-        [sys.executable, "-m", "lit_icl", "fit", *tiny_args(single, *common, "--data.init_args.batch_size", "16")],
-        check=True, env=env, capture_output=True, timeout=300,
+        [sys.executable, "-m", "lit_icl", "fit", *tiny_args(root, *COMMON, "--data.init_args.batch_size", "16")],
+        check=True, env={**os.environ, **SUBPROCESS_ENV}, capture_output=True, timeout=300,
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "lit_icl", "fit",
-         *tiny_args(ddp, *common, "--data.init_args.batch_size", "8", "--data.init_args.eval_batch_size", "8",
-                    "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu")],
-        env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    s = tb_scalars(single / "runs/tiny/version_0")
-    d = tb_scalars(ddp / "runs/tiny/version_0")
-    for tag in ("val/acc/label_ratio=0.1", "val/acc/label_ratio=0.25", "val/acc/label_ratio=0.5", "val/loss"):
+    return root / "runs/tiny/version_0"
+
+
+def _assert_same_val_metrics(single: Path, multi: Path) -> None:
+    s, d = tb_scalars(single), tb_scalars(multi)
+    for tag in VAL_TAGS:
         # Same episodes, same averaged gradients; only the order of float reductions differs.
         assert abs(s[tag][-1] - d[tag][-1]) < 2e-3, (tag, s[tag], d[tag])
+
+
+def test_ddp_on_cpu_matches_single_process(tmp_path, single_process_run: Path) -> None:
+    """2 gloo ranks x 8 episodes per step see the same data as 1 process x 16: same validation metrics."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "lit_icl", "fit", *_two_rank_args(tmp_path / "ddp")],
+        env={**os.environ, **SUBPROCESS_ENV}, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _assert_same_val_metrics(single_process_run, tmp_path / "ddp/runs/tiny/version_0")
 
 
 def _torchrun() -> list[str]:
@@ -100,32 +115,21 @@ def _torchrun() -> list[str]:
     return [str(script)] if script.is_file() else [sys.executable, "-m", "torch.distributed.run"]
 
 
-def test_torchrun_on_cpu_matches_single_process(tmp_path) -> None:
+def test_torchrun_on_cpu_matches_single_process(tmp_path, single_process_run: Path) -> None:
     """``torchrun --nproc_per_node 2 -m lit_icl fit`` (what a multi-node launch runs on each node) equals one
     process with the double batch: Lightning detects the torchelastic environment and does not spawn."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    common = ["--trainer.max_epochs", "1", "--model.init_args.lr_schedule", "constant"]
-    single = tmp_path / "single"
     launched = tmp_path / "torchrun"
-    subprocess.run(
-        [sys.executable, "-m", "lit_icl", "fit", *tiny_args(single, *common, "--data.init_args.batch_size", "16")],
-        check=True, env=env, capture_output=True, timeout=300,
-    )
     proc = subprocess.run(
         [*_torchrun(), "--standalone", "--nnodes", "1", "--nproc_per_node", "2", "-m", "lit_icl", "fit",
-         *tiny_args(launched, *common, "--data.init_args.batch_size", "8", "--data.init_args.eval_batch_size", "8",
-                    "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu")],
-        env=env, capture_output=True, text=True, timeout=300,
+         *_two_rank_args(launched)],
+        env={**os.environ, **SUBPROCESS_ENV}, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     # Both ranks joined one gloo group of two: Lightning reports it once per rank.
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in proc.stderr + proc.stdout
     assert sorted(p.name for p in (launched / "runs" / "tiny").iterdir()) == ["version_0"]
-    s = tb_scalars(single / "runs/tiny/version_0")
-    d = tb_scalars(launched / "runs/tiny/version_0")
-    for tag in ("val/acc/label_ratio=0.1", "val/acc/label_ratio=0.25", "val/acc/label_ratio=0.5", "val/loss"):
-        assert abs(s[tag][-1] - d[tag][-1]) < 2e-3, (tag, s[tag], d[tag])
-    a = _state(single / "runs/tiny/version_0/checkpoints/last.ckpt")
+    _assert_same_val_metrics(single_process_run, launched / "runs/tiny/version_0")
+    a = _state(single_process_run / "checkpoints/last.ckpt")
     b = _state(launched / "runs/tiny/version_0/checkpoints/last.ckpt")
     assert a.keys() == b.keys()
     # Same episodes and averaged gradients; only the float reduction order differs. Adam divides by sqrt(v), so
