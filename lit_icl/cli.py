@@ -79,6 +79,10 @@ class LitICLCLI(LightningCLI):
         if isinstance(self.model, ICLModule):
             self.model.attach_datamodule(self.datamodule)
 
+    def before_fit(self) -> None:
+        if isinstance(self.model, ICLModule):
+            self.model.check_trainable()
+
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         trainer = super().instantiate_trainer(**kwargs)
         if not any(isinstance(cb, ResultsWriter) for cb in trainer.callbacks):

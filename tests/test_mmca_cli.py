@@ -11,6 +11,7 @@ import pytest
 import torch
 from lightning.pytorch import Trainer
 
+from badinput import assert_rejected
 from lit_icl.cli import main
 from lit_icl.core.results import collect_test_rows
 from lit_icl.mmca.data import LatentFactorDataModule
@@ -151,19 +152,9 @@ def test_tiny_fit_then_test_end_to_end(tmp_path) -> None:
 
 
 def test_fitting_a_net_without_parameters_is_refused(tmp_path, capsys) -> None:
-    with pytest.raises(SystemExit) as info:
-        main(
-            [
-                "fit",
-                *mmca_args(tmp_path),
-                "--model.init_args.net",
-                "lit_icl.mmca.nets.SampleMean",
-                "--model.init_args.test_depths",
-                "null",
-            ]
-        )
-    assert info.value.code == 2
-    assert "SampleMean has no trainable parameters; evaluate it with `test`" in capsys.readouterr().err
+    args = ["fit", *mmca_args(tmp_path), "--model.init_args.net", "lit_icl.mmca.nets.SampleMean",
+            "--model.init_args.test_depths", "null"]
+    assert_rejected(tmp_path, capsys, args, "SampleMean has no trainable parameters; evaluate it with `test`")
 
 
 # (args, needle): each must stop the CLI with exit 2, one line naming the problem, and no run folder.
@@ -212,13 +203,7 @@ BAD_INPUT = [
 
 @pytest.mark.parametrize(("extra", "needle"), BAD_INPUT, ids=[n[:40] for _, n in BAD_INPUT])
 def test_bad_input_table(tmp_path, capsys, extra: list[str], needle: str) -> None:
-    with pytest.raises(SystemExit) as info:
-        main(["fit", *mmca_args(tmp_path), *extra])
-    assert info.value.code == 2
-    err = capsys.readouterr().err
-    lines = [ln for ln in err.splitlines() if ln.startswith("lit_icl: error:")]
-    assert len(lines) == 1 and needle in lines[0], err
-    assert not (tmp_path / "runs").exists(), "nothing may be written before the input is checked"
+    assert_rejected(tmp_path, capsys, ["fit", *mmca_args(tmp_path), *extra], needle)
 
 
 CONFIGS = sorted(glob.glob("configs/mmca_synthetic*.yaml"))

@@ -28,6 +28,8 @@ from typing import Any
 from lightning.pytorch import LightningDataModule, LightningModule
 from torch import nn
 
+from lit_icl.core.errors import ConfigError
+
 
 class ICLModule(LightningModule):
     """Base class of the paper modules (see the module docstring for the conventions it carries)."""
@@ -72,6 +74,17 @@ class ICLModule(LightningModule):
     def setup(self, stage: str) -> None:
         trainer = self._trainer
         self.attach_datamodule(getattr(trainer, "datamodule", None) if trainer is not None else None)
+        if stage == "fit":
+            self.check_trainable()
+
+    def check_trainable(self) -> None:
+        """Refuse to ``fit`` a model with nothing to train (a baseline such as a closed-form solver).
+
+        The CLI calls it before ``fit`` starts, so the refusal comes before a run folder exists.
+        """
+        if not any(p.requires_grad for p in self.parameters()):
+            name = type(getattr(self, "net", self)).__name__
+            raise ConfigError(f"{name} has no trainable parameters; evaluate it with `test` instead of `fit`")
 
     # ------------------------------------------------------------------ results
     @property
