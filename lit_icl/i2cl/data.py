@@ -1,0 +1,419 @@
+"""Tasks for I2CL (App. A): demonstrations, calibration queries and the class-balanced evaluation set.
+
+Sources (``task``):
+
+- the nine tasks of App. A (``sst2``, ``sst5``, ``mr``, ``subj``, ``trec``, ``agnews``, ``dbpedia``,
+  ``hate_speech18``, ``emoc``) through HuggingFace ``datasets``: the hub id of :data:`TASKS` or a local copy
+  (``path``: a folder ``load_dataset`` understands, e.g. a ``save_to_disk``-free parquet/CSV/JSON folder);
+- ``synthetic``: App. C.2's three-class task without semantic or format priors, random strings / random special
+  characters / random numbers labelled ``A`` / ``B`` / ``C``, generated as a pure function of
+  ``(data_seed, split, index)``;
+- ``jsonl`` / ``csv``: any local ``train_file`` / ``test_file`` of (text, label) rows with a ``template`` and
+  ``label_words`` given in the config; ``python -m lit_icl.i2cl.prepare`` writes the offline movie-review task
+  (``data/i2cl/movie_reviews``) in this format.
+
+Protocol (Sec. 3 and the public code): ``shots_per_class`` demonstrations per class (5; 1 for DBPedia) drawn
+from the train split by ``data_seed`` and shuffled; the same demonstrations, formatted as queries, are the
+calibration set (Eq. 5); ``eval_samples`` (500) class-balanced test queries drawn once by ``eval_seed`` (the same
+for every seed and method); ``holdout_samples`` (32) class-balanced train queries disjoint from the demonstrations
+(the task vector's layer selection, App. B.1) and one extra train query (the task vector's dummy query).
+A demonstration reads ``template.format(text=x) + " " + label_word + "\\n"``; a query ends at the template's colon.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import string
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, Dataset
+
+from lit_icl.core.data import EpochSampler
+from lit_icl.core.errors import ConfigError
+from lit_icl.core.seeding import make_generator
+from lit_icl.core.validation import check_choice, check_int, check_nonempty, check_positive
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Where a task lives on the hub and how it is prompted (App. A, Table 9)."""
+
+    hub_id: str
+    config: str | None
+    test_split: str
+    text_field: str
+    label_field: str
+    template: str
+    label_words: tuple[str, ...]
+    shots_per_class: int = 5
+    keep_labels: tuple[int, ...] | None = None  # hate_speech18: only {0: neutral, 1: hate}
+
+
+TASKS: dict[str, TaskSpec] = {
+    "sst2": TaskSpec("glue", "sst2", "validation", "sentence", "label", "Review: {text}\nSentiment:",
+                     ("negative", "positive")),
+    "sst5": TaskSpec("SetFit/sst5", None, "test", "text", "label", "Sentence: {text}\nSentiment:",
+                     ("terrible", "negative", "neutral", "positive", "great")),
+    "mr": TaskSpec("rotten_tomatoes", None, "test", "text", "label", "Review: {text}\nSentiment:",
+                   ("negative", "positive")),
+    "subj": TaskSpec("SetFit/subj", None, "test", "text", "label", "Sentence: {text}\nLabel:",
+                     ("objective", "subjective")),
+    "trec": TaskSpec("trec", None, "test", "text", "coarse_label", "Question: {text}\nAnswer Type:",
+                     ("Abbreviation", "Entity", "Description", "Person", "Location", "Number")),
+    "agnews": TaskSpec("ag_news", None, "test", "text", "label", "News: {text}\nType:",
+                       ("World", "Sports", "Business", "Technology")),
+    "dbpedia": TaskSpec("fancyzhx/dbpedia_14", None, "test", "content", "label", "Input: {text}\nLabel:",
+                        ("company", "school", "artist", "athlete", "politics", "transportation", "building",
+                         "nature", "village", "animal", "plant", "album", "film", "book"), shots_per_class=1),
+    # Only a train split exists: its first half gives train/holdout, its second half the test set.
+    "hate_speech18": TaskSpec("hate_speech18", None, "train", "text", "label", "Text: {text}\nLabel:",
+                              ("neutral", "hate"), keep_labels=(0, 1)),
+    "emoc": TaskSpec("emo", None, "test", "text", "label", "Dialogue: {text}\nEmotion:",
+                     ("others", "happy", "sad", "angry")),
+}
+SYNTHETIC_TEMPLATE = "Input: {text}\nLabel:"
+SYNTHETIC_LABELS = ("A", "B", "C")
+SPECIAL_CHARS = "!@#$%^&*()-_=+[]{};:'\",.<>/?\\|`~"
+SOURCES = (*TASKS, "synthetic", "jsonl", "csv")
+
+Example = tuple[str, int]
+
+
+@dataclass
+class TaskData:
+    """Everything one (task, seed) run needs, as text."""
+
+    name: str
+    template: str
+    label_words: list[str]
+    demos: list[Example]
+    eval: list[Example]
+    holdout: list[Example]
+    extra_query: Example
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def query(self, text: str) -> str:
+        return self.template.format(text=text)
+
+    def demo(self, ex: Example) -> str:
+        return f"{self.query(ex[0])} {self.label_words[ex[1]]}\n"
+
+    @property
+    def demo_texts(self) -> list[str]:
+        return [self.demo(d) for d in self.demos]
+
+    @property
+    def prefix(self) -> str:
+        """The few-shot prompt's demonstration part (examples separated by a blank line, as the public code)."""
+        return "\n".join(self.demo_texts) + "\n"
+
+
+# ---------------------------------------------------------------------- synthetic task (App. C.2)
+def synthetic_example(data_seed: int, split: str, index: int) -> Example:
+    """Class ``index % 3``: random lowercase string / random special characters / random numbers."""
+    g = make_generator(data_seed, "i2cl_synthetic", split, index)
+    label = index % 3
+    n = int(torch.randint(3, 7, (1,), generator=g))
+    if label == 0:
+        words = []
+        for _ in range(n):
+            k = int(torch.randint(3, 9, (1,), generator=g))
+            words.append("".join(string.ascii_lowercase[int(i)] for i in torch.randint(0, 26, (k,), generator=g)))
+        text = " ".join(words)
+    elif label == 1:
+        words = []
+        for _ in range(n):
+            k = int(torch.randint(2, 6, (1,), generator=g))
+            words.append("".join(SPECIAL_CHARS[int(i)] for i in torch.randint(0, len(SPECIAL_CHARS), (k,), generator=g)))
+        text = " ".join(words)
+    else:
+        text = " ".join(str(int(v)) for v in torch.randint(0, 10000, (n,), generator=g))
+    return text, label
+
+
+# ---------------------------------------------------------------------- readers
+def read_table(path: str | Path, text_field: str, label_field: str, label_words: list[str]) -> list[Example]:
+    """Rows of a local ``.jsonl`` / ``.csv``; labels are ints ``0..C-1`` or the label words themselves."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"data file {str(p)!r} does not exist; give a .jsonl or .csv of (text, label) rows")
+    if p.suffix == ".csv":
+        with open(p, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    else:
+        with open(p, encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    out = []
+    for i, row in enumerate(rows):
+        if text_field not in row or label_field not in row:
+            raise ConfigError(f"{p}: row {i} lacks {text_field!r} or {label_field!r}; set text_field/label_field")
+        out.append((str(row[text_field]), _label_id(row[label_field], label_words, f"{p}: row {i}")))
+    return out
+
+
+def _label_id(value: Any, label_words: list[str], where: str) -> int:
+    if isinstance(value, str) and value in label_words:
+        return label_words.index(value)
+    try:
+        k = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: label {value!r} is neither 0..{len(label_words) - 1} nor a label word") from None
+    if not 0 <= k < len(label_words):
+        raise ConfigError(f"{where}: label {k} outside 0..{len(label_words) - 1} (one label word per class)")
+    return k
+
+
+def load_hub(spec: TaskSpec, path: str | None) -> tuple[list[Example], list[Example]]:
+    """(train, test) examples of a hub task (or a local copy at ``path``) through ``datasets``."""
+    try:
+        import datasets
+    except ImportError:
+        raise ConfigError("the nine paper tasks need `datasets`; pip install 'lit_icl[i2cl]'") from None
+    source = path or spec.hub_id
+    try:
+        ds = datasets.load_dataset(source, spec.config) if path is None else datasets.load_dataset(source)
+    except Exception as err:  # noqa: BLE001 - datasets raises many types; the user needs one line
+        raise ConfigError(
+            f"cannot load {source!r} with datasets ({type(err).__name__}); give a local copy with `path`"
+        ) from None
+
+    def rows(split: str) -> list[Example]:
+        d = ds[split]
+        out = [(str(t), int(y)) for t, y in zip(d[spec.text_field], d[spec.label_field])]
+        if spec.keep_labels is not None:
+            out = [ex for ex in out if ex[1] in spec.keep_labels]
+        return out
+
+    if spec.test_split == "train":  # hate_speech18: split the only split in two halves
+        everything = rows("train")
+        half = len(everything) // 2
+        return everything[:half], everything[half:]
+    return rows("train"), rows(spec.test_split)
+
+
+# ---------------------------------------------------------------------- sampling
+def balanced_sample(pool: list[Example], n: int, n_classes: int, g: torch.Generator, exclude: set[int] = frozenset()) -> list[int]:
+    """Indices of ``n`` class-balanced examples (``n // C`` per class, the rest at random), in random order."""
+    by_class: list[list[int]] = [[] for _ in range(n_classes)]
+    for i, (_, y) in enumerate(pool):
+        if i not in exclude:
+            by_class[y].append(i)
+    chosen: list[int] = []
+    for idx in by_class:
+        perm = torch.randperm(len(idx), generator=g).tolist()
+        chosen += [idx[j] for j in perm[: n // n_classes]]
+    rest = [i for i in range(len(pool)) if i not in exclude and i not in set(chosen)]
+    need = min(n, len(pool) - len(exclude)) - len(chosen)
+    if need > 0:
+        perm = torch.randperm(len(rest), generator=g).tolist()
+        chosen += [rest[j] for j in perm[:need]]
+    order = torch.randperm(len(chosen), generator=g).tolist()
+    return [chosen[j] for j in order]
+
+
+def demo_sample(pool: list[Example], shots: int, n_classes: int, g: torch.Generator) -> list[int]:
+    """``shots`` per class, shuffled; a class with too few examples is refused."""
+    by_class: list[list[int]] = [[] for _ in range(n_classes)]
+    for i, (_, y) in enumerate(pool):
+        by_class[y].append(i)
+    chosen = []
+    for c, idx in enumerate(by_class):
+        if len(idx) < shots:
+            raise ConfigError(f"class {c} has {len(idx)} training examples, fewer than shots_per_class={shots}")
+        perm = torch.randperm(len(idx), generator=g).tolist()
+        chosen += [idx[j] for j in perm[:shots]]
+    order = torch.randperm(len(chosen), generator=g).tolist()
+    return [chosen[j] for j in order]
+
+
+class CalibrationItems(Dataset):
+    """Item ``epoch * N + i`` is demonstration ``perm_epoch[i]`` as a query: a fresh shuffle every epoch."""
+
+    def __init__(self, demos: list[Example], seed: int):
+        self.demos, self.seed = demos, seed
+
+    def __len__(self) -> int:
+        return len(self.demos)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        n = len(self.demos)
+        epoch, i = divmod(index, n)
+        perm = torch.randperm(n, generator=make_generator(self.seed, "i2cl_calibration", epoch))
+        text, label = self.demos[int(perm[i])]
+        return {"text": text, "label": label}
+
+
+class EvalItems(Dataset):
+    def __init__(self, items: list[Example]):
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        text, label = self.items[index]
+        return {"text": text, "label": label}
+
+
+class I2CLDataModule(LightningDataModule):
+    """One task and one seed of I2CL's protocol (see the module docstring).
+
+    Args:
+        task: one of :data:`TASKS`, ``synthetic``, ``jsonl`` or ``csv``.
+        path: local copy of a hub task for ``datasets.load_dataset`` (default: the hub id).
+        train_file / test_file: the (text, label) files of ``jsonl`` / ``csv``.
+        template / label_words: prompt and verbalisers (required for ``jsonl`` / ``csv``; override the paper's).
+        text_field / label_field: column names in ``jsonl`` / ``csv`` files.
+        shots_per_class: demonstrations per class (default: 5, DBPedia 1).
+        eval_samples / holdout_samples: class-balanced test queries / task-vector holdout queries.
+        data_seed: draws the demonstrations (the paper's 5 runs are seeds 0..4).
+        eval_seed: draws the evaluation set (fixed across seeds and methods).
+        synthetic_train / synthetic_test: pool sizes of the synthetic task.
+        max_chars: truncate texts to this many characters (None: keep them whole).
+        batch_size: calibration batch (the public code's 2); eval_batch_size: test batch.
+    """
+
+    def __init__(
+        self,
+        task: str = "sst2",
+        path: str | None = None,
+        train_file: str | None = None,
+        test_file: str | None = None,
+        template: str | None = None,
+        label_words: list[str] | None = None,
+        text_field: str = "text",
+        label_field: str = "label",
+        shots_per_class: int | None = None,
+        eval_samples: int = 500,
+        holdout_samples: int = 32,
+        data_seed: int = 0,
+        eval_seed: int = 42,
+        synthetic_train: int = 300,
+        synthetic_test: int = 600,
+        max_chars: int | None = None,
+        batch_size: int = 2,
+        eval_batch_size: int = 8,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        check_choice("task", task, SOURCES)
+        spec = TASKS.get(task)
+        if task in ("jsonl", "csv"):
+            if not train_file or not test_file:
+                raise ConfigError(f"task={task!r} needs train_file and test_file (local .{task} files of text, label)")
+            if template is None or label_words is None:
+                raise ConfigError(f"task={task!r} needs template (with {{text}}) and label_words in the config")
+        self.template = template or (spec.template if spec else SYNTHETIC_TEMPLATE)
+        if "{text}" not in self.template:
+            raise ConfigError(f"template={self.template!r} must contain {{text}}, e.g. 'Review: {{text}}\\nSentiment:'")
+        words = label_words if label_words is not None else list(spec.label_words if spec else SYNTHETIC_LABELS)
+        self.label_words = [str(w) for w in check_nonempty("label_words", words, "[negative, positive]")]
+        if len(self.label_words) < 2 or len(set(self.label_words)) != len(self.label_words):
+            raise ConfigError(f"label_words={self.label_words} must name at least two distinct classes")
+        if spec is not None and label_words is not None and len(label_words) != len(spec.label_words):
+            raise ConfigError(f"task {task!r} has {len(spec.label_words)} classes; give {len(spec.label_words)} label_words")
+        self.shots = check_positive("shots_per_class", shots_per_class if shots_per_class is not None
+                                    else (spec.shots_per_class if spec else 5), integer=True)
+        check_positive("eval_samples", eval_samples, integer=True)
+        check_int("holdout_samples", holdout_samples, minimum=0)
+        check_int("data_seed", data_seed)
+        check_int("eval_seed", eval_seed)
+        check_positive("synthetic_train", synthetic_train, integer=True)
+        check_positive("synthetic_test", synthetic_test, integer=True)
+        if max_chars is not None:
+            check_positive("max_chars", max_chars, integer=True)
+        check_positive("batch_size", batch_size, integer=True)
+        check_positive("eval_batch_size", eval_batch_size, integer=True)
+        for name, f in (("train_file", train_file), ("test_file", test_file)):
+            if f is not None and not Path(f).is_file():
+                raise ConfigError(f"{name}={f!r} does not exist (offline movie reviews: python -m lit_icl.i2cl.prepare)")
+        self.task_name = task if task not in ("jsonl", "csv") else Path(test_file).parent.name or task
+        self._data: TaskData | None = None
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.label_words)
+
+    # -------------------------------------------------------------- loading and sampling
+    def _pools(self) -> tuple[list[Example], list[Example]]:
+        hp = self.hparams
+        if hp.task == "synthetic":
+            train = [synthetic_example(hp.eval_seed, "train", i) for i in range(hp.synthetic_train)]
+            test = [synthetic_example(hp.eval_seed, "test", i) for i in range(hp.synthetic_test)]
+        elif hp.task in ("jsonl", "csv"):
+            train = read_table(hp.train_file, hp.text_field, hp.label_field, self.label_words)
+            test = read_table(hp.test_file, hp.text_field, hp.label_field, self.label_words)
+        else:
+            train, test = load_hub(TASKS[hp.task], hp.path)
+        if hp.max_chars is not None:
+            train = [(t[: hp.max_chars], y) for t, y in train]
+            test = [(t[: hp.max_chars], y) for t, y in test]
+        return train, test
+
+    def task_data(self) -> TaskData:
+        """Load once and sample this seed's demonstrations, the holdout and the fixed evaluation set."""
+        if self._data is not None:
+            return self._data
+        hp = self.hparams
+        train, test = self._pools()
+        C = self.n_classes
+        demo_idx = demo_sample(train, self.shots, C, make_generator(hp.data_seed, "i2cl_demos"))
+        used = set(demo_idx)
+        g_hold = make_generator(hp.data_seed, "i2cl_holdout")
+        hold_idx = balanced_sample(train, hp.holdout_samples, C, g_hold, exclude=used) if hp.holdout_samples else []
+        used |= set(hold_idx)
+        rest = [i for i in range(len(train)) if i not in used]
+        if not rest:
+            raise ConfigError("the train split has no example left for the task vector's extra query; use a larger pool")
+        extra = train[rest[int(torch.randint(len(rest), (1,), generator=g_hold))]]
+        eval_idx = balanced_sample(test, hp.eval_samples, C, make_generator(hp.eval_seed, "i2cl_eval"))
+        self._data = TaskData(
+            name=self.task_name,
+            template=self.template,
+            label_words=self.label_words,
+            demos=[train[i] for i in demo_idx],
+            eval=[test[i] for i in eval_idx],
+            holdout=[train[i] for i in hold_idx],
+            extra_query=extra,
+            meta={"train_pool": len(train), "test_pool": len(test)},
+        )
+        return self._data
+
+    # -------------------------------------------------------------- loaders
+    @staticmethod
+    def _collate(items: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"text": [it["text"] for it in items], "label": torch.tensor([it["label"] for it in items])}
+
+    def train_dataloader(self) -> DataLoader:
+        data = self.task_data()
+        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
+        n = len(data.demos)
+        # Whole batches per epoch (the public code's floor(N / 2) steps of 2) and the same count on every rank.
+        per_epoch = max(world * self.hparams.batch_size, n - n % (world * self.hparams.batch_size))
+        items = _Cyclic(CalibrationItems(data.demos, self.hparams.data_seed), per_epoch)
+        return DataLoader(items, batch_size=self.hparams.batch_size, sampler=EpochSampler(per_epoch, world, rank),
+                          collate_fn=self._collate)
+
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(EvalItems(self.task_data().eval), batch_size=self.hparams.eval_batch_size,
+                          shuffle=False, collate_fn=self._collate)
+
+
+class _Cyclic(Dataset):
+    """Global index ``epoch * per_epoch + i`` -> calibration item ``epoch * N + i`` (``i < per_epoch <= N``)."""
+
+    def __init__(self, inner: CalibrationItems, per_epoch: int):
+        self.inner, self.per_epoch = inner, per_epoch
+
+    def __len__(self) -> int:
+        return self.per_epoch
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        epoch, i = divmod(index, self.per_epoch)
+        n = len(self.inner)
+        return self.inner[epoch * n + (i % n)]

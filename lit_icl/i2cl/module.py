@@ -1,0 +1,456 @@
+"""I2CL's LightningModule: context vectorisation, injection, noisy self-calibration (``fit``), evaluation (``test``).
+
+``fit`` (Sec. 2.2-2.4): at the start, each demonstration runs on its own through the frozen LM and the attention and
+MLP outputs at its last token are kept (Eq. 2) and averaged (Eq. 3); then only the ``4L`` coefficients
+``(lambda^a, beta^a, lambda^m, beta^m)_l`` train, initialised to ``lambda = 0.1``, ``beta = 1``, by AdamW on the
+cross-entropy of the label word's first token at the query's last position over the full vocabulary (Eq. 5), with
+Eq. 6's relative noise ``gamma = 0.001`` on the residual streams, for 100 epochs (``trainer.max_epochs``) with the
+learning rate annealed by a cosine from 1e-2 to 1e-5 (Sec. 3; the public code adds a 5% warm-up and anneals to 0:
+``warmup_fraction`` / ``lr_min`` reproduce it). Several calibrated methods train side by side, each with its own
+optimiser and schedule (manual optimisation), which is exactly separate calibrations on the same batches.
+
+Methods (``methods``):
+
+- ``zero_shot``: the query alone; ``few_shot``: the demonstrations, then the query (ICL, no cache);
+- ``i2cl``: the query alone, Eq. 4 at every layer and token;
+- ``noise_vector`` (Table 1): I2CL with standard-normal vectors in place of the context vectors;
+- ``task_vector`` (App. B.1, Hendel et al.): the block output at the last token of demonstrations + one extra query
+  replaces the query's last-token block output at one layer, chosen by accuracy on the 32 holdout queries;
+- ``icl_i2cl`` (App. C.3): I2CL with the demonstrations kept in the prompt, in calibration and at test;
+- ``i2cl_transfer`` (App. B.2, Algorithm 1, h = 0.8, tau = 0.5): calibrate on the target (a first, plain-loop
+  calibration at the start of ``fit``), compare its coefficients with the task-ids of ``transfer_from``
+  checkpoints, and recalibrate from the similarity-weighted average of their coefficients and context vectors.
+
+Checkpoints hold the coefficients and context vectors (the task-id of Sec. 3.3), not the LM's weights.
+``test`` rows: ``accuracy``, ``latency_ms_per_query``, ``cached_params`` (Table 1's last column, counted for this
+model and prompt), ``trainable_params`` per method, ``calibration_seconds`` per calibrated method,
+``task_vector_layer``; coordinates ``task`` and ``seed``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch import Tensor, nn
+from torchmetrics import MeanMetric
+
+from lit_icl.core.errors import ConfigError
+from lit_icl.core.module import ICLModule
+from lit_icl.core.results import result_row
+from lit_icl.core.seeding import make_generator
+from lit_icl.core.validation import (
+    check_choice,
+    check_nonempty,
+    check_nonnegative,
+    check_positive,
+    check_range,
+    check_unique,
+)
+from lit_icl.i2cl.data import I2CLDataModule, TaskData
+from lit_icl.i2cl.nets import CausalLM
+
+CALIBRATED = ("i2cl", "noise_vector", "icl_i2cl", "i2cl_transfer")
+BASELINES = ("zero_shot", "few_shot", "task_vector")
+METHODS = (*BASELINES, *CALIBRATED)
+WITH_DEMOS = ("few_shot", "icl_i2cl")  # methods whose prompts carry the demonstration tokens
+
+
+def cosine_lambda(step: int, total: int, lr: float, lr_min: float, warmup: int) -> float:
+    """LR multiplier: linear warm-up over ``warmup`` steps, then cosine from ``lr`` to ``lr_min`` at ``total``."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    floor = lr_min / lr
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def calibration_loss(
+    net: CausalLM, context: Tensor, coef: Tensor, prompts: Sequence[str], targets: Tensor, gamma: float
+) -> Tensor:
+    """Eq. 5 on one batch: CE of the label's first token at each prompt's last position, under Eq. 4 (+ Eq. 6)."""
+    ids, mask = net.encode(prompts)
+    with net.inject(context, coef, gamma=gamma):
+        logits = net.last_logits(ids, mask)
+    return F.cross_entropy(logits, targets.to(logits.device))
+
+
+def calibrate(
+    net: CausalLM,
+    context: Tensor,
+    coef_init: Tensor,
+    prompts: Sequence[str],
+    targets: Tensor,
+    *,
+    epochs: int = 100,
+    batch_size: int = 2,
+    lr: float = 1e-2,
+    lr_min: float = 1e-5,
+    weight_decay: float = 1e-3,
+    gamma: float = 1e-3,
+    warmup_fraction: float = 0.0,
+    seed: int = 0,
+) -> tuple[Tensor, list[float]]:
+    """Noisy self-calibration as a plain loop (Algorithm 1's first calibration, and for use outside Lightning).
+
+    Returns the calibrated ``(L, 2, 2)`` coefficients and the mean loss of each epoch.
+    """
+    coef = nn.Parameter(coef_init.detach().clone().float())
+    n = len(prompts)
+    steps_per_epoch = max(1, n // batch_size)
+    total = epochs * steps_per_epoch
+    opt = torch.optim.AdamW([coef], lr=lr, weight_decay=weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: cosine_lambda(s, total, lr, lr_min, int(warmup_fraction * total))
+    )
+    history = []
+    noise = torch.Generator().manual_seed(seed)
+    for epoch in range(epochs):
+        perm = torch.randperm(n, generator=make_generator(seed, "i2cl_plain_calibration", epoch)).tolist()
+        losses = []
+        for s in range(steps_per_epoch):
+            idx = perm[s * batch_size : (s + 1) * batch_size]
+            opt.zero_grad()
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(int(torch.randint(2**62, (1,), generator=noise)))
+                loss = calibration_loss(net, context, coef, [prompts[i] for i in idx], targets[idx], gamma)
+            loss.backward()
+            opt.step()
+            sched.step()
+            losses.append(float(loss))
+        history.append(sum(losses) / len(losses))
+    return coef.detach(), history
+
+
+def transfer_init(
+    c_new: Tensor, sources_coef: Tensor, sources_ctx: Tensor, threshold: float = 0.8, temperature: float = 0.5
+) -> tuple[Tensor, Tensor, Tensor] | None:
+    """Algorithm 1, lines 6-14: ``(v_avg, c_avg, weights)`` over sources with cosine(c_new, c_i) > h, else None."""
+    sims = F.cosine_similarity(sources_coef.flatten(1).float(), c_new.flatten().float()[None], dim=1)
+    keep = sims > threshold
+    if not bool(keep.any()):
+        return None
+    p = torch.zeros_like(sims)
+    p[keep] = torch.softmax(sims[keep] / temperature, dim=0)
+    v = torch.einsum("k,k...->...", p, sources_ctx.float())
+    c = torch.einsum("k,k...->...", p, sources_coef.float())
+    return v, c, p
+
+
+def read_task_id(path: str) -> tuple[Tensor, Tensor]:
+    """``(coef (L, 2, 2), context (L, 2, D))`` of the ``i2cl`` method in an I2CL checkpoint (a task-id)."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except (OSError, RuntimeError) as err:
+        raise ConfigError(f"cannot read task-id checkpoint {path!r}: {type(err).__name__}") from None
+    sd = ckpt.get("state_dict", {})
+    if "coefs.i2cl" not in sd or "ctx_i2cl" not in sd:
+        raise ConfigError(f"{path!r} holds no calibrated 'i2cl' coefficients; give checkpoints of I2CL fits")
+    return sd["coefs.i2cl"].float(), sd["ctx_i2cl"].float()
+
+
+class I2CLModule(ICLModule):
+    """Frozen causal LM + I2CL and its baselines (see the module docstring).
+
+    Args:
+        net: the frozen LM, e.g. ``CausalLM(model_name_or_path="meta-llama/Llama-2-7b-hf")``.
+        methods: which of :data:`METHODS` to calibrate (``fit``) and evaluate (``test``).
+        gamma: relative noise of Eq. 6 during calibration.
+        lr / lr_min: AdamW learning rate, annealed by a cosine to ``lr_min``; weight_decay: AdamW's.
+        warmup_fraction: linear warm-up share of the calibration steps (0 as the paper; the public code 0.05).
+        init_lambda / init_beta: initial coefficients.
+        transfer_from: I2CL checkpoints (other tasks' task-ids) for ``i2cl_transfer``.
+        transfer_threshold / transfer_temperature: Algorithm 1's ``h`` and ``tau``.
+        task_vector_layer: fix the task vector's layer (default: best on the holdout queries).
+    """
+
+    def __init__(
+        self,
+        net: nn.Module | None = None,
+        methods: list[str] | None = None,
+        gamma: float = 0.001,
+        lr: float = 0.01,
+        lr_min: float = 1e-5,
+        weight_decay: float = 1e-3,
+        warmup_fraction: float = 0.0,
+        init_lambda: float = 0.1,
+        init_beta: float = 1.0,
+        transfer_from: list[str] | None = None,
+        transfer_threshold: float = 0.8,
+        transfer_temperature: float = 0.5,
+        task_vector_layer: int | None = None,
+    ):
+        super().__init__()
+        self.save_reloadable_hparams()
+        if not isinstance(net, CausalLM):
+            raise ConfigError("model.init_args.net must be a lit_icl.i2cl.nets.CausalLM (the frozen LM to wrap)")
+        self.net = net
+        methods = list(METHODS[:-1] if methods is None else methods)
+        check_unique("methods", check_nonempty("methods", methods, "[zero_shot, few_shot, i2cl]"))
+        for m in methods:
+            check_choice("methods entry", m, METHODS)
+        self.methods = methods
+        self.calibrated = [m for m in methods if m in CALIBRATED]
+        check_nonnegative("gamma", gamma)
+        check_positive("lr", lr)
+        check_range("lr_min", lr_min, 0.0, lr, hint="it is where the cosine ends, at most lr")
+        check_nonnegative("weight_decay", weight_decay)
+        check_range("warmup_fraction", warmup_fraction, 0.0, 1.0, high_inclusive=False)
+        check_range("init_lambda", init_lambda)
+        check_range("init_beta", init_beta)
+        check_range("transfer_threshold", transfer_threshold, -1.0, 1.0, hint="it is a cosine similarity")
+        check_positive("transfer_temperature", transfer_temperature)
+        L, D = net.n_layers, net.hidden_size
+        if task_vector_layer is not None:
+            check_range("task_vector_layer", task_vector_layer, 0, L - 1, integer=True)
+        if "i2cl_transfer" in methods and not transfer_from:
+            raise ConfigError("method 'i2cl_transfer' needs transfer_from: a list of I2CL checkpoints (task-ids)")
+        init = torch.tensor([float(init_lambda), float(init_beta)]).expand(L, 2, 2).clone()
+        self.coefs = nn.ParameterDict({m: nn.Parameter(init.clone()) for m in self.calibrated})
+        for m in self.calibrated:
+            self.register_buffer(f"ctx_{m}", torch.zeros(L, 2, D))
+        self.register_buffer("is_calibrated", torch.zeros(len(self.calibrated), dtype=torch.bool))
+        self.register_buffer("calib_seconds", torch.zeros(len(self.calibrated), dtype=torch.float64))
+        if transfer_from:
+            coefs, ctxs = zip(*(read_task_id(p) for p in transfer_from))
+            if any(c.shape != (L, 2, 2) for c in coefs) or any(v.shape != (L, 2, D) for v in ctxs):
+                raise ConfigError(f"transfer_from checkpoints must come from the same LM (L={L}, D={D})")
+            self.register_buffer("src_coef", torch.stack(coefs), persistent=False)
+            self.register_buffer("src_ctx", torch.stack(ctxs), persistent=False)
+        self.automatic_optimization = False  # one AdamW + schedule per calibrated method
+        self.strict_loading = False  # checkpoints leave out the frozen LM
+        self.data: TaskData | None = None
+        self.data_seed = 0
+        self.label_ids: Tensor | None = None
+        self.task_vector: Tensor | None = None
+        self.tv_layer: int | None = task_vector_layer
+        self.accuracy = nn.ModuleDict({m: MeanMetric() for m in methods})
+        self.seconds: dict[str, float] = {}
+        self.queries: dict[str, int] = {}
+        self.transfer_weights: Tensor | None = None
+
+    def context(self, method: str) -> Tensor:
+        return getattr(self, f"ctx_{method}")
+
+    # ---------------------------------------------------------------- data
+    def bind_datamodule(self, datamodule: LightningDataModule) -> None:
+        """Tokenise the label words (collisions refused) and check that every prompt fits the context."""
+        if not isinstance(datamodule, I2CLDataModule):
+            raise ConfigError("I2CLModule needs data: lit_icl.i2cl.data.I2CLDataModule")
+        data = datamodule.task_data()
+        net = self.net
+        self.label_ids = torch.tensor(net.label_token_ids(data.query(data.demos[0][0]), data.label_words))
+        longest_queries = sorted((ex[0] for ex in data.eval + data.demos), key=len)[-3:]
+        prefix = data.prefix if any(m in WITH_DEMOS or m == "task_vector" for m in self.methods) else ""
+        for text in longest_queries:
+            n = net.n_tokens(prefix + data.query(text))
+            if n > net.max_positions:
+                raise ConfigError(
+                    f"a {'few-shot ' if prefix else ''}prompt of {n} tokens exceeds the model's context of "
+                    f"{net.max_positions} tokens; use fewer shots_per_class or set data max_chars"
+                )
+        self.data = data
+        self.data_seed = int(datamodule.hparams.data_seed)
+
+    def _prompts(self, method: str, texts: Sequence[str]) -> list[str]:
+        assert self.data is not None
+        prefix = self.data.prefix if method in WITH_DEMOS else ""
+        return [prefix + self.data.query(t) for t in texts]
+
+    # ---------------------------------------------------------------- calibration (fit)
+    def on_fit_start(self) -> None:
+        assert self.data is not None
+        t0 = time.perf_counter()
+        demo_vectors = self.net.demonstration_vectors(self.data.demo_texts)  # Eq. 2, (N, L, 2, D)
+        v = demo_vectors.mean(0)  # Eq. 3
+        vec_seconds = time.perf_counter() - t0
+        with torch.no_grad():
+            for m in self.calibrated:
+                if m == "noise_vector":  # same shape, standard normal (the public code's 'noise' vectors)
+                    g = make_generator(self.data_seed, "i2cl_noise_vector")
+                    self.context(m).copy_(torch.randn(v.shape, generator=g))
+                else:
+                    self.context(m).copy_(v)
+                self.calib_seconds[self.calibrated.index(m)] = vec_seconds
+            if "i2cl_transfer" in self.calibrated:
+                self._transfer_start(v)
+
+    def _transfer_start(self, v_new: Tensor) -> None:
+        """Algorithm 1, lines 4-14: calibrate on the target, then ensemble the similar task-ids."""
+        t0 = time.perf_counter()
+        hp = self.hparams
+        assert self.data is not None and self.label_ids is not None
+        prompts = self._prompts("i2cl", [t for t, _ in self.data.demos])
+        targets = self.label_ids[torch.tensor([y for _, y in self.data.demos])]
+        trainer = self.trainer
+        c_new, _ = calibrate(
+            self.net, v_new.to(self.device), self.coefs["i2cl_transfer"].detach(), prompts, targets,
+            epochs=int(trainer.max_epochs or 1), batch_size=2, lr=hp.lr, lr_min=hp.lr_min,
+            weight_decay=hp.weight_decay, gamma=hp.gamma, warmup_fraction=hp.warmup_fraction, seed=self.data_seed,
+        )
+        out = transfer_init(c_new.cpu(), self.src_coef.cpu(), self.src_ctx.cpu(), hp.transfer_threshold,
+                            hp.transfer_temperature)
+        if out is None:
+            rank_zero_warn(f"i2cl_transfer: no source task-id has cosine > {hp.transfer_threshold}; keeping the "
+                           "target's own context vector and the default initialisation")
+            self.transfer_weights = torch.zeros(self.src_coef.shape[0])
+        else:
+            v_avg, c_avg, p = out
+            self.context("i2cl_transfer").copy_(v_avg)
+            self.coefs["i2cl_transfer"].copy_(c_avg)
+            self.transfer_weights = p
+            rank_zero_info(f"i2cl_transfer: source weights {[round(float(x), 3) for x in p]}")
+        self.calib_seconds[self.calibrated.index("i2cl_transfer")] += time.perf_counter() - t0
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        assert self.label_ids is not None
+        optimizers = self.optimizers()
+        schedulers = self.lr_schedulers()
+        optimizers = optimizers if isinstance(optimizers, list) else [optimizers]
+        schedulers = schedulers if isinstance(schedulers, list) else [schedulers]
+        targets = self.label_ids.to(batch["label"].device)[batch["label"]]
+        for k, (m, opt, sched) in enumerate(zip(self.calibrated, optimizers, schedulers)):
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            loss = calibration_loss(
+                self.net, self.context(m), self.coefs[m], self._prompts(m, batch["text"]), targets, self.hparams.gamma
+            )
+            self.manual_backward(loss)
+            opt.step()
+            sched.step()
+            self.calib_seconds[k] += time.perf_counter() - t0
+            self.log(f"train/loss/{m}", loss.detach(), prog_bar=True, batch_size=len(batch["text"]))
+
+    def on_train_end(self) -> None:
+        self.is_calibrated.fill_(True)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # The checkpoint is the task-id (coefficients + context vectors), not a copy of the frozen LM.
+        sd = checkpoint["state_dict"]
+        for key in [k for k in sd if k.startswith("net.")]:
+            del sd[key]
+        sd["is_calibrated"] = torch.ones_like(self.is_calibrated)
+
+    def configure_optimizers(self) -> Any:
+        if not self.calibrated:
+            return None
+        hp = self.hparams
+        total = int(self.trainer.estimated_stepping_batches)
+        warmup = int(hp.warmup_fraction * total)
+        opts, scheds = [], []
+        for m in self.calibrated:
+            opt = torch.optim.AdamW([self.coefs[m]], lr=hp.lr, weight_decay=hp.weight_decay)
+            sched = torch.optim.lr_scheduler.LambdaLR(
+                opt, lambda s: cosine_lambda(s, total, hp.lr, hp.lr_min, warmup)
+            )
+            opts.append(opt)
+            scheds.append({"scheduler": sched, "interval": "step"})
+        return opts, scheds
+
+    # ---------------------------------------------------------------- evaluation (test)
+    @torch.no_grad()
+    def predict_method(self, method: str, texts: Sequence[str]) -> Tensor:
+        """Predicted class ids: argmax of the logits restricted to the label words' first tokens."""
+        assert self.label_ids is not None
+        ids, mask = self.net.encode(self._prompts(method, texts))
+        if method in ("zero_shot", "few_shot"):
+            logits = self.net.last_logits(ids, mask)
+        elif method == "task_vector":
+            assert self.task_vector is not None and self.tv_layer is not None
+            with self.net.replace_hidden(self.tv_layer, self.task_vector[self.tv_layer], mask):
+                logits = self.net.last_logits(ids, mask)
+        else:
+            with self.net.inject(self.context(method), self.coefs[method].float(), gamma=0.0):
+                logits = self.net.last_logits(ids, mask)
+        return logits[:, self.label_ids.to(logits.device)].argmax(-1)
+
+    def on_test_start(self) -> None:
+        missing = [m for k, m in enumerate(self.calibrated) if not bool(self.is_calibrated[k])]
+        if missing:
+            raise ConfigError(
+                f"methods {missing} need calibrated coefficients: run `fit` first and pass its checkpoint with "
+                "--ckpt_path, or drop them from model.init_args.methods"
+            )
+        if "task_vector" in self.methods:
+            self._select_task_vector()
+
+    def _select_task_vector(self) -> None:
+        """App. B.1: vector from demonstrations + one extra query; layer by accuracy on the holdout queries."""
+        data = self.data
+        assert data is not None
+        self.task_vector = self.net.last_hidden_per_layer(data.prefix + data.query(data.extra_query[0]))
+        if self.hparams.task_vector_layer is not None or not data.holdout:
+            self.tv_layer = self.hparams.task_vector_layer if self.hparams.task_vector_layer is not None else \
+                self.net.n_layers // 2
+            return
+        texts = [t for t, _ in data.holdout]
+        labels = torch.tensor([y for _, y in data.holdout])
+        best, best_acc = 0, -1.0
+        for layer in range(self.net.n_layers):
+            self.tv_layer = layer
+            preds = torch.cat([self.predict_method("task_vector", texts[i : i + 8]).cpu()
+                               for i in range(0, len(texts), 8)])
+            acc = float((preds == labels).float().mean())
+            if acc > best_acc:
+                best, best_acc = layer, acc
+        self.tv_layer = best
+
+    def on_test_epoch_start(self) -> None:
+        self.test_rows = []
+        self.seconds = {m: 0.0 for m in self.methods}
+        self.queries = {m: 0 for m in self.methods}
+        for metric in self.accuracy.values():
+            metric.reset()
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        labels = batch["label"]
+        for m in self.methods:
+            self._sync()
+            t0 = time.perf_counter()
+            preds = self.predict_method(m, batch["text"])
+            self._sync()
+            self.seconds[m] += time.perf_counter() - t0
+            self.queries[m] += len(batch["text"])
+            self.accuracy[m].update((preds.cpu() == labels.cpu()).float())
+
+    def cached_params(self, method: str) -> int:
+        """Table 1's cached parameters for this model: KV cache of the demonstrations (2 M L kv_width), context
+        vectors (2 D L), the task vector (D)."""
+        assert self.data is not None
+        net = self.net
+        M = net.n_tokens(self.data.prefix)
+        kv = 2 * M * net.n_layers * net.kv_width
+        vectors = 2 * net.hidden_size * net.n_layers
+        return {"zero_shot": 0, "few_shot": kv, "task_vector": net.hidden_size, "icl_i2cl": kv + vectors}.get(
+            method, vectors
+        )
+
+    def on_test_epoch_end(self) -> None:
+        assert self.data is not None
+        coords = {"task": self.data.name, "seed": self.data_seed}
+        rows = []
+        for m in self.methods:
+            acc = float(self.accuracy[m].compute())
+            self.log(f"test/accuracy/{m}", acc)
+            rows.append(result_row("accuracy", acc, method=m, **coords))
+            if self.queries[m]:
+                ms = 1000.0 * self.seconds[m] / self.queries[m]
+                rows.append(result_row("latency_ms_per_query", ms, method=m, **coords))
+            rows.append(result_row("cached_params", self.cached_params(m), method=m, **coords))
+            trainable = 4 * self.net.n_layers if m in CALIBRATED else 0
+            rows.append(result_row("trainable_params", trainable, method=m, **coords))
+        for k, m in enumerate(self.calibrated):
+            rows.append(result_row("calibration_seconds", float(self.calib_seconds[k]), method=m, **coords))
+        if "task_vector" in self.methods and self.tv_layer is not None:
+            rows.append(result_row("task_vector_layer", self.tv_layer, method="task_vector", **coords))
+        self.test_rows = rows
