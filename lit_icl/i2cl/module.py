@@ -123,7 +123,7 @@ def calibrate(
             loss.backward()
             opt.step()
             sched.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
         history.append(sum(losses) / len(losses))
     return coef.detach(), history
 
