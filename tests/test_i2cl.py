@@ -382,6 +382,24 @@ def test_protocol_samples_balanced_disjoint_sets(tmp_path: Path) -> None:
     assert len(idx) == 5 and len(set(idx)) == 5
 
 
+def test_hub_task_reads_a_local_copy_through_datasets(tmp_path: Path) -> None:
+    """``path`` points ``datasets.load_dataset`` at a local folder; SST-2's test split is GLUE's validation."""
+    pytest.importorskip("datasets")
+    import csv
+
+    for split, n in (("train", 40), ("validation", 20)):
+        with open(tmp_path / f"{split}.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["sentence", "label", "idx"])
+            w.writerows([[f"{split} sentence {i}", i % 2, i] for i in range(n)])
+    dm = I2CLDataModule(task="sst2", path=str(tmp_path), eval_samples=10, holdout_samples=4)
+    data = dm.task_data()
+    assert data.template == "Review: {text}\nSentiment:" and data.label_words == ["negative", "positive"]
+    assert len(data.demos) == 10 and all(t.startswith("train") for t, _ in data.demos + data.holdout)
+    assert len(data.eval) == 10 and all(t.startswith("validation") for t, _ in data.eval)
+    assert [sum(y == c for _, y in data.eval) for c in range(2)] == [5, 5]
+
+
 def test_calibration_items_reshuffle_every_epoch_as_a_pure_function() -> None:
     demos = [(f"t{i}", i % 2) for i in range(6)]
     items = CalibrationItems(demos, seed=0)
@@ -475,3 +493,17 @@ def test_unfitted_calibrated_method_is_refused_at_test(tmp_path, llama_dir, caps
     assert info.value.code == 2
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("lit_icl: error:")]
     assert len(lines) == 1 and "need calibrated coefficients" in lines[0]
+
+
+def test_every_i2cl_config_parses(capsys) -> None:
+    """The nine hub configs and the offline one name valid classes and options (parsed, nothing loaded)."""
+    configs = sorted(glob.glob("configs/i2cl_*.yaml"))
+    assert len(configs) == 10
+    for config in configs:
+        with pytest.raises(SystemExit) as info:
+            main(["fit", "--config", config, "--print_config"])
+        assert info.value.code in (0, None)
+        printed = capsys.readouterr().out
+        assert "lit_icl.i2cl.module.I2CLModule" in printed
+        task = config.split("i2cl_")[1][: -len(".yaml")]
+        assert f"task: {task}" in printed or (task == "offline" and "task: jsonl" in printed)
