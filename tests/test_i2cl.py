@@ -462,6 +462,14 @@ def test_tiny_cli_fit_then_test_writes_results(tmp_path: Path, llama_dir: str) -
 
     coef, ctx = read_task_id(str(ckpt))
     torch.testing.assert_close(coef, state["coefs.i2cl"])
+    # Algorithm 1: a second "task" fits i2cl_transfer from this task-id (one epoch per calibration)
+    main(["fit", *cli_args(tmp_path, llama_dir, "--model.init_args.methods", "[i2cl_transfer]",
+                           "--model.init_args.transfer_from", f"[{ckpt}, {ckpt}]", "--model.init_args.transfer_threshold",
+                           "-1.0", "--trainer.max_epochs", "1", "--trainer.logger.init_args.name", "transfer")])
+    (tckpt,) = glob.glob(str(tmp_path / "runs" / "transfer" / "version_0" / "checkpoints" / "last.ckpt"))
+    tstate = torch.load(tckpt, map_location="cpu", weights_only=False)["state_dict"]
+    # two identical sources get equal weights, so the ensembled context vector is the source's own
+    torch.testing.assert_close(tstate["ctx_i2cl_transfer"], ctx)
 
 
 BAD_ROWS = [

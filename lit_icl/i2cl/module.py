@@ -266,6 +266,8 @@ class I2CLModule(ICLModule):
     # ---------------------------------------------------------------- calibration (fit)
     def on_fit_start(self) -> None:
         assert self.data is not None
+        if self.trainer.ckpt_path:  # resumed: the restored buffers already hold the vectors (and transfer init)
+            return
         t0 = time.perf_counter()
         demo_vectors = self.net.demonstration_vectors(self.data.demo_texts)  # Eq. 2, (N, L, 2, D)
         v = demo_vectors.mean(0)  # Eq. 3
@@ -277,8 +279,9 @@ class I2CLModule(ICLModule):
                     self.context(m).copy_(torch.randn(v.shape, generator=g))
                 else:
                     self.context(m).copy_(v)
-                self.calib_seconds[self.calibrated.index(m)] = vec_seconds
-            if "i2cl_transfer" in self.calibrated:
+                self.calib_seconds[self.calibrated.index(m)] += vec_seconds
+        if "i2cl_transfer" in self.calibrated:
+            with torch.enable_grad():
                 self._transfer_start(v)
 
     def _transfer_start(self, v_new: Tensor) -> None:
@@ -302,8 +305,9 @@ class I2CLModule(ICLModule):
             self.transfer_weights = torch.zeros(self.src_coef.shape[0])
         else:
             v_avg, c_avg, p = out
-            self.context("i2cl_transfer").copy_(v_avg)
-            self.coefs["i2cl_transfer"].copy_(c_avg)
+            with torch.no_grad():
+                self.context("i2cl_transfer").copy_(v_avg)
+                self.coefs["i2cl_transfer"].copy_(c_avg)
             self.transfer_weights = p
             rank_zero_info(f"i2cl_transfer: source weights {[round(float(x), 3) for x in p]}")
         self.calib_seconds[self.calibrated.index("i2cl_transfer")] += time.perf_counter() - t0
