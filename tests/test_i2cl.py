@@ -19,24 +19,25 @@ import torch.nn.functional as F
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from badinput import assert_rejected  # noqa: E402
-from lit_icl.cli import main  # noqa: E402
-from lit_icl.core.errors import ConfigError  # noqa: E402
-from lit_icl.i2cl.data import (  # noqa: E402
+from badinput import assert_rejected
+
+from lit_icl.cli import main
+from lit_icl.core.errors import ConfigError
+from lit_icl.core.seeding import make_generator
+from lit_icl.i2cl.data import (
     CalibrationItems,
     I2CLDataModule,
     balanced_sample,
     synthetic_example,
 )
-from lit_icl.i2cl.module import (  # noqa: E402
+from lit_icl.i2cl.module import (
     I2CLModule,
     calibrate,
     calibration_loss,
     cosine_lambda,
     transfer_init,
 )
-from lit_icl.i2cl.nets import ATTN, MLP, CausalLM  # noqa: E402
-from lit_icl.core.seeding import make_generator  # noqa: E402
+from lit_icl.i2cl.nets import ATTN, MLP, CausalLM
 
 CORPUS = [
     "Review: a great film , truly moving .\nSentiment: positive\n",
@@ -93,8 +94,8 @@ def llama_dir(tmp_path_factory, tokenizer) -> str:
 
 
 def synthetic_dm(**kw) -> I2CLDataModule:
-    args = dict(task="synthetic", eval_samples=12, holdout_samples=6, shots_per_class=2, synthetic_train=60,
-                synthetic_test=30)
+    args = {"task": "synthetic", "eval_samples": 12, "holdout_samples": 6, "shots_per_class": 2, "synthetic_train": 60,
+                "synthetic_test": 30}
     args.update(kw)
     return I2CLDataModule(**args)
 
@@ -445,7 +446,7 @@ def test_tiny_cli_fit_then_test_writes_results(tmp_path: Path, llama_dir: str) -
     assert not torch.equal(state["coefs.i2cl"], torch.tensor([0.1, 1.0]).expand(2, 2, 2))  # it trained
     main(["test", *cli_args(tmp_path, llama_dir), "--ckpt_path", str(ckpt)])
     (results,) = glob.glob(str(tmp_path / "runs" / "tiny" / "version_1" / "results.json"))
-    rows = json.load(open(results))["rows"]
+    rows = json.loads(Path(results).read_text())["rows"]
     methods = ["zero_shot", "few_shot", "noise_vector", "task_vector", "i2cl", "icl_i2cl"]
     acc = {r["method"]: r["value"] for r in rows if r["metric"] == "accuracy"}
     assert sorted(acc) == sorted(methods) and all(0 <= v <= 1 for v in acc.values())

