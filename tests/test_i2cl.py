@@ -110,6 +110,8 @@ def test_identity_coefficients_reproduce_zero_shot_logits_exactly(net: CausalLM)
     with net.inject(context, coef):
         injected = net.last_logits(ids, mask)
     assert torch.equal(base, injected)
+    with torch.no_grad(), net.inject(context, coef):  # the evaluation path (fused op) too
+        assert torch.equal(base, net.last_logits(ids, mask))
     # a nonzero lambda changes them (the hooks are live)
     with net.inject(context, coef + torch.tensor([0.1, 0.0])):
         assert not torch.allclose(base, net.last_logits(ids, mask))
