@@ -460,6 +460,11 @@ def test_tiny_cli_fit_then_test_writes_results(tmp_path: Path, llama_dir: str) -
     cached = {r["method"]: r["value"] for r in rows if r["metric"] == "cached_params"}
     assert cached["i2cl"] == 2 * 32 * 2 and cached["task_vector"] == 32 and cached["zero_shot"] == 0
     assert {r["method"] for r in rows if r["metric"] == "calibration_seconds"} == {"noise_vector", "i2cl", "icl_i2cl"}
+    # Sec. 3.3: the calibrated coefficients reused with unseen demonstrations (another data_seed)
+    main(["test", *cli_args(tmp_path, llama_dir, "--data.init_args.data_seed", "5"), "--ckpt_path", str(ckpt)])
+    unseen = json.loads((tmp_path / "runs" / "tiny" / "version_2" / "results.json").read_text())["rows"]
+    assert {r["seed"] for r in unseen} == {5}
+    assert {r["value"] for r in unseen if r["metric"] == "calibration_seed"} == {0}
     # reloading the checkpoint as a task-id (Sec. 3.3) for transfer (Algorithm 1)
     from lit_icl.i2cl.module import read_task_id
 

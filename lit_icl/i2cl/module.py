@@ -168,6 +168,11 @@ class I2CLModule(ICLModule):
         transfer_from: I2CL checkpoints (other tasks' task-ids) for ``i2cl_transfer``.
         transfer_threshold / transfer_temperature: Algorithm 1's ``h`` and ``tau``.
         task_vector_layer: fix the task vector's layer (default: best on the holdout queries).
+
+    At ``test`` the context vectors of ``i2cl`` / ``icl_i2cl`` are rebuilt from the data module's demonstrations,
+    like the few-shot prompt and the task vector: with the calibration's ``data_seed`` that reproduces the
+    checkpoint's vectors; with another one it is Sec. 3.3's "unseen demonstrations" test of the calibrated
+    coefficients (the rows' ``calibration_seed`` says which seed calibrated them).
     """
 
     def __init__(
@@ -217,6 +222,7 @@ class I2CLModule(ICLModule):
             self.register_buffer(f"ctx_{m}", torch.zeros(L, 2, D))
         self.register_buffer("is_calibrated", torch.zeros(len(self.calibrated), dtype=torch.bool))
         self.register_buffer("calib_seconds", torch.zeros(len(self.calibrated), dtype=torch.float64))
+        self.register_buffer("calib_seed", torch.zeros((), dtype=torch.long))
         if transfer_from:
             coefs, ctxs = zip(*(read_task_id(p) for p in transfer_from))
             if any(c.shape != (L, 2, 2) for c in coefs) or any(v.shape != (L, 2, D) for v in ctxs):
@@ -268,6 +274,7 @@ class I2CLModule(ICLModule):
         assert self.data is not None
         if self.trainer.ckpt_path:  # resumed: the restored buffers already hold the vectors (and transfer init)
             return
+        self.calib_seed.fill_(self.data_seed)
         t0 = time.perf_counter()
         demo_vectors = self.net.demonstration_vectors(self.data.demo_texts)  # Eq. 2, (N, L, 2, D)
         v = demo_vectors.mean(0)  # Eq. 3
@@ -381,6 +388,12 @@ class I2CLModule(ICLModule):
                 f"methods {missing} need calibrated coefficients: run `fit` first and pass its checkpoint with "
                 "--ckpt_path, or drop them from model.init_args.methods"
             )
+        rebuilt = [m for m in ("i2cl", "icl_i2cl") if m in self.calibrated]
+        if rebuilt:
+            assert self.data is not None
+            v = self.net.demonstration_vectors(self.data.demo_texts).mean(0)
+            for m in rebuilt:
+                self.context(m).copy_(v)
         if "task_vector" in self.methods:
             self._select_task_vector()
 
@@ -455,6 +468,7 @@ class I2CLModule(ICLModule):
             rows.append(result_row("trainable_params", trainable, method=m, **coords))
         for k, m in enumerate(self.calibrated):
             rows.append(result_row("calibration_seconds", float(self.calib_seconds[k]), method=m, **coords))
+            rows.append(result_row("calibration_seed", int(self.calib_seed), method=m, **coords))
         if "task_vector" in self.methods and self.tv_layer is not None:
             rows.append(result_row("task_vector_layer", self.tv_layer, method="task_vector", **coords))
         self.test_rows = rows
