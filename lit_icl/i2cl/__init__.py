@@ -2,8 +2,8 @@
 
 A frozen HuggingFace causal LM (:class:`CausalLM`), the tasks of App. A / C.2 and local (text, label) files
 (:class:`I2CLDataModule`), and :class:`I2CLModule`: context vectors (Eq. 2-3), injection (Eq. 4), noisy
-self-calibration (Eq. 5-6) and the baselines. ``transformers`` and ``datasets`` are imported only when a model or a
-hub task is loaded (``pip install 'lit_icl[i2cl]'``).
+self-calibration (Eq. 5-6) and the baselines. This package imports ``transformers`` and ``datasets`` only when a
+model or a hub task is loaded, so the rest of lit_icl works without the ``i2cl`` extra.
 """
 
 from lit_icl.i2cl.data import TASKS, I2CLDataModule
