@@ -72,6 +72,52 @@ def ratio_key(ratio: float) -> str:
     return f"label_ratio={ratio:g}"
 
 
+LabeledSubset = Literal["random", "stratified"]
+
+
+def labeled_mask(y: Tensor, n_labeled: Tensor | int, subset: LabeledSubset = "random") -> Tensor:
+    """Which points of each episode are labeled: ``(B, n)`` bool with ``n_labeled`` True per row.
+
+    - ``"random"``: the first ``m`` points. Points are i.i.d. within an episode, so this is a uniformly random
+      subset, and the same ``m`` points at every ratio make ratios nested (pairwise comparable).
+    - ``"stratified"``: the first point of every class present in the episode, then the remaining points in
+      order, so ``m >= #classes`` labeled points always include each class at least once (with fewer, the
+      lowest class ids' first points). At 3 % labels of a 20 %-positive task, the random subset misses the
+      positive class in about half of the episodes (0.8^3).
+
+    Args:
+        y: ``(B, n)`` int labels.
+        n_labeled: ``m``, an int or a ``(B,)`` tensor (one ``m`` per episode).
+        subset: ``"random"`` or ``"stratified"``.
+    """
+    b, n = y.shape
+    m = torch.as_tensor(n_labeled, device=y.device).reshape(-1, 1) if not isinstance(n_labeled, int) else n_labeled
+    position = torch.arange(n, device=y.device).expand(b, n)
+    if subset == "random":
+        return position < m
+    # A point is its class's first occurrence iff no earlier point has its label.
+    onehot = torch.nn.functional.one_hot(y, int(y.max()) + 1)
+    first = (onehot.cumsum(1) * onehot).sum(-1) == 1
+    # First occurrences sort before everything else (by class id, so ties are deterministic), then by position.
+    key = torch.where(first, y - n - int(y.max()) - 1, position)
+    rank = key.argsort(dim=1, stable=True).argsort(dim=1)
+    return rank < m
+
+
+def balanced_accuracy(pred: Tensor, y: Tensor, mask: Tensor, num_classes: int) -> Tensor:
+    """Per-episode balanced accuracy on the points of ``mask``: the mean recall over the classes present there.
+
+    ``pred``, ``y``: ``(B, n)`` int; ``mask``: ``(B, n)`` bool (the unlabeled points). Returns ``(B,)``. A
+    constant predictor scores ``1 / #present classes``, whatever the class prior.
+    """
+    onehot = torch.nn.functional.one_hot(y, num_classes).float() * mask.unsqueeze(-1).float()  # (B, n, C)
+    support = onehot.sum(1)  # (B, C)
+    hits = (onehot * (pred == y).unsqueeze(-1).float()).sum(1)
+    present = support > 0
+    recall = torch.where(present, hits / support.clamp_min(1.0), torch.zeros_like(hits))
+    return recall.sum(-1) / present.sum(-1).clamp_min(1)
+
+
 class EpisodeChunks(Dataset):
     """Chunks of episodes on a list of manifolds; item ``i`` is seeded by ``(data_seed, split, i)``.
 
@@ -161,6 +207,8 @@ class ManifoldDataModule(LightningDataModule):
             paper gives no product threshold; 0.5 makes balanced classes).
         num_workers: DataLoader workers per device; generation takes about 1 ms per 64 episodes, so the
             default 0 keeps it in the training process.
+        labeled_subset: which ``m`` points are labeled, in training and evaluation (see :func:`labeled_mask`):
+            ``random`` (the paper's protocol) or ``stratified`` (at least one labeled point per class).
     """
 
     def __init__(
@@ -185,6 +233,7 @@ class ManifoldDataModule(LightningDataModule):
         torus_tau: float = TORUS_TAU,
         product_positive_fraction: float = 0.5,
         num_workers: int = 0,
+        labeled_subset: LabeledSubset = "random",
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -218,6 +267,7 @@ class ManifoldDataModule(LightningDataModule):
         # Checked even when no product manifold is used, so a typo never waits for a later config change.
         check_fraction("product_positive_fraction", product_positive_fraction, closed_high=True)
         check_nonnegative("num_workers", num_workers, integer=True, hint="0 generates data in the main process")
+        self.labeled_subset = check_choice("labeled_subset", labeled_subset, ("random", "stratified"))
         manifold_lists = {"train_manifolds": train_manifolds, "val_manifolds": val_manifolds,
                           "test_manifolds": test_manifolds}
         for name, names in manifold_lists.items():

@@ -592,6 +592,11 @@ class SemiSupervisedICL(nn.Module):
         self.head = head if head is not None else GDICLHead()
 
     @property
+    def num_classes(self) -> int:
+        """``C``, from the head (2 if the head does not say)."""
+        return int(getattr(self.head, "num_classes", 2))
+
+    @property
     def n_points(self) -> int | None:
         """The episode size the representation was built for, or None if it works for any size."""
         return getattr(self.representation, "n_points", None)
