@@ -98,6 +98,10 @@ class ConstantPredictorStats(Metric):
 _TEST_SERIES = ("model-accuracy", "model-balanced_accuracy", "majority-accuracy", "majority-balanced_accuracy")
 
 
+#: The data part of the name, for heads other than the GD ICL head (e.g. ``EIG`` + ``LR``).
+DATA_NAMES = {"InContextEigenmap": "ORIG+E2E", "LaplacianEigenmap": "EIG", "RawCoordinates": "ORIG"}
+
+
 def _slot(ratio: float) -> str:
     """A ``ModuleDict`` key for a ratio's metric (module names cannot contain dots)."""
     return ratio_key(ratio).replace(".", "_")
@@ -198,8 +202,18 @@ class ICSSLModule(ICLModule):
 
     @property
     def method(self) -> str:
-        """The paper's name of this model (``ORIG+E2E-ICL``, ``EIG+ICL``, ``ORIG+ICL``) or the class names."""
+        """The paper's ``[Data+Model]`` name of this model (Sec. 4.1), else the class names.
+
+        A net may name itself (``method`` attribute, e.g. the Transformer baseline); a head other than the GD
+        ICL head names the model part (``method_suffix``: ``LR``, ``RBF-LR``) after the data part.
+        """
+        if isinstance(getattr(self.net, "method", None), str):
+            return self.net.method
         rep = getattr(self.net, "representation", self.net)
+        suffix = getattr(getattr(self.net, "head", None), "method_suffix", None)
+        if suffix is not None:
+            data = DATA_NAMES.get(type(rep).__name__, type(rep).__name__)
+            return f"{data}+{suffix}"
         return METHOD_NAMES.get(type(rep).__name__, type(rep).__name__)
 
     # ---------------------------------------------------------------- core
