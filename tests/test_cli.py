@@ -151,7 +151,11 @@ def test_torchrun_on_cpu_matches_single_process(tmp_path, single_process_run: Pa
     assert ((va - vb).norm() / va.norm()).item() < 2e-4
 
 
-CONFIGS = sorted(f"configs/{p.name}" for p in (Path(__file__).parents[1] / "configs").glob("icssl_*.yaml"))
+# The configs of the paper's model and its ablations (the baselines' own configs: tests/test_icssl_baselines.py).
+CONFIGS = sorted(
+    f"configs/{p.name}" for p in (Path(__file__).parents[1] / "configs").glob("icssl_*.yaml")
+    if "InContextEigenmap" in p.read_text()
+)
 BASELINES = ["lit_icl.icssl.nets.LaplacianEigenmap", "lit_icl.icssl.nets.RawCoordinates"]
 
 

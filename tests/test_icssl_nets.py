@@ -201,3 +201,25 @@ def test_bad_net_configurations_raise_clear_errors() -> None:
         LaplacianEigenmap(n_neighbors=60)(torch.randn(1, 50, 3))
     with pytest.raises(ConfigError, match="kernel"):
         GDICLHead(kernel="cosine")  # type: ignore[arg-type]
+
+
+def test_linear_activation_ablation_is_the_unnormalised_linear_kernel() -> None:
+    """Table 6's "Lap (linear)": kappa_ij = (<x_i, x_j>/sigma^2 + <psi_i, psi_j>/rho^2) / n, no softmax."""
+    from lit_icl.icssl.nets import RBFAttentionLayer
+
+    torch.manual_seed(0)
+    layer = RBFAttentionLayer([0.5, 2.0], exclude_self=True, activation="linear")
+    x, psi = torch.randn(2, 7, 3), torch.randn(2, 7, 7)
+    w = layer.attention(x, psi)
+    for h, sigma in enumerate([0.5, 2.0]):
+        rho = 10.0
+        for b in range(2):
+            for i in range(7):
+                for j in range(7):
+                    expected = 0.0 if i == j else float(
+                        (x[b, i] @ x[b, j]) / sigma**2 + (psi[b, i] @ psi[b, j]) / rho**2
+                    ) / 7
+                    assert w[b, h, i, j].item() == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    net = InContextEigenmap(n_points=20, lap_activation="linear")
+    assert all(layer.activation == "linear" for layer in net.laplacian.layers)
+    assert net(torch.randn(3, 20, 3)).shape == (3, 20, 4)

@@ -64,10 +64,15 @@ class RBFAttentionLayer(nn.Module):
     The softmax runs over the *key* index ``i``, as in Eq. (9), so ``kappa`` is ``A D^{-1}`` of Eq. (13).
     Several heads with different bandwidths let the layer build a combination of Laplacians (Sec. 3.1).
 
+    ``activation="linear"`` is the ablation of App. F.8 / Table 6 ("linear mapping, no activation"): the
+    kernel becomes the unnormalised linear attention
+    ``kappa^h_ij = (<x_i, x_j> / sigma_h^2 + <psi_i, psi_j> / rho_h^2) / n`` (no exponential, no softmax).
+
     Args:
         bandwidths: initial ``sigma_h`` per head (one head per entry).
         exclude_self: set ``A_ii = 0`` (Sec. 3.1); Lemma 1's Eq. (12) keeps the diagonal.
         value_init: initial ``a'_h`` (Lemma 1 uses ``-1`` with one head); ``a_h`` and ``s, s'`` start at 0.
+        activation: ``"rbf"`` (Eq. 9) or ``"linear"`` (the Table 6 ablation).
     """
 
     def __init__(
@@ -76,9 +81,11 @@ class RBFAttentionLayer(nn.Module):
         exclude_self: bool = True,
         value_init: float = -1.0,
         update_coordinates: bool = True,
+        activation: Literal["rbf", "linear"] = "rbf",
     ):
         super().__init__()
         heads = len(check_nonempty("bandwidths", bandwidths, example="[0.01, 0.06]"))
+        self.activation = check_choice("activation", activation, ("rbf", "linear"))
         if any(not isinstance(b, (int, float)) or isinstance(b, bool) or not b > 0 for b in bandwidths):
             raise ConfigError(f"bandwidths must be a non-empty list of positive numbers, got {list(bandwidths)}")
         check_range("value_init", value_init)
@@ -96,11 +103,19 @@ class RBFAttentionLayer(nn.Module):
             self.skip_coord = nn.Parameter(torch.zeros(()))  # s
 
     def attention(self, x: Tensor, psi: Tensor) -> Tensor:
-        """Per-head attention weights ``W[b, h, j, i] = kappa^h_ij`` (row ``j`` sums to 1 over ``i``)."""
-        d2x = pairwise_sq_dists(x).unsqueeze(1)
-        d2p = pairwise_sq_dists(psi).unsqueeze(1)
+        """Per-head attention weights ``W[b, h, j, i] = kappa^h_ij`` (row ``j`` sums to 1 over ``i`` for RBF)."""
         inv_s2 = torch.exp(-2.0 * self.log_sigma)[None, :, None, None]
         inv_r2 = torch.exp(-2.0 * self.log_rho)[None, :, None, None]
+        if self.activation == "linear":
+            n = x.shape[-2]
+            gram_x = (x @ x.transpose(-1, -2)).unsqueeze(1)
+            gram_p = (psi @ psi.transpose(-1, -2)).unsqueeze(1)
+            w = (gram_x * inv_s2 + gram_p * inv_r2) / n
+            if self.exclude_self:
+                w = w.masked_fill(torch.eye(n, dtype=torch.bool, device=x.device), 0.0)
+            return w
+        d2x = pairwise_sq_dists(x).unsqueeze(1)
+        d2p = pairwise_sq_dists(psi).unsqueeze(1)
         logits = -(d2x * inv_s2 + d2p * inv_r2)
         if self.exclude_self:
             n = x.shape[-2]
@@ -138,6 +153,7 @@ class LaplacianTransformer(nn.Module):
             (Lemma 1: ``a' = -1, s' = 0``), or ``"random_walk"``, ``A D^{-1} = I - L_hat`` (``a' = 1, s' = -1``).
             Both are points of the same parameter family; the second lets the eigenmap module start as plain
             subspace iteration (see :class:`EigenmapTransformer`), which trains much better from scratch.
+        activation: ``"rbf"`` (Eq. 9) or ``"linear"`` (Table 6's ablation, see :class:`RBFAttentionLayer`).
     """
 
     def __init__(
@@ -148,6 +164,7 @@ class LaplacianTransformer(nn.Module):
         exclude_self: bool = True,
         output: Literal["random_walk", "laplacian"] = "random_walk",
         init_lr_scale: float = 0.01,
+        activation: Literal["rbf", "linear"] = "rbf",
     ):
         super().__init__()
         check_int("n_points", n_points, minimum=2, hint="an episode needs at least 2 points")
@@ -163,7 +180,9 @@ class LaplacianTransformer(nn.Module):
         self.init_lr_scale = init_lr_scale
         # Later layers start as identity maps (a' = 0) so training begins from the Lemma-1 Laplacian.
         self.layers = nn.ModuleList(
-            RBFAttentionLayer(bandwidths, exclude_self, value_init=0.0, update_coordinates=i < num_layers - 1)
+            RBFAttentionLayer(
+                bandwidths, exclude_self, value_init=0.0, update_coordinates=i < num_layers - 1, activation=activation
+            )
             for i in range(num_layers)
         )
         first = self.layers[0]
@@ -367,7 +386,12 @@ class EigenmapTransformer(nn.Module):
 # Representations phi(X)
 # --------------------------------------------------------------------------------------------------------
 class InContextEigenmap(nn.Module):
-    """``TF_rep = TF^phi o TF^L`` (Sec. 3.1): the learned, in-context Laplacian eigenmap of ORIG+E2E-ICL."""
+    """``TF_rep = TF^phi o TF^L`` (Sec. 3.1): the learned, in-context Laplacian eigenmap of ORIG+E2E-ICL.
+
+    The two ablations of Table 6 (App. F.8) are options: ``lap_activation="linear"`` (the Laplacian module
+    without the RBF activation) and ``lap_layers = eig_layers = layer_repeats = stack_repeats = 1`` (the
+    non-iterative "1-layer Lap+PE", one pass through each module).
+    """
 
     def __init__(
         self,
@@ -381,8 +405,10 @@ class InContextEigenmap(nn.Module):
         eig_heads: int | None = None,
         layer_repeats: int = 2,
         stack_repeats: int = 4,
+        lap_activation: Literal["rbf", "linear"] = "rbf",
     ):
         super().__init__()
+        check_choice("lap_activation", lap_activation, ("rbf", "linear"))
         # Checked here under this class's own option names (the parts below call them num_layers, ...).
         check_int("n_points", n_points, minimum=2, hint="an episode needs at least 2 points")
         check_int("n_components", n_components)
@@ -396,7 +422,9 @@ class InContextEigenmap(nn.Module):
         check_int("stack_repeats", stack_repeats, minimum=1)
         self.n_points = n_points
         self.out_dim = n_components
-        self.laplacian = LaplacianTransformer(n_points, lap_layers, lap_bandwidths, exclude_self, lap_output)
+        self.laplacian = LaplacianTransformer(
+            n_points, lap_layers, lap_bandwidths, exclude_self, lap_output, activation=lap_activation
+        )
         self.eigenmap = EigenmapTransformer(
             n_points, n_components, eig_layers, eig_heads, layer_repeats, stack_repeats
         )
