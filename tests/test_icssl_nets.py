@@ -223,3 +223,25 @@ def test_linear_activation_ablation_is_the_unnormalised_linear_kernel() -> None:
     net = InContextEigenmap(n_points=20, lap_activation="linear")
     assert all(layer.activation == "linear" for layer in net.laplacian.layers)
     assert net(torch.randn(3, 20, 3)).shape == (3, 20, 4)
+
+
+def test_fixed_init_makes_the_representation_size_free_and_permutation_equivariant() -> None:
+    """Remark 1: with learn_init=False no parameter depends on n, and permuting the points permutes phi."""
+    sizes = {n: count_parameters(InContextEigenmap(n_points=n, learn_init=False)) for n in (50, 100, 200)}
+    assert len(set(sizes.values())) == 1
+    assert count_parameters(InContextEigenmap(n_points=100)) - sizes[100] == 100 * 100 + 100 * 4
+    torch.manual_seed(0)
+    net = InContextEigenmap(n_points=40, learn_init=False)
+    x = 0.05 * torch.randn(2, 40, 3)
+    perm = torch.randperm(40)
+    torch.testing.assert_close(net(x[:, perm]), net(x)[:, perm], atol=2e-5, rtol=1e-4)
+
+
+def test_faithful_eigenmap_init_is_lemma2() -> None:
+    a = EigenmapTransformer(30, 4, num_layers=4, num_heads=1, init="lemma2", mu=3.0)
+    b = EigenmapTransformer.from_lemma2(30, 4, mu=3.0, iterations=4)
+    for la, lb in zip(a.layers, b.layers):
+        for name in ("query", "key", "value", "beta", "skip"):
+            assert torch.equal(getattr(la, name), getattr(lb, name))
+    with pytest.raises(ConfigError, match="num_layers = n_components = 4"):
+        EigenmapTransformer(30, 4, num_layers=2, init="lemma2")
