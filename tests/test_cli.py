@@ -154,7 +154,7 @@ def test_torchrun_on_cpu_matches_single_process(tmp_path, single_process_run: Pa
 # The configs of the paper's model and its ablations (the baselines' own configs: tests/test_icssl_baselines.py).
 CONFIGS = sorted(
     f"configs/{p.name}" for p in (Path(__file__).parents[1] / "configs").glob("icssl_*.yaml")
-    if "InContextEigenmap" in p.read_text()
+    if "InContextEigenmap" in p.read_text() and "lit_icl.icssl.ManifoldDataModule" in p.read_text()
 )
 BASELINES = ["lit_icl.icssl.nets.LaplacianEigenmap", "lit_icl.icssl.nets.RawCoordinates"]
 
