@@ -198,3 +198,34 @@ def test_transformer_input_dim_must_match_the_data(tmp_path, capsys) -> None:
     assert_rejected(tmp_path, capsys, ["fit", *_args(tmp_path, "configs/icssl_manifolds_transformer.yaml",
                                                      "--model.init_args.net.init_args.input_dim", "5")],
                     "input_dim=5 but the data's points have 3 coordinates")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Representation analysis (Sec. 4.2, Table 1): alignment with another trained model's representation
+# ---------------------------------------------------------------------------------------------------------
+def test_alignment_with_a_second_checkpoint_and_with_itself_is_one(tmp_path) -> None:
+    from conftest import tb_scalars, tiny_args
+
+    main(["fit", *tiny_args(tmp_path, "--trainer.max_epochs", "1")])
+    ckpt = tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt"
+    callback = json.dumps([{"class_path": "lit_icl.callbacks.RepresentationMetrics",
+                            "init_args": {"k": 5, "compare_checkpoints": {"again": str(ckpt)}}}])
+    main(["test", *tiny_args(tmp_path, "--trainer.callbacks", callback), "--ckpt_path", str(ckpt)])
+    scalars = tb_scalars(tmp_path / "runs/tiny/version_1")
+    for metric in ("mnn", "cycle_knn", "lcs_knn"):
+        # The same weights on the same episodes; kNN ties between (near-)duplicate features may break
+        # differently at float rounding, hence not exactly 1 (metrics of identical inputs: test_metrics.py).
+        assert scalars[f"test/{metric}/again~model"][-1] == pytest.approx(1.0, abs=0.01)
+        assert 0.0 <= scalars[f"test/{metric}/eig~model"][-1] < 1.0
+    assert "test/separation/again" in scalars
+
+
+def test_compare_checkpoint_names_cannot_shadow_own_embeddings(tmp_path) -> None:
+    from lit_icl.callbacks import RepresentationMetrics
+    from lit_icl.core.errors import ConfigError
+
+    (tmp_path / "x.ckpt").write_bytes(b"")
+    with pytest.raises(ConfigError, match="taken by the module's own embeddings"):
+        RepresentationMetrics(compare_checkpoints={"eig": str(tmp_path / "x.ckpt")}).check_config(model=ICSSLModule())
+    with pytest.raises(ConfigError, match="no checkpoint file at"):
+        RepresentationMetrics(compare_checkpoints={"tf": str(tmp_path / "y.ckpt")}).check_config(model=ICSSLModule())

@@ -154,7 +154,8 @@ class ICSSLModule(ICLModule):
         self.test_prior = nn.ModuleDict()
         self.val_loss = MeanMetric()
         #: What ``validation_step`` returns under ``embeddings`` (lets RepresentationMetrics check its pairs early).
-        self.embedding_names = {"val": ("model", "eig") if eig_reference else ("model",)}
+        base = ("model", "eig") if eig_reference else ("model",)
+        self.embedding_names = {"val": base, "test": base}
         if label_ratios is not None:
             check_unique("label_ratios", check_nonempty("label_ratios", label_ratios, example="[0.1, 0.25]"))
             if self.n_points is not None:
@@ -199,6 +200,20 @@ class ICSSLModule(ICLModule):
         super().setup(stage)
         if not self.label_ratios:  # no data module and no explicit ratios: the paper's protocol
             self._set_label_ratios(DEFAULT_LABEL_RATIOS)
+
+    def representation(self, batch: dict[str, Tensor], net: nn.Module | None = None) -> Tensor:
+        """The features ``(B, n, k)`` a net (default: this model's) gives the points of ``batch``.
+
+        Label-aware nets (the Transformer baseline) see the labels of the smallest evaluation ratio. The
+        representation-metrics callback calls it with the nets of other checkpoints (``compare_checkpoints``)
+        to align them with this model on the same episodes (Sec. 4.2, Table 1).
+        """
+        net = self.net if net is None else net
+        x, y = batch["x"], batch["y"]
+        if hasattr(net, "represent"):
+            return net.represent(x)
+        labeled = labeled_mask(y, labeled_count(min(self.label_ratios), x.shape[1]), self.labeled_subset)
+        return net(x, y, labeled).features
 
     @property
     def method(self) -> str:
@@ -309,7 +324,10 @@ class ICSSLModule(ICLModule):
             for name, values in self._accuracy_parts(logits, y, labeled).items():
                 self.test_metrics[f"{key}-{name}"].update(values)
             self.test_prior[key].update(y, ~labeled)
-        return {"embeddings": {"model": features.detach()}, "labels": batch["y"]}
+        embeddings = {"model": features.detach()}
+        if self.hparams.eig_reference:
+            embeddings["eig"] = laplacian_eigenmap(batch["x"])
+        return {"embeddings": embeddings, "labels": batch["y"]}
 
     def on_test_epoch_end(self) -> None:
         rows = []
