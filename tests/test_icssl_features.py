@@ -90,3 +90,34 @@ def test_cli_runs_on_features(tmp_path) -> None:
     rows = json.loads((tmp_path / "runs/f/version_0/results.json").read_text())["rows"]
     prior = [r["value"] for r in rows if r["method"] == "class_prior" and r["metric"] == "accuracy"]
     assert len(prior) == 2 and all(0.5 <= v <= 0.7 for v in prior)
+    assert {r.get("dataset_size") for r in rows if r["metric"] == "accuracy"} == {5000}
+
+
+def test_dataset_size_sweep_finds_the_largest_rise(tmp_path, capsys) -> None:
+    """Fig. 3's sweep from results files: curves per method and the size after the steepest accuracy rise."""
+    from lit_icl.core.results import result_row, write_results
+    from lit_icl.icssl.sweep import main as sweep_main, phase_transition
+
+    # A baseline with a jump between 1000 and 1200 episodes, our model rising smoothly; two seeds each.
+    acc = {"Transformer": {200: 0.52, 1000: 0.55, 1200: 0.80, 5000: 0.85},
+           "ORIG+E2E-ICL": {200: 0.70, 1000: 0.76, 1200: 0.78, 5000: 0.84}}
+    runs = []
+    for method, curve in acc.items():
+        for size, value in curve.items():
+            for seed in (0, 1):
+                run = tmp_path / f"{method}-{size}-{seed}"
+                rows = [result_row("accuracy", value + 0.01 * seed, method=method, label_ratio=0.03,
+                                   n_labeled=3, dataset_size=size),
+                        result_row("separation", value - 0.5, method=method, embeddings="model", k=10)]
+                write_results(run, rows, {"seed": seed})
+                runs.append(str(run))
+    assert sweep_main([*runs, "--out", str(tmp_path / "sweep")]) == 0
+    out = json.loads((tmp_path / "sweep/results.json").read_text())["rows"]
+    transitions = {r["method"]: r["value"] for r in out if r["metric"] == "phase_transition"}
+    assert transitions == {"Transformer": 1200, "ORIG+E2E-ICL": 1000}
+    sep = [r for r in out if r["metric"] == "separation" and r["method"] == "Transformer"]
+    assert [r["dataset_size"] for r in sep] == [200, 1000, 1200, 5000]
+    assert sep[2]["value"] == pytest.approx(0.30) and sep[2]["n"] == 2
+    assert (tmp_path / "sweep/sweep.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| Transformer | accuracy |" in capsys.readouterr().out
+    assert phase_transition([(5, 0.1, 0.0, 1)]) is None

@@ -148,6 +148,7 @@ class ICSSLModule(ICLModule):
         self.label_ratios: list[float] = []
         self.num_classes: int = int(getattr(self.net, "num_classes", 2))
         self.labeled_subset = "random"
+        self.dataset_size: int | None = None
         self.val_acc = nn.ModuleDict()
         # Per ratio: accuracy and balanced accuracy of the model and of the labeled-majority vote.
         self.test_metrics = nn.ModuleDict()
@@ -194,6 +195,9 @@ class ICSSLModule(ICLModule):
         check_label_ratios(ratios, n)
         self.n_points = n
         self.labeled_subset = getattr(datamodule, "labeled_subset", "random")
+        # Data with a fixed pool of training episodes (Sec. 4.2's "dataset size") tags the rows with it.
+        size = getattr(getattr(datamodule, "hparams", {}), "get", lambda *_: None)("train_episodes")
+        self.dataset_size = int(size) if size is not None else None
         self._set_label_ratios(ratios)
 
     def setup(self, stage: str) -> None:
@@ -335,6 +339,8 @@ class ICSSLModule(ICLModule):
         for r in self.label_ratios:
             key = _slot(r)
             coords = {"label_ratio": r, "n_labeled": labeled_count(r, self.n_points) if self.n_points else None}
+            if self.dataset_size is not None:
+                coords["dataset_size"] = self.dataset_size
             values = {}
             for series in _TEST_SERIES:
                 metric = self.test_metrics[f"{key}-{series}"]
