@@ -29,7 +29,13 @@ from torch import Tensor, nn
 
 from lit_icl.coqe.regression_data import RegressionDataModule, sample_prompts
 from lit_icl.coqe.regression_module import CoQERegressionModule
-from lit_icl.coqe.regression_nets import CoQERegressor, ReLUEmbedding, RegressionTransformer, count_parameters, interleave
+from lit_icl.coqe.regression_nets import (
+    CoQERegressor,
+    RegressionTransformer,
+    ReLUEmbedding,
+    count_parameters,
+    interleave,
+)
 
 
 def _sync(device: torch.device) -> None:
@@ -64,7 +70,7 @@ class _Timer(Callback):
     def __init__(self, warmup: int) -> None:
         self.warmup, self.start, self.end, self.count = warmup, 0.0, 0.0, 0
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.count += 1
         if self.count == self.warmup:
             _sync(pl_module.device)
@@ -107,7 +113,7 @@ class HFRegressionTransformer(nn.Module):
         return self.read_out(h[:, 0::2]).squeeze(-1)
 
 
-def _median(fn, repeats: int) -> float:  # noqa: ANN001
+def _median(fn, repeats: int) -> float:
     return statistics.median(fn() for _ in range(repeats))
 
 
@@ -136,11 +142,11 @@ def main() -> None:
             state = {k: v.clone() for k, v in net.state_dict().items()}
             print(f"{name}: {count_parameters(net) / 1e6:.3f}M parameters")
 
-            def bare() -> float:
+            def bare(net: nn.Module = net, state: dict = state) -> float:
                 net.load_state_dict(state)
                 return bench_bare(net, *common)
 
-            def lightning() -> float:
+            def lightning(net: nn.Module = net, state: dict = state) -> float:
                 net.load_state_dict(state)
                 return bench_lightning(net, *common)
 

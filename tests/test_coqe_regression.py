@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from badinput import assert_rejected
 from conftest import tb_scalars
+
 from lit_icl.cli import main
 from lit_icl.coqe.regression_data import (
     PAPER_SHIFTS,
@@ -226,7 +226,7 @@ def test_combination_features_and_inputs() -> None:
 
 
 def _pair(shift: str, fc: str = "linear", b: int = 2000, n: int = 6, d: int = 10) -> tuple[dict, dict]:
-    kw = dict(first_layer=relu_first_layer(0, d, 10)) if fc == "relu" else {}
+    kw = {"first_layer": relu_first_layer(0, d, 10)} if fc == "relu" else {}
     base = sample_prompts(fc, b, n, d, torch.Generator().manual_seed(9), **kw)
     shifted = sample_prompts(fc, b, n, d, torch.Generator().manual_seed(9), shift=parse_shift(shift), **kw)
     return base, shifted
@@ -269,9 +269,11 @@ def test_w_scale_scales_the_task(fc: str) -> None:
 
 
 def test_data_is_a_pure_function_of_the_index_on_device_or_in_the_loader() -> None:
-    common = dict(function_class="sparse", n_points=9, chunk_size=4, batch_size=8, eval_batch_size=8, val_prompts=8,
-                  test_prompts=8, shifts=["id", *PAPER_SHIFTS], curriculum_points=[3, 9, 2, 1],
-                  train_batches_per_epoch=3)
+    common = {
+        "function_class": "sparse", "n_points": 9, "chunk_size": 4, "batch_size": 8, "eval_batch_size": 8,
+        "val_prompts": 8, "test_prompts": 8, "shifts": ["id", *PAPER_SHIFTS], "curriculum_points": [3, 9, 2, 1],
+        "train_batches_per_epoch": 3,
+    }
     on_dev, in_loader = RegressionDataModule(**common), RegressionDataModule(**common, generate_on_device=False)
     for i, (a, b) in enumerate(zip(on_dev.test_dataloader(), in_loader.test_dataloader())):
         ba, bb = on_dev.on_after_batch_transfer(next(iter(a)), i), next(iter(b))
@@ -416,3 +418,12 @@ def test_combination_needs_five_dimensions() -> None:
         RegressionDataModule("combination", n_dims=6)
     with pytest.raises(ConfigError, match="sparsity=11 exceeds n_dims=10"):
         RegressionDataModule("sparse", sparsity=11)
+
+
+def test_representation_metrics_rows_are_opt_in() -> None:
+    from lit_icl.callbacks import RepresentationMetrics
+    from lit_icl.core.errors import ConfigError
+
+    assert RepresentationMetrics().rows is False and RepresentationMetrics().test_rows == []
+    with pytest.raises(ConfigError, match="rows='yes' must be true or false"):
+        RepresentationMetrics(rows="yes")  # type: ignore[arg-type]

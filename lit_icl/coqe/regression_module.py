@@ -25,13 +25,13 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor, nn
 from torchmetrics import MeanMetric, Metric
 
+from lit_icl.coqe.regression_nets import CoQERegressor, count_parameters
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.figures import line_figure, new_figure
 from lit_icl.core.module import ICLModule
 from lit_icl.core.precision import float32_region
 from lit_icl.core.results import result_row
 from lit_icl.core.validation import check_int
-from lit_icl.coqe.regression_nets import CoQERegressor, count_parameters
 
 #: Fig. 3's optimal baseline per function class (method-name prefix; the best alpha among Lasso nets).
 OPTIMAL: dict[str, str | None] = {

@@ -37,10 +37,10 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from lit_icl.coqe.nets import CausalTransformer, count_parameters
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.precision import float32_region
 from lit_icl.core.validation import check_choice, check_int, check_positive
-from lit_icl.coqe.nets import CausalTransformer, count_parameters
 
 __all__ = [
     "Averaging", "CoQERegressor", "Lasso", "LeastSquares", "NearestNeighbours", "RegressionTransformer",
