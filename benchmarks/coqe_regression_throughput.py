@@ -102,7 +102,7 @@ class HFRegressionTransformer(nn.Module):
 
         config = GPT2Config(
             vocab_size=1, n_positions=2 * max_points, n_embd=width, n_layer=depth, n_head=heads,
-            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False, bos_token_id=0, eos_token_id=0,
         )
         self.read_in = ReLUEmbedding(n_dims, width)
         self.backbone = GPT2Model(config)
