@@ -21,6 +21,7 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.results import result_row
 from lit_icl.metrics.functional import validate_k
 from lit_icl.metrics.representation import LCSKNN, CycleKNN, MutualKNN, SeparationScore
 
@@ -61,10 +62,16 @@ class RepresentationMetrics(Callback):
     module must define that method (IC-SSL's does), which is how Table 1 of the IC-SSL paper aligns the model,
     the Transformer baseline and EIG on the same episodes.
 
+    With ``rows=True`` the test-epoch scores are also handed to the shared results writer as tidy rows (see
+    :func:`lit_icl.core.results.collect_test_rows`): metric ``separation`` / ``mnn`` / ``cycle_knn`` /
+    ``lcs_knn``, coordinate ``embeddings`` (``<name>`` or ``<a>~<b>``) and ``k``, method = the module's ``method``
+    attribute (its class name if it has none).
+
     Args:
         k: neighbours per point for the alignment scores (``1 <= k <= n - 1`` for every set).
         pairs: ordered ``(a, b)`` embedding-name pairs to align. ``None`` means every unordered pair of names,
             each in sorted order (``a < b``). Order matters only for ``cycle_knn`` (first hop in ``b``).
+        rows: also write the test scores into ``results.json`` (off by default).
         compare_checkpoints: ``{name: checkpoint path}`` of other trained models to embed in ``test``.
     """
 
@@ -72,10 +79,16 @@ class RepresentationMetrics(Callback):
         self,
         k: int = 10,
         pairs: list[tuple[str, str]] | None = None,
+        rows: bool = False,
         compare_checkpoints: dict[str, str] | None = None,
     ) -> None:
         super().__init__()
         self.k = validate_k(k)
+        if not isinstance(rows, bool):
+            raise ConfigError(f"rows={rows!r} must be true or false")
+        self.rows = rows
+        #: Result rows of the last test epoch (filled only with ``rows=True``).
+        self.test_rows: list[dict[str, Any]] = []
         self.compare_checkpoints = dict(compare_checkpoints or {})
         for name, path in self.compare_checkpoints.items():
             if not isinstance(path, str) or not path:
@@ -188,6 +201,8 @@ class RepresentationMetrics(Callback):
     def _log_and_reset(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if trainer.sanity_checking:
             return
+        if stage == "test":
+            self.test_rows = []
         for log_name, (metric, _, _) in self._metrics.get(stage, {}).items():
             # compute() all-gathers the states: it runs on every rank, and the value is already global, so
             # logging needs no further sync. NaN is identical on all ranks, so skipping it stays consistent.
@@ -198,6 +213,13 @@ class RepresentationMetrics(Callback):
                 value = metric.compute()
             if not math.isnan(value.item()):
                 pl_module.log(log_name, value, sync_dist=False)
+                if stage == "test" and self.rows:
+                    _, kind, names = log_name.split("/", 2)
+                    method = getattr(pl_module, "method", None)
+                    self.test_rows.append(result_row(
+                        kind, value, method=method if isinstance(method, str) else type(pl_module).__name__,
+                        embeddings=names, k=self.k,
+                    ))
             metric.reset()
 
     # ---------------------------------------------------------------- Lightning hooks
