@@ -75,6 +75,8 @@ ICSSL_ROWS: list[tuple[str, list[str], str]] = [
     (ID, [D + "cylinder_height", "-2"], "cylinder_height=-2.0 must be > 0"),
     (PRODUCT, [D + "product_positive_fraction", "0"], "product_positive_fraction=0.0 must lie in (0, 1]"),
     (ID, [D + "product_positive_fraction", "1.5"], "product_positive_fraction=1.5 must lie in (0, 1]"),
+    (ID, [D + "torus_tau", "0"], "torus_tau=0.0 must lie in (0, 4.44"),
+    (ID, [D + "labeled_subset", "first"], "labeled_subset: Expected a typing.Literal['random', 'stratified']"),
     (ID, [D + "num_workers", "-1"], "num_workers=-1 must be >= 0"),
     (OOD, [D + "test_manifolds", "[]"], "test_manifolds is empty"),
     # --- InContextEigenmap (ORIG+E2E-ICL representation)

@@ -51,13 +51,20 @@ def test_test_writes_tidy_results_with_provenance_and_figure(tmp_path) -> None:
     assert [r["label_ratio"] for r in acc] == [0.1, 0.25, 0.5]
     assert [r["n_labeled"] for r in acc] == [2, 5, 10]
     assert all(0.0 <= r["value"] <= 1.0 and r["split"] == "test" for r in acc)
-    assert len([r for r in rows if r["method"] == "labeled_majority"]) == 3
+    for method in ("labeled_majority", "class_prior", "ORIG+E2E-ICL"):
+        for metric in ("accuracy", "balanced_accuracy"):
+            assert len([r for r in rows if r["method"] == method and r["metric"] == metric]) == 3
+    # The class-prior floor predicts one class everywhere: balanced accuracy 1/2 unless an episode's
+    # unlabeled points are all of one class (then 0 or 1), accuracy the majority share (>= 1/2).
+    prior = {r["metric"]: r["value"] for r in rows if r["method"] == "class_prior" and r["label_ratio"] == 0.25}
+    assert prior["accuracy"] >= 0.5 and prior["balanced_accuracy"] == pytest.approx(0.5, abs=0.05)
     # The logged test metrics and the rows are the same numbers.
     scalars = tb_scalars(out)
     for r in acc:
         assert scalars[f"test/acc/label_ratio={r['label_ratio']:g}"][-1] == pytest.approx(r["value"])
     assert (out / "results.csv").read_text().startswith("metric,value,split,method,label_ratio,n_labeled")
-    assert (out / "accuracy_vs_label_ratio.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for stem in ("accuracy_vs_label_ratio", "balanced_accuracy_vs_label_ratio"):
+        assert (out / f"{stem}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     ea = EventAccumulator(str(next(out.glob("events.out.tfevents.*"))))
     ea.Reload()
     assert "test/accuracy_vs_label_ratio" in ea.Tags()["images"]
@@ -144,7 +151,11 @@ def test_torchrun_on_cpu_matches_single_process(tmp_path, single_process_run: Pa
     assert ((va - vb).norm() / va.norm()).item() < 2e-4
 
 
-CONFIGS = sorted(f"configs/{p.name}" for p in (Path(__file__).parents[1] / "configs").glob("icssl_*.yaml"))
+# The configs of the paper's model and its ablations (the baselines' own configs: tests/test_icssl_baselines.py).
+CONFIGS = sorted(
+    f"configs/{p.name}" for p in (Path(__file__).parents[1] / "configs").glob("icssl_*.yaml")
+    if "InContextEigenmap" in p.read_text() and "lit_icl.icssl.ManifoldDataModule" in p.read_text()
+)
 BASELINES = ["lit_icl.icssl.nets.LaplacianEigenmap", "lit_icl.icssl.nets.RawCoordinates"]
 
 

@@ -7,7 +7,7 @@ import torch
 
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.data import EpochSampler, collate_chunks
-from lit_icl.icssl.data import EpisodeChunks, ManifoldDataModule
+from lit_icl.icssl.data import EpisodeChunks, ManifoldDataModule, balanced_accuracy, labeled_mask
 from lit_icl.icssl.manifolds import PoseConfig, get_manifold
 
 
@@ -92,3 +92,75 @@ def test_bad_data_configuration_is_refused(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")) as info:
         _dm(**kwargs)
     assert "\n" not in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Labeled subsets, balanced accuracy and the class-prior floor (issue: honest floors)
+# ---------------------------------------------------------------------------------------------------------
+def test_random_labeled_mask_is_the_first_m_points() -> None:
+    y = torch.randint(0, 2, (5, 12), generator=torch.Generator().manual_seed(0))
+    mask = labeled_mask(y, 4)
+    assert torch.equal(mask, torch.arange(12).expand(5, 12) < 4)
+    per_episode = labeled_mask(y, torch.tensor([1, 2, 3, 4, 5]))
+    assert per_episode.sum(1).tolist() == [1, 2, 3, 4, 5]
+
+
+def test_stratified_mask_labels_every_class_and_otherwise_the_first_points() -> None:
+    g = torch.Generator().manual_seed(1)
+    # Rare positives (about 10 %), as on the torus: random 3-point subsets often miss them.
+    y = (torch.rand(400, 30, generator=g) < 0.1).long()
+    y[:, 0] = 0  # every episode has a negative
+    y[0] = 0  # one single-class episode
+    for m in (2, 3, 7):
+        mask = labeled_mask(y, m, "stratified")
+        assert mask.sum(1).eq(m).all()
+        for b in range(y.shape[0]):
+            classes = y[b].unique().tolist()
+            assert set(y[b][mask[b]].tolist()) == set(classes), "each present class is labeled"
+            # Written independently: first occurrence of each class, then the earliest other points.
+            firsts = [int((y[b] == c).nonzero()[0]) for c in classes]
+            rest = [i for i in range(30) if i not in firsts]
+            expected = set((firsts + rest)[:m])
+            assert set(mask[b].nonzero().flatten().tolist()) == expected
+    random_hits = (y * labeled_mask(y, 3)).sum(1).gt(0).float().mean()
+    assert random_hits < 0.5, "the random 3-subset misses the positive class in most episodes here"
+
+
+def test_balanced_accuracy_matches_per_class_recall_loop() -> None:
+    g = torch.Generator().manual_seed(2)
+    y = torch.randint(0, 3, (20, 15), generator=g)
+    pred = torch.randint(0, 3, (20, 15), generator=g)
+    mask = torch.rand(20, 15, generator=g) < 0.7
+    got = balanced_accuracy(pred, y, mask, 3)
+    for b in range(20):
+        recalls = []
+        for c in range(3):
+            sel = mask[b] & (y[b] == c)
+            if sel.any():
+                recalls.append((pred[b][sel] == c).float().mean().item())
+        assert got[b].item() == pytest.approx(sum(recalls) / len(recalls))
+    # A constant predictor scores 1 / #present classes.
+    two = torch.tensor([[0, 0, 0, 1]])
+    assert balanced_accuracy(torch.zeros_like(two), two, torch.ones_like(two, dtype=torch.bool), 2).item() == 0.5
+
+
+def test_class_prior_floor_is_the_best_constant_predictor() -> None:
+    from lit_icl.icssl.module import ConstantPredictorStats
+
+    g = torch.Generator().manual_seed(3)
+    y = (torch.rand(64, 20, generator=g) < 0.3).long()
+    mask = torch.ones_like(y, dtype=torch.bool)
+    mask[:, :3] = False
+    stats = ConstantPredictorStats(2)
+    stats.update(y[:30], mask[:30])
+    stats.update(y[30:], mask[30:])
+    acc, bacc = stats.compute()
+    # Independently: score each constant class per episode, average, keep the better constant.
+    best = max(
+        range(2),
+        key=lambda c: sum(((y[b][mask[b]] == c).float().mean().item()) for b in range(64)),
+    )
+    exp_acc = sum((y[b][mask[b]] == best).float().mean().item() for b in range(64)) / 64
+    exp_bacc = balanced_accuracy(torch.full_like(y, best), y, mask, 2).mean().item()
+    assert best == 0
+    assert acc.item() == pytest.approx(exp_acc, abs=1e-6) and bacc.item() == pytest.approx(exp_bacc, abs=1e-6)

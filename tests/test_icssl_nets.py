@@ -201,3 +201,47 @@ def test_bad_net_configurations_raise_clear_errors() -> None:
         LaplacianEigenmap(n_neighbors=60)(torch.randn(1, 50, 3))
     with pytest.raises(ConfigError, match="kernel"):
         GDICLHead(kernel="cosine")  # type: ignore[arg-type]
+
+
+def test_linear_activation_ablation_is_the_unnormalised_linear_kernel() -> None:
+    """Table 6's "Lap (linear)": kappa_ij = (<x_i, x_j>/sigma^2 + <psi_i, psi_j>/rho^2) / n, no softmax."""
+    from lit_icl.icssl.nets import RBFAttentionLayer
+
+    torch.manual_seed(0)
+    layer = RBFAttentionLayer([0.5, 2.0], exclude_self=True, activation="linear")
+    x, psi = torch.randn(2, 7, 3), torch.randn(2, 7, 7)
+    w = layer.attention(x, psi)
+    for h, sigma in enumerate([0.5, 2.0]):
+        rho = 10.0
+        for b in range(2):
+            for i in range(7):
+                for j in range(7):
+                    expected = 0.0 if i == j else float(
+                        (x[b, i] @ x[b, j]) / sigma**2 + (psi[b, i] @ psi[b, j]) / rho**2
+                    ) / 7
+                    assert w[b, h, i, j].item() == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    net = InContextEigenmap(n_points=20, lap_activation="linear")
+    assert all(layer.activation == "linear" for layer in net.laplacian.layers)
+    assert net(torch.randn(3, 20, 3)).shape == (3, 20, 4)
+
+
+def test_fixed_init_makes_the_representation_size_free_and_permutation_equivariant() -> None:
+    """Remark 1: with learn_init=False no parameter depends on n, and permuting the points permutes phi."""
+    sizes = {n: count_parameters(InContextEigenmap(n_points=n, learn_init=False)) for n in (50, 100, 200)}
+    assert len(set(sizes.values())) == 1
+    assert count_parameters(InContextEigenmap(n_points=100)) - sizes[100] == 100 * 100 + 100 * 4
+    torch.manual_seed(0)
+    net = InContextEigenmap(n_points=40, learn_init=False)
+    x = 0.05 * torch.randn(2, 40, 3)
+    perm = torch.randperm(40)
+    torch.testing.assert_close(net(x[:, perm]), net(x)[:, perm], atol=2e-5, rtol=1e-4)
+
+
+def test_faithful_eigenmap_init_is_lemma2() -> None:
+    a = EigenmapTransformer(30, 4, num_layers=4, num_heads=1, init="lemma2", mu=3.0)
+    b = EigenmapTransformer.from_lemma2(30, 4, mu=3.0, iterations=4)
+    for la, lb in zip(a.layers, b.layers):
+        for name in ("query", "key", "value", "beta", "skip"):
+            assert torch.equal(getattr(la, name), getattr(lb, name))
+    with pytest.raises(ConfigError, match="num_layers = n_components = 4"):
+        EigenmapTransformer(30, 4, num_layers=2, init="lemma2")

@@ -412,6 +412,49 @@ def test_ball_labels_match_independent_recomputation(spec: str) -> None:
     assert ep.center.unique().numel() > 10, "centres must be random"
 
 
+def _torus_ball_fraction(tau: float) -> float:
+    """Exact share of the flat torus (2 pi)^2 within wrapped distance tau of a point, by 2-D quadrature."""
+    # Unwrapped offsets (u, v) in [-pi, pi]^2 on a fine midpoint grid; independent of the module's wrap.
+    k = 2000
+    grid = (torch.arange(k, dtype=torch.float64) + 0.5) / k * TWO_PI - math.pi
+    inside = (grid[:, None] ** 2 + grid[None, :] ** 2) < tau * tau
+    return inside.double().mean().item()
+
+
+@pytest.mark.parametrize("tau", [0.5, math.sqrt(math.pi / 2)])
+def test_torus_positive_fraction_matches_area(tau: float) -> None:
+    """App. E.1.5: the torus ball covers 1/8 of the surface by default (tau = 0.5 covers 2 %, see FlatTorus)."""
+    area = _torus_ball_fraction(tau)
+    assert area == pytest.approx(math.pi * tau * tau / TWO_PI**2, rel=2e-3)
+    ep = sample_episodes(FlatTorus(tau=tau), 4000, 100, _gen(3))
+    # The centre is always positive; each of the other 99 points independently with probability `area`.
+    expected = (1 + 99 * area) / 100
+    assert ep.y.float().mean().item() == pytest.approx(expected, abs=0.003)
+
+
+def test_default_torus_threshold_is_one_eighth() -> None:
+    assert _torus_ball_fraction(get_manifold("torus").tau) == pytest.approx(1 / 8, abs=5e-4)
+    assert get_manifold("torus", tau=0.5).tau == 0.5
+    with pytest.raises(ValueError, match="torus tau"):
+        FlatTorus(tau=0.0)
+
+
+def test_sphere_cap_fraction_matches_chart_uniform_integral() -> None:
+    """The sphere samples the chart uniformly (App. E.1.1), so its cap share is not the 25 % of the area.
+
+    Independent check: P(angle(p, q) < pi/3) for p, q with theta ~ U(0, pi), phi ~ U(0, 2 pi), by midpoint
+    quadrature over (theta_p, theta_q, delta phi).
+    """
+    k = 120
+    mid = (torch.arange(k, dtype=torch.float64) + 0.5) / k
+    tp, tq, dphi = torch.meshgrid(mid * math.pi, mid * math.pi, mid * TWO_PI, indexing="ij")
+    cos_angle = torch.cos(tp) * torch.cos(tq) + torch.sin(tp) * torch.sin(tq) * torch.cos(dphi)
+    p = (cos_angle > math.cos(math.pi / 3)).double().mean().item()
+    ep = sample_episodes(get_manifold("sphere"), 4000, 100, _gen(4))
+    assert ep.y.float().mean().item() == pytest.approx((1 + 99 * p) / 100, abs=0.004)
+    assert p > 0.26, "chart-uniform sampling puts more mass in polar caps than the area's 25 %"
+
+
 def test_spiral_labels_are_below_median() -> None:
     ep = sample_episodes("swiss_roll", 16, 100, _gen(8))
     t = ep.chart[..., 0]

@@ -12,12 +12,16 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from pathlib import Path
+
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from torchmetrics import Metric
 
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.results import result_row
 from lit_icl.metrics.functional import validate_k
 from lit_icl.metrics.representation import LCSKNN, CycleKNN, MutualKNN, SeparationScore
 
@@ -52,15 +56,44 @@ class RepresentationMetrics(Callback):
     Lightning's DistributedSampler pads the last batches with repeated samples, so a repeated episode is
     counted twice; size eval sets to a multiple of ``world_size * batch_size`` for exact means.
 
+    **Other trained models** (``compare_checkpoints``, test only): each checkpoint is loaded with the running
+    module's class (``load_from_checkpoint``) at the start of ``test``, and on every test batch its
+    representation, ``pl_module.representation(batch, other.net)``, joins the embeddings under its name. The
+    module must define that method (IC-SSL's does), which is how Table 1 of the IC-SSL paper aligns the model,
+    the Transformer baseline and EIG on the same episodes.
+
+    With ``rows=True`` the test-epoch scores are also handed to the shared results writer as tidy rows (see
+    :func:`lit_icl.core.results.collect_test_rows`): metric ``separation`` / ``mnn`` / ``cycle_knn`` /
+    ``lcs_knn``, coordinate ``embeddings`` (``<name>`` or ``<a>~<b>``) and ``k``, method = the module's ``method``
+    attribute (its class name if it has none).
+
     Args:
         k: neighbours per point for the alignment scores (``1 <= k <= n - 1`` for every set).
         pairs: ordered ``(a, b)`` embedding-name pairs to align. ``None`` means every unordered pair of names,
             each in sorted order (``a < b``). Order matters only for ``cycle_knn`` (first hop in ``b``).
+        rows: also write the test scores into ``results.json`` (off by default).
+        compare_checkpoints: ``{name: checkpoint path}`` of other trained models to embed in ``test``.
     """
 
-    def __init__(self, k: int = 10, pairs: list[tuple[str, str]] | None = None) -> None:
+    def __init__(
+        self,
+        k: int = 10,
+        pairs: list[tuple[str, str]] | None = None,
+        rows: bool = False,
+        compare_checkpoints: dict[str, str] | None = None,
+    ) -> None:
         super().__init__()
         self.k = validate_k(k)
+        if not isinstance(rows, bool):
+            raise ConfigError(f"rows={rows!r} must be true or false")
+        self.rows = rows
+        #: Result rows of the last test epoch (filled only with ``rows=True``).
+        self.test_rows: list[dict[str, Any]] = []
+        self.compare_checkpoints = dict(compare_checkpoints or {})
+        for name, path in self.compare_checkpoints.items():
+            if not isinstance(path, str) or not path:
+                raise ConfigError(f"compare_checkpoints[{name!r}] must be a checkpoint path, got {path!r}")
+        self._others: dict[str, pl.LightningModule] = {}
         self.pairs: list[tuple[str, str]] | None = None
         if pairs is not None:
             self.pairs = [tuple(p) for p in pairs]  # type: ignore[misc]
@@ -80,6 +113,22 @@ class RepresentationMetrics(Callback):
         ``stage -> names`` returned by its ``validation_step`` / ``test_step``) when they exist; otherwise the
         same checks run at the first evaluation step.
         """
+        if self.compare_checkpoints:
+            declared_test = getattr(model, "embedding_names", {}).get("test", ("model",))
+            clash = sorted(set(self.compare_checkpoints) & set(declared_test))
+            if clash:
+                raise ConfigError(
+                    f"RepresentationMetrics compare_checkpoints names {clash} are taken by the module's own "
+                    "embeddings; rename them"
+                )
+            if model is not None and not callable(getattr(model, "representation", None)):
+                raise ConfigError(
+                    f"RepresentationMetrics compare_checkpoints needs {type(model).__name__}.representation(batch, "
+                    "net); this module has none"
+                )
+            missing = [p for p in self.compare_checkpoints.values() if not Path(p).is_file()]
+            if missing:
+                raise ConfigError(f"RepresentationMetrics compare_checkpoints: no checkpoint file at {missing}")
         n = getattr(datamodule, "n_points", None)
         if isinstance(n, int) and self.k > n - 1:
             raise ConfigError(
@@ -152,6 +201,8 @@ class RepresentationMetrics(Callback):
     def _log_and_reset(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if trainer.sanity_checking:
             return
+        if stage == "test":
+            self.test_rows = []
         for log_name, (metric, _, _) in self._metrics.get(stage, {}).items():
             # compute() all-gathers the states: it runs on every rank, and the value is already global, so
             # logging needs no further sync. NaN is identical on all ranks, so skipping it stays consistent.
@@ -162,6 +213,13 @@ class RepresentationMetrics(Callback):
                 value = metric.compute()
             if not math.isnan(value.item()):
                 pl_module.log(log_name, value, sync_dist=False)
+                if stage == "test" and self.rows:
+                    _, kind, names = log_name.split("/", 2)
+                    method = getattr(pl_module, "method", None)
+                    self.test_rows.append(result_row(
+                        kind, value, method=method if isinstance(method, str) else type(pl_module).__name__,
+                        embeddings=names, k=self.k,
+                    ))
             metric.reset()
 
     # ---------------------------------------------------------------- Lightning hooks
@@ -180,6 +238,12 @@ class RepresentationMetrics(Callback):
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._log_and_reset(trainer, pl_module, "val")
 
+    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        for name, path in self.compare_checkpoints.items():
+            if name not in self._others:
+                other = type(pl_module).load_from_checkpoint(path, map_location=pl_module.device)
+                self._others[name] = other.eval().requires_grad_(False)
+
     def on_test_batch_end(
         self,
         trainer: pl.Trainer,
@@ -189,6 +253,13 @@ class RepresentationMetrics(Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
+        if self._others and isinstance(outputs, Mapping) and outputs.get("embeddings"):
+            embeddings = dict(outputs["embeddings"])
+            with torch.no_grad():
+                for name, other in self._others.items():
+                    other.to(pl_module.device)
+                    embeddings[name] = pl_module.representation(batch, other.net)
+            outputs = {**outputs, "embeddings": embeddings}
         self._update(trainer, pl_module, outputs, "test")
 
     def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

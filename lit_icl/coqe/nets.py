@@ -77,10 +77,14 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(width, 3 * width)
         self.out = nn.Linear(width, width)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """``mask``: optional boolean ``(n, n)`` (True = may attend) replacing the causal mask."""
         b, n, w = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # scale 1/sqrt(d_head)
+        if mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # scale 1/sqrt(d_head)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.out(y.transpose(1, 2).reshape(b, n, w))
 
 
@@ -94,8 +98,8 @@ class TransformerBlock(nn.Module):
         self.ln2 = nn.LayerNorm(width)
         self.mlp = nn.Sequential(nn.Linear(width, mlp_ratio * width), nn.GELU(), nn.Linear(mlp_ratio * width, width))
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln1(x))
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        x = x + self.attn(self.ln1(x), mask)
         return x + self.mlp(self.ln2(x))
 
 
@@ -113,9 +117,10 @@ class CausalTransformer(nn.Module):
         self.blocks = nn.ModuleList([TransformerBlock(width, heads, mlp_ratio) for _ in range(depth)])
         self.ln_f = nn.LayerNorm(width)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """``mask``: optional boolean ``(n, n)`` attention mask (True = may attend) instead of the causal one."""
         for block in self.blocks:
-            x = block(x)
+            x = block(x, mask)
         return self.ln_f(x)
 
 

@@ -15,6 +15,7 @@ step, the same episodes as one process with ``k * b``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Literal
 
@@ -34,13 +35,15 @@ from lit_icl.core.validation import (
     check_nonnegative,
     check_pair_ordered,
     check_positive,
+    check_range,
     check_unique,
 )
-from lit_icl.icssl.manifolds import Manifold, PoseConfig, get_manifold, sample_episodes
+from lit_icl.icssl.manifolds import TORUS_TAU, Manifold, PoseConfig, get_manifold, sample_episodes
 
 Split = Literal["train", "val", "test"]
 
-DEFAULT_LABEL_RATIOS = (0.03, 0.05, 0.10, 0.15, 0.25, 0.39)
+#: Evaluation label ratios: Fig. 4's range, with 21 % for the context sizes 3 / 21 / 39 of Tables 2-4.
+DEFAULT_LABEL_RATIOS = (0.03, 0.05, 0.10, 0.15, 0.21, 0.25, 0.39)
 
 
 def labeled_count(ratio: float, n_points: int) -> int:
@@ -68,6 +71,52 @@ def check_label_ratios(ratios: Sequence[float], n_points: int) -> None:
 def ratio_key(ratio: float) -> str:
     """The name under which a ratio's metrics are logged, e.g. ``label_ratio=0.25``."""
     return f"label_ratio={ratio:g}"
+
+
+LabeledSubset = Literal["random", "stratified"]
+
+
+def labeled_mask(y: Tensor, n_labeled: Tensor | int, subset: LabeledSubset = "random") -> Tensor:
+    """Which points of each episode are labeled: ``(B, n)`` bool with ``n_labeled`` True per row.
+
+    - ``"random"``: the first ``m`` points. Points are i.i.d. within an episode, so this is a uniformly random
+      subset, and the same ``m`` points at every ratio make ratios nested (pairwise comparable).
+    - ``"stratified"``: the first point of every class present in the episode, then the remaining points in
+      order, so ``m >= #classes`` labeled points always include each class at least once (with fewer, the
+      lowest class ids' first points). At 3 % labels of a 20 %-positive task, the random subset misses the
+      positive class in about half of the episodes (0.8^3).
+
+    Args:
+        y: ``(B, n)`` int labels.
+        n_labeled: ``m``, an int or a ``(B,)`` tensor (one ``m`` per episode).
+        subset: ``"random"`` or ``"stratified"``.
+    """
+    b, n = y.shape
+    m = torch.as_tensor(n_labeled, device=y.device).reshape(-1, 1) if not isinstance(n_labeled, int) else n_labeled
+    position = torch.arange(n, device=y.device).expand(b, n)
+    if subset == "random":
+        return position < m
+    # A point is its class's first occurrence iff no earlier point has its label.
+    onehot = torch.nn.functional.one_hot(y, int(y.max()) + 1)
+    first = (onehot.cumsum(1) * onehot).sum(-1) == 1
+    # First occurrences sort before everything else (by class id, so ties are deterministic), then by position.
+    key = torch.where(first, y - n - int(y.max()) - 1, position)
+    rank = key.argsort(dim=1, stable=True).argsort(dim=1)
+    return rank < m
+
+
+def balanced_accuracy(pred: Tensor, y: Tensor, mask: Tensor, num_classes: int) -> Tensor:
+    """Per-episode balanced accuracy on the points of ``mask``: the mean recall over the classes present there.
+
+    ``pred``, ``y``: ``(B, n)`` int; ``mask``: ``(B, n)`` bool (the unlabeled points). Returns ``(B,)``. A
+    constant predictor scores ``1 / #present classes``, whatever the class prior.
+    """
+    onehot = torch.nn.functional.one_hot(y, num_classes).float() * mask.unsqueeze(-1).float()  # (B, n, C)
+    support = onehot.sum(1)  # (B, C)
+    hits = (onehot * (pred == y).unsqueeze(-1).float()).sum(1)
+    present = support > 0
+    recall = torch.where(present, hits / support.clamp_min(1.0), torch.zeros_like(hits))
+    return recall.sum(-1) / present.sum(-1).clamp_min(1)
 
 
 class EpisodeChunks(Dataset):
@@ -152,10 +201,15 @@ class ManifoldDataModule(LightningDataModule):
         pose_translation: range of the random x/y translation (App. D).
         pose_rotation: ``planar`` (about z, App. D), ``haar`` (any 3-D rotation, App. E.1) or ``none``.
         cylinder_height: height of the cylinder chart (the paper leaves it open).
+        torus_tau: label threshold of the flat torus. The default ``sqrt(pi/2)`` covers the "1/8 of the
+            surface" App. E.1.5 describes; the ``0.5`` it also states covers 2 % (see
+            :class:`~lit_icl.icssl.manifolds.FlatTorus`).
         product_positive_fraction: fraction of points inside the geodesic ball of a product manifold (the
             paper gives no product threshold; 0.5 makes balanced classes).
         num_workers: DataLoader workers per device; generation takes about 1 ms per 64 episodes, so the
             default 0 keeps it in the training process.
+        labeled_subset: which ``m`` points are labeled, in training and evaluation (see :func:`labeled_mask`):
+            ``random`` (the paper's protocol) or ``stratified`` (at least one labeled point per class).
     """
 
     def __init__(
@@ -177,8 +231,10 @@ class ManifoldDataModule(LightningDataModule):
         pose_translation: tuple[float, float] = (-1.0, 1.0),
         pose_rotation: Literal["planar", "haar", "none"] = "planar",
         cylinder_height: float = 2.0,
+        torus_tau: float = TORUS_TAU,
         product_positive_fraction: float = 0.5,
         num_workers: int = 0,
+        labeled_subset: LabeledSubset = "random",
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -207,9 +263,12 @@ class ManifoldDataModule(LightningDataModule):
         check_pair_ordered("pose_translation", pose_translation)
         check_choice("pose_rotation", pose_rotation, ("planar", "haar", "none"))
         check_positive("cylinder_height", cylinder_height, hint="the paper leaves it open; 2.0 is the default")
+        check_range("torus_tau", torus_tau, low=0.0, high=math.pi * math.sqrt(2.0), low_inclusive=False,
+                    hint="App. E.1.5 states 0.5; the default sqrt(pi/2) = 1.2533 covers 1/8 of the surface")
         # Checked even when no product manifold is used, so a typo never waits for a later config change.
         check_fraction("product_positive_fraction", product_positive_fraction, closed_high=True)
         check_nonnegative("num_workers", num_workers, integer=True, hint="0 generates data in the main process")
+        self.labeled_subset = check_choice("labeled_subset", labeled_subset, ("random", "stratified"))
         manifold_lists = {"train_manifolds": train_manifolds, "val_manifolds": val_manifolds,
                           "test_manifolds": test_manifolds}
         for name, names in manifold_lists.items():
@@ -230,7 +289,7 @@ class ManifoldDataModule(LightningDataModule):
             self.pose = PoseConfig(tuple(pose_scale), tuple(pose_translation), pose_rotation)
         except ValueError as err:
             raise ConfigError(str(err)) from None
-        options = {"height": cylinder_height, "positive_fraction": product_positive_fraction}
+        options = {"height": cylinder_height, "tau": torus_tau, "positive_fraction": product_positive_fraction}
         self._manifolds = {
             split: self._build(names, options)
             for split, names in (
@@ -258,6 +317,8 @@ class ManifoldDataModule(LightningDataModule):
             opts = {}
             if "cylinder" in parts:
                 opts["height"] = options["height"]
+            if "torus" in parts or "flat_torus" in parts:
+                opts["tau"] = options["tau"]
             if len(parts) > 1:
                 opts["positive_fraction"] = options["positive_fraction"]
             try:

@@ -8,9 +8,17 @@ Batches are dicts from :mod:`lit_icl.icssl.data`:
   ``m = round(ratio * n)`` labeled points, on the same episodes, so the ratios are compared pairwise.
 
 The representation never sees labels, so it is computed once per batch and the GD head is re-run per ratio.
-``test`` produces tidy rows (metric ``accuracy``, coordinates ``label_ratio`` and ``n_labeled``; the model's
-method name and the ``labeled_majority`` baseline) and the accuracy-vs-label-ratio figure, which
-:class:`lit_icl.core.results.ResultsWriter` writes.
+``test`` produces tidy rows (metrics ``accuracy`` and ``balanced_accuracy``, coordinates ``label_ratio`` and
+``n_labeled``) for the model's method and two label-only floors, and the accuracy-vs-label-ratio figure, which
+:class:`lit_icl.core.results.ResultsWriter` writes. The floors:
+
+- ``class_prior``: one constant class for every point, the majority class of the test distribution (the
+  honest floor: on the cylinder about 0.79, since 79 % of its points are negative);
+- ``labeled_majority``: per episode, the majority class of its ``m`` labeled points (a weaker floor: with 3
+  labels it often picks the minority class).
+
+Balanced accuracy (mean recall over the classes present among an episode's unlabeled points) scores both
+floors near 1/C, whatever the class prior.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule
 from torch import Tensor, nn
-from torchmetrics import MeanMetric
+from torchmetrics import MeanMetric, Metric
 
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.figures import line_figure
@@ -38,7 +46,14 @@ from lit_icl.core.validation import (
     check_positive,
     check_unique,
 )
-from lit_icl.icssl.data import DEFAULT_LABEL_RATIOS, check_label_ratios, labeled_count, ratio_key
+from lit_icl.icssl.data import (
+    DEFAULT_LABEL_RATIOS,
+    balanced_accuracy,
+    check_label_ratios,
+    labeled_count,
+    labeled_mask,
+    ratio_key,
+)
 from lit_icl.icssl.nets import SemiSupervisedICL, count_parameters
 
 #: The paper's names of the representations (Sec. 4.1), used as the ``method`` of result rows.
@@ -47,6 +62,44 @@ METHOD_NAMES = {
     "LaplacianEigenmap": "EIG+ICL",
     "RawCoordinates": "ORIG+ICL",
 }
+
+
+class ConstantPredictorStats(Metric):
+    """Accuracy and balanced accuracy of every constant predictor "class c", accumulated over episodes.
+
+    ``compute()`` returns those of the best constant (the majority class of the evaluated points), i.e. the
+    ``class_prior`` floor, which is only known once all episodes are seen.
+    """
+
+    full_state_update = False
+
+    def __init__(self, num_classes: int):
+        super().__init__()
+        self.num_classes = num_classes
+        self.add_state("share", torch.zeros(num_classes, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("balanced", torch.zeros(num_classes, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("episodes", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, y: Tensor, mask: Tensor) -> None:
+        onehot = F.one_hot(y, self.num_classes).double() * mask.unsqueeze(-1).double()  # (B, n, C)
+        support = onehot.sum(1)  # (B, C)
+        self.share += (support / support.sum(-1, keepdim=True).clamp_min(1.0)).sum(0)
+        present = support > 0
+        self.balanced += (present.double() / present.sum(-1, keepdim=True).clamp_min(1)).sum(0)
+        self.episodes += y.shape[0]
+
+    def compute(self) -> tuple[Tensor, Tensor]:
+        best = int(self.share.argmax())
+        n = self.episodes.clamp_min(1.0)
+        return (self.share[best] / n).float(), (self.balanced[best] / n).float()
+
+
+#: The per-ratio test series kept as MeanMetrics: ``<who>-<metric>``.
+_TEST_SERIES = ("model-accuracy", "model-balanced_accuracy", "majority-accuracy", "majority-balanced_accuracy")
+
+
+#: The data part of the name, for heads other than the GD ICL head (e.g. ``EIG`` + ``LR``).
+DATA_NAMES = {"InContextEigenmap": "ORIG+E2E", "LaplacianEigenmap": "EIG", "RawCoordinates": "ORIG"}
 
 
 def _slot(ratio: float) -> str:
@@ -93,12 +146,17 @@ class ICSSLModule(ICLModule):
             raise ConfigError(f"eig_reference={eig_reference!r} must be true or false")
         self.n_points: int | None = getattr(self.net, "n_points", None)
         self.label_ratios: list[float] = []
+        self.num_classes: int = int(getattr(self.net, "num_classes", 2))
+        self.labeled_subset = "random"
+        self.dataset_size: int | None = None
         self.val_acc = nn.ModuleDict()
-        self.test_acc = nn.ModuleDict()
-        self.test_majority = nn.ModuleDict()
+        # Per ratio: accuracy and balanced accuracy of the model and of the labeled-majority vote.
+        self.test_metrics = nn.ModuleDict()
+        self.test_prior = nn.ModuleDict()
         self.val_loss = MeanMetric()
         #: What ``validation_step`` returns under ``embeddings`` (lets RepresentationMetrics check its pairs early).
-        self.embedding_names = {"val": ("model", "eig") if eig_reference else ("model",)}
+        base = ("model", "eig") if eig_reference else ("model",)
+        self.embedding_names = {"val": base, "test": base}
         if label_ratios is not None:
             check_unique("label_ratios", check_nonempty("label_ratios", label_ratios, example="[0.1, 0.25]"))
             if self.n_points is not None:
@@ -108,9 +166,14 @@ class ICSSLModule(ICLModule):
     def _set_label_ratios(self, ratios: Sequence[float]) -> None:
         """One accuracy metric per ratio (torchmetrics states are not checkpointed, so this is free to redo)."""
         self.label_ratios = [float(r) for r in ratios]
-        for store in (self.val_acc, self.test_acc, self.test_majority):
-            store.clear()
-            store.update({_slot(r): MeanMetric() for r in self.label_ratios})
+        self.val_acc.clear()
+        self.val_acc.update({_slot(r): MeanMetric() for r in self.label_ratios})
+        self.test_metrics.clear()
+        self.test_metrics.update({
+            f"{_slot(r)}-{name}": MeanMetric() for r in self.label_ratios for name in _TEST_SERIES
+        })
+        self.test_prior.clear()
+        self.test_prior.update({_slot(r): ConstantPredictorStats(self.num_classes) for r in self.label_ratios})
 
     def bind_datamodule(self, datamodule: LightningDataModule) -> None:
         """Take ``n_points`` and ``eval_label_ratios`` from the data (and check the model's own ratios, if set)."""
@@ -131,6 +194,10 @@ class ICSSLModule(ICLModule):
                 )
         check_label_ratios(ratios, n)
         self.n_points = n
+        self.labeled_subset = getattr(datamodule, "labeled_subset", "random")
+        # Data with a fixed pool of training episodes (Sec. 4.2's "dataset size") tags the rows with it.
+        size = getattr(getattr(datamodule, "hparams", {}), "get", lambda *_: None)("train_episodes")
+        self.dataset_size = int(size) if size is not None else None
         self._set_label_ratios(ratios)
 
     def setup(self, stage: str) -> None:
@@ -138,10 +205,34 @@ class ICSSLModule(ICLModule):
         if not self.label_ratios:  # no data module and no explicit ratios: the paper's protocol
             self._set_label_ratios(DEFAULT_LABEL_RATIOS)
 
+    def representation(self, batch: dict[str, Tensor], net: nn.Module | None = None) -> Tensor:
+        """The features ``(B, n, k)`` a net (default: this model's) gives the points of ``batch``.
+
+        Label-aware nets (the Transformer baseline) see the labels of the smallest evaluation ratio. The
+        representation-metrics callback calls it with the nets of other checkpoints (``compare_checkpoints``)
+        to align them with this model on the same episodes (Sec. 4.2, Table 1).
+        """
+        net = self.net if net is None else net
+        x, y = batch["x"], batch["y"]
+        if hasattr(net, "represent"):
+            return net.represent(x)
+        labeled = labeled_mask(y, labeled_count(min(self.label_ratios), x.shape[1]), self.labeled_subset)
+        return net(x, y, labeled).features
+
     @property
     def method(self) -> str:
-        """The paper's name of this model (``ORIG+E2E-ICL``, ``EIG+ICL``, ``ORIG+ICL``) or the class names."""
+        """The paper's ``[Data+Model]`` name of this model (Sec. 4.1), else the class names.
+
+        A net may name itself (``method`` attribute, e.g. the Transformer baseline); a head other than the GD
+        ICL head names the model part (``method_suffix``: ``LR``, ``RBF-LR``) after the data part.
+        """
+        if isinstance(getattr(self.net, "method", None), str):
+            return self.net.method
         rep = getattr(self.net, "representation", self.net)
+        suffix = getattr(getattr(self.net, "head", None), "method_suffix", None)
+        if suffix is not None:
+            data = DATA_NAMES.get(type(rep).__name__, type(rep).__name__)
+            return f"{data}+{suffix}"
         return METHOD_NAMES.get(type(rep).__name__, type(rep).__name__)
 
     # ---------------------------------------------------------------- core
@@ -161,15 +252,12 @@ class ICSSLModule(ICLModule):
         """
         return cls.episode_losses(logits, y, labeled).mean()
 
-    def _labeled_mask(self, n_labeled: Tensor, n: int) -> Tensor:
-        return torch.arange(n, device=n_labeled.device).unsqueeze(0) < n_labeled.unsqueeze(1)
-
     def forward(self, x: Tensor, y: Tensor, labeled: Tensor) -> Tensor:
         return self.net(x, y, labeled).logits
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         x, y = batch["x"], batch["y"]
-        labeled = self._labeled_mask(batch["n_labeled"], x.shape[1])
+        labeled = labeled_mask(y, batch["n_labeled"], self.labeled_subset)
         logits = self(x, y, labeled)
         loss = self.unlabeled_loss(logits, y, labeled)
         self.log("train/loss", loss, prog_bar=True)
@@ -181,32 +269,47 @@ class ICSSLModule(ICLModule):
         return loss
 
     def _sweep(self, batch: dict[str, Tensor]) -> tuple[Tensor, list[tuple[float, Tensor, Tensor, Tensor]]]:
-        """Representation once, then the head at every label ratio: ``(features, [(r, logits, labeled, y)])``."""
+        """The net at every label ratio: ``(features, [(r, logits, labeled, y)])``.
+
+        A two-stage net (``represent`` + ``classify``, Sec. 4.1) computes its label-free representation once
+        and re-runs only the head per ratio. A net whose features see the labels (the Transformer baseline of
+        App. G) runs whole per ratio; its features at the smallest ratio are returned.
+        """
         x, y = batch["x"], batch["y"]
         n = x.shape[1]
-        features = self.net.represent(x)
-        out = []
-        for r in self.label_ratios:
-            labeled = torch.zeros_like(y, dtype=torch.bool)
-            labeled[:, : labeled_count(r, n)] = True
-            out.append((r, self.net.classify(features, y, labeled), labeled, y))
-        return features, out
+        masks = [labeled_mask(y, labeled_count(r, n), self.labeled_subset) for r in self.label_ratios]
+        if hasattr(self.net, "represent") and hasattr(self.net, "classify"):
+            features = self.net.represent(x)
+            out = [(r, self.net.classify(features, y, m), m, y) for r, m in zip(self.label_ratios, masks)]
+            return features, out
+        outputs = [self.net(x, y, m) for m in masks]
+        out = [(r, o.logits, m, y) for r, o, m in zip(self.label_ratios, outputs, masks)]
+        smallest = min(range(len(self.label_ratios)), key=lambda i: self.label_ratios[i])
+        return outputs[smallest].features, out
 
-    @staticmethod
-    def _accuracy_parts(logits: Tensor, y: Tensor, labeled: Tensor) -> tuple[Tensor, Tensor]:
-        """Per-episode accuracy on the unlabeled points, and the labeled-majority baseline's."""
-        unl = (~labeled).float()
-        acc = ((logits.argmax(-1) == y).float() * unl).sum(-1) / unl.sum(-1)
-        # Majority vote of the labeled points (ties -> class 0): what a model learns from labels alone.
-        lab = labeled.float()
-        pos = (y.float() * lab).sum(-1) > 0.5 * lab.sum(-1)
-        maj = ((y == pos.long().unsqueeze(-1)).float() * unl).sum(-1) / unl.sum(-1)
-        return acc, maj
+    def _accuracy_parts(self, logits: Tensor, y: Tensor, labeled: Tensor) -> dict[str, Tensor]:
+        """Per-episode accuracy and balanced accuracy on the unlabeled points, of the model and of the
+        labeled-majority vote (each ``(B,)``)."""
+        unl = ~labeled
+        pred = logits.argmax(-1)
+        # Majority vote of the labeled points (ties -> the lowest class id): what labels alone suggest.
+        counts = (F.one_hot(y, self.num_classes) * labeled.unsqueeze(-1)).sum(1)  # (B, C)
+        vote = counts.argmax(-1, keepdim=True).expand_as(y)
+
+        def acc(p: Tensor) -> Tensor:
+            return ((p == y) & unl).float().sum(-1) / unl.float().sum(-1)
+
+        return {
+            "model-accuracy": acc(pred),
+            "model-balanced_accuracy": balanced_accuracy(pred, y, unl, self.num_classes),
+            "majority-accuracy": acc(vote),
+            "majority-balanced_accuracy": balanced_accuracy(vote, y, unl, self.num_classes),
+        }
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Any]:
         features, sweep = self._sweep(batch)
         for r, logits, labeled, y in sweep:
-            acc, _ = self._accuracy_parts(logits, y, labeled)
+            acc = self._accuracy_parts(logits, y, labeled)["model-accuracy"]
             metric = self.val_acc[_slot(r)]
             metric.update(acc)
             # Logging the Metric object: Lightning computes (synced across ranks) and resets it at epoch end.
@@ -221,26 +324,38 @@ class ICSSLModule(ICLModule):
     def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Any]:
         features, sweep = self._sweep(batch)
         for r, logits, labeled, y in sweep:
-            acc, maj = self._accuracy_parts(logits, y, labeled)
             key = _slot(r)
-            self.test_acc[key].update(acc)
-            self.test_majority[key].update(maj)
-        return {"embeddings": {"model": features.detach()}, "labels": batch["y"]}
+            for name, values in self._accuracy_parts(logits, y, labeled).items():
+                self.test_metrics[f"{key}-{name}"].update(values)
+            self.test_prior[key].update(y, ~labeled)
+        embeddings = {"model": features.detach()}
+        if self.hparams.eig_reference:
+            embeddings["eig"] = laplacian_eigenmap(batch["x"])
+        return {"embeddings": embeddings, "labels": batch["y"]}
 
     def on_test_epoch_end(self) -> None:
         rows = []
+        methods = {"model": self.method, "majority": "labeled_majority", "prior": "class_prior"}
         for r in self.label_ratios:
             key = _slot(r)
-            acc = self.test_acc[key].compute()
-            maj = self.test_majority[key].compute()
-            # compute() already synced the ranks; sync_dist averages identical values (and keeps DDP quiet).
-            self.log(f"test/acc/{ratio_key(r)}", acc, sync_dist=True)
-            self.log(f"test/majority_acc/{ratio_key(r)}", maj, sync_dist=True)
             coords = {"label_ratio": r, "n_labeled": labeled_count(r, self.n_points) if self.n_points else None}
-            rows.append(result_row("accuracy", acc, method=self.method, **coords))
-            rows.append(result_row("accuracy", maj, method="labeled_majority", **coords))
-            self.test_acc[key].reset()
-            self.test_majority[key].reset()
+            if self.dataset_size is not None:
+                coords["dataset_size"] = self.dataset_size
+            values = {}
+            for series in _TEST_SERIES:
+                metric = self.test_metrics[f"{key}-{series}"]
+                values[series] = metric.compute()
+                metric.reset()
+            values["prior-accuracy"], values["prior-balanced_accuracy"] = self.test_prior[key].compute()
+            self.test_prior[key].reset()
+            # compute() already synced the ranks; sync_dist averages identical values (and keeps DDP quiet).
+            self.log(f"test/acc/{ratio_key(r)}", values["model-accuracy"], sync_dist=True)
+            self.log(f"test/balanced_acc/{ratio_key(r)}", values["model-balanced_accuracy"], sync_dist=True)
+            self.log(f"test/majority_acc/{ratio_key(r)}", values["majority-accuracy"], sync_dist=True)
+            self.log(f"test/class_prior_acc/{ratio_key(r)}", values["prior-accuracy"], sync_dist=True)
+            for series, value in values.items():
+                who, metric_name = series.split("-")
+                rows.append(result_row(metric_name, value, method=methods[who], **coords))
         rows.append(result_row("parameters", count_parameters(self.net), method=self.method))
         self.test_rows = rows
 
@@ -251,13 +366,18 @@ class ICSSLModule(ICLModule):
             title="IC-SSL test accuracy vs label ratio", xlabel="labeled points (%)",
             ylabel="accuracy on unlabeled points",
         )
-        return {"accuracy_vs_label_ratio": fig}
+        balanced = line_figure(
+            rows, "label_ratio", metric="balanced_accuracy", split="test", x_transform=lambda r: 100 * r,
+            title="IC-SSL balanced accuracy vs label ratio", xlabel="labeled points (%)",
+            ylabel="mean recall over classes (unlabeled points)",
+        )
+        return {"accuracy_vs_label_ratio": fig, "balanced_accuracy_vs_label_ratio": balanced}
 
     def predict_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
         """Class probabilities of every point at every label ratio: ``probs (R, B, n, C)``, plus the inputs.
 
-        ``labels`` are the episodes' labels; at ratio ``label_ratios[r]`` only the first
-        ``round(r * n)`` of them were shown to the model.
+        ``labels`` are the episodes' labels; at ratio ``label_ratios[r]`` only those where ``labeled[r]`` is
+        True (``round(r * n)`` per episode) were shown to the model.
         """
         features, sweep = self._sweep(batch)
         probs = torch.stack([logits.float().softmax(-1) for _, logits, _, _ in sweep])
@@ -267,6 +387,7 @@ class ICSSLModule(ICLModule):
             "features": features,
             "label_ratios": torch.tensor(self.label_ratios),
             "probs": probs,
+            "labeled": torch.stack([labeled for _, _, labeled, _ in sweep]),
         }
 
     # ---------------------------------------------------------------- optimisation

