@@ -401,7 +401,7 @@ def test_tiny_fit_then_test_reports_table_1_rows(tmp_path: Path) -> None:
     assert by[("best_test_accuracy", None)]["value"] == max(history)
     assert by[("best_epoch", None)]["value"] == history.index(max(history)) + 1
     assert by[("epochs", None)]["value"] == 2
-    assert all(r["method"] == "full" and r["noise_std"] == 0.5 and r["dataset"] == "data" for r in rows)
+    assert all(r["method"] == "full" and r["noise_std"] == 0.2 and r["dataset"] == "data" for r in rows)
     # The last checkpoint's own accuracy is the last epoch's test accuracy (same fixed test corruption).
     assert by[("accuracy", None)]["value"] == pytest.approx(history[-1])
     model = AVMNISTModule.load_from_checkpoint(ckpt)
