@@ -429,3 +429,39 @@ def test_missing_data_is_one_cli_line(tmp_path: Path, capsys) -> None:
     line = assert_rejected(tmp_path, capsys, ["fit", *avmnist_args(tmp_path, tmp_path / "absent")],
                            "avmnist_build --out")
     assert "avMNIST not found" in line
+
+
+def test_resume_from_last_checkpoint_is_bit_identical(tmp_path: Path) -> None:
+    """Fit 2 epochs straight vs 1 epoch, then `--ckpt_path last` to 2: same weights, optimizer state and history
+    (training order and noise come from the EpochSampler index, not from a consumed RNG)."""
+    root = tmp_path / "data"
+    write_layout(root, n_train=40, n_test=20, audio_side=28)
+
+    def run(name: str, epochs: int, *extra: str) -> None:
+        main(["fit", *avmnist_args(tmp_path, root, "--trainer.logger.init_args.name", name,
+                                   "--trainer.max_epochs", str(epochs), "--seed_everything", "5", *extra)])
+
+    run("straight", 2)
+    run("resumed", 1)
+    run("resumed", 2, "--ckpt_path", str(tmp_path / "runs/resumed/version_0/checkpoints/last.ckpt"))
+    ckpts = sorted(glob.glob(str(tmp_path / "runs/resumed/version_*/checkpoints/last.ckpt")))
+    a = torch.load(tmp_path / "runs/straight/version_0/checkpoints/last.ckpt", weights_only=False)
+    b = torch.load(ckpts[-1], weights_only=False)
+    assert a["global_step"] == b["global_step"] == 4
+    assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
+    for sa, sb in zip(a["optimizer_states"][0]["state"].values(), b["optimizer_states"][0]["state"].values()):
+        assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert a["avmnist_test_history"] == b["avmnist_test_history"] and len(a["avmnist_test_history"]) == 2
+
+
+@pytest.mark.parametrize("config", sorted(glob.glob("configs/mmca_avmnist*.yaml")), ids=lambda c: Path(c).stem)
+def test_every_shipped_config_fits_and_tests_at_tiny_size(tmp_path: Path, config: str) -> None:
+    root = tmp_path / "data"
+    write_layout(root, n_train=40, n_test=20, audio_side=112)  # avMNIST's stored audio size, resized by the reader
+    args = avmnist_args(tmp_path, root, "--trainer.max_epochs", "1", config=config)
+    main(["fit", *args])
+    main(["test", *args, "--ckpt_path", str(tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt")])
+    rows = json.loads((tmp_path / "runs/tiny/version_1/results.json").read_text())["rows"]
+    stem = Path(config).stem
+    assert {r["method"] for r in rows} == {"full" if stem == "mmca_avmnist" else stem.removeprefix("mmca_avmnist_")}
+    assert {"params", "best_test_accuracy", "best_epoch", "accuracy", "test_accuracy"} <= {r["metric"] for r in rows}

@@ -36,7 +36,7 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from lit_icl.core.data import EpochSampler
+from lit_icl.core.data import EpochSampler, collate_chunks
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import check_int, check_nonnegative, check_positive
@@ -251,8 +251,18 @@ class AVMNISTDataModule(LightningDataModule):
         )
 
     def _loader(self, dataset: CorruptedAVMNIST, sampler: EpochSampler | None = None) -> DataLoader:
-        # Items are whole batches: batch_size=None hands them through without collation.
-        return DataLoader(dataset, batch_size=None, sampler=sampler, shuffle=False)
+        # Items are whole batches, handed through by collate_chunks of one item. batch_size=1 (not None) puts a
+        # BatchSampler around the sampler, which reads it lazily: Lightning may create the iterator before it
+        # calls set_epoch (it does on resume), and a sampler read at creation would replay epoch 0. The
+        # DataLoader's own generator keeps iterator creation off the global RNG, which dropout uses.
+        return DataLoader(
+            dataset,
+            batch_size=1,
+            sampler=sampler,
+            shuffle=False,
+            collate_fn=collate_chunks,
+            generator=torch.Generator().manual_seed(0),
+        )
 
     def train_dataloader(self) -> DataLoader:
         ds = self.dataset("train")

@@ -29,6 +29,7 @@ from torchmetrics import MeanMetric
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.module import ICLModule
 from lit_icl.core.results import result_row
+from lit_icl.core.seeding import derive_seed
 from lit_icl.core.validation import check_nonnegative, check_positive
 from lit_icl.mmca.avmnist_nets import MultimodalCrossAttention, count_parameters
 
@@ -63,6 +64,7 @@ class AVMNISTModule(ICLModule):
         self.test_acc = MeanMetric()
         #: Test accuracy after each training epoch, in epoch order (restored from checkpoints).
         self.test_history: list[float] = []
+        self._rng_base = 0
 
     # ---------------------------------------------------------------- wiring with the data
     def bind_datamodule(self, datamodule: LightningDataModule) -> None:
@@ -145,6 +147,15 @@ class AVMNISTModule(ICLModule):
                 for epoch, value in enumerate(self.test_history, start=1)
             ]
         self.test_rows = rows
+
+    # ---------------------------------------------------------------- dropout randomness
+    def on_fit_start(self) -> None:
+        self._rng_base = torch.initial_seed()  # seed_everything's seed, the same in a fresh and a resumed run
+
+    def on_train_epoch_start(self) -> None:
+        # Dropout draws from the global RNG, which checkpoints do not carry: re-seed it per epoch (and rank) so
+        # epoch e's masks are the same whether the run started at epoch 0 or resumed from epoch e's checkpoint.
+        torch.manual_seed(derive_seed(self._rng_base, "avmnist_dropout", self.current_epoch, self.global_rank))
 
     # ---------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
