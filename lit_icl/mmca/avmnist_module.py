@@ -18,7 +18,7 @@ per-epoch history in its checkpoints, so ``test --ckpt_path`` reports it as tidy
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +43,7 @@ class AVMNISTModule(ICLModule):
     """
 
     #: What ``test_step`` returns under ``embeddings`` (lets RepresentationMetrics check its pairs early).
-    embedding_names = {"test": ("cls",)}
+    embedding_names: ClassVar[dict[str, tuple[str, ...]]] = {"test": ("cls",)}
 
     def __init__(self, net: nn.Module | None = None, lr: float = 3e-4, weight_decay: float = 1e-4):
         super().__init__()
@@ -72,7 +72,9 @@ class AVMNISTModule(ICLModule):
         splits = getattr(datamodule, "eval_splits", None)
         if splits is not None:
             if "test" not in splits:
-                raise ConfigError("the data module's validation loaders must include the test split (Table 1)")
+                raise ConfigError(
+                    "the data module's validation loaders must include the test split (Table 1)"
+                )
             self.eval_splits = list(splits)
         noise = getattr(datamodule, "noise_std", None)
         self.noise_std = float(noise) if noise is not None else None
@@ -155,7 +157,9 @@ class AVMNISTModule(ICLModule):
     def on_train_epoch_start(self) -> None:
         # Dropout draws from the global RNG, which checkpoints do not carry: re-seed it per epoch (and rank) so
         # epoch e's masks are the same whether the run started at epoch 0 or resumed from epoch e's checkpoint.
-        torch.manual_seed(derive_seed(self._rng_base, "avmnist_dropout", self.current_epoch, self.global_rank))
+        torch.manual_seed(
+            derive_seed(self._rng_base, "avmnist_dropout", self.current_epoch, self.global_rank)
+        )
 
     # ---------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -82,7 +82,11 @@ class FeedForward(nn.Module):
     def __init__(self, d: int, d_hidden: int, dropout: float):
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(d, d_hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(d_hidden, d), nn.Dropout(dropout)
+            nn.Linear(d, d_hidden),
+            nn.GELU(),
+            nn.Dropout(dropout),
+            nn.Linear(d_hidden, d),
+            nn.Dropout(dropout),
         )
 
     def forward(self, x: Tensor) -> Tensor:
@@ -140,7 +144,9 @@ class _Tokens(nn.Module):
 class FusionLayer(nn.Module):
     """One layer ``F_{t-1} -> F_t`` of App. I.3 (attention update, optional gated re-injection, FFN; pre-LN)."""
 
-    def __init__(self, d: int, heads: int, d_hidden: int, dropout: float, cross_attention: bool, injection: bool):
+    def __init__(
+        self, d: int, heads: int, d_hidden: int, dropout: float, cross_attention: bool, injection: bool
+    ):
         super().__init__()
         self.cross_attention = cross_attention
         self.norm_state = nn.LayerNorm(d)
@@ -194,15 +200,19 @@ class MultimodalCrossAttention(nn.Module):
         # X is the same in every layer, so LN(X) is computed once, by one LN (see the module docstring).
         self.norm_x = nn.LayerNorm(d) if self.cross_attention else None
         self.layers = nn.ModuleList(
-            FusionLayer(d, heads, d_hidden, dropout, self.cross_attention, self.injection) for _ in range(depth)
+            FusionLayer(d, heads, d_hidden, dropout, self.cross_attention, self.injection)
+            for _ in range(depth)
         )
         self.head = _head(d, d_hidden, dropout)
 
     @property
     def method(self) -> str:
         """Row label: ``full``, ``no_injection``, ``no_cross_attention`` or ``no_injection_no_cross_attention``."""
-        parts = [p for p, on in (("no_injection", self.injection), ("no_cross_attention", self.cross_attention))
-                 if not on]
+        parts = [
+            p
+            for p, on in (("no_injection", self.injection), ("no_cross_attention", self.cross_attention))
+            if not on
+        ]
         return "_".join(parts) if parts else "full"
 
     def sequence(self, image: Tensor, audio: Tensor) -> Tensor:
