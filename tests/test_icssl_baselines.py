@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from badinput import assert_rejected
 
 from lit_icl.cli import main
 from lit_icl.icssl.baselines import (
@@ -19,8 +20,6 @@ from lit_icl.icssl.baselines import (
 )
 from lit_icl.icssl.module import ICSSLModule
 from lit_icl.icssl.nets import LaplacianEigenmap, RawCoordinates, SemiSupervisedICL, count_parameters
-
-from badinput import assert_rejected
 
 
 def _lbfgs_multinomial(feats: torch.Tensor, y: torch.Tensor, l2: float, ridge_b: float, classes: int) -> torch.Tensor:

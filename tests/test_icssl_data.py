@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lit_icl.core.errors import ConfigError
 from lit_icl.core.data import EpochSampler, collate_chunks
+from lit_icl.core.errors import ConfigError
 from lit_icl.icssl.data import EpisodeChunks, ManifoldDataModule, balanced_accuracy, labeled_mask
 from lit_icl.icssl.manifolds import PoseConfig, get_manifold
 

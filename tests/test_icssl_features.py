@@ -96,7 +96,8 @@ def test_cli_runs_on_features(tmp_path) -> None:
 def test_dataset_size_sweep_finds_the_largest_rise(tmp_path, capsys) -> None:
     """Fig. 3's sweep from results files: curves per method and the size after the steepest accuracy rise."""
     from lit_icl.core.results import result_row, write_results
-    from lit_icl.icssl.sweep import main as sweep_main, phase_transition
+    from lit_icl.icssl.sweep import main as sweep_main
+    from lit_icl.icssl.sweep import phase_transition
 
     # A baseline with a jump between 1000 and 1200 episodes, our model rising smoothly; two seeds each.
     acc = {"Transformer": {200: 0.52, 1000: 0.55, 1200: 0.80, 5000: 0.85},

@@ -10,9 +10,8 @@ import itertools
 import math
 import warnings
 from collections.abc import Mapping
-from typing import Any
-
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import torch

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
 
 class ConfigError(ValueError):
     """A configuration value that cannot work.
@@ -9,3 +13,15 @@ class ConfigError(ValueError):
     The message must name the offending value and say how to fix it, in one line. ``lit_icl.cli.main``
     prints it as ``lit_icl: error: <message>`` and exits with status 2 before anything is written.
     """
+
+
+def run_command(body: Callable[[], Path]) -> int:
+    """Run a data-building command's ``body``; print ``wrote <path>`` and return 0, or print a
+    :class:`ConfigError` as the CLI does (``lit_icl: error: <message>`` on stderr) and return 2."""
+    try:
+        path = body()
+    except ConfigError as err:
+        print(f"lit_icl: error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from lit_icl.core.data import EpochSampler, chunk_loader
-from lit_icl.core.errors import ConfigError
+from lit_icl.core.errors import ConfigError, run_command
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import check_fraction, check_int, check_nonnegative, check_pair_ordered
 from lit_icl.icssl.data import check_label_ratios, labeled_count
@@ -81,7 +81,7 @@ def vgg_backbone(name: Literal["vgg16", "vgg19"], layer: int | None) -> nn.Modul
     weights = {"vgg16": torchvision.models.VGG16_Weights, "vgg19": torchvision.models.VGG19_Weights}[name].IMAGENET1K_V1
     try:
         model = getattr(torchvision.models, name)(weights=weights)
-    except Exception as err:  # a download attempt without a network: urllib/OSError/RuntimeError
+    except (OSError, RuntimeError, ValueError) as err:  # a download attempt without a network (URLError is an OSError)
         raise ConfigError(
             f"could not load {name} ImageNet weights ({type(err).__name__}); put {weights.url.rsplit('/', 1)[1]} "
             "in $TORCH_HOME/hub/checkpoints (or run once with a network)"
@@ -344,21 +344,19 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--per-class", type=int, default=300)
     st.add_argument("--size", type=int, default=112)
     args = parser.parse_args(argv)
-    try:
-        if args.command == "standin":
-            path = build_standin(args.out, args.per_class, args.size)
-        else:
-            images, labels, classes = read_image_folder(Path(args.images), args.size, args.per_class)
-            feats = embed_images(vgg_backbone(args.backbone, args.layer), images)
-            path = Path(args.out)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"features": feats, "labels": labels, "classes": classes,
-                        "source": f"{args.backbone} features[:{args.layer}] of {args.images}"}, path)
-    except ConfigError as err:
-        print(f"lit_icl: error: {err}", file=sys.stderr)
-        return 2
-    print(f"wrote {path}")
-    return 0
+    if args.command == "standin":
+        return run_command(lambda: build_standin(args.out, args.per_class, args.size))
+
+    def extract() -> Path:
+        images, labels, classes = read_image_folder(Path(args.images), args.size, args.per_class)
+        feats = embed_images(vgg_backbone(args.backbone, args.layer), images)
+        path = Path(args.out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"features": feats, "labels": labels, "classes": classes,
+                    "source": f"{args.backbone} features[:{args.layer}] of {args.images}"}, path)
+        return path
+
+    return run_command(extract)
 
 
 if __name__ == "__main__":

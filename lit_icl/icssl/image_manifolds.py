@@ -36,13 +36,12 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from lit_icl.core.data import EpochSampler, chunk_loader
-from lit_icl.core.errors import ConfigError
+from lit_icl.core.errors import ConfigError, run_command
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import check_int, check_nonnegative, check_pair_ordered, check_positive
 from lit_icl.icssl.data import DEFAULT_LABEL_RATIOS, check_label_ratios, labeled_count
@@ -383,17 +382,11 @@ def main(argv: list[str] | None = None) -> int:
     sd.add_argument("--steps", type=int, default=50)
     sd.add_argument("--device", default="cuda")
     args = parser.parse_args(argv)
-    try:
-        if args.command == "standin":
-            path = build_standin(args.out, args.sequences, args.frames, args.size, args.latent_dim, args.seed)
-        else:
-            path = generate_stable_diffusion(args.model, args.out, args.sequences, args.frames, args.seed,
-                                             args.steps, args.device)
-    except ConfigError as err:
-        print(f"lit_icl: error: {err}", file=sys.stderr)
-        return 2
-    print(f"wrote {path}")
-    return 0
+    if args.command == "standin":
+        return run_command(lambda: build_standin(args.out, args.sequences, args.frames, args.size, args.latent_dim,
+                                                 args.seed))
+    return run_command(lambda: generate_stable_diffusion(args.model, args.out, args.sequences, args.frames, args.seed,
+                                                         args.steps, args.device))
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from torch import Tensor
 from lit_icl.core.errors import ConfigError
 
 __all__ = [
+    "MANIFOLD_NAMES",
     "TORUS_TAU",
     "Cone",
     "Cylinder",
@@ -54,7 +55,6 @@ __all__ = [
     "ProductManifold",
     "Sphere",
     "Spiral",
-    "MANIFOLD_NAMES",
     "apply_pose",
     "get_manifold",
     "random_rotation",

@@ -40,9 +40,9 @@ from lit_icl.core.results import result_row
 from lit_icl.core.spectral import laplacian_eigenmap
 from lit_icl.core.validation import (
     check_choice,
+    check_int,
     check_nonempty,
     check_nonnegative,
-    check_int,
     check_positive,
     check_unique,
 )

@@ -40,6 +40,7 @@ from lit_icl.core.validation import (
     check_range,
 )
 
+
 def _normalize_columns(phi: Tensor, eps: float = 1e-8) -> Tensor:
     """Unit-norm columns over the tokens: the paper's row-wise ``normalize`` of Eq. (15) in our layout."""
     return phi / phi.norm(dim=-2, keepdim=True).clamp_min(eps)

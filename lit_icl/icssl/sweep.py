@@ -14,6 +14,7 @@ writes ``sweep.png`` (accuracy and separation vs dataset size, mean ± sd over s
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import sys
 from collections.abc import Iterable, Sequence
@@ -65,7 +66,7 @@ def phase_transition(points: Sequence[tuple[int, float, float, int]]) -> tuple[i
     pts = sorted(points)
     if len(pts) < 2:
         return None
-    rises = [(b[1] - a[1], b[0]) for a, b in zip(pts, pts[1:])]
+    rises = [(b[1] - a[1], b[0]) for a, b in itertools.pairwise(pts)]
     rise, size = max(rises)
     return size, rise
 
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     rows = []
-    lines = ["| method | metric | " + " | ".join(["dataset size: mean ± sd (n)"]) + " | phase transition |",
+    lines = ["| method | metric | dataset size: mean ± sd (n) | phase transition |",
              "|---|---|---|---|"]
     for metric, per_method in table.items():
         for method, pts in sorted(per_method.items()):
