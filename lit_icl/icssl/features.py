@@ -64,6 +64,13 @@ def load_features(path: str | Path) -> dict:
     return data
 
 
+def imagenet_normalize(images: Tensor) -> Tensor:
+    """Per-channel ImageNet normalisation of ``(..., 3, H, W)`` images in [0, 1], as both backbones expect."""
+    mean = torch.tensor([0.485, 0.456, 0.406], dtype=images.dtype)[:, None, None]
+    std = torch.tensor([0.229, 0.224, 0.225], dtype=images.dtype)[:, None, None]
+    return (images - mean) / std
+
+
 @torch.no_grad()
 def embed_images(backbone: nn.Module, images: Tensor, batch_size: int = 64) -> Tensor:
     """Globally average-pooled backbone features ``(N, D)`` of ``(N, 3, H, W)`` normalised images."""
@@ -101,8 +108,6 @@ def read_image_folder(root: Path, size: int, per_class: int | None) -> tuple[Ten
     classes = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
     if not classes:
         raise ConfigError(f"no class folders under {root}: expected an ImageFolder (ROOT/<class>/<image>.jpg)")
-    mean = torch.tensor([0.485, 0.456, 0.406])[:, None, None]
-    std = torch.tensor([0.229, 0.224, 0.225])[:, None, None]
     images, labels = [], []
     for c, name in enumerate(classes):
         files = sorted(p for p in (root / name).iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
@@ -110,7 +115,7 @@ def read_image_folder(root: Path, size: int, per_class: int | None) -> tuple[Ten
             with Image.open(path) as img:
                 rgb = img.convert("RGB").resize((size, size), Image.BILINEAR)
                 pix = torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8).view(size, size, 3)
-            images.append((pix.permute(2, 0, 1).float() / 255.0 - mean) / std)
+            images.append(imagenet_normalize(pix.permute(2, 0, 1).float() / 255.0))
             labels.append(c)
     return torch.stack(images), torch.tensor(labels), classes
 
@@ -161,9 +166,7 @@ def build_standin(out: str | Path, per_class: int = 300, size: int = 112, root: 
     keep = torch.cat([(labels == c).nonzero().flatten()[:per_class] for c in range(10)])
     gray = images[keep].float().div(255.0).unsqueeze(1)
     rgb = F.interpolate(gray, size=(size, size), mode="bilinear", align_corners=False).expand(-1, 3, -1, -1)
-    mean = torch.tensor([0.485, 0.456, 0.406])[None, :, None, None]
-    std = torch.tensor([0.229, 0.224, 0.225])[None, :, None, None]
-    feats = embed_images(efficientnet_lite0(), (rgb - mean) / std)
+    feats = embed_images(efficientnet_lite0(), imagenet_normalize(rgb))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"features": feats, "labels": labels[keep], "classes": FASHION_CLASSES,
