@@ -589,3 +589,19 @@ def test_unknown_manifold_raises_clear_error(spec: str) -> None:
     assert f"'{bad}'" in message and "\n" not in message
     for name in ("sphere", "cylinder", "cone", "spiral", "torus", "swiss_roll", "flat_torus"):
         assert name in message
+
+
+def test_product_factor_permutation_reorders_whole_blocks_per_episode() -> None:
+    """Sec. 4.3.2: one random order of the 3-D factor blocks per episode; charts, labels and poses unchanged."""
+    spec = "sphere*cylinder*cone*spiral*torus"
+    plain = sample_episodes(get_manifold(spec), 64, 30, _gen(11))
+    perm = sample_episodes(get_manifold(spec, permute_factors=True), 64, 30, _gen(11))
+    assert torch.equal(plain.chart, perm.chart) and torch.equal(plain.y, perm.y)
+    a, b = plain.x.view(64, 30, 5, 3), perm.x.view(64, 30, 5, 3)
+    orders = []
+    for e in range(64):
+        # Each permuted block equals exactly one plain block, the same one for every point of the episode.
+        match = [next(j for j in range(5) if torch.equal(b[e, :, i], a[e, :, j])) for i in range(5)]
+        assert sorted(match) == list(range(5))
+        orders.append(tuple(match))
+    assert len(set(orders)) > 20, "orders differ between episodes"

@@ -206,6 +206,8 @@ class ManifoldDataModule(LightningDataModule):
             :class:`~lit_icl.icssl.manifolds.FlatTorus`).
         product_positive_fraction: fraction of points inside the geodesic ball of a product manifold (the
             paper gives no product threshold; 0.5 makes balanced classes).
+        product_permute_factors: put each product episode's factor blocks in a random order (Sec. 4.3.2's
+            permutation; see :class:`~lit_icl.icssl.manifolds.ProductManifold`).
         num_workers: DataLoader workers per device; generation takes about 1 ms per 64 episodes, so the
             default 0 keeps it in the training process.
         labeled_subset: which ``m`` points are labeled, in training and evaluation (see :func:`labeled_mask`):
@@ -233,6 +235,7 @@ class ManifoldDataModule(LightningDataModule):
         cylinder_height: float = 2.0,
         torus_tau: float = TORUS_TAU,
         product_positive_fraction: float = 0.5,
+        product_permute_factors: bool = False,
         num_workers: int = 0,
         labeled_subset: LabeledSubset = "random",
     ):
@@ -289,7 +292,10 @@ class ManifoldDataModule(LightningDataModule):
             self.pose = PoseConfig(tuple(pose_scale), tuple(pose_translation), pose_rotation)
         except ValueError as err:
             raise ConfigError(str(err)) from None
-        options = {"height": cylinder_height, "tau": torus_tau, "positive_fraction": product_positive_fraction}
+        if not isinstance(product_permute_factors, bool):
+            raise ConfigError(f"product_permute_factors={product_permute_factors!r} must be true or false")
+        options = {"height": cylinder_height, "tau": torus_tau, "positive_fraction": product_positive_fraction,
+                   "permute_factors": product_permute_factors}
         self._manifolds = {
             split: self._build(names, options)
             for split, names in (
@@ -321,6 +327,7 @@ class ManifoldDataModule(LightningDataModule):
                 opts["tau"] = options["tau"]
             if len(parts) > 1:
                 opts["positive_fraction"] = options["positive_fraction"]
+                opts["permute_factors"] = options["permute_factors"]
             try:
                 out.append(get_manifold(name, **opts))
             except ValueError as err:

@@ -513,13 +513,19 @@ class ProductManifold(Manifold):
       default 0.5 and ``n = 100``, 50 points are positive (absent ties).
 
     A factor's own labelling rule (``tau`` or the spiral's median rule) plays no role in a product.
+
+    ``permute_factors=True`` adds the permutation of Sec. 4.3.2 ("random scale, rotation, and permutation
+    applied independently to each factor"): after posing, each episode's 3-D factor blocks are put in a random
+    order (one order per episode, drawn last from the generator, so charts, labels and poses are unchanged).
+    A model then cannot tell the factors apart by position.
     """
 
     factors: tuple[Manifold, ...]
     positive_fraction: float = 0.5
+    permute_factors: bool = False
     ambient_dim: int = field(init=False)
     chart_dim: int = field(init=False)
-    option_names: ClassVar[tuple[str, ...]] = ("positive_fraction",)
+    option_names: ClassVar[tuple[str, ...]] = ("positive_fraction", "permute_factors")
     tau: ClassVar[None] = None
 
     def __post_init__(self) -> None:
@@ -573,7 +579,14 @@ class ProductManifold(Manifold):
         # Each factor gets its own pose draw (Sec. 4.3.2: transformations "applied independently to each
         # factor"), consumed from the generator in factor order.
         parts = zip(self.factors, self._chart_slices())
-        return torch.cat([f.embed_and_pose(chart[..., sl], pose, generator) for f, sl in parts], dim=-1)
+        x = torch.cat([f.embed_and_pose(chart[..., sl], pose, generator) for f, sl in parts], dim=-1)
+        if not self.permute_factors:
+            return x
+        b, n, _ = x.shape
+        k = len(self.factors)
+        order = torch.rand((b, k), generator=generator, device=generator.device).argsort(dim=-1)
+        blocks = x.view(b, n, k, 3)
+        return blocks.gather(2, order[:, None, :, None].expand(b, n, k, 3)).reshape(b, n, 3 * k)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -634,7 +647,7 @@ def get_manifold(spec: str, **options: Any) -> Manifold:
         if key not in accepting:
             raise ConfigError(
                 f"option {key!r} does not apply to manifold {spec!r}; options are height (cylinder), "
-                "alpha_range and s_max (cone), tau (torus), positive_fraction (products)"
+                "alpha_range and s_max (cone), tau (torus), positive_fraction and permute_factors (products)"
             )
 
     factors = [cls(**{k: v for k, v in options.items() if k in cls.option_names}) for cls in classes]
