@@ -121,3 +121,16 @@ def test_cli_evaluates_on_image_manifolds(tmp_path) -> None:
     assert [r["n_labeled"] for r in acc] == [2, 5]
     prior = [r for r in rows if r["metric"] == "accuracy" and r["method"] == "class_prior"]
     assert all(0.5 <= r["value"] <= 0.75 for r in prior), prior  # halves: balanced up to the labeled points
+
+
+def test_stale_or_broken_cache_is_rebuilt(tmp_path) -> None:
+    _write_fixture(tmp_path, sequences=2, frames=4)
+    first = load_sequences(tmp_path, image_size=4)
+    cache = tmp_path / ".frames_4px.pt"
+    cache.write_bytes(b"not a tensor file")
+    torch.testing.assert_close(load_sequences(tmp_path, image_size=4), first)
+    _write_fixture(tmp_path / "more", sequences=1, frames=4)  # not a sequence folder of ROOT itself
+    (tmp_path / "seq_0003").mkdir()
+    Image.new("RGB", (8, 8), (9, 9, 9)).save(tmp_path / "seq_0003" / "frame_000.png")
+    with pytest.raises(ConfigError, match="different frame counts"):
+        load_sequences(tmp_path, image_size=4)  # the folder list changed, so the cache is not reused

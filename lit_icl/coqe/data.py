@@ -31,6 +31,7 @@ Every chunk of sequences is a pure function of ``(data_seed, split, index)``; tr
 from __future__ import annotations
 
 import os
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -140,7 +141,7 @@ def load_bank(root: str | os.PathLike[str], image_size: int = 105) -> Tensor:
     if cache.is_file():
         try:
             saved = torch.load(cache, map_location="cpu", weights_only=True)
-        except (OSError, RuntimeError, EOFError, KeyError, ValueError) as err:  # partial or foreign file
+        except (OSError, RuntimeError, EOFError, KeyError, ValueError, pickle.UnpicklingError) as err:  # partial/foreign
             rank_zero_info(f"lit_icl.coqe: rebuilding the unreadable image cache {cache} ({type(err).__name__})")
         else:
             if tuple(saved.get("fingerprint", ())) == fingerprint and saved.get("class_names") == index.class_names:

@@ -38,7 +38,13 @@ from torch.utils.data import DataLoader, Dataset
 from lit_icl.core.data import EpochSampler, chunk_loader
 from lit_icl.core.errors import ConfigError, run_command
 from lit_icl.core.seeding import make_generator
-from lit_icl.core.validation import check_fraction, check_int, check_nonnegative, check_pair_ordered
+from lit_icl.core.validation import (
+    check_choice,
+    check_fraction,
+    check_int,
+    check_nonnegative,
+    check_pair_ordered,
+)
 from lit_icl.icssl.data import check_label_ratios, labeled_count
 
 STANDIN_COMMAND = "python -m lit_icl.icssl.features standin --out {path}"
@@ -257,11 +263,11 @@ class FeatureEpisodeDataModule(LightningDataModule):
             check_int(name, value, minimum=1)
         check_fraction("test_fraction", test_fraction)
         check_nonnegative("feature_scale", feature_scale)
-        if normalize not in ("l2", "standard", "none"):
-            raise ConfigError(f"normalize={normalize!r} is not a valid choice; choose 'l2', 'standard' or 'none'")
-        if labeled_subset not in ("random", "stratified"):
-            raise ConfigError(f"labeled_subset={labeled_subset!r} is not a valid choice; choose 'random' or 'stratified'")
+        check_choice("normalize", normalize, ("l2", "standard", "none"))
+        check_choice("labeled_subset", labeled_subset, ("random", "stratified"))
         self.n_points = 2 * per_class
+        #: Sec. 4.2's "dataset size"; the IC-SSL module tags its result rows with it.
+        self.train_episodes = train_episodes
         lo, hi = check_pair_ordered("train_label_ratio", train_label_ratio)
         check_label_ratios([lo, hi], self.n_points)
         check_label_ratios(eval_label_ratios, self.n_points)

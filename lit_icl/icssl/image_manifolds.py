@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import pickle
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,13 +38,20 @@ from typing import Literal
 
 import torch
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from lit_icl.core.data import EpochSampler, chunk_loader
 from lit_icl.core.errors import ConfigError, run_command
 from lit_icl.core.seeding import make_generator
-from lit_icl.core.validation import check_int, check_nonnegative, check_pair_ordered, check_positive
+from lit_icl.core.validation import (
+    check_choice,
+    check_int,
+    check_nonnegative,
+    check_pair_ordered,
+    check_positive,
+)
 from lit_icl.icssl.data import DEFAULT_LABEL_RATIOS, check_label_ratios, labeled_count
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
@@ -108,10 +116,12 @@ def load_sequences(root: str | Path, image_size: int = 32) -> Tensor:
     if cache.exists():
         try:
             stored = torch.load(cache, weights_only=True)
-            if stored["names"] == names:
+        except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as err:
+            rank_zero_info(f"lit_icl.icssl: rebuilding the unreadable frame cache {cache} ({type(err).__name__})")
+        else:
+            if isinstance(stored, dict) and stored.get("names") == names:
                 return stored["frames"]
-        except (RuntimeError, KeyError, EOFError, OSError):
-            pass  # unreadable or stale: rebuilt below
+            rank_zero_info(f"lit_icl.icssl: the sequences under {root} changed; rebuilding {cache.name}")
     lengths = {len(_frames(f)) for f in folders}
     if len(lengths) != 1:
         raise ConfigError(
@@ -226,8 +236,7 @@ class ImageManifoldDataModule(LightningDataModule):
         check_label_ratios(eval_label_ratios, n_points)
         check_int("data_seed", data_seed)
         check_nonnegative("num_workers", num_workers, integer=True)
-        if labeled_subset not in ("random", "stratified"):
-            raise ConfigError(f"labeled_subset={labeled_subset!r} is not a valid choice; choose 'random' or 'stratified'")
+        check_choice("labeled_subset", labeled_subset, ("random", "stratified"))
         self.root = Path(root)
         self.n_points = n_points
         self.eval_label_ratios = [float(r) for r in eval_label_ratios]

@@ -196,7 +196,7 @@ class ICSSLModule(ICLModule):
         self.n_points = n
         self.labeled_subset = getattr(datamodule, "labeled_subset", "random")
         # Data with a fixed pool of training episodes (Sec. 4.2's "dataset size") tags the rows with it.
-        size = getattr(getattr(datamodule, "hparams", {}), "get", lambda *_: None)("train_episodes")
+        size = getattr(datamodule, "train_episodes", None)
         self.dataset_size = int(size) if size is not None else None
         self._set_label_ratios(ratios)
 
