@@ -8,6 +8,8 @@ seconds. A later paper adds its own table (its own config, its own rows) to its 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from badinput import assert_rejected
@@ -22,6 +24,12 @@ REP = "--model.init_args.net.init_args.representation"
 HEAD = "--model.init_args.net.init_args.head.init_args."
 EIG = [REP, "lit_icl.icssl.nets.LaplacianEigenmap"]
 CB = "--trainer.callbacks"
+NET = "--model.init_args.net.init_args."
+EIG_LR = "configs/icssl_manifolds_eig_lr.yaml"
+RBF_LR = "configs/icssl_manifolds_rbf_lr.yaml"
+TRANSFORMER = "configs/icssl_manifolds_transformer.yaml"
+IMAGES = "configs/icssl_image_manifolds.yaml"
+FEATURES = "configs/icssl_features.yaml"
 
 
 def _callback(init_args: str) -> list[str]:
@@ -109,12 +117,37 @@ ICSSL_ROWS: list[tuple[str, list[str], str]] = [
     (ID, _callback('{"k": 0}'), "k=0 neighbours requested"),
     (ID, _callback('{"k": 25}'), "RepresentationMetrics k=25 but episodes have only 20 points"),
     (ID, _callback('{"pairs": [["model", "model"]]}'), "two different embedding names"),
+    (ID, _callback('{"compare_checkpoints": {"other": "no/such.ckpt"}}'), "no checkpoint file at ['no/such.ckpt']"),
+    (ID, _callback('{"compare_checkpoints": {"eig": "configs/icssl_manifolds.yaml"}}'),
+     "compare_checkpoints names ['eig'] are taken"),
+    # --- faithful-mode and ablation options of the representation
+    (ID, [REP + ".init_args.lap_activation", "relu"], "lap_activation: Expected a typing.Literal['rbf', 'linear']"),
+    (ID, [REP + ".init_args.eig_init", "lemma2"], "init='lemma2' is Lemma 2's construction"),
+    (ID, [REP + ".init_args.eig_mu", "0"], "mu=0.0 must be > 0"),
+    (PRODUCT, [D + "product_permute_factors", "maybe"], "product_permute_factors: Expected a <class 'bool'>"),
+    # --- baselines (their own configs)
+    (EIG_LR, [HEAD + "l2", "0"], "l2=0.0 must be > 0"),
+    (EIG_LR, [HEAD + "max_iter", "0"], "max_iter=0 must be >= 1"),
+    (RBF_LR, [HEAD + "gamma", "-1"], "gamma=-1.0 must be > 0"),
+    (TRANSFORMER, [NET + "d_model", "250"], "d_model=250 must be divisible by num_heads=4"),
+    (TRANSFORMER, [NET + "dropout", "1.5"], "dropout=1.5 must lie in [0, 1)"),
+    (TRANSFORMER, [NET + "input_dim", "5"], "input_dim=5 but the data's points have 3 coordinates"),
+    # --- image-manifold and feature data (their own configs; nothing of the data needs to exist)
+    (IMAGES, [D + "root", "no/such/folder"], "no image-manifold sequences under no/such/folder"),
+    (IMAGES, [D + "val_sequences", "500"], "val_sequences=500 must be below train_sequences=500"),
+    (IMAGES, [D + "pixel_scale", "0"], "pixel_scale=0.0 must be > 0"),
+    (FEATURES, [D + "features", "no/such.pt"], "no feature file at no/such.pt"),
+    (FEATURES, [D + "per_class", "0"], "per_class=0 must be >= 1"),
+    (FEATURES, [D + "normalize", "pca"], "normalize: Expected a typing.Literal['l2', 'standard', 'none']"),
 ]
 
 
 def _fit_args(tmp_path, config: str, extra: list[str]) -> list[str]:
+    text = Path(config).read_text()
+    if "lit_icl.icssl.ManifoldDataModule" not in text:  # image / feature data: their config, no shrinking
+        return ["fit", "--config", config, "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), *extra]
     args = tiny_args(tmp_path, config=config)
-    if extra[:1] == [REP] and "." in extra[1] and not extra[1].startswith("{"):
+    if "InContextEigenmap" not in text or (extra[:1] == [REP] and "." in extra[1] and not extra[1].startswith("{")):
         # Swapping the representation class: drop the E2E representation's init args (flag + value pairs).
         flags = [i for i, a in enumerate(args) if "representation.init_args" in a]
         args = [a for i, a in enumerate(args) if i not in flags and i - 1 not in flags]
