@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from badinput import assert_rejected
 from conftest import tiny_args
 

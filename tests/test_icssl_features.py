@@ -10,6 +10,7 @@ from PIL import Image
 
 from lit_icl.cli import main
 from lit_icl.core.errors import ConfigError
+from lit_icl.icssl import ICSSLModule
 from lit_icl.icssl.features import FeatureEpisodeDataModule, embed_images, load_features, read_image_folder
 
 
@@ -77,20 +78,28 @@ def test_image_folder_reader_and_pooling(tmp_path) -> None:
     assert feats.shape == (4, 5) and torch.equal(feats[0], feats[1])
 
 
-def test_cli_runs_on_features(tmp_path) -> None:
+def test_cli_fits_tests_and_reloads_on_features(tmp_path) -> None:
     _feature_file(tmp_path / "f.pt", per_class=40, dim=8)
-    main(["test", "--config", "configs/icssl_features.yaml",
-          "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), "--trainer.logger.init_args.name", "f",
-          "--trainer.enable_progress_bar", "false", "--trainer.callbacks", "[]",
-          "--model.init_args.net.init_args.representation.init_args.n_points", "20",
-          "--model.init_args.net.init_args.representation.init_args.stack_repeats", "1",
-          "--data.init_args.features", str(tmp_path / "f.pt"), "--data.init_args.per_class", "10",
-          "--data.init_args.test_episodes", "8", "--data.init_args.eval_batch_size", "8",
-          "--data.init_args.eval_label_ratios", "[0.1, 0.4]"])
-    rows = json.loads((tmp_path / "runs/f/version_0/results.json").read_text())["rows"]
+    args = ["--config", "configs/icssl_features.yaml",
+            "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), "--trainer.logger.init_args.name", "f",
+            "--trainer.enable_progress_bar", "false", "--trainer.callbacks", "[]", "--trainer.max_epochs", "1",
+            "--model.init_args.net.init_args.representation.init_args.n_points", "20",
+            "--model.init_args.net.init_args.representation.init_args.stack_repeats", "1",
+            "--data.init_args.features", str(tmp_path / "f.pt"), "--data.init_args.per_class", "10",
+            "--data.init_args.train_episodes", "6", "--data.init_args.batch_size", "2",
+            "--data.init_args.train_batches_per_epoch", "2", "--data.init_args.val_episodes", "4",
+            "--data.init_args.test_episodes", "8", "--data.init_args.eval_batch_size", "8",
+            "--data.init_args.eval_label_ratios", "[0.1, 0.4]"]
+    main(["fit", *args])
+    ckpt = tmp_path / "runs/f/version_0/checkpoints/last.ckpt"
+    main(["test", *args, "--ckpt_path", str(ckpt)])
+    rows = json.loads((tmp_path / "runs/f/version_1/results.json").read_text())["rows"]
     prior = [r["value"] for r in rows if r["method"] == "class_prior" and r["metric"] == "accuracy"]
     assert len(prior) == 2 and all(0.5 <= v <= 0.7 for v in prior)
-    assert {r.get("dataset_size") for r in rows if r["metric"] == "accuracy"} == {5000}
+    assert {r.get("dataset_size") for r in rows if r["metric"] == "accuracy"} == {6}
+    model = ICSSLModule.load_from_checkpoint(ckpt)
+    state = torch.load(ckpt, weights_only=False)["state_dict"]
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
 
 
 def test_dataset_size_sweep_finds_the_largest_rise(tmp_path, capsys) -> None:
