@@ -124,6 +124,7 @@ ICSSL_ROWS: list[tuple[str, list[str], str]] = [
     (ID, [REP + ".init_args.eig_init", "lemma2"], "init='lemma2' is Lemma 2's construction"),
     (ID, [REP + ".init_args.eig_mu", "0"], "mu=0.0 must be > 0"),
     (PRODUCT, [D + "product_permute_factors", "maybe"], "product_permute_factors: Expected a <class 'bool'>"),
+    (OOD, [D + "test_per_manifold", "maybe"], "test_per_manifold: Expected a <class 'bool'>"),
     # --- baselines (their own configs)
     (EIG_LR, [HEAD + "l2", "0"], "l2=0.0 must be > 0"),
     (EIG_LR, [HEAD + "max_iter", "0"], "max_iter=0 must be >= 1"),

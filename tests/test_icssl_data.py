@@ -164,3 +164,45 @@ def test_class_prior_floor_is_the_best_constant_predictor() -> None:
     exp_bacc = balanced_accuracy(torch.full_like(y, best), y, mask, 2).mean().item()
     assert best == 0
     assert acc.item() == pytest.approx(exp_acc, abs=1e-6) and bacc.item() == pytest.approx(exp_bacc, abs=1e-6)
+
+
+def test_each_test_manifold_is_its_own_test_set_with_its_own_rows() -> None:
+    """Several test manifolds give one test set each (Tables 2-4's ID row from one model) and per-manifold
+    rows whose accuracy is the mean per-episode accuracy of the net on that manifold's episodes alone."""
+    from lightning.pytorch import Trainer
+
+    from lit_icl.icssl import ICSSLModule
+    from lit_icl.icssl.data import labeled_count
+    from lit_icl.icssl.nets import GDICLHead, InContextEigenmap, SemiSupervisedICL
+
+    dm = _dm(test_manifolds=["cylinder", "sphere"], eval_label_ratios=[0.1, 0.3])
+    dm.setup("test")
+    loaders = dm.test_dataloader()
+    assert dm.test_set_names == ["cylinder", "sphere"] and len(loaders) == 2
+    # Each set holds only its manifold: the same episodes as a dataset of that manifold in that stream.
+    for k, (name, loader) in enumerate(zip(dm.test_set_names, loaders)):
+        alone = EpisodeChunks("test", [get_manifold(name)], 30, 8, 4, 0, dm.pose, stream=name)
+        assert torch.equal(next(iter(loader))["x"][:8], alone[0]["x"])
+    assert not torch.equal(next(iter(loaders[0]))["x"], next(iter(loaders[1]))["x"])
+    assert _dm(test_manifolds=["cylinder", "sphere"], test_per_manifold=False).test_set_names is None
+    assert _dm(test_manifolds=["cylinder"]).test_set_names is None
+
+    torch.manual_seed(0)
+    net = SemiSupervisedICL(InContextEigenmap(n_points=30, stack_repeats=1), GDICLHead())
+    module = ICSSLModule(net=net, eig_reference=False)
+    Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False).test(module, datamodule=dm)
+    rows = [r for r in module.test_rows if r["metric"] == "accuracy" and r["method"] == module.method]
+    assert {(r["manifold"], r["label_ratio"]) for r in rows} == {(m, q) for m in ("cylinder", "sphere")
+                                                                   for q in (0.1, 0.3)}
+    net.eval()
+    for name, loader in zip(dm.test_set_names, loaders):
+        for ratio in (0.1, 0.3):
+            accs = []
+            with torch.no_grad():
+                for batch in loader:
+                    x, y = batch["x"], batch["y"]
+                    labeled = labeled_mask(y, labeled_count(ratio, 30))
+                    pred = net(x, y, labeled).logits.argmax(-1)
+                    accs += [((pred[b] == y[b])[~labeled[b]]).float().mean().item() for b in range(len(y))]
+            got = next(r["value"] for r in rows if r["manifold"] == name and r["label_ratio"] == ratio)
+            assert got == pytest.approx(sum(accs) / len(accs), abs=1e-6)

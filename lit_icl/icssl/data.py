@@ -137,8 +137,11 @@ class EpisodeChunks(Dataset):
         data_seed: int,
         pose: PoseConfig,
         labeled_range: tuple[int, int] | None = None,
+        stream: str | None = None,
     ):
         self.split = split
+        # A named stream (one test set per manifold) seeds item i by (data_seed, split, stream, i).
+        self.stream = stream
         self.manifolds = list(manifolds)
         self.n_points = n_points
         self.chunk_size = chunk_size
@@ -151,7 +154,8 @@ class EpisodeChunks(Dataset):
         return self.length
 
     def __getitem__(self, index: int) -> dict[str, Tensor]:
-        g = make_generator(self.data_seed, self.split, int(index))
+        keys = (self.split, int(index)) if self.stream is None else (self.split, self.stream, int(index))
+        g = make_generator(self.data_seed, *keys)
         c = self.chunk_size
         which = torch.randint(len(self.manifolds), (c,), generator=g)
         xs, ys, order = [], [], []
@@ -185,6 +189,10 @@ class ManifoldDataModule(LightningDataModule):
         val_manifolds: validation manifolds; default ``train_manifolds`` (model selection never looks at an
             OOD test manifold).
         test_manifolds: test manifolds; default ``train_manifolds`` (in-distribution).
+        test_per_manifold: with several test manifolds, test each on its own ``test_episodes`` episodes (one
+            test dataloader per manifold; the test rows carry a ``manifold`` coordinate), so one model
+            trained on all five manifolds gives a whole ID row of Tables 2-4 in one ``test``. ``false``
+            tests one mixed set, each episode on a random test manifold, as training samples them.
         n_points: points per episode ``n`` (100 in the paper).
         batch_size: episodes per training step (per device under DDP).
         chunk_size: episodes generated per dataset item; must divide ``batch_size`` and ``eval_batch_size``.
@@ -219,6 +227,7 @@ class ManifoldDataModule(LightningDataModule):
         train_manifolds: Sequence[str] = ("cylinder",),
         val_manifolds: Sequence[str] | None = None,
         test_manifolds: Sequence[str] | None = None,
+        test_per_manifold: bool = True,
         n_points: int = 100,
         batch_size: int = 64,
         chunk_size: int = 16,
@@ -272,6 +281,8 @@ class ManifoldDataModule(LightningDataModule):
         check_fraction("product_positive_fraction", product_positive_fraction, closed_high=True)
         check_nonnegative("num_workers", num_workers, integer=True, hint="0 generates data in the main process")
         self.labeled_subset = check_choice("labeled_subset", labeled_subset, ("random", "stratified"))
+        if not isinstance(test_per_manifold, bool):
+            raise ConfigError(f"test_per_manifold={test_per_manifold!r} must be true or false")
         manifold_lists = {"train_manifolds": train_manifolds, "val_manifolds": val_manifolds,
                           "test_manifolds": test_manifolds}
         for name, names in manifold_lists.items():
@@ -283,6 +294,10 @@ class ManifoldDataModule(LightningDataModule):
         self.train_manifolds = list(train_manifolds)
         self.val_manifolds = list(val_manifolds) if val_manifolds is not None else list(train_manifolds)
         self.test_manifolds = list(test_manifolds) if test_manifolds is not None else list(train_manifolds)
+        #: Names of the separate test sets (the module tags its rows with them); ``None``: one test set.
+        self.test_set_names: list[str] | None = (
+            list(self.test_manifolds) if test_per_manifold and len(self.test_manifolds) > 1 else None
+        )
         self.n_points = n_points
         self.test_episodes = test_episodes
         self.data_seed = data_seed
@@ -334,16 +349,19 @@ class ManifoldDataModule(LightningDataModule):
                 raise ConfigError(str(err)) from None
         return out
 
-    def _dataset(self, split: Split, length: int, chunk: int) -> EpisodeChunks:
+    def _dataset(self, split: Split, length: int, chunk: int, only: int | None = None) -> EpisodeChunks:
+        """Episodes of ``split``; ``only=k``: episodes of its ``k``-th manifold alone, in a stream of their own."""
+        manifolds = self._manifolds[split] if only is None else [self._manifolds[split][only]]
         return EpisodeChunks(
             split,
-            self._manifolds[split],
+            manifolds,
             self.n_points,
             chunk,
             length,
             self.data_seed,
             self.pose,
             self.labeled_range if split == "train" else None,
+            stream=None if only is None else self.test_manifolds[only],
         )
 
     def _loader(self, dataset: EpisodeChunks, batch_size: int, sampler: Sampler[int] | None = None) -> DataLoader:
@@ -362,11 +380,19 @@ class ManifoldDataModule(LightningDataModule):
         hp = self.hparams
         return self._loader(self._dataset("val", hp.val_episodes // hp.chunk_size, hp.chunk_size), hp.eval_batch_size)
 
-    def test_dataloader(self) -> DataLoader:
+    def test_dataloader(self) -> DataLoader | list[DataLoader]:
+        """The test episodes: one loader, or one per test manifold (``test_per_manifold``)."""
         hp = self.hparams
-        ds = self._dataset("test", hp.test_episodes // hp.chunk_size, hp.chunk_size)
-        return self._loader(ds, hp.eval_batch_size)
+        items = hp.test_episodes // hp.chunk_size
+        if self.test_set_names is None:
+            return self._loader(self._dataset("test", items, hp.chunk_size), hp.eval_batch_size)
+        return [
+            self._loader(self._dataset("test", items, hp.chunk_size, only=k), hp.eval_batch_size)
+            for k in range(len(self.test_set_names))
+        ]
 
     def predict_dataloader(self) -> DataLoader:
-        """The test episodes (``predict`` returns per-point probabilities at every evaluation ratio)."""
-        return self.test_dataloader()
+        """The mixed test episodes (``predict`` returns per-point probabilities at every evaluation ratio)."""
+        hp = self.hparams
+        return self._loader(self._dataset("test", hp.test_episodes // hp.chunk_size, hp.chunk_size),
+                            hp.eval_batch_size)

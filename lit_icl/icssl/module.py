@@ -23,6 +23,7 @@ floors near 1/C, whatever the class prior.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -149,6 +150,8 @@ class ICSSLModule(ICLModule):
         self.num_classes: int = int(getattr(self.net, "num_classes", 2))
         self.labeled_subset = "random"
         self.dataset_size: int | None = None
+        #: Names of the data's separate test sets (one per test manifold), ``[None]`` for a single test set.
+        self.test_sets: list[str | None] = [None]
         self.val_acc = nn.ModuleDict()
         # Per ratio: accuracy and balanced accuracy of the model and of the labeled-majority vote.
         self.test_metrics = nn.ModuleDict()
@@ -170,10 +173,14 @@ class ICSSLModule(ICLModule):
         self.val_acc.update({_slot(r): MeanMetric() for r in self.label_ratios})
         self.test_metrics.clear()
         self.test_metrics.update({
-            f"{_slot(r)}-{name}": MeanMetric() for r in self.label_ratios for name in _TEST_SERIES
+            f"{i}-{_slot(r)}-{name}": MeanMetric()
+            for i in range(len(self.test_sets)) for r in self.label_ratios for name in _TEST_SERIES
         })
         self.test_prior.clear()
-        self.test_prior.update({_slot(r): ConstantPredictorStats(self.num_classes) for r in self.label_ratios})
+        self.test_prior.update({
+            f"{i}-{_slot(r)}": ConstantPredictorStats(self.num_classes)
+            for i in range(len(self.test_sets)) for r in self.label_ratios
+        })
 
     def bind_datamodule(self, datamodule: LightningDataModule) -> None:
         """Take ``n_points`` and ``eval_label_ratios`` from the data (and check the model's own ratios, if set)."""
@@ -198,6 +205,7 @@ class ICSSLModule(ICLModule):
         # Data with a fixed pool of training episodes (Sec. 4.2's "dataset size") tags the rows with it.
         size = getattr(datamodule, "train_episodes", None)
         self.dataset_size = int(size) if size is not None else None
+        self.test_sets = list(getattr(datamodule, "test_set_names", None) or [None])
         self._set_label_ratios(ratios)
 
     def setup(self, stage: str) -> None:
@@ -321,10 +329,10 @@ class ICSSLModule(ICLModule):
             embeddings["eig"] = laplacian_eigenmap(batch["x"])
         return {"embeddings": embeddings, "labels": batch["y"]}
 
-    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Any]:
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> dict[str, Any]:
         features, sweep = self._sweep(batch)
         for r, logits, labeled, y in sweep:
-            key = _slot(r)
+            key = f"{dataloader_idx}-{_slot(r)}"  # one test set per test manifold (ManifoldDataModule)
             for name, values in self._accuracy_parts(logits, y, labeled).items():
                 self.test_metrics[f"{key}-{name}"].update(values)
             self.test_prior[key].update(y, ~labeled)
@@ -336,9 +344,11 @@ class ICSSLModule(ICLModule):
     def on_test_epoch_end(self) -> None:
         rows = []
         methods = {"model": self.method, "majority": "labeled_majority", "prior": "class_prior"}
-        for r in self.label_ratios:
-            key = _slot(r)
+        for (i, test_set), r in itertools.product(enumerate(self.test_sets), self.label_ratios):
+            key = f"{i}-{_slot(r)}"
             coords = {"label_ratio": r, "n_labeled": labeled_count(r, self.n_points) if self.n_points else None}
+            if test_set is not None:
+                coords["manifold"] = test_set
             if self.dataset_size is not None:
                 coords["dataset_size"] = self.dataset_size
             values = {}
@@ -349,10 +359,11 @@ class ICSSLModule(ICLModule):
             values["prior-accuracy"], values["prior-balanced_accuracy"] = self.test_prior[key].compute()
             self.test_prior[key].reset()
             # compute() already synced the ranks; sync_dist averages identical values (and keeps DDP quiet).
-            self.log(f"test/acc/{ratio_key(r)}", values["model-accuracy"], sync_dist=True)
-            self.log(f"test/balanced_acc/{ratio_key(r)}", values["model-balanced_accuracy"], sync_dist=True)
-            self.log(f"test/majority_acc/{ratio_key(r)}", values["majority-accuracy"], sync_dist=True)
-            self.log(f"test/class_prior_acc/{ratio_key(r)}", values["prior-accuracy"], sync_dist=True)
+            where = "" if test_set is None else f"{test_set}/"
+            self.log(f"test/acc/{where}{ratio_key(r)}", values["model-accuracy"], sync_dist=True)
+            self.log(f"test/balanced_acc/{where}{ratio_key(r)}", values["model-balanced_accuracy"], sync_dist=True)
+            self.log(f"test/majority_acc/{where}{ratio_key(r)}", values["majority-accuracy"], sync_dist=True)
+            self.log(f"test/class_prior_acc/{where}{ratio_key(r)}", values["prior-accuracy"], sync_dist=True)
             for series, value in values.items():
                 who, metric_name = series.split("-")
                 rows.append(result_row(metric_name, value, method=methods[who], **coords))
@@ -361,6 +372,8 @@ class ICSSLModule(ICLModule):
 
     def test_figures(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """Accuracy on the unlabeled points against the share of labeled points (Fig. 4)."""
+        if any("manifold" in r for r in rows):  # one line per (method, test manifold)
+            rows = [{**r, "method": f"{r['method']} ({r['manifold']})"} if "manifold" in r else r for r in rows]
         fig = line_figure(
             rows, "label_ratio", metric="accuracy", split="test", x_transform=lambda r: 100 * r,
             title="IC-SSL test accuracy vs label ratio", xlabel="labeled points (%)",
