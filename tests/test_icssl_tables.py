@@ -1,0 +1,78 @@
+"""The IC-SSL paper-table driver (experiments/icssl_paper_tables.py): its grid and its report."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "icssl_paper_tables.py"
+
+
+@pytest.fixture(scope="module")
+def tables():
+    spec = importlib.util.spec_from_file_location("icssl_paper_tables", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    return module
+
+
+def _args(tables, tmp_path: Path):
+    return tables.parse_args(["report", "--out", str(tmp_path), "--seeds", "0", "1"])
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_grid_holds_out_the_test_manifold_and_tests_every_model(tables, tmp_path) -> None:
+    args = _args(tables, tmp_path)
+    fits = tables.fit_jobs(args)
+    assert len({j.folder for j in fits}) == len(fits)
+    # 2 kernels x 4 models x (1 ID + 5 OOD) x 2 seeds, + Table 6 (3 models) and image ID (4 models) per seed.
+    assert len(fits) == 2 * 4 * 6 * 2 + (3 + 4) * 2
+    tests = tables.test_jobs(args)
+    for fit in fits:
+        name = fit.folder.parent.name
+        mine = [t for t in tests if t.after == [fit.folder]]
+        assert mine, f"{name} is never tested"
+        if "_no_" in name:
+            held_out = name.rsplit("_no_", 1)[1]
+            train = _flag(fit.argv, "--data.init_args.train_manifolds")
+            assert held_out not in train and held_out in tables.MANIFOLDS
+            synthetic = next(t for t in mine if t.folder.name.endswith("_manifolds"))
+            assert _flag(synthetic.argv, "--data.init_args.test_manifolds") == str([held_out])
+            # Table 5's OOD: every RBF leave-one-out model is also tested on the image manifolds.
+            assert any(t.folder.name.endswith("_images") for t in mine) == ("_rbf_" in name)
+        elif name.endswith("_five"):
+            assert _flag(fit.argv, "--data.init_args.train_manifolds") == str(list(tables.MANIFOLDS))
+
+
+def _results(path: Path, rows: list[dict]) -> None:
+    path.mkdir(parents=True)
+    path.joinpath("results.json").write_text(json.dumps({"meta": {}, "rows": rows}))
+
+
+def test_report_gives_mean_and_sample_sd_over_seeds_next_to_the_paper(tables, tmp_path) -> None:
+    def row(value, method="ORIG+E2E-ICL", **coords):
+        return {"metric": "accuracy", "value": value, "method": method, "split": "test", **coords}
+
+    for seed, value in ((0, 0.80), (1, 0.90)):
+        _results(tmp_path / "tuned_rbf_no_cone" / f"s{seed}_test_manifolds",
+                 [row(value, n_labeled=3), row(0.6, "class_prior", n_labeled=3)])
+        _results(tmp_path / "eig_rbf_no_cone" / f"s{seed}_test_manifolds", [row(value - 0.1, "EIG+ICL", n_labeled=3)])
+        _results(tmp_path / "product_ours" / f"s{seed}_test_product", [row(value, n_labeled=80)])
+    _results(tmp_path / "tuned_rbf_five" / "s0_test_manifolds", [row(0.5, manifold="cone", n_labeled=3)])
+    text = tables.report(_args(tables, tmp_path))
+    line = next(x for x in text.splitlines() if x.startswith("| rbf-cone |"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    # sd of (0.8, 0.9) with n - 1 = 0.0707; a cell with fewer seeds than asked says how many.
+    assert cells[1:] == ["-- (0.731)", "0.750 ± 0.071 (0.826)", "0.500 ± 0.000 (n=1) (0.790)",
+                         "0.850 ± 0.071 (0.753)", "0.600 ± 0.000"]
+    assert "| 80 | -- (0.619) | 0.850 ± 0.071 (0.744) | -- (0.555) |" in text
+    # OOD margin at 3 labels on the one manifold with both: 0.85 - 0.75 = +10 points (paper 0.753 - 0.826).
+    assert "| tuned | rbf | OOD | +10.0 (-7.3) | -- (--) | -- (--) |" in text
