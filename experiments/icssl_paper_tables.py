@@ -19,8 +19,9 @@ The grid (``--out``, default ``runs/icssl_tables``), per seed:
   stand-in unless ``--image-root`` points to Stable Diffusion sequences.
 * Table 6 (App. F.8): the product manifold with the full model, the 1-layer Lap+PE and the linear Laplacian.
 
-``--steps`` is the training budget of every E2E model (EIG+ICL trains only its head: ``--eig-steps``). Tests
-use ``--test-episodes`` episodes per test manifold at 3, 21 and 39 labels (Tables 2-5; 3 to 80 for Table 6).
+``--steps`` is the training budget of every model (``--eig-steps`` sets EIG+ICL's apart: it trains only its
+head). Tests use ``--test-episodes`` episodes per test manifold at 3, 21 and 39 labels (Tables 2-5; 3 to 80
+for Table 6).
 """
 
 from __future__ import annotations
@@ -378,7 +379,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "icssl_tables")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=300, help="training steps of each E2E model")
-    parser.add_argument("--eig-steps", type=int, default=100, help="training steps of each EIG+ICL head")
+    parser.add_argument("--eig-steps", type=int, default=None,
+                        help="training steps of each EIG+ICL head (default: --steps, the same budget)")
     parser.add_argument("--epochs", type=int, default=3, help="epochs (validation + checkpoint) per run")
     parser.add_argument("--val-episodes", type=int, default=128)
     parser.add_argument("--test-episodes", type=int, default=512)
@@ -389,6 +391,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = parser.parse_args(argv)
     args.out = args.out.resolve()
+    if args.eig_steps is None:
+        # The unnormalised Eq. 6 head needs more than 100 steps to leave the constant answer it starts in.
+        args.eig_steps = args.steps
     return args
 
 
