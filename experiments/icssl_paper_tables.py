@@ -12,8 +12,9 @@ The grid (``--out``, default ``runs/icssl_tables``), per seed:
 
 * Tables 2-4 (App. F.3): for each head kernel (``rbf``, ``linear``) and each model -- ORIG+E2E-ICL in the tuned
   default (``tuned``) and the paper-faithful configuration (``faithful``), and EIG+ICL with each
-  configuration's GD head (``eig``, ``eig_faithful``) -- one model trained on all five manifolds (ID: the test
-  manifold was seen in training) and five leave-one-out models trained on four (OOD: tested on the fifth).
+  configuration's GD head (``eig``, ``eig_faithful``) -- five models trained on one manifold each (ID as
+  Sec. 4.3.1: ``only_<manifold>``), one trained on all five (ID with every manifold seen: ``five``, tested on
+  each) and five leave-one-out models trained on four (OOD: ``no_<manifold>``, tested on the fifth).
 * Table 5 (App. F.4): the RBF leave-one-out models tested zero-shot on the image-manifold test sequences
   (OOD), against models trained on the image-manifold training sequences (ID). The image data is the offline
   stand-in unless ``--image-root`` points to Stable Diffusion sequences.
@@ -111,9 +112,11 @@ def fit_jobs(args: argparse.Namespace) -> list[Job]:
         for seed in args.seeds:
             for model, (config, extra) in MODELS.items():
                 steps = args.eig_steps if model.startswith("eig") else args.steps
-                for held_out in (None, *MANIFOLDS):
-                    train = [m for m in MANIFOLDS if m != held_out]
-                    name = f"{model}_{kernel}_{'five' if held_out is None else 'no_' + held_out}"
+                # ID as Sec. 4.3.1 (train on the test manifold alone), ID on all five, OOD (leave one out).
+                trainings = [(f"only_{m}", [m]) for m in MANIFOLDS] + [("five", list(MANIFOLDS))]
+                trainings += [(f"no_{m}", [x for x in MANIFOLDS if x != m]) for m in MANIFOLDS]
+                for suffix, train in trainings:
+                    name = f"{model}_{kernel}_{suffix}"
                     add(name, seed, [
                         "--config", str(CONFIGS / config), *extra, f"{HEAD}.kernel", kernel,
                         "--data.init_args.train_manifolds", str(train),
@@ -163,7 +166,7 @@ def test_jobs(args: argparse.Namespace) -> list[Job]:
             add("images", own)
             continue
         held_out = name.rsplit("_no_", 1)[1] if "_no_" in name else None
-        tested = list(MANIFOLDS) if held_out is None else [held_out]
+        tested = list(MANIFOLDS) if name.endswith("_five") else [name.rsplit("_", 1)[1]]
         add("manifolds", [*own, "--data.init_args.test_manifolds", str(tested),
                           "--data.init_args.test_episodes", str(args.test_episodes),
                           "--data.init_args.eval_label_ratios", TABLE_RATIOS])
@@ -230,33 +233,40 @@ def report(args: argparse.Namespace) -> str:
                 for m in MANIFOLDS:
                     ref = paper["tables_2_4"][f"{kernel}/{m}/{ctx}"]
                     cells, got, priors = [], {}, []
-                    for col, model, train in (("eig_id", eig, "five"), ("eig_ood", eig, f"no_{m}"),
-                                              ("e2e_id", config, "five"), ("e2e_ood", config, f"no_{m}")):
+                    # ID as the paper (trained on this manifold alone), ID on all five, OOD (the other four).
+                    for col, model, train in (
+                        ("eig_id", eig, f"only_{m}"), ("eig_id5", eig, "five"), ("eig_ood", eig, f"no_{m}"),
+                        ("e2e_id", config, f"only_{m}"), ("e2e_id5", config, "five"), ("e2e_ood", config, f"no_{m}"),
+                    ):
                         acc = _accuracies(out, f"{model}_{kernel}_{train}", "manifolds", seeds)
                         where = m if train == "five" else None
                         got[col] = acc.get(("model", where, ctx))
                         priors.append(acc.get(("class_prior", where, ctx)))
-                        cells.append(_cell(got[col], ref[col], n))
+                        cells.append(_cell(got[col], ref.get(col), n))
                     # The floor of a constant class (any run's test set of this manifold; most seeds wins).
                     prior = max(priors, key=lambda v: len(v or []))
                     rows.append([f"{kernel}-{m}", *cells, _cell(prior, None, n)])
-                    for split in ("id", "ood"):
+                    for split in ("id", "id5", "ood"):
                         if got[f"e2e_{split}"] and got[f"eig_{split}"]:
                             ours = _mean_sd(got[f"e2e_{split}"])[0] - _mean_sd(got[f"eig_{split}"])[0]
-                            margins.append((config, kernel, ctx, split, ours,
-                                            ref[f"e2e_{split}"][0] - ref[f"eig_{split}"][0]))
+                            paper_e2e = ref.get(f"e2e_{split}")
+                            theirs = paper_e2e[0] - ref[f"eig_{split}"][0] if paper_e2e else None
+                            margins.append((config, kernel, ctx, split, ours, theirs))
             parts.append(f"### Tables 2-4, {ctx} labeled points, {config} configuration\n\n" + _table(
-                ["kernel-target", "EIG+ICL (ID)", "EIG+ICL (OOD)", "E2E ICL (ID)", "E2E ICL (OOD)", "class prior"],
-                rows))
-    if margins:  # (config, kernel, ctx, split, ours, paper), one per manifold
+                ["kernel-target", "EIG+ICL (ID)", "EIG+ICL (ID, five)", "EIG+ICL (OOD)", "E2E ICL (ID)",
+                 "E2E ICL (ID, five)", "E2E ICL (OOD)", "class prior"], rows))
+    if margins:  # (config, kernel, ctx, split, ours, paper or None), one per manifold
         rows = []
-        for config, kernel, split in itertools.product(("tuned", "faithful"), ("linear", "rbf"), ("id", "ood")):
-            ours, theirs = [], []
+        names = {"id": "ID", "id5": "ID, five", "ood": "OOD"}
+        for config, kernel, split in itertools.product(("tuned", "faithful"), ("linear", "rbf"), names):
+            cells = []
             for ctx in (3, 21, 39):
-                sel = [x for x in margins if (x[0], x[1], x[2], x[3]) == (config, kernel, ctx, split)]
-                ours.append(f"{100 * sum(x[4] for x in sel) / len(sel):+.1f}" if sel else "--")
-                theirs.append(f"{100 * sum(x[5] for x in sel) / len(sel):+.1f}" if sel else "--")
-            rows.append([config, kernel, split.upper(), *(f"{a} ({b})" for a, b in zip(ours, theirs))])
+                sel = [x for x in margins if x[:4] == (config, kernel, ctx, split)]
+                ours = f"{100 * sum(x[4] for x in sel) / len(sel):+.1f}" if sel else "--"
+                theirs = [x[5] for x in sel if x[5] is not None]
+                cells.append(ours + (f" ({100 * sum(theirs) / len(theirs):+.1f})" if theirs else ""))
+            if any(c != "--" for c in cells):
+                rows.append([config, kernel, names[split], *cells])
         parts.append("### E2E ICL minus EIG+ICL, accuracy points, mean over the manifolds with both (paper)\n\n"
                      + _table(["config", "kernel", "split", "3 labels", "21 labels", "39 labels"], rows))
     for config, eig in (("tuned", "eig"), ("faithful", "eig_faithful")):

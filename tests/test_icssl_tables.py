@@ -33,8 +33,9 @@ def test_grid_holds_out_the_test_manifold_and_tests_every_model(tables, tmp_path
     args = _args(tables, tmp_path)
     fits = tables.fit_jobs(args)
     assert len({j.folder for j in fits}) == len(fits)
-    # 2 kernels x 4 models x (1 ID + 5 OOD) x 2 seeds, + Table 6 (3 models) and image ID (4 models) per seed.
-    assert len(fits) == 2 * 4 * 6 * 2 + (3 + 4) * 2
+    # 2 kernels x 4 models x (5 ID alone + 1 ID on all five + 5 OOD) x 2 seeds, + Table 6 (3 models) and
+    # image ID (4 models) per seed.
+    assert len(fits) == 2 * 4 * 11 * 2 + (3 + 4) * 2
     tests = tables.test_jobs(args)
     for fit in fits:
         name = fit.folder.parent.name
@@ -48,6 +49,10 @@ def test_grid_holds_out_the_test_manifold_and_tests_every_model(tables, tmp_path
             assert _flag(synthetic.argv, "--data.init_args.test_manifolds") == str([held_out])
             # Table 5's OOD: every RBF leave-one-out model is also tested on the image manifolds.
             assert any(t.folder.name.endswith("_images") for t in mine) == ("_rbf_" in name)
+        elif "_only_" in name:  # the paper's ID: trained and tested on one manifold
+            alone = name.rsplit("_only_", 1)[1]
+            assert _flag(fit.argv, "--data.init_args.train_manifolds") == str([alone])
+            assert _flag(mine[0].argv, "--data.init_args.test_manifolds") == str([alone])
         elif name.endswith("_five"):
             assert _flag(fit.argv, "--data.init_args.train_manifolds") == str(list(tables.MANIFOLDS))
 
@@ -71,8 +76,9 @@ def test_report_gives_mean_and_sample_sd_over_seeds_next_to_the_paper(tables, tm
     line = next(x for x in text.splitlines() if x.startswith("| rbf-cone |"))
     cells = [c.strip() for c in line.strip("|").split("|")]
     # sd of (0.8, 0.9) with n - 1 = 0.0707; a cell with fewer seeds than asked says how many.
-    assert cells[1:] == ["-- (0.731)", "0.750 ± 0.071 (0.826)", "0.500 ± 0.000 (n=1) (0.790)",
+    # Columns: EIG+ICL ID (alone), ID (five), OOD; E2E the same; class prior. "five" has no paper value.
+    assert cells[1:] == ["-- (0.731)", "--", "0.750 ± 0.071 (0.826)", "-- (0.790)", "0.500 ± 0.000 (n=1)",
                          "0.850 ± 0.071 (0.753)", "0.600 ± 0.000"]
     assert "| 80 | -- (0.619) | 0.850 ± 0.071 (0.744) | -- (0.555) |" in text
     # OOD margin at 3 labels on the one manifold with both: 0.85 - 0.75 = +10 points (paper 0.753 - 0.826).
-    assert "| tuned | rbf | OOD | +10.0 (-7.3) | -- (--) | -- (--) |" in text
+    assert "| tuned | rbf | OOD | +10.0 (-7.3) | -- | -- |" in text
