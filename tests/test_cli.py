@@ -77,6 +77,26 @@ def test_test_writes_tidy_results_with_provenance_and_figure(tmp_path) -> None:
     torch.testing.assert_close(probs.sum(-1), torch.ones(3, 16, 20))
 
 
+def test_several_test_manifolds_write_per_manifold_rows_and_figure(tmp_path) -> None:
+    """`test` on two manifolds: rows (and logged metrics) per manifold through the shared results writer,
+    and the checkpoint reloads into the exact trained model."""
+    _run(["fit", *tiny_args(tmp_path, "--trainer.max_epochs", "1")])
+    ckpt = tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt"
+    _run(["test", *tiny_args(tmp_path), "--ckpt_path", str(ckpt),
+          "--data.init_args.test_manifolds", "[cylinder, sphere]"])
+    out = tmp_path / "runs/tiny/version_1"
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    acc = [r for r in rows if r["metric"] == "accuracy" and r["method"] == "ORIG+E2E-ICL"]
+    assert sorted((r["manifold"], r["label_ratio"]) for r in acc) == [
+        (m, q) for m in ("cylinder", "sphere") for q in (0.1, 0.25, 0.5)]
+    scalars = tb_scalars(out)
+    for r in acc:
+        assert scalars[f"test/acc/{r['manifold']}/label_ratio={r['label_ratio']:g}"][-1] == pytest.approx(r["value"])
+    assert (out / "accuracy_vs_label_ratio.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    model = ICSSLModule.load_from_checkpoint(ckpt)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in _state(ckpt).items())
+
+
 SUBPROCESS_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 COMMON = ["--trainer.max_epochs", "1", "--model.init_args.lr_schedule", "constant"]
 VAL_TAGS = ("val/acc/label_ratio=0.1", "val/acc/label_ratio=0.25", "val/acc/label_ratio=0.5", "val/loss")

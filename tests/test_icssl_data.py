@@ -180,7 +180,7 @@ def test_each_test_manifold_is_its_own_test_set_with_its_own_rows() -> None:
     loaders = dm.test_dataloader()
     assert dm.test_set_names == ["cylinder", "sphere"] and len(loaders) == 2
     # Each set holds only its manifold: the same episodes as a dataset of that manifold in that stream.
-    for k, (name, loader) in enumerate(zip(dm.test_set_names, loaders)):
+    for name, loader in zip(dm.test_set_names, loaders):
         alone = EpisodeChunks("test", [get_manifold(name)], 30, 8, 4, 0, dm.pose, stream=name)
         assert torch.equal(next(iter(loader))["x"][:8], alone[0]["x"])
     assert not torch.equal(next(iter(loaders[0]))["x"], next(iter(loaders[1]))["x"])
