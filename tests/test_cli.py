@@ -171,6 +171,23 @@ def test_torchrun_on_cpu_matches_single_process(tmp_path, single_process_run: Pa
     assert ((va - vb).norm() / va.norm()).item() < 2e-4
 
 
+
+@pytest.mark.parametrize("config", sorted(p.name for p in (Path(__file__).parents[1] / "configs").glob("icssl_*.yaml")))
+def test_checkpoint_monitor_names_an_evaluated_ratio(config: str) -> None:
+    """A ModelCheckpoint monitoring ``val/acc/label_ratio=r`` needs ``r`` among the data's eval ratios, else
+    Lightning stops the run at the first epoch end (configs/icssl_features.yaml once monitored 0.25 of [0.03, 0.39])."""
+    import yaml
+
+    from lit_icl.icssl.data import ratio_key
+
+    cfg = yaml.safe_load((Path(__file__).parents[1] / "configs" / config).read_text())
+    evaluated = {f"val/acc/{ratio_key(r)}" for r in cfg["data"]["init_args"].get("eval_label_ratios", [])}
+    monitors = [c["init_args"]["monitor"] for c in cfg["trainer"].get("callbacks", [])
+                if c["class_path"].endswith("ModelCheckpoint") and "monitor" in c.get("init_args", {})]
+    for monitor in monitors:
+        if monitor.startswith("val/acc/"):
+            assert monitor in evaluated, (config, monitor, sorted(evaluated))
+
 # The configs of the paper's model and its ablations (the baselines' own configs: tests/test_icssl_baselines.py).
 CONFIGS = sorted(
     f"configs/{p.name}" for p in (Path(__file__).parents[1] / "configs").glob("icssl_*.yaml")
