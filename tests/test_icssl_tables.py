@@ -82,3 +82,67 @@ def test_report_gives_mean_and_sample_sd_over_seeds_next_to_the_paper(tables, tm
     assert "| 80 | -- (0.619) | 0.850 ± 0.071 (0.744) | -- (0.555) |" in text
     # OOD margin at 3 labels on the one manifold with both: 0.85 - 0.75 = +10 points (paper 0.753 - 0.826).
     assert "| tuned | rbf | OOD | +10.0 (-7.3) | -- | -- |" in text
+
+
+# The dataset-size sweep of Sec. 4.2 (Fig. 3, Table 1): experiments/icssl_fig3_sweep.py.
+SWEEP = SCRIPT.with_name("icssl_fig3_sweep.py")
+
+
+@pytest.fixture(scope="module")
+def sweep(tables):  # the sweep imports the tables script's runner, loaded above under its own name
+    spec = importlib.util.spec_from_file_location("icssl_fig3_sweep", SWEEP)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sweep_trains_every_method_at_every_size_and_aligns_at_the_largest(sweep, tmp_path) -> None:
+    args = sweep.parse_args(["fit", "--out", str(tmp_path), "--sizes", "30", "10", "--seeds", "0", "1"])
+    args.input_dim = 1280
+    fits = sweep.fit_jobs(args)
+    # 2 sizes x 2 seeds x 3 methods, each in its own folder; the size is the data module's train_episodes.
+    assert len({j.folder for j in fits}) == len(fits) == 12
+    for fit in fits:
+        method, size = fit.folder.parent.name.rsplit("_size", 1)
+        assert _flag(fit.argv, "--data.init_args.train_episodes") == size
+        assert _flag(fit.argv, "--seed_everything") == _flag(fit.argv, "--data.init_args.data_seed") == fit.folder.name[1:]
+        if method == "transformer":
+            assert _flag(fit.argv, "--model.init_args.net") == "lit_icl.icssl.baselines.ICLTransformerBaseline"
+            assert _flag(fit.argv, "--model.init_args.net.init_args.input_dim") == "1280"
+    tests = sweep.test_jobs(args)
+    for fit in fits:  # every model tested once with separation rows
+        mine = [t for t in tests if t.after == [fit.folder]]
+        assert len(mine) == 1
+        callbacks = json.loads(_flag(mine[0].argv, "--trainer.callbacks"))
+        assert callbacks[0]["init_args"]["rows"] is True
+    # Table 1 only at the largest size, per seed: our model with the same seed's Transformer beside it.
+    table1 = [t for t in tests if t.folder.name.endswith("_table1")]
+    assert [t.folder.parent.name for t in table1] == ["e2e_size30", "e2e_size30"]
+    for t in table1:
+        other = tmp_path / "transformer_size30" / t.folder.name.split("_")[0]
+        assert t.after == [tmp_path / "e2e_size30" / other.name, other]
+        compare = json.loads(_flag(t.argv, "--trainer.callbacks"))[0]["init_args"]["compare_checkpoints"]
+        assert compare == {"transformer": str(other / "checkpoints" / "last.ckpt")}
+
+
+def test_sweep_table1_averages_alignment_over_seeds(sweep, tmp_path) -> None:
+    args = sweep.parse_args(["report", "--out", str(tmp_path), "--sizes", "10", "--seeds", "0", "1"])
+    for seed, value in ((0, 0.2), (1, 0.4)):
+        _results(tmp_path / "e2e_size10" / f"s{seed}_test_table1", [
+            {"metric": "mnn", "value": value, "method": "ORIG+E2E-ICL", "embeddings": "model~transformer"},
+            {"metric": "separation", "value": 0.9, "method": "ORIG+E2E-ICL", "embeddings": "model"},
+        ])
+    text = sweep.table1(args)
+    assert "| model~transformer | 0.300 ± 0.141 | -- | -- |" in text
+    assert "separation" not in text and "| model |" not in text
+
+
+def test_sweep_rejects_an_empty_dataset_size(sweep) -> None:
+    with pytest.raises(SystemExit):
+        sweep.parse_args(["fit", "--sizes", "0"])
+
+
+def test_sweep_names_the_stand_in_when_the_feature_file_is_missing(sweep, tmp_path) -> None:
+    with pytest.raises(SystemExit, match="lit_icl.icssl.features standin"):
+        sweep.feature_dim(tmp_path / "missing.pt")

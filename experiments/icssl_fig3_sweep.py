@@ -1,0 +1,178 @@
+"""Run IC-SSL's dataset-size sweep on image features (Sec. 4.2: Fig. 3 and Table 1), resumably, and report it.
+
+    python experiments/icssl_fig3_sweep.py fit --sizes 100 300 1000 3000 --seeds 0 --jobs 2   # train
+    python experiments/icssl_fig3_sweep.py test --jobs 2                                     # test
+    python experiments/icssl_fig3_sweep.py report                                            # Fig. 3 + Table 1
+
+"Dataset size" is the number of distinct training episodes (``FeatureEpisodeDataModule.train_episodes``); every
+size gets the same number of optimiser steps, so small sizes see each episode many times (Sec. 4.2). Per seed
+and size, three methods are trained on ``configs/icssl_features.yaml``'s episodes (2 classes x 50 images):
+
+* ``e2e``: ORIG+E2E-ICL, the config's model (learned Laplacian eigenmap + GD head);
+* ``transformer``: the scale-matched Transformer baseline (App. G), the MetaICL-style ``unknown`` label token;
+* ``orig``: ORIG+ICL, the GD head on the raw features (only its head trains).
+
+Each trained model is tested with separation rows (``RepresentationMetrics(rows=true)``); at the largest size
+the E2E model is also tested with the Transformer's checkpoint loaded beside it
+(``compare_checkpoints``), which gives Table 1's mNN / cycle-kNN / LCS alignment between our model, the
+Transformer and EIG on the same episodes. ``report`` pools the tests with ``python -m lit_icl.icssl.sweep``
+(``sweep.png`` and ``results.json`` in ``<out>/sweep``: accuracy and separation vs dataset size, mean ± sd over
+seeds, each method's steepest rise) and prints Table 1.
+
+Jobs, resumption and logs work as in ``experiments/icssl_paper_tables.py``, whose runner this script shares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared runner beside this file
+from icssl_paper_tables import CONFIGS, REPO, Job, _budget, _logger, _mean_sd, _table, run_all  # noqa: E402
+
+CONFIG = CONFIGS / "icssl_features.yaml"
+NET = "--model.init_args.net"
+
+#: method -> extra fit arguments on top of the config (the feature dimension is filled in from the data file).
+METHODS: dict[str, list[str]] = {
+    "e2e": [],
+    # The learning rate of configs/icssl_manifolds_transformer.yaml, the baseline's own config.
+    "transformer": [NET, "lit_icl.icssl.baselines.ICLTransformerBaseline", "--model.init_args.lr", "0.0003"],
+    "orig": [f"{NET}.init_args.representation", "lit_icl.icssl.nets.RawCoordinates"],
+}
+#: The representation-metrics callback with result rows, for every test (Fig. 3's separation panel).
+CALLBACK = {"class_path": "lit_icl.callbacks.RepresentationMetrics", "init_args": {"k": 10, "rows": True}}
+
+
+def feature_dim(path: Path) -> int:
+    """The feature dimension of a cached feature file (the Transformer's ``input_dim``)."""
+    import torch
+
+    if not path.is_file():
+        raise SystemExit(f"no feature file at {path}: build the offline stand-in with `python -m "
+                         "lit_icl.icssl.features standin --out data/features_standin.pt` or pass --features")
+    return int(torch.load(path, map_location="cpu", weights_only=False)["features"].shape[1])
+
+
+def _name(method: str, size: int) -> str:
+    return f"{method}_size{size}"
+
+
+def fit_jobs(args: argparse.Namespace) -> list[Job]:
+    """One training run per (seed, dataset size, method), the largest sizes last."""
+    jobs = []
+    for size in args.sizes:
+        for seed in args.seeds:
+            for method, extra in METHODS.items():
+                if method == "transformer":
+                    extra = [*extra, f"{NET}.init_args.input_dim", str(args.input_dim)]
+                name = _name(method, size)
+                argv = ["fit", "--config", str(CONFIG), *extra,
+                        "--data.init_args.features", str(args.features),
+                        "--data.init_args.train_episodes", str(size),
+                        "--data.init_args.val_episodes", str(args.val_episodes),
+                        "--seed_everything", str(seed), "--data.init_args.data_seed", str(seed),
+                        *_budget(args.steps, args.epochs), *_logger(args.out, name, f"s{seed}")]
+                jobs.append(Job(f"fit {name} s{seed}", argv, args.out / name / f"s{seed}"))
+    return jobs
+
+
+def test_jobs(args: argparse.Namespace) -> list[Job]:
+    """Each model's test with separation rows, plus Table 1's alignment test at the largest size."""
+    jobs = []
+    common = ["--trainer.enable_progress_bar", "false",
+              "--data.init_args.test_episodes", str(args.test_episodes)]
+    for fit in fit_jobs(args):
+        name, seed = fit.folder.parent.name, fit.folder.name
+        argv = ["test", "--config", str(fit.folder / "config.yaml"), *common,
+                "--trainer.callbacks", json.dumps([CALLBACK]),
+                "--ckpt_path", str(fit.folder / "checkpoints" / "last.ckpt")]
+        folder = fit.folder.parent / f"{seed}_test"
+        jobs.append(Job(f"test {name} {seed}", [*argv, *_logger(args.out, name, folder.name)], folder,
+                        after=[fit.folder]))
+        if name == _name("e2e", max(args.sizes)):  # Table 1: our model, the Transformer and EIG, aligned
+            other = args.out / _name("transformer", max(args.sizes)) / seed
+            table1 = {**CALLBACK, "init_args": {
+                **CALLBACK["init_args"],
+                "compare_checkpoints": {"transformer": str(other / "checkpoints" / "last.ckpt")}}}
+            argv[argv.index("--trainer.callbacks") + 1] = json.dumps([table1])
+            folder = fit.folder.parent / f"{seed}_test_table1"
+            jobs.append(Job(f"test {name} {seed} with the transformer (Table 1)",
+                            [*argv, *_logger(args.out, name, folder.name)], folder, after=[fit.folder, other]))
+    return jobs
+
+
+def table1(args: argparse.Namespace) -> str:
+    """Table 1: alignment between our model, the Transformer baseline and EIG (mean ± sd over seeds)."""
+    found: dict[tuple[str, str], list[float]] = {}
+    for seed in args.seeds:
+        path = args.out / _name("e2e", max(args.sizes)) / f"s{seed}_test_table1" / "results.json"
+        if path.is_file():
+            for row in json.loads(path.read_text())["rows"]:
+                if row["metric"] in ("mnn", "cycle_knn", "lcs_knn") and "~" in str(row.get("embeddings")):
+                    found.setdefault((row["embeddings"], row["metric"]), []).append(row["value"])
+    if not found:
+        return "(no Table 1 test has finished)"
+    pairs = sorted({p for p, _ in found})
+    rows = []
+    for pair in pairs:
+        cells = []
+        for metric in ("mnn", "cycle_knn", "lcs_knn"):
+            values = found.get((pair, metric))
+            cells.append("--" if not values else "{:.3f} ± {:.3f}".format(*_mean_sd(values)))
+        rows.append([pair, *cells])
+    return (f"Table 1 (dataset size {max(args.sizes)}, {args.test_episodes} test episodes, k = 10)\n\n"
+            + _table(["embeddings", "mNN", "cycle-kNN", "LCS"], rows))
+
+
+def report(args: argparse.Namespace) -> int:
+    from lit_icl.icssl.sweep import main as sweep_main
+
+    runs = [str(j.folder) for j in test_jobs(args) if j.done and not j.folder.name.endswith("_table1")]
+    if not runs:
+        print("no finished tests: run `fit` and `test` first", file=sys.stderr)
+        return 2
+    rc = sweep_main([*runs, "--label-ratio", str(args.label_ratio), "--out", str(args.out / "sweep")])
+    print("\n" + table1(args))
+    return rc
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("stage", choices=("fit", "test", "report"))
+    parser.add_argument("--out", type=Path, default=REPO / "runs" / "icssl_fig3")
+    parser.add_argument("--features", type=Path, default=REPO / "data" / "features_standin.pt")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 300, 1000, 3000],
+                        help="dataset sizes (training episodes); the paper sweeps up to 5000")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--steps", type=int, default=300, help="training steps of every run")
+    parser.add_argument("--epochs", type=int, default=3, help="epochs (validation + checkpoint) per run")
+    parser.add_argument("--val-episodes", type=int, default=64)
+    parser.add_argument("--test-episodes", type=int, default=256)
+    parser.add_argument("--label-ratio", type=float, default=0.03, help="the accuracy curve's label ratio")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    parser.add_argument("--only", default="", help="only jobs whose name contains this")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    args = parser.parse_args(argv)
+    args.out, args.features = args.out.resolve(), args.features.resolve()
+    if min(args.sizes) < 1:
+        parser.error(f"--sizes {args.sizes}: every dataset size must be at least 1 episode")
+    args.input_dim = None
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.stage == "report":
+        sys.exit(report(args))
+    args.input_dim = feature_dim(args.features)
+    jobs = fit_jobs(args) if args.stage == "fit" else test_jobs(args)
+    jobs = [j for j in jobs if args.only in j.name]
+    sys.exit(1 if run_all(jobs, args) else 0)
+
+
+if __name__ == "__main__":
+    main()
