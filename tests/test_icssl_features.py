@@ -131,3 +131,4 @@ def test_dataset_size_sweep_finds_the_largest_rise(tmp_path, capsys) -> None:
     assert (tmp_path / "sweep/sweep.png").read_bytes()[:4] == b"\x89PNG"
     assert "| Transformer | accuracy |" in capsys.readouterr().out
     assert phase_transition([(5, 0.1, 0.0, 1)]) is None
+    assert phase_transition([(5, 0.6, 0.0, 1), (50, 0.6, 0.0, 1), (500, 0.5, 0.0, 1)]) is None  # never rises

@@ -61,14 +61,16 @@ def curves(rows: Sequence[Row], label_ratio: float) -> dict[str, dict[str, list[
 def phase_transition(points: Sequence[tuple[int, float, float, int]]) -> tuple[int, float] | None:
     """The dataset size after the largest rise of the curve between consecutive sizes, and that rise.
 
-    ``None`` for fewer than two sizes. A sharp transition shows as one rise much larger than the others.
+    ``None`` for fewer than two sizes, or when the curve never rises (a flat or falling curve, e.g. a model
+    still on its loss plateau at every size, has no transition). A sharp transition shows as one rise much
+    larger than the others.
     """
     pts = sorted(points)
     if len(pts) < 2:
         return None
     rises = [(b[1] - a[1], b[0]) for a, b in itertools.pairwise(pts)]
     rise, size = max(rises)
-    return size, rise
+    return (size, rise) if rise > 0 else None
 
 
 def sweep_figure(table: dict[str, dict[str, list[tuple[int, float, float, int]]]], label_ratio: float):
