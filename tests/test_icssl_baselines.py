@@ -10,6 +10,7 @@ import torch
 from badinput import assert_rejected
 
 from lit_icl.cli import main
+from lit_icl.core.errors import ConfigError
 from lit_icl.icssl.baselines import (
     ICLTransformerBaseline,
     KernelLogisticRegressionHead,
@@ -130,6 +131,29 @@ def test_transformer_baseline_is_permutation_equivariant_and_never_reads_unlabel
     torch.testing.assert_close(net(x, flipped, labeled).logits, out.logits)
     assert out.features.shape == (2, 12, 4)
 
+
+
+def test_transformer_input_norm_makes_the_baseline_blind_to_each_points_scale() -> None:
+    """``input_norm``: unit-RMS points, so rescaling any point (features stored at scale 0.1 or 35) changes
+    nothing, while without it the projection sees the scale; an all-zero point stays finite."""
+    torch.manual_seed(0)
+    net = ICLTransformerBaseline(input_dim=16, d_model=32, num_heads=4, dim_feedforward=64, input_norm=True).eval()
+    x = torch.randn(2, 10, 16)
+    y = torch.randint(0, 2, (2, 10))
+    labeled = torch.arange(10).expand(2, 10) < 3
+    scales = torch.rand(2, 10, 1) * 100 + 0.01
+    out = net(x, y, labeled)
+    torch.testing.assert_close(net(x * scales, y, labeled).logits, out.logits, atol=1e-5, rtol=1e-5)
+    # Same as feeding explicitly normalised points to the plain net with the same weights.
+    plain = ICLTransformerBaseline(input_dim=16, d_model=32, num_heads=4, dim_feedforward=64).eval()
+    plain.load_state_dict(net.state_dict())
+    rms = x.pow(2).mean(-1, keepdim=True).sqrt()
+    torch.testing.assert_close(plain(x / rms, y, labeled).logits, out.logits, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(plain(x * scales, y, labeled).logits, out.logits, atol=1e-3)
+    x[0, 0] = 0.0
+    assert torch.isfinite(net(x, y, labeled).logits).all()
+    with pytest.raises(ConfigError, match="input_norm"):
+        ICLTransformerBaseline(input_norm="yes")
 
 def test_method_names_follow_the_paper() -> None:
     eig_lr = ICSSLModule(SemiSupervisedICL(LaplacianEigenmap(), LogisticRegressionHead()))

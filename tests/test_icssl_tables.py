@@ -110,6 +110,9 @@ def test_sweep_trains_every_method_at_every_size_and_aligns_at_the_largest(sweep
         if method == "transformer":
             assert _flag(fit.argv, "--model.init_args.net") == "lit_icl.icssl.baselines.ICLTransformerBaseline"
             assert _flag(fit.argv, "--model.init_args.net.init_args.input_dim") == "1280"
+            assert _flag(fit.argv, "--model.init_args.net.init_args.input_norm") == "true"
+        # Every method sees the same episodes (Table 1 embeds them with two models at once).
+        assert not any(a.startswith("--data.init_args.feature_scale") for a in fit.argv)
     tests = sweep.test_jobs(args)
     for fit in fits:  # every model tested once with separation rows
         mine = [t for t in tests if t.after == [fit.folder]]

@@ -236,6 +236,12 @@ class ICLTransformerBaseline(nn.Module):
         d_model, num_heads, num_layers, dim_feedforward: encoder size (App. G: 240, 4, 2, 960).
         feature_dim: width of the feature head (App. G: 4).
         dropout: encoder dropout (0 by default: the episodes are fresh every step, nothing to overfit).
+        input_norm: divide each point by its root-mean-square coordinate before the input projection (off by
+            default, as App. G). For high-dimensional features stored at a small scale (the feature configs'
+            ``feature_scale: 0.1``, chosen for the eigenmap's RBF bandwidths) the projected points are about
+            1e-3 of the label embedding, and in our runs the loss then stayed at ln 2 for 1,500 steps; with
+            ``input_norm: true`` the same run learns within 100 steps. Leave it off for 3-D manifold points,
+            whose norm carries the geometry.
     """
 
     method = "ORIG+Transformer"
@@ -250,6 +256,7 @@ class ICLTransformerBaseline(nn.Module):
         dim_feedforward: int = 960,
         feature_dim: int = 4,
         dropout: float = 0.0,
+        input_norm: bool = False,
     ):
         super().__init__()
         check_int("input_dim", input_dim, minimum=1)
@@ -262,7 +269,10 @@ class ICLTransformerBaseline(nn.Module):
         check_int("dim_feedforward", dim_feedforward, minimum=1)
         check_int("feature_dim", feature_dim, minimum=1)
         check_range("dropout", dropout, 0.0, 1.0, high_inclusive=False)
+        if not isinstance(input_norm, bool):
+            raise ConfigError(f"input_norm={input_norm!r} must be true or false")
         self.input_dim = input_dim
+        self.input_norm = input_norm
         self.num_classes = num_classes
         self.input_projection = nn.Linear(input_dim, d_model)
         self.label_embedding = nn.Embedding(num_classes + 1, d_model)  # ids 0..C-1 and `unknown` = C
@@ -284,6 +294,8 @@ class ICLTransformerBaseline(nn.Module):
 
     def forward(self, x: Tensor, y: Tensor, labeled: Tensor) -> ICSSLOutput:
         ids = torch.where(labeled, y, torch.full_like(y, self.num_classes))
+        if self.input_norm:  # unit RMS per point; the clamp keeps an all-zero point at zero
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True).clamp_min(1e-12))
         tokens = self.input_projection(x) + self.label_embedding(ids)
         features = self.feature_head(self.encoder(tokens))
         return ICSSLOutput(self.classification_head(features), features)
