@@ -146,6 +146,31 @@ def test_gd_head_rbf_update_matches_eq6(normalize: bool) -> None:
     torch.testing.assert_close(logits[0], f @ w.T, atol=1e-5, rtol=1e-4)
 
 
+
+def test_gd_head_normalised_linear_kernel_divides_by_absolute_mass() -> None:
+    """The signed linear kernel, normalised: f_1(i) = alpha sum_j [w_{y_j} - MLP(0)] k_ij / sum_j |k_ij|.
+
+    A query whose labeled kernel values cancel (+1 and -1: the plain sum is 0) gets a bounded update. Dividing by
+    the plain sum clamped at 1e-12, as before, made it ~1e12 and left the linear-kernel models below chance."""
+    torch.manual_seed(2)
+    head = GDICLHead(num_classes=2, embed_dim=6, mlp_hidden=8, num_layers=1, kernel="linear", step_size=0.5)
+    phi = torch.randn(1, 10, 3)
+    phi[0, 0], phi[0, 1], phi[0, 9] = torch.tensor([1.0, 0, 0]), torch.tensor([-1.0, 0, 0]), torch.tensor([1.0, 0, 0])
+    y = torch.tensor([[0, 1, 0, 1, 0, 1, 0, 1, 0, 1]])
+    labeled = torch.arange(10)[None] < 2  # keys: phi_0 = e1 and phi_1 = -e1
+    logits = head(phi, y, labeled)
+    w, e0 = head.class_embed, head.mlp(torch.zeros(6))
+    f = torch.zeros(10, 6)
+    for i in range(10):
+        kern = [float(phi[0, i] @ phi[0, j]) for j in range(2)]
+        mass = sum(abs(v) for v in kern)
+        for j in range(2):
+            f[i] += 0.5 * (w[y[0, j]] - e0) * kern[j] / max(mass, 1e-12)
+    torch.testing.assert_close(logits[0], f @ w.T, atol=1e-5, rtol=1e-4)
+    # Query 9 = e1: kernel row (+1, -1) sums to 0; its update is (w_0 - w_1) / 2 * alpha, bounded.
+    torch.testing.assert_close(f[9], 0.25 * (w[0] - w[1]), atol=1e-6, rtol=1e-5)
+    assert logits.abs().max() < 100
+
 def test_gd_head_never_reads_labels_of_unlabeled_points() -> None:
     head = GDICLHead()
     phi = torch.randn(2, 30, 4)

@@ -662,7 +662,9 @@ class GDICLHead(nn.Module):
         # Keys/values are the labeled tokens only: unlabeled columns of the kernel are zeroed.
         kern = self.kernel_matrix(phi) * labeled_f.unsqueeze(-2)
         if self.normalize_kernel:
-            kern = kern / kern.sum(-1, keepdim=True).clamp_min(1e-12) * torch.exp(self.log_step)
+            # Divide by the row's absolute mass: the same as the plain sum for the positive RBF kernel, and
+            # bounded for the signed linear kernel, whose plain row sum can be negative or ~0.
+            kern = kern / kern.abs().sum(-1, keepdim=True).clamp_min(1e-12) * torch.exp(self.log_step)
         else:
             kern = kern * (torch.exp(self.log_step) / m)[:, None, None]
         # Never read the labels of unlabeled tokens (they are the training targets).
