@@ -582,8 +582,10 @@ class GDICLHead(nn.Module):
     are ``w_c^T f_L(i)`` (Eq. 3). With ``expectation="exact"`` and ``kernel="linear"`` the update is exactly
     gradient descent on the cross-entropy (5) of a linear model ``f = A phi`` started at ``A = 0`` (App. B).
 
-    ``normalize_kernel=True`` (default) divides each query's kernel row by its mass over the labeled keys, the
-    softmax-attention form of the update that Sec. 3.2 mentions (``alpha`` then replaces ``alpha / m``). We
+    ``normalize_kernel=True`` (default) divides each query's kernel row by its absolute mass over the labeled
+    keys, the softmax-attention form of the update that Sec. 3.2 mentions (``alpha`` then replaces ``alpha / m``;
+    for the positive RBF kernel the absolute mass is the plain sum, for the signed linear kernel it keeps the
+    update bounded when the labeled kernel values cancel). We
     measured why it is the default: with the unnormalised RBF sum the head, even on fixed good features,
     first collapses to predicting the majority class (points far from every label get ``f ~ 0`` and the
     cheapest loss decrease is the class prior), and end-to-end training of the representation then never
