@@ -171,6 +171,29 @@ def test_gd_head_normalised_linear_kernel_divides_by_absolute_mass() -> None:
     torch.testing.assert_close(f[9], 0.25 * (w[0] - w[1]), atol=1e-6, rtol=1e-5)
     assert logits.abs().max() < 100
 
+
+def test_one_step_linear_head_normalisation_rescales_logit_margins_only() -> None:
+    """With one GD step from f_0 = 0, normalising a kernel row multiplies that point's logits' margins by the
+    positive factor (m / sum_j |k_ij|): the tuned and the faithful (Eq. 6) linear heads express the same decision
+    rules on the same features (README, "Linear kernel, faithful"), so a faithful model stuck at the class
+    prior is a training outcome, not a limit of what the head can represent."""
+    torch.manual_seed(3)
+    normed = GDICLHead(num_classes=2, embed_dim=6, mlp_hidden=8, num_layers=1, kernel="linear")
+    plain = GDICLHead(num_classes=2, embed_dim=6, mlp_hidden=8, num_layers=1, kernel="linear",
+                      normalize_kernel=False)
+    plain.load_state_dict(normed.state_dict())
+    phi = torch.randn(3, 40, 4)
+    y = torch.randint(0, 2, (3, 40))
+    labeled = torch.rand(3, 40) < 0.3
+    labeled[:, 0] = True
+    a, b = normed(phi, y, labeled), plain(phi, y, labeled)
+    margin_a, margin_b = a[..., 1] - a[..., 0], b[..., 1] - b[..., 0]
+    kern = (phi @ phi.transpose(-1, -2)) * labeled[:, None, :]
+    factor = labeled.sum(-1, keepdim=True) / kern.abs().sum(-1)  # m / absolute row mass, > 0
+    torch.testing.assert_close(margin_a, margin_b * factor, atol=1e-5, rtol=1e-4)
+    assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
 def test_gd_head_never_reads_labels_of_unlabeled_points() -> None:
     head = GDICLHead()
     phi = torch.randn(2, 30, 4)
