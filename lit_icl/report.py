@@ -7,7 +7,8 @@ Each argument is a run folder or a ``results.json`` (see :mod:`lit_icl.core.resu
 only in their seeds (``seed_everything``, ``data_seed``) and in where they log form one *experiment*, and their
 rows are averaged: cells read ``mean ± sd`` over the runs (the table header says how many). An experiment is
 named by its TensorBoard logger name unless ``--labels`` gives one label per run (runs with the same label are
-then pooled).
+then pooled). A row coordinate named ``seed`` (I2CL writes one) marks a replicate too, so its values are pooled
+the same way unless ``--x seed`` asks for one column per seed.
 
 One Markdown table is printed per metric: a line per (experiment, method, other coordinates), a column per
 value of the ``--x`` coordinate. ``--out`` draws the same numbers as a figure: lines over a numeric ``--x``,
@@ -29,6 +30,9 @@ from lit_icl.core.results import ROW_KEYS, load_results
 #: Config entries that do not change what an experiment is.
 SEED_KEYS = ("seed_everything", "data_seed", "ckpt_path")
 LOGGING_KEYS = ("logger", "default_root_dir", "enable_progress_bar", "enable_model_summary", "callbacks")
+#: Row coordinates that number replicates, not conditions: averaged over like runs, never a line or column of their own
+#: (unless asked for as ``--x``). I2CL's rows carry the data seed that picked the demonstrations.
+REPLICATE_COORDS = ("seed",)
 
 
 def experiment_fingerprint(meta: Mapping[str, Any]) -> str:
@@ -88,7 +92,7 @@ def choose_x(rows: Sequence[Mapping[str, Any]]) -> str | None:
     coords: dict[str, set] = {}
     for row in rows:
         for k, v in row.items():
-            if k not in ROW_KEYS and k not in ("experiment", "_run"):
+            if k not in ROW_KEYS and k not in ("experiment", "_run", *REPLICATE_COORDS):
                 coords.setdefault(k, set()).add(v)
     varying = {k: len(v) for k, v in coords.items() if len(v) > 1}
     # Ties go to the coordinate the rows name first (IC-SSL's label_ratio before n_labeled).
@@ -98,7 +102,7 @@ def choose_x(rows: Sequence[Mapping[str, Any]]) -> str | None:
 def markdown_table(rows: Sequence[Mapping[str, Any]], metric: str, x: str | None) -> str:
     """A Markdown table of one metric: mean ± sd over runs per (experiment, method, coordinates) and ``x``."""
     chosen = [r for r in rows if r["metric"] == metric]
-    ignore = {"value", "metric", "_run", x}
+    ignore = {"value", "metric", "_run", x, *REPLICATE_COORDS}  # replicates are pooled into the cells
     keys = [k for k in dict.fromkeys(k for r in chosen for k in r) if k not in ignore]
     # Drop key columns that are constant across the table (e.g. one split, one experiment).
     keys = [k for k in keys if len({r.get(k) for r in chosen}) > 1 or k == "method"]

@@ -115,3 +115,24 @@ def test_report_averages_runs_that_differ_only_in_seed(tmp_path, capsys) -> None
     assert out.read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(SystemExit):
         report([str(tmp_path / "missing")])
+
+
+def test_report_pools_a_seed_coordinate_like_runs(tmp_path, capsys) -> None:
+    """I2CL's rows carry ``seed``: the report's cells are mean ± sd over it (Table 1's "over 5 seeds"), and
+    ``--x seed`` still gives one column per seed."""
+    accs = {"i2cl": [0.70, 0.75, 0.80], "zero_shot": [0.77, 0.77, 0.77]}
+    for s in range(3):
+        rows = [result_row("accuracy", accs[m][s], method=m, task="sst2", seed=s) for m in accs]
+        config = {"data": {"init_args": {"data_seed": s}}, "trainer": {"logger": {"init_args": {"name": f"s{s}"}}}}
+        write_results(tmp_path / f"s{s}", rows, {"config": config})
+    runs = [str(tmp_path / f"s{s}") for s in range(3)]
+    report(runs + ["--metric", "accuracy"])
+    table = capsys.readouterr().out.splitlines()
+    assert table[0] == "**accuracy** (n = 3 runs per cell)"
+    assert table[2] == "| method | accuracy |"  # one task: no column coordinate
+    assert table[4] == f"| i2cl | 0.750 ± {statistics.stdev(accs['i2cl']):.3f} |"
+    assert table[5] == "| zero_shot | 0.770 ± 0.000 |"
+    report(runs + ["--metric", "accuracy", "--x", "seed"])
+    table = capsys.readouterr().out.splitlines()
+    assert table[2] == "| method | seed=0 | seed=1 | seed=2 |"
+    assert table[4] == "| i2cl | 0.700 | 0.750 | 0.800 |"
