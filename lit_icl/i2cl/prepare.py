@@ -83,12 +83,12 @@ def export_gguf(gguf: Path, out_dir: Path) -> None:
 
     src = str(gguf.parent)
     tok = AutoTokenizer.from_pretrained(src, gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf.name, torch_dtype=torch.float32)
+    loaded = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf.name, dtype=torch.float32)
     config = AutoConfig.from_pretrained(src, gguf_file=gguf.name)
     for key in ("quantization_config",):
         if hasattr(config, key):
             delattr(config, key)
-    plain = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(loaded.state_dict())
     out_dir.mkdir(parents=True, exist_ok=True)
     plain.save_pretrained(out_dir)
