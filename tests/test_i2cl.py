@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import json
 import math
+import warnings
 from pathlib import Path
 
 import pytest
@@ -465,6 +466,13 @@ def test_tiny_cli_fit_then_test_writes_results(tmp_path: Path, llama_dir: str) -
     unseen = json.loads((tmp_path / "runs" / "tiny" / "version_2" / "results.json").read_text())["rows"]
     assert {r["seed"] for r in unseen} == {5}
     assert {r["value"] for r in unseen if r["metric"] == "calibration_seed"} == {0}
+    # load_from_checkpoint rebuilds the LM from its config and restores the task-id, with no missing-key warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        reloaded = I2CLModule.load_from_checkpoint(ckpt)
+    assert isinstance(reloaded.net, CausalLM) and bool(reloaded.is_calibrated.all())
+    torch.testing.assert_close(reloaded.coefs["i2cl"].detach(), state["coefs.i2cl"], rtol=0, atol=0)
+    torch.testing.assert_close(reloaded.ctx_i2cl, state["ctx_i2cl"], rtol=0, atol=0)
     # reloading the checkpoint as a task-id (Sec. 3.3) for transfer (Algorithm 1)
     from lit_icl.i2cl.module import read_task_id
 

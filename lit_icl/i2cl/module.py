@@ -21,7 +21,8 @@ Methods (``methods``):
   calibration at the start of ``fit``), compare its coefficients with the task-ids of ``transfer_from``
   checkpoints, and recalibrate from the similarity-weighted average of their coefficients and context vectors.
 
-Checkpoints hold the coefficients and context vectors (the task-id of Sec. 3.3), not the LM's weights.
+Checkpoints hold the coefficients and context vectors (the task-id of Sec. 3.3), not the LM's weights;
+loading one (``--ckpt_path`` or ``I2CLModule.load_from_checkpoint``) rebuilds the LM from ``model_name_or_path``.
 ``test`` rows: ``accuracy``, ``latency_ms_per_query``, ``cached_params`` (Table 1's last column, counted for this
 model and prompt), ``trainable_params`` per method, ``calibration_seconds`` per calibrated method,
 ``task_vector_layer``; coordinates ``task`` and ``seed``.
@@ -230,7 +231,6 @@ class I2CLModule(ICLModule):
             self.register_buffer("src_coef", torch.stack(coefs), persistent=False)
             self.register_buffer("src_ctx", torch.stack(ctxs), persistent=False)
         self.automatic_optimization = False  # one AdamW + schedule per calibrated method
-        self.strict_loading = False  # checkpoints leave out the frozen LM
         self.data: TaskData | None = None
         self.data_seed = 0
         self.label_ids: Tensor | None = None
@@ -347,6 +347,14 @@ class I2CLModule(ICLModule):
         for key in [k for k in sd if k.startswith("net.")]:
             del sd[key]
         sd["is_calibrated"] = torch.ones_like(self.is_calibrated)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # The reverse of on_save_checkpoint: the LM was just rebuilt from model_name_or_path, so its own weights
+        # fill the keys the task-id leaves out, and loading (Trainer resume or load_from_checkpoint) stays strict
+        # instead of warning about hundreds of missing LM keys.
+        sd = checkpoint["state_dict"]
+        for key, value in self.net.state_dict(prefix="net.").items():
+            sd.setdefault(key, value)
 
     def configure_optimizers(self) -> Any:
         if not self.calibrated:
