@@ -495,6 +495,8 @@ BAD_ROWS = [
     (["--model.init_args.lr_min", "0.5"], "lr_min=0.5"),
     (["--model.init_args.gamma", "-0.1"], "gamma=-0.1"),
     (["--model.init_args.methods", "[i2cl_transfer]"], "needs transfer_from"),
+    (["--model.init_args.methods", "[i2cl_transfer]", "--model.init_args.transfer_from", "[no/such/task_id.ckpt]"],
+     "cannot read task-id checkpoint 'no/such/task_id.ckpt'"),
     (["--model.init_args.net.init_args.dtype", "int8"], "dtype='int8'"),
     (["--data.init_args.task", "imdb"], "task='imdb'"),
     (["--data.init_args.eval_samples", "0"], "eval_samples=0"),
@@ -531,3 +533,22 @@ def test_every_i2cl_config_parses(capsys) -> None:
         assert "lit_icl.i2cl.module.I2CLModule" in printed
         task = config.split("i2cl_")[1][: -len(".yaml")]
         assert f"task: {task}" in printed or (task == "offline" and "task: jsonl" in printed)
+
+
+def test_offline_transfer_overlays_compose_with_the_offline_config(capsys) -> None:
+    """configs/i2cl_offline/*.yaml: three anchor tasks and the transfer run, each on top of i2cl_offline.yaml."""
+    overlays = sorted(glob.glob("configs/i2cl_offline/*.yaml"))
+    assert [Path(p).stem for p in overlays] == ["amazon_reviews", "nyt_editorials", "transfer", "tweets"]
+    for overlay in overlays:
+        with pytest.raises(SystemExit) as info:
+            main(["fit", "--config", "configs/i2cl_offline.yaml", "--config", overlay, "--print_config"])
+        assert info.value.code in (0, None)
+        printed = capsys.readouterr().out
+        name = Path(overlay).stem
+        assert f"name: i2cl_offline_{name}" in printed
+        if name == "transfer":  # the target stays movie_reviews; the anchors are the three task-ids
+            assert "train_file: data/i2cl/movie_reviews/train.jsonl" in printed and "- i2cl_transfer" in printed
+            for anchor in ("tweets", "nyt_editorials", "amazon_reviews"):
+                assert f"runs/i2cl_offline_{anchor}/version_0/checkpoints/last.ckpt" in printed
+        else:
+            assert f"train_file: data/i2cl/{name}/train.jsonl" in printed and "i2cl_transfer" not in printed

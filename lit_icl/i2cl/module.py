@@ -7,7 +7,10 @@ cross-entropy of the label word's first token at the query's last position over 
 Eq. 6's relative noise ``gamma = 0.001`` on the residual streams, for 100 epochs (``trainer.max_epochs``) with the
 learning rate annealed by a cosine from 1e-2 to 1e-5 (Sec. 3; the public code adds a 5% warm-up and anneals to 0:
 ``warmup_fraction`` / ``lr_min`` reproduce it). Several calibrated methods train side by side, each with its own
-optimiser and schedule (manual optimisation), which is exactly separate calibrations on the same batches.
+optimiser and schedule (manual optimisation), on the same batches. Their Eq. 6 noise comes from the one global
+RNG stream in the order of ``methods``, so a method's noise draws (not its batches or initialisation) depend on
+which calibrated methods run before it: the same config reproduces bit for bit, but ``[noise_vector, i2cl]`` and
+``[i2cl]`` calibrate I2CL under different noise samples.
 
 Methods (``methods``):
 
@@ -149,7 +152,10 @@ def read_task_id(path: str) -> tuple[Tensor, Tensor]:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
     except (OSError, RuntimeError) as err:
-        raise ConfigError(f"cannot read task-id checkpoint {path!r}: {type(err).__name__}") from None
+        raise ConfigError(
+            f"cannot read task-id checkpoint {path!r} ({type(err).__name__}): give the last.ckpt of an I2CL fit of "
+            "each source task (configs/i2cl_offline/transfer.yaml shows the offline recipe)"
+        ) from None
     sd = ckpt.get("state_dict", {})
     if "coefs.i2cl" not in sd or "ctx_i2cl" not in sd:
         raise ConfigError(f"{path!r} holds no calibrated 'i2cl' coefficients; give checkpoints of I2CL fits")
