@@ -132,11 +132,16 @@ def calibrate(
     return coef.detach(), history
 
 
+def task_similarity(c_new: Tensor, sources_coef: Tensor) -> Tensor:
+    """Algorithm 1, line 7: cosine similarity of the flattened task-id ``c_new`` (L, 2, 2) with each source's."""
+    return F.cosine_similarity(sources_coef.flatten(1).float(), c_new.flatten().float()[None], dim=1)
+
+
 def transfer_init(
     c_new: Tensor, sources_coef: Tensor, sources_ctx: Tensor, threshold: float = 0.8, temperature: float = 0.5
 ) -> tuple[Tensor, Tensor, Tensor] | None:
     """Algorithm 1, lines 6-14: ``(v_avg, c_avg, weights)`` over sources with cosine(c_new, c_i) > h, else None."""
-    sims = F.cosine_similarity(sources_coef.flatten(1).float(), c_new.flatten().float()[None], dim=1)
+    sims = task_similarity(c_new, sources_coef)
     keep = sims > threshold
     if not bool(keep.any()):
         return None
@@ -312,6 +317,8 @@ class I2CLModule(ICLModule):
         )
         out = transfer_init(c_new.cpu(), self.src_coef.cpu(), self.src_ctx.cpu(), hp.transfer_threshold,
                             hp.transfer_temperature)
+        sims = task_similarity(c_new.cpu(), self.src_coef.cpu())
+        rank_zero_info(f"i2cl_transfer: cosine similarity to each source task-id {[round(float(x), 4) for x in sims]}")
         if out is None:
             rank_zero_warn(f"i2cl_transfer: no source task-id has cosine > {hp.transfer_threshold}; keeping the "
                            "target's own context vector and the default initialisation")
