@@ -497,6 +497,8 @@ BAD_ROWS = [
     (["--model.init_args.methods", "[i2cl_transfer]"], "needs transfer_from"),
     (["--model.init_args.methods", "[i2cl_transfer]", "--model.init_args.transfer_from", "[no/such/task_id.ckpt]"],
      "cannot read task-id checkpoint 'no/such/task_id.ckpt'"),
+    (["--model.init_args.transfer_threshold", "1.5"], "transfer_threshold=1.5"),
+    (["--model.init_args.transfer_temperature", "0"], "transfer_temperature=0"),
     (["--model.init_args.net.init_args.dtype", "int8"], "dtype='int8'"),
     (["--data.init_args.task", "imdb"], "task='imdb'"),
     (["--data.init_args.eval_samples", "0"], "eval_samples=0"),

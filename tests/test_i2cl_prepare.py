@@ -7,6 +7,8 @@ import json
 import tarfile
 from pathlib import Path
 
+import pytest
+
 from lit_icl.i2cl.prepare import SENTIMENT_FILES, main, read_snippets, write_sentiment_task
 
 # (rating, text) per task; ratings of exactly 0 must be dropped, the sign gives the label
@@ -77,3 +79,13 @@ def test_main_writes_the_missing_tasks_only(tmp_path: Path, capsys) -> None:
     for task in ("tweets", "nyt_editorials", "amazon_reviews"):
         assert f"{out / task}: wrote" in printed and (out / task / "train.jsonl").exists()
     assert marker.read_text() == '{"text": "kept", "label": 1}\n'
+
+
+def test_a_wrong_sdist_is_refused_with_one_line(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="no such file"):
+        main(["--out", str(tmp_path / "o"), "--vader-sdist", str(tmp_path / "missing.tar.gz"), "--skip-model"])
+    other = tmp_path / "other.tar.gz"
+    with tarfile.open(other, "w:gz") as tar:
+        tar.addfile(tarfile.TarInfo("README"), io.BytesIO(b""))
+    with pytest.raises(SystemExit, match="not the vadersentiment==3.3.2 sdist"):
+        main(["--out", str(tmp_path / "o"), "--vader-sdist", str(other), "--skip-model"])

@@ -54,8 +54,12 @@ ENCODINGS = {"movie_reviews": "latin-1"}
 
 def read_snippets(sdist: Path, task: str = "movie_reviews") -> list[tuple[float, str]]:
     """``(rating, text)`` pairs of one sentiment task from the vaderSentiment sdist (a tarball in a tarball)."""
+    if not Path(sdist).is_file():
+        raise SystemExit(f"{sdist}: no such file; give --vader-sdist the vaderSentiment-3.3.2.tar.gz (or omit it)")
     with tarfile.open(sdist) as outer:
-        member = next(m for m in outer.getmembers() if m.name.endswith("hutto_ICWSM_2014.tar.gz"))
+        member = next((m for m in outer.getmembers() if m.name.endswith("hutto_ICWSM_2014.tar.gz")), None)
+        if member is None:
+            raise SystemExit(f"{sdist} holds no hutto_ICWSM_2014.tar.gz: it is not the {VADER_SPEC} sdist")
         inner_bytes = outer.extractfile(member).read()  # type: ignore[union-attr]
     with tarfile.open(fileobj=io.BytesIO(inner_bytes)) as inner:
         member = next(m for m in inner.getmembers() if m.name.endswith(SENTIMENT_FILES[task]))
