@@ -136,6 +136,30 @@ def test_ddp_on_cpu_matches_single_process(tmp_path, single_process_run: Path) -
     _assert_same_val_metrics(single_process_run, tmp_path / "ddp/runs/tiny/version_0")
 
 
+def test_ddp_test_writes_the_rows_of_one_process(tmp_path, single_process_run: Path) -> None:
+    """``test`` on 2 gloo ranks scores the checkpoint like 1 process and writes one results.json with the same
+    rows. (ResultsWriter once asked ``trainer.log_dir``, a broadcast, on rank 0 only: rank 0 then waited for ranks
+    that had already returned and the run crashed.)"""
+    ckpt = single_process_run / "checkpoints" / "last.ckpt"
+    runs = {}
+    for name, extra in (("one", []), ("ddp", ["--trainer.strategy", "ddp", "--trainer.devices", "2",
+                                              "--trainer.accelerator", "cpu"])):
+        # eval batch 8 on 2 ranks = the 16 test episodes of one process's single batch
+        batch = ["--data.init_args.eval_batch_size", "8" if name == "ddp" else "16"]
+        proc = subprocess.run(
+            [sys.executable, "-m", "lit_icl", "test", *tiny_args(tmp_path / name, *COMMON, *batch, *extra),
+             "--ckpt_path", str(ckpt)],
+            env={**os.environ, **SUBPROCESS_ENV}, capture_output=True, text=True, timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        (results,) = (tmp_path / name / "runs" / "tiny").glob("version_*/results.json")
+        runs[name] = json.loads(results.read_text())["rows"]
+    assert len(runs["ddp"]) == len(runs["one"]) > 0
+    for a, b in zip(runs["one"], runs["ddp"]):
+        assert {k: v for k, v in a.items() if k != "value"} == {k: v for k, v in b.items() if k != "value"}
+        assert b["value"] == pytest.approx(a["value"], abs=1e-6), a
+
+
 def _torchrun() -> list[str]:
     """The torchrun of this interpreter (the script beside it, else ``python -m torch.distributed.run``)."""
     script = Path(sys.executable).with_name("torchrun")

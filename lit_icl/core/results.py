@@ -79,9 +79,15 @@ def versions() -> dict[str, str]:
     }
 
 
-def run_meta(trainer: Trainer, module: LightningModule) -> dict[str, Any]:
-    """Provenance of a test run: config, checkpoint, trained steps, seeds, versions, time."""
-    log_dir = Path(trainer.log_dir) if trainer.log_dir else None
+def run_meta(trainer: Trainer, module: LightningModule, log_dir: str | Path | None = None) -> dict[str, Any]:
+    """Provenance of a test run: config, checkpoint, trained steps, seeds, versions, time.
+
+    ``log_dir``: the run folder, if the caller has it; otherwise ``trainer.log_dir`` is asked, which under DDP is a
+    broadcast from rank 0 and so must then be called on every rank.
+    """
+    if log_dir is None:
+        log_dir = trainer.log_dir
+    log_dir = Path(log_dir) if log_dir else None
     config = None
     if log_dir is not None and (log_dir / "config.yaml").is_file():
         # Written by the CLI's SaveConfigCallback at setup: the fully resolved config of this run.
@@ -172,12 +178,15 @@ class ResultsWriter(Callback):
 
     def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         rows = collect_test_rows(trainer, pl_module)
+        # trainer.log_dir is a broadcast from rank 0 under DDP: every rank asks for it here, before the rank-0
+        # check, or rank 0 would wait forever for ranks that have already returned.
+        log_dir = trainer.log_dir
         if not trainer.is_global_zero or not rows:
             return
         figure_fn = getattr(pl_module, "test_figures", None)
         figures = dict(figure_fn(rows)) if callable(figure_fn) else {}
-        out_dir = self.dirpath or trainer.log_dir or trainer.default_root_dir
-        self.last_path = write_results(out_dir, rows, run_meta(trainer, pl_module), figures)
+        out_dir = self.dirpath or log_dir or trainer.default_root_dir
+        self.last_path = write_results(out_dir, rows, run_meta(trainer, pl_module, log_dir), figures)
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
                 for name, fig in figures.items():
