@@ -10,6 +10,9 @@ from __future__ import annotations
 import glob
 import json
 import math
+import os
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -554,3 +557,45 @@ def test_offline_transfer_overlays_compose_with_the_offline_config(capsys) -> No
                 assert f"runs/i2cl_offline_{anchor}/version_0/checkpoints/last.ckpt" in printed
         else:
             assert f"train_file: data/i2cl/{name}/train.jsonl" in printed and "i2cl_transfer" not in printed
+
+
+# ---------------------------------------------------------------------- DDP (2 gloo ranks on CPU)
+DDP_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+TWO_RANKS = ["--trainer.devices", "2", "--trainer.accelerator", "cpu"]
+
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lit_icl", *args], env={**os.environ, **DDP_ENV},
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_ddp_calibration_and_test_match_one_process(tmp_path: Path, llama_dir: str) -> None:
+    """2 ranks x batch 2 calibrate exactly what 1 process x batch 4 does (gamma = 0: no per-rank noise), and
+    `test` on 2 ranks scores the queries of both ranks into one accuracy, the single process's."""
+    methods = ["--model.init_args.methods", "[zero_shot, noise_vector, i2cl]", "--model.init_args.gamma", "0",
+               "--trainer.max_epochs", "3", "--data.init_args.eval_samples", "10"]
+    # Plain DDP cannot reduce one backward per method; the refusal names the strategy that can.
+    proc = _run_cli("fit", *cli_args(tmp_path / "plain", llama_dir, *methods, "--trainer.strategy", "ddp",
+                                     *TWO_RANKS))
+    errors = {ln for ln in proc.stderr.splitlines() if ln.startswith("lit_icl: error:")}
+    assert proc.returncode == 2 and len(errors) == 1 and "ddp_find_unused_parameters_true" in errors.pop()
+    proc = _run_cli("fit", *cli_args(tmp_path / "ddp", llama_dir, *methods, "--trainer.strategy",
+                                     "ddp_find_unused_parameters_true", *TWO_RANKS))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    main(["fit", *cli_args(tmp_path / "one", llama_dir, *methods, "--data.init_args.batch_size", "4")])
+    ckpts = {k: tmp_path / k / "runs" / "tiny" / "version_0" / "checkpoints" / "last.ckpt" for k in ("ddp", "one")}
+    states = {k: torch.load(p, map_location="cpu", weights_only=False)["state_dict"] for k, p in ckpts.items()}
+    for key in ("coefs.i2cl", "coefs.noise_vector"):
+        assert not torch.equal(states["one"][key], torch.tensor([0.1, 1.0]).expand(2, 2, 2))  # it trained
+        # the same averaged gradients; only the order of float reductions differs
+        torch.testing.assert_close(states["ddp"][key], states["one"][key], rtol=0, atol=1e-6)
+    # test on 2 ranks (5 queries each) vs 1 process, both from the single-process checkpoint
+    proc = _run_cli("test", *cli_args(tmp_path / "one", llama_dir, *methods, "--trainer.strategy", "ddp",
+                                      *TWO_RANKS), "--ckpt_path", str(ckpts["one"]))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    main(["test", *cli_args(tmp_path / "one", llama_dir, *methods), "--ckpt_path", str(ckpts["one"])])
+    acc = {}
+    for version in (1, 2):
+        rows = json.loads((tmp_path / "one" / "runs" / "tiny" / f"version_{version}" / "results.json").read_text())
+        acc[version] = {r["method"]: r["value"] for r in rows["rows"] if r["metric"] == "accuracy"}
+    assert acc[1] == acc[2] and sorted(acc[1]) == ["i2cl", "noise_vector", "zero_shot"]

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 from torchmetrics import MeanMetric
 
 from lit_icl.core.errors import ConfigError
@@ -283,6 +284,7 @@ class I2CLModule(ICLModule):
     # ---------------------------------------------------------------- calibration (fit)
     def on_fit_start(self) -> None:
         assert self.data is not None
+        self._check_ddp()
         if self.trainer.ckpt_path:  # resumed: the restored buffers already hold the vectors (and transfer init)
             return
         self.calib_seed.fill_(self.data_seed)
@@ -301,6 +303,17 @@ class I2CLModule(ICLModule):
         if "i2cl_transfer" in self.calibrated:
             with torch.enable_grad():
                 self._transfer_start(v)
+
+    def _check_ddp(self) -> None:
+        """Several calibrated methods under DDP need ``find_unused_parameters``: each method's backward reaches only
+        its own coefficients, and without the flag DDP's reducer waits for gradients of the others."""
+        wrapped = getattr(self.trainer.strategy, "model", None)
+        if isinstance(wrapped, DistributedDataParallel) and not wrapped.find_unused_parameters \
+                and len(self.calibrated) > 1:
+            raise ConfigError(
+                f"methods {self.calibrated} calibrate side by side, one backward each, which plain DDP cannot "
+                "reduce: use --trainer.strategy ddp_find_unused_parameters_true (or one calibrated method per run)"
+            )
 
     def _transfer_start(self, v_new: Tensor) -> None:
         """Algorithm 1, lines 4-14: calibrate on the target, then ensemble the similar task-ids."""
