@@ -295,6 +295,36 @@ def test_calibration_lowers_the_loss(tokenizer) -> None:
     assert all(p.grad is None for p in net.lm.parameters())  # the LM stays frozen
 
 
+def test_bf16_model_injects_and_calibrates_float32_coefficients(tokenizer) -> None:
+    """The GPU default (``dtype: auto`` = bf16), run on CPU: the LM in bf16, the 4L coefficients in float32."""
+    f32 = tiny_model("llama", len(tokenizer), init_range=0.2)
+    net = CausalLM.from_objects(tiny_model("llama", len(tokenizer), init_range=0.2).to(torch.bfloat16), tokenizer)
+    ref = CausalLM.from_objects(f32, tokenizer)
+    L, D = net.n_layers, net.hidden_size
+    ids, mask = net.encode(["Review: a great film\nSentiment:", "Input: 12 345\nLabel:"])
+    base = net.last_logits(ids, mask)
+    assert base.dtype == torch.float32  # logits come back in float32 for the loss and the argmax
+    context = net.demonstration_vectors(["Review: dull and boring\nSentiment: negative\n"])[0]
+    assert context.dtype == torch.float32
+    identity = torch.stack([torch.zeros(L, 2), torch.ones(L, 2)], dim=-1)
+    for grad in (True, False):  # the calibration path and the fused evaluation path
+        with torch.set_grad_enabled(grad), net.inject(context, identity):
+            assert torch.equal(base, net.last_logits(ids, mask))
+    # a nonzero lambda: the bf16 injected logits follow the float32 model's to bf16 precision
+    coef = (identity + torch.tensor([0.3, 0.0])).requires_grad_()
+    with net.inject(context, coef):
+        low = net.last_logits(ids, mask)
+    with torch.no_grad(), ref.inject(context, coef):
+        high = ref.last_logits(ids, mask)
+    assert (low.detach() - high).abs().max() < 0.05 * high.abs().max()
+    assert not torch.allclose(low.detach(), base, atol=1e-3)  # the injection moved them
+    # Eq. 5's gradient reaches the float32 coefficients through the bf16 LM, and never the LM's weights
+    F.cross_entropy(low, torch.tensor([3, 5])).backward()
+    assert coef.grad is not None and coef.grad.dtype == torch.float32
+    assert bool(coef.grad.isfinite().all()) and float(coef.grad.abs().sum()) > 0
+    assert all(p.grad is None for p in net.lm.parameters())
+
+
 def test_cosine_schedule_runs_from_lr_to_lr_min() -> None:
     assert cosine_lambda(0, 100, 1e-2, 1e-5, 0) == pytest.approx(1.0)
     assert cosine_lambda(100, 100, 1e-2, 1e-5, 0) == pytest.approx(1e-3)
