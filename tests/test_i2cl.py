@@ -7,6 +7,7 @@ loss; the injected forward never sees a demonstration token; Algorithm 1's weigh
 
 from __future__ import annotations
 
+import copy
 import glob
 import json
 import math
@@ -298,7 +299,7 @@ def test_calibration_lowers_the_loss(tokenizer) -> None:
 def test_bf16_model_injects_and_calibrates_float32_coefficients(tokenizer) -> None:
     """The GPU default (``dtype: auto`` = bf16), run on CPU: the LM in bf16, the 4L coefficients in float32."""
     f32 = tiny_model("llama", len(tokenizer), init_range=0.2)
-    net = CausalLM.from_objects(tiny_model("llama", len(tokenizer), init_range=0.2).to(torch.bfloat16), tokenizer)
+    net = CausalLM.from_objects(copy.deepcopy(f32).to(torch.bfloat16), tokenizer)  # the same weights, rounded
     ref = CausalLM.from_objects(f32, tokenizer)
     L, D = net.n_layers, net.hidden_size
     ids, mask = net.encode(["Review: a great film\nSentiment:", "Input: 12 345\nLabel:"])
