@@ -275,6 +275,31 @@ def test_injected_forward_attends_over_no_demonstration_tokens(net: CausalLM) ->
     assert torch.equal(before, after)
 
 
+def test_test_rows_score_accuracy_and_macro_f1_of_the_predictions(net: CausalLM) -> None:
+    """`test`'s accuracy and macro-F1 rows equal a hand count over the same predictions (per-class F1 averaged)."""
+    from lightning.pytorch import Trainer
+
+    module = I2CLModule(net=net, methods=["zero_shot", "few_shot"])
+    dm = synthetic_dm(eval_samples=15)
+    Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu").test(
+        module, datamodule=dm
+    )
+    rows = {(r["metric"], r["method"]): r["value"] for r in module.test_rows}
+    texts = [t for t, _ in module.data.eval]
+    labels = torch.tensor([y for _, y in module.data.eval])
+    n_classes = len(module.data.label_words)
+    for m in ("zero_shot", "few_shot"):
+        preds = module.predict_method(m, texts).cpu()
+        f1 = []
+        for c in range(n_classes):
+            tp = int(((preds == c) & (labels == c)).sum())
+            fp = int(((preds == c) & (labels != c)).sum())
+            fn = int(((preds != c) & (labels == c)).sum())
+            f1.append(2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0)
+        assert rows[("accuracy", m)] == pytest.approx(float((preds == labels).float().mean()))
+        assert rows[("macro_f1", m)] == pytest.approx(sum(f1) / n_classes)
+
+
 def test_calibration_lowers_the_loss(tokenizer) -> None:
     # a wider initialisation than the default 0.02, so that the context vectors can move the logits
     net = CausalLM.from_objects(tiny_model("llama", len(tokenizer), init_range=0.2), tokenizer)
@@ -490,6 +515,8 @@ def test_tiny_cli_fit_then_test_writes_results(tmp_path: Path, llama_dir: str) -
     assert all(r["task"] == "synthetic" and r["seed"] == 0 for r in rows)
     lat = {r["method"] for r in rows if r["metric"] == "latency_ms_per_query"}
     assert lat == set(methods)
+    f1 = {r["method"]: r["value"] for r in rows if r["metric"] == "macro_f1"}
+    assert sorted(f1) == sorted(methods) and all(0 <= v <= 1 for v in f1.values())
     trainable = {r["method"]: r["value"] for r in rows if r["metric"] == "trainable_params"}
     assert trainable["i2cl"] == 8 and trainable["zero_shot"] == 0  # 4L with L = 2
     cached = {r["method"]: r["value"] for r in rows if r["metric"] == "cached_params"}
@@ -628,5 +655,7 @@ def test_ddp_calibration_and_test_match_one_process(tmp_path: Path, llama_dir: s
     acc = {}
     for version in (1, 2):
         rows = json.loads((tmp_path / "one" / "runs" / "tiny" / f"version_{version}" / "results.json").read_text())
-        acc[version] = {r["method"]: r["value"] for r in rows["rows"] if r["metric"] == "accuracy"}
-    assert acc[1] == acc[2] and sorted(acc[1]) == ["i2cl", "noise_vector", "zero_shot"]
+        acc[version] = {(r["metric"], r["method"]): r["value"] for r in rows["rows"]
+                        if r["metric"] in ("accuracy", "macro_f1")}
+    assert acc[1] == pytest.approx(acc[2], abs=1e-6)  # macro-F1 too: its counts are summed over ranks first
+    assert sorted(acc[1]) == [(k, m) for k in ("accuracy", "macro_f1") for m in ("i2cl", "noise_vector", "zero_shot")]

@@ -26,9 +26,9 @@ Methods (``methods``):
 
 Checkpoints hold the coefficients and context vectors (the task-id of Sec. 3.3), not the LM's weights;
 loading one (``--ckpt_path`` or ``I2CLModule.load_from_checkpoint``) rebuilds the LM from ``model_name_or_path``.
-``test`` rows: ``accuracy``, ``latency_ms_per_query``, ``cached_params`` (Table 1's last column, counted for this
-model and prompt), ``trainable_params`` per method, ``calibration_seconds`` per calibrated method,
-``task_vector_layer``; coordinates ``task`` and ``seed``.
+``test`` rows: ``accuracy``, ``macro_f1`` (the public code's second metric), ``latency_ms_per_query``,
+``cached_params`` (Table 1's last column, counted for this model and prompt), ``trainable_params`` per method,
+``calibration_seconds`` per calibrated method, ``task_vector_layer``; coordinates ``task`` and ``seed``.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassF1Score
 
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.module import ICLModule
@@ -249,6 +250,8 @@ class I2CLModule(ICLModule):
         self.task_vector: Tensor | None = None
         self.tv_layer: int | None = task_vector_layer
         self.accuracy = nn.ModuleDict({m: MeanMetric() for m in methods})
+        # macro-F1 (the public code's second metric) needs the number of classes: built in bind_datamodule
+        self.macro_f1 = nn.ModuleDict()
         self.seconds: dict[str, float] = {}
         self.queries: dict[str, int] = {}
         self.transfer_weights: Tensor | None = None
@@ -275,6 +278,10 @@ class I2CLModule(ICLModule):
                 )
         self.data = data
         self.data_seed = int(datamodule.hparams.data_seed)
+        n_classes = len(data.label_words)
+        self.macro_f1 = nn.ModuleDict(
+            {m: MulticlassF1Score(num_classes=n_classes, average="macro").to(self.device) for m in self.methods}
+        )
 
     def _prompts(self, method: str, texts: Sequence[str]) -> list[str]:
         assert self.data is not None
@@ -456,7 +463,7 @@ class I2CLModule(ICLModule):
         self.test_rows = []
         self.seconds = {m: 0.0 for m in self.methods}
         self.queries = {m: 0 for m in self.methods}
-        for metric in self.accuracy.values():
+        for metric in (*self.accuracy.values(), *self.macro_f1.values()):
             metric.reset()
 
     def _sync(self) -> None:
@@ -473,6 +480,7 @@ class I2CLModule(ICLModule):
             self.seconds[m] += time.perf_counter() - t0
             self.queries[m] += len(batch["text"])
             self.accuracy[m].update((preds.cpu() == labels.cpu()).float())
+            self.macro_f1[m].update(preds, labels.to(preds.device))
 
     def cached_params(self, method: str) -> int:
         """Table 1's cached parameters for this model: KV cache of the demonstrations (2 M L kv_width), context
@@ -494,6 +502,10 @@ class I2CLModule(ICLModule):
             acc = float(self.accuracy[m].compute())
             self.log(f"test/accuracy/{m}", acc)
             rows.append(result_row("accuracy", acc, method=m, **coords))
+            # macro-F1 next to accuracy shows whether a method's errors pile up on one label word
+            f1 = float(self.macro_f1[m].compute())
+            self.log(f"test/macro_f1/{m}", f1)
+            rows.append(result_row("macro_f1", f1, method=m, **coords))
             if self.queries[m]:
                 ms = 1000.0 * self.seconds[m] / self.queries[m]
                 rows.append(result_row("latency_ms_per_query", ms, method=m, **coords))
