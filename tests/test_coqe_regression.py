@@ -233,10 +233,29 @@ def _pair(shift: str, fc: str = "linear", b: int = 2000, n: int = 6, d: int = 10
 
 
 @pytest.mark.parametrize("scale", [0.8, 1.2])
-def test_x_scale_scales_the_context_not_the_query(scale: float) -> None:
+def test_x_scale_scales_the_context_and_the_query(scale: float) -> None:
+    # App. C.1: D_X^train != D_X^test = D_query, so the queries are the prompt's own (scaled) next inputs
     base, sh = _pair(f"x_scale={scale}")
     assert torch.allclose(sh["xs"], scale * base["xs"]) and torch.allclose(sh["ys"], scale * base["ys"], atol=1e-5)
-    assert abs(float(sh["xq"].std()) - 1) < 0.02 and abs(float(sh["xs"].std()) - scale) < 0.02 * scale
+    assert "xq" not in sh and abs(float(sh["xs"].std()) - scale) < 0.02 * scale
+
+
+@pytest.mark.parametrize("scale", [0.8, 1.2])
+def test_least_squares_error_under_x_scale_is_the_closed_form(scale: float) -> None:
+    """Min-norm least squares on k < d isotropic examples: E[(w^T x_q - w_k^T x_q)^2] / d = c^2 (1 - k/d); 0 for k >= d.
+
+    At k = 0 it predicts 0, so the error is E[(w^T x_q)^2] / d = c^2 (1.44 at c = 1.2; an unscaled query scores
+    1). Per position the normalised error has standard deviation <= c^2 sqrt(2 + 6/d) (a product-normal fourth
+    moment), so 8,000 seeded prompts give a standard error <= 0.027 c^2; the tolerance is 0.1 c^2 (about 4 of them).
+    """
+    d, n, b = 5, 11, 8000
+    p = sample_prompts("linear", b, n, d, torch.Generator().manual_seed(3), shift=parse_shift(f"x_scale={scale}"))
+    xq, yq = p.get("xq"), p.get("yq", p["ys"])  # as CoQERegressionModule.test_step scores it
+    err = ((LeastSquares()(p["xs"], p["ys"], xq).double() - yq.double()) ** 2).mean(0) / d
+    k = torch.arange(n, dtype=torch.float64)
+    expected = scale**2 * (1 - k / d).clamp_min(0)
+    assert torch.allclose(err[:d], expected[:d], atol=0.1 * scale**2), (err, expected)
+    assert float(err[d:].max()) < 1e-8
 
 
 def test_query_std_widens_only_the_query() -> None:

@@ -11,15 +11,16 @@ A prompt is ``x_1, f(x_1), ..., x_n, f(x_n)`` for one function ``f`` drawn per p
 Inputs are ``N(0, I_d)``. Out-of-distribution shifts (App. C.1, studied on linear functions; any shift works with
 any class), named as in the result rows:
 
-- ``x_scale=<c>``: the prompt inputs are multiplied by ``c`` (0.8 or 1.2), the query is not;
+- ``x_scale=<c>``: the test inputs are multiplied by ``c`` (0.8 or 1.2), the context's and the query's alike
+  (App. C.1: ``D_X^train != D_X^test = D_query``), so the queries are the prompt's own next inputs;
 - ``query_std=<c>``: the query is drawn with ``c`` times the standard deviation (3), the context is not;
 - ``orthant``: one random sign per coordinate and prompt; all prompt inputs lie in that orthant, the query is
   ``N(0, I)``;
 - ``w_scale=<c>``: the task weights (``w``; ``a`` for ReLU networks) are multiplied by ``c`` (0.8 or 1.2).
 
 Evaluation layout: prediction ``i`` (0-based) uses the first ``i`` examples as context and query ``xq[:, i]``
-with target ``yq[:, i]``. When the query distribution equals the context's (``id``, ``w_scale``) the queries are
-the prompt's own next inputs, so a causal model scores every prefix in one pass and the batch carries no
+with target ``yq[:, i]``. When the query distribution equals the context's (``id``, ``x_scale``, ``w_scale``) the
+queries are the prompt's own next inputs, so a causal model scores every prefix in one pass and the batch carries no
 ``xq``/``yq``; otherwise the batch carries fresh queries ``xq (B, n, d)``, ``yq (B, n)``.
 
 Generation. Each chunk of prompts is a pure function of ``(data_seed, split, shift, index)``. With
@@ -62,7 +63,7 @@ _SHIFT_RE = re.compile(r"^(x_scale|query_std|w_scale)=([0-9]*\.?[0-9]+(?:[eE][-+
 # ------------------------------------------------------------------------------------------ shifts
 @dataclass(frozen=True)
 class Shift:
-    """A test distribution (App. C.1): context input scale, query std, orthant context, task-weight scale."""
+    """A test distribution (App. C.1): input scale (context and query), query std, orthant, task-weight scale."""
 
     name: str = "id"
     x_scale: float = 1.0
@@ -72,8 +73,11 @@ class Shift:
 
     @property
     def separate_queries(self) -> bool:
-        """Whether queries follow another distribution than the context (so they are drawn separately)."""
-        return self.x_scale != 1.0 or self.query_std != 1.0 or self.orthant
+        """Whether queries follow another distribution than the context (so they are drawn separately).
+
+        ``x_scale`` alone does not separate them: it scales ``D_X^test = D_query`` together (App. C.1).
+        """
+        return self.query_std != 1.0 or self.orthant
 
 
 def parse_shift(name: str) -> Shift:
@@ -193,7 +197,8 @@ def sample_prompts(
     xs = xs * shift.x_scale
     out = {"xs": xs, "ys": f(xs)}
     if shift.separate_queries:
-        xq = inputs() * shift.query_std
+        # D_query: N(0, I) times query_std, and times x_scale, which scales D_X^test = D_query together.
+        xq = inputs() * (shift.query_std * shift.x_scale)
         out.update(xq=xq, yq=f(xq))
     return out
 
