@@ -17,7 +17,9 @@ from test_coqe_data import write_omniglot_fixture
 
 
 def coqe_args(tmp_path: Path, *extra: str, config: str = "configs/coqe_omniglot.yaml") -> list[str]:
-    """A seconds-long run: 24 classes x 4 drawings of 16x16 pixels, a tiny ResNet, 1-layer Transformer."""
+    """A seconds-long run: 24 classes x 4 drawings of 16x16 pixels, a tiny ResNet, 1-layer Transformer.
+
+    The net's class count is not given: it comes from the data module (20 training classes)."""
     folder = tmp_path / "omniglot-py"
     if not folder.exists():
         write_omniglot_fixture(folder)
@@ -42,7 +44,6 @@ def coqe_args(tmp_path: Path, *extra: str, config: str = "configs/coqe_omniglot.
         "--data.init_args.val_sequences", "8",
         "--data.init_args.test_sequences", "16",
         "--data.init_args.eval_batch_size", "8",
-        "--model.init_args.net.init_args.n_classes", "20",
         "--model.init_args.net.init_args.resnet_channels", "[8, 8, 8, 16]",
         "--model.init_args.net.init_args.depth", "1",
         *extra,
@@ -56,21 +57,23 @@ def test_fit_then_test_gives_icl_iwl_curves_rows_and_figure(tmp_path, config: st
     main(["fit", *coqe_args(tmp_path, config=config)])
     run = tmp_path / "runs/tiny/version_0"
     scalars = tb_scalars(run)
-    for tag in ("val/acc/icl", "val/acc/iwl"):
+    for tag in ("val/acc/icl", "val/acc/iwl") + (("val/acc/iwl_static",) if method == "coqe" else ()):
         assert len(scalars[tag]) == 2 and all(0.0 <= v <= 1.0 for v in scalars[tag]), tag  # one per epoch
+    assert ("val/acc/iwl_static" in scalars) == (method == "coqe")
     assert ("train/loss_mod" in scalars) == (method == "coqe")
     assert ("train/noise_mean" in scalars) == (method == "coqe")
     ckpt = run / "checkpoints/last.ckpt"
     # The checkpoint alone rebuilds the trained model outside the CLI (net class and size from the config).
     loaded = CoQEClassificationModule.load_from_checkpoint(ckpt, map_location="cpu")
     assert loaded.method == method and loaded.data_source == "omniglot"
+    assert "n_classes: null" in (run / "hparams.yaml").read_text() and loaded.net.n_classes == 20  # from the data
     state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
     assert all(torch.equal(v, state[k]) for k, v in loaded.state_dict().items())
     cli = LitICLCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
                     run=False, args=coqe_args(tmp_path, config=config))
     cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=str(ckpt))
     rows = [r for r in cli.model.test_rows if r["metric"] == "accuracy"]
-    assert [r["evaluator"] for r in rows] == ["icl", "iwl"]
+    assert [r["evaluator"] for r in rows] == ["icl", "iwl"] + (["iwl_static"] if method == "coqe" else [])
     (params,) = [r for r in cli.model.test_rows if r["metric"] == "parameters"]
     assert params["value"] == sum(p.numel() for p in cli.model.net.parameters())
     for r in rows:
@@ -100,15 +103,43 @@ def test_test_accuracy_matches_an_independent_evaluation(tmp_path) -> None:
                     run=False, args=coqe_args(tmp_path))
     cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=str(ckpt))
     model, dm = cli.model.eval(), cli.datamodule
-    for loader, row in zip(dm.test_dataloader(), [r for r in cli.model.test_rows if r["metric"] == "accuracy"]):
-        hits = []
+    rows = {r["evaluator"]: r["value"] for r in cli.model.test_rows if r["metric"] == "accuracy"}
+    hits: dict[str, list[torch.Tensor]] = {"icl": [], "iwl": [], "iwl_static": []}
+    for name, loader in zip(("icl", "iwl"), dm.test_dataloader()):
         for batch in loader:
             batch = dm.on_after_batch_transfer(batch, 0)
             with torch.no_grad():
-                logits = model.net(batch["images"], batch["labels"][:, :-1]).logits[:, -1]
-            allowed = 2 if row["evaluator"] == "icl" else logits.shape[-1]
-            hits.append(logits[:, :allowed].argmax(-1) == batch["labels"][:, -1])
-        assert torch.cat(hits).float().mean().item() == pytest.approx(row["value"])
+                out = model.net(batch["images"], batch["labels"][:, :-1])
+            y = batch["labels"][:, -1]
+            if name == "icl":
+                hits["icl"].append(out.logits[:, -1, :2].argmax(-1) == y)
+            else:
+                hits["iwl"].append(out.logits[:, -1].argmax(-1) == y)
+                hits["iwl_static"].append(out.static_logits[:, -1].argmax(-1) == y)
+    assert set(rows) == set(hits)
+    for name, h in hits.items():
+        assert torch.cat(h).float().mean().item() == pytest.approx(rows[name]), name
+
+
+def test_noise_reaches_the_net_in_training_only(tmp_path) -> None:
+    """Training steps pass the scheduled noise; validation and test pass none."""
+    cli = LitICLCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                    run=False, args=coqe_args(tmp_path))
+    seen: list[tuple[bool, bool]] = []  # (net in training mode, noise given)
+    net = cli.model.net
+    forward = net.forward
+
+    def spy(images, labels, noise=None):
+        seen.append((net.training, noise is not None))
+        if noise is not None:
+            assert noise.shape == (images.shape[0], net.n_classes) and noise.mean() > 3.0  # N(5, 1)
+        return forward(images, labels, noise)
+
+    net.forward = spy
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    cli.trainer.test(cli.model, datamodule=cli.datamodule)
+    assert (True, True) in seen and (False, False) in seen
+    assert all(train == noisy for train, noisy in seen)
 
 
 C = "configs/coqe_omniglot.yaml"
@@ -145,6 +176,10 @@ COQE_ROWS: list[tuple[str, list[str], str]] = [
     (C, [N + "heads", "3"], "not divisible by heads=3"),
     (C, [N + "depth", "0"], "depth=0"),
     (C, [N + "noise_k", "50"], "noise_k=50 exceeds n_classes=20"),
+    (C, [N + "noise_on", "context"], "noise_on"),
+    (C, [N + "stem_channels", "0"], "stem_channels=0"),
+    (C, [D + "max_classes", "0"], "max_classes=0 must be a positive integer"),
+    (C, [D + "max_classes", "500"], "max_classes=500 exceeds the 24 classes"),
     (T, [N + "heads", "5"], "not divisible by heads=5"),
     # --- model vs data (bind_datamodule, before any run folder)
     (C, [N + "n_classes", "1613"], "set model.init_args.net.init_args.n_classes: 20"),
@@ -171,6 +206,8 @@ def test_every_shipped_config_trains_on_the_tiny_fixture(tmp_path, config: str) 
     extra = ["--trainer.max_steps", "2", "--data.init_args.train_batches_per_epoch", "2"]
     if "noise_k" in Path(config).read_text():
         extra += ["--model.init_args.net.init_args.noise_k", "10"]  # 1500 > the fixture's 20 classes
+    if "max_classes" in Path(config).read_text():
+        extra += ["--data.init_args.max_classes", "null"]  # the CPU configs' 400 > the fixture's 24 classes
     main(["fit", *coqe_args(tmp_path, *extra, config=config)])
     ckpt = torch.load(tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt", weights_only=False)
     assert ckpt["global_step"] == 2

@@ -138,7 +138,7 @@ def test_coqe_eval_logits_dynamic_for_context_classes_static_otherwise(mode: str
 
 def test_noise_goes_only_to_non_context_classes_at_the_query() -> None:
     torch.manual_seed(0)
-    net = CoQEClassifier(12, depth=1, resnet_channels=TINY).eval()
+    net = CoQEClassifier(12, depth=1, resnet_channels=TINY, noise_on="non_context").eval()
     images = torch.rand(2, 9, 16, 16)
     labels = torch.tensor([[0, 1, 0, 1, 2, 2, 0, 1], [3, 3, 3, 4, 4, 4, 5, 6]])
     noise = torch.full((2, 12), 7.0)
@@ -159,6 +159,65 @@ def test_noise_goes_only_to_non_context_classes_at_the_query() -> None:
     expect = torch.zeros(2, 12)
     expect.scatter_(1, smallest, 7.0)
     torch.testing.assert_close(d, expect * (~ctx))
+
+
+def test_noise_on_all_reaches_every_query_logit_context_classes_included() -> None:
+    torch.manual_seed(0)
+    net = CoQEClassifier(12, depth=1, resnet_channels=TINY, noise_on="all").eval()
+    images = torch.rand(2, 9, 16, 16)
+    labels = torch.tensor([[0, 1, 0, 1, 2, 2, 0, 1], [3, 3, 3, 4, 4, 4, 5, 6]])
+    noise = torch.arange(24, dtype=torch.float32).view(2, 12)  # a different value per class
+    clean = net(images, labels).logits
+    diff = net(images, labels, noise).logits - clean
+    torch.testing.assert_close(diff[:, :-1], torch.zeros_like(diff[:, :-1]))  # the query row only
+    torch.testing.assert_close(diff[:, -1], noise)
+
+
+def test_public_code_rule_noises_the_k_smallest_static_logits_and_adds_the_context_logit() -> None:
+    """Public code: noise on the k smallest static logits of the query row (a context class too when it is among
+    them); a context class's modified logit is the stop-gradient noisy static logit plus its context logit."""
+    torch.manual_seed(0)
+    net = CoQEClassifier(
+        12, depth=1, resnet_channels=TINY, noise_on="all", noise_k=6, context_logit="add", detach_static=True
+    ).eval()
+    images = torch.rand(2, 9, 16, 16)
+    labels = torch.tensor([[0, 1, 0, 1, 2, 2, 0, 1], [3, 3, 3, 4, 4, 4, 5, 6]])
+    noise = torch.full((2, 12), 5.0)
+    out = net(images, labels, noise)
+    static_q = out.static_logits[:, -1]
+    smallest = torch.zeros(2, 12, dtype=torch.bool)
+    smallest.scatter_(1, static_q.topk(6, largest=False).indices, True)
+    ctx = torch.zeros(2, 12, dtype=torch.bool)
+    ctx[0, [0, 1, 2]] = True
+    ctx[1, [3, 4, 5, 6]] = True
+    assert (smallest & ctx).any(), "the fixture must put a context class among the k smallest"
+    with torch.no_grad():
+        context_logit = _coqe_reference(net, images, labels) - static_q  # <s_q, P_c> for context classes
+    expect = torch.where(ctx, static_q + context_logit, static_q) + 5.0 * smallest
+    torch.testing.assert_close(out.logits[:, -1], expect, rtol=1e-5, atol=1e-5)
+    # The noisy static row is gradient-stopped: L_mod trains the context path only.
+    net.zero_grad()
+    F.cross_entropy(out.logits[:, -1], torch.tensor([0, 3])).backward()
+    assert net.static.weight.grad is None or net.static.weight.grad.abs().sum() == 0
+
+
+def test_net_takes_its_class_count_late_and_refuses_a_different_one() -> None:
+    torch.manual_seed(0)
+    for net in (CoQEClassifier(resnet_channels=TINY, depth=1), SequenceTransformer(resnet_channels=TINY, depth=1)):
+        assert net.n_classes is None
+        with pytest.raises(RuntimeError, match="number of classes"):
+            net(torch.rand(1, 9, 16, 16), torch.zeros(1, 8, dtype=torch.long))
+        net.set_n_classes(7)
+        assert net(torch.rand(2, 9, 16, 16), torch.randint(7, (2, 8))).logits.shape == (2, 9, 7)
+        net.set_n_classes(7)  # idempotent
+        with pytest.raises(ConfigError, match="n_classes=7 but the data has 9"):
+            net.set_n_classes(9)
+
+
+def test_stem_channels_sets_the_resnet_stem_width() -> None:
+    net = CoQEClassifier(5, resnet_channels=TINY, depth=1, stem_channels=16)
+    assert net.embed.resnet.stem[0].out_channels == 16
+    assert net(torch.rand(1, 9, 28, 28), torch.zeros(1, 8, dtype=torch.long)).logits.shape == (1, 9, 5)
 
 
 def test_detach_static_stops_lmod_gradient_to_the_static_head() -> None:
@@ -201,6 +260,8 @@ def test_transformer_refuses_noise() -> None:
         (lambda: CoQEClassifier(12, context_logit="mix", resnet_channels=TINY), "context_logit='mix'"),
         (lambda: CoQEClassifier(12, noise_k=20, resnet_channels=TINY), "noise_k=20 exceeds n_classes=12"),
         (lambda: CoQEClassifier(12, noise_k=0, resnet_channels=TINY), "noise_k=0"),
+        (lambda: CoQEClassifier(12, noise_on="context", resnet_channels=TINY), "noise_on='context'"),
+        (lambda: CoQEClassifier(12, resnet_channels=TINY, stem_channels=0), "stem_channels=0"),
     ],
 )
 def test_nets_bad_input(build, needle: str) -> None:

@@ -384,6 +384,9 @@ class OmniglotSequenceDataModule(LightningDataModule):
         download: for ``omniglot``: fetch it with torchvision when missing (needs a network).
         build_glyphs: for ``glyphs``: build the stand-in on first use when the folder is missing.
         image_size: side of the images fed to the ResNet (105 as Chan et al.; 28 is their downsample option).
+        max_classes: use only the first ``max_classes`` characters of the folder (sorted order, i.e. whole
+            alphabets first) before the class split; ``null`` = all (1,623). For CPU-scale runs: fewer classes
+            make in-weight learning reachable in fewer steps.
         augment: Chan et al.'s 8x class augmentation (flip x rotation), 12,984 classes from 1,623.
         n_holdout: classes never trained on, used by the ICL evaluator (10).
         n_common: the head of the Zipf ranking called "common" (10).
@@ -409,6 +412,7 @@ class OmniglotSequenceDataModule(LightningDataModule):
         download: bool = False,
         build_glyphs: bool = True,
         image_size: int = 105,
+        max_classes: int | None = None,
         augment: bool = False,
         n_holdout: int = 10,
         n_common: int = 10,
@@ -448,6 +452,15 @@ class OmniglotSequenceDataModule(LightningDataModule):
         rank_zero_info(f"lit_icl.coqe: image source = {self.source} ({self.folder})")
         self._check_folder(download, build_glyphs)
         self.n_base = self._count_classes()
+        if max_classes is not None:
+            if isinstance(max_classes, bool) or not isinstance(max_classes, int) or max_classes < 1:
+                raise ConfigError(f"max_classes={max_classes!r} must be a positive integer or null (all classes)")
+            if max_classes > self.n_base:
+                raise ConfigError(
+                    f"max_classes={max_classes} exceeds the {self.n_base} classes of {self.folder}; use at most "
+                    f"{self.n_base} or null"
+                )
+            self.n_base = max_classes
         self.split = make_class_split(self.n_base, n_holdout, n_common, zipf_alpha, augment, class_seed)
         #: Output classes of the nets: the training classes (labels 0 .. n_labels - 1).
         self.n_labels = len(self.split.train)
@@ -495,9 +508,10 @@ class OmniglotSequenceDataModule(LightningDataModule):
     def setup(self, stage: str) -> None:
         if self.bank is None:
             bank = load_bank(self.folder, self.hparams.image_size)
-            if bank.shape[0] != self.n_base:
-                raise ConfigError(f"{self.folder} has {bank.shape[0]} classes, expected {self.n_base}")
-            self.bank = bank
+            expected = self._count_classes()
+            if bank.shape[0] != expected:
+                raise ConfigError(f"{self.folder} has {bank.shape[0]} classes, expected {expected}")
+            self.bank = bank[: self.n_base].contiguous()  # max_classes: the first characters only
             self._n_exemplars = bank.shape[1]
 
     # -------------------------------------------------------------- loaders

@@ -12,7 +12,9 @@ Noise schedule (App. C.2): ``N(mu_0, 1)``, mean and standard deviation raised by
 ``std = noise_std0 + noise_increment * k``; the public code's variant is ``noise_std0: 3, noise_delay: 10000``.
 
 Validation and test run two evaluators (dataloader 0: ICL, 1: IWL) and log ``val/acc/icl``, ``val/acc/iwl``
-(``test/...`` likewise): the learning curves of Figs. 5 and 8 in TensorBoard. ``test`` leaves tidy rows in
+(``test/...`` likewise): the learning curves of Figs. 5 and 8 in TensorBoard. For CoQE they also log
+``val/acc/iwl_static``, the static head alone on the IWL sequences, so an IWL that the modified logits hide
+(context classes outbidding a well-learned static head) is always visible next to the evaluator. ``test`` leaves tidy rows in
 ``self.test_rows`` and a bar chart in :meth:`test_figures` for the shared results writer.
 """
 
@@ -101,8 +103,10 @@ class CoQEClassificationModule(ICLModule):
                 raise ConfigError(f"noise_delay={noise_delay} must be >= 0")
         self.method: str = self.net.method
         self.uses_noise = self.method == "coqe" and noise_mean0 is not None
+        #: Accuracies reported: the two evaluators, plus CoQE's static head on the IWL sequences.
+        self.evaluators: tuple[str, ...] = EVALUATORS + (("iwl_static",) if self.method == "coqe" else ())
         self.acc = nn.ModuleDict(
-            {f"{stage}_{ev}": MeanMetric() for stage in ("val", "test") for ev in EVALUATORS}
+            {f"{stage}_{ev}": MeanMetric() for stage in ("val", "test") for ev in self.evaluators}
         )
         #: Image source the model was trained/tested on (``omniglot`` or ``glyphs``), from the data module.
         self.data_source: str | None = None
@@ -110,23 +114,29 @@ class CoQEClassificationModule(ICLModule):
 
     # ---------------------------------------------------------------- data binding
     def bind_datamodule(self, datamodule: LightningDataModule) -> None:
-        """The net's output size must equal the data's training classes; record the source and the data axes."""
+        """The net takes its output size from the data's training classes (a different explicit count is an
+        error); record the source and the data axes."""
         n_labels = getattr(datamodule, "n_labels", None)
-        if n_labels is not None and n_labels != self.net.n_classes:
-            raise ConfigError(
-                f"the net has n_classes={self.net.n_classes} but the data has {n_labels} training classes; "
-                f"set model.init_args.net.init_args.n_classes: {n_labels}"
-            )
+        if n_labels is not None:
+            self.net.set_n_classes(int(n_labels))
         self.data_source = getattr(datamodule, "source", self.data_source)
         hp = getattr(datamodule, "hparams", {})
         self._data_coords = {k: float(hp[k]) for k in ("p_bursty", "zipf_alpha") if k in hp}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["coqe_data_source"] = self.data_source
+        checkpoint["coqe_n_classes"] = self.net.n_classes
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Lightning calls this before loading the weights: a net whose class count came from the data module
+        (``n_classes: null`` in the saved config) is built with the checkpoint's count first."""
         super().on_load_checkpoint(checkpoint)
         self.data_source = checkpoint.get("coqe_data_source", self.data_source)
+        if self.net.n_classes is None:
+            n = checkpoint.get("coqe_n_classes")
+            if n is None:  # checkpoints written before the count was stored: read it off the label table
+                n = checkpoint["state_dict"]["net.embed.label_embedding.weight"].shape[0]
+            self.net.set_n_classes(int(n))
 
     # ---------------------------------------------------------------- training
     def noise(self, batch_size: int, device: torch.device) -> Tensor | None:
@@ -164,22 +174,31 @@ class CoQEClassificationModule(ICLModule):
         return loss
 
     # ---------------------------------------------------------------- evaluation
-    def predictions(self, batch: dict[str, Tensor], evaluator: str) -> Tensor:
-        """Predicted labels of the queries: over {0, 1} for ICL, over all training labels for IWL."""
+    def predictions(self, batch: dict[str, Tensor], evaluator: str) -> dict[str, Tensor]:
+        """Predicted labels of the queries, ``{reported accuracy: (B,)}``.
+
+        ICL: the modified logits over {0, 1}. IWL: the modified logits over all training labels, and for CoQE
+        also the static head alone (``iwl_static``). No noise at evaluation.
+        """
         labels = batch["labels"]
-        logits = self.net(batch["images"], labels[:, :-1]).logits[:, -1]
-        return (logits[:, :2] if evaluator == "icl" else logits).argmax(-1)
+        out = self.net(batch["images"], labels[:, :-1])
+        logits = out.logits[:, -1]
+        if evaluator == "icl":
+            return {"icl": logits[:, :2].argmax(-1)}
+        preds = {"iwl": logits.argmax(-1)}
+        if out.static_logits is not None:
+            preds["iwl_static"] = out.static_logits[:, -1].argmax(-1)
+        return preds
 
     def _eval_step(self, stage: str, batch: dict[str, Tensor], dataloader_idx: int) -> None:
-        evaluator = EVALUATORS[dataloader_idx]
-        correct = (self.predictions(batch, evaluator) == batch["labels"][:, -1]).float()
-        metric = self.acc[f"{stage}_{evaluator}"]
-        metric.update(correct)
-        if stage == "val":
-            self.log(
-                f"val/acc/{evaluator}", metric, on_step=False, on_epoch=True, prog_bar=True,
-                add_dataloader_idx=False,
-            )
+        for name, pred in self.predictions(batch, EVALUATORS[dataloader_idx]).items():
+            metric = self.acc[f"{stage}_{name}"]
+            metric.update((pred == batch["labels"][:, -1]).float())
+            if stage == "val":
+                self.log(
+                    f"val/acc/{name}", metric, on_step=False, on_epoch=True, prog_bar=name != "iwl_static",
+                    add_dataloader_idx=False,
+                )
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         self._eval_step("val", batch, dataloader_idx)
@@ -190,7 +209,7 @@ class CoQEClassificationModule(ICLModule):
     def on_test_epoch_end(self) -> None:
         rows = []
         coords = self.result_coordinates()
-        for ev in EVALUATORS:
+        for ev in self.evaluators:
             metric = self.acc[f"test_{ev}"]
             value = metric.compute()  # synced across ranks
             self.log(f"test/acc/{ev}", value, sync_dist=True)
@@ -208,6 +227,7 @@ class CoQEClassificationModule(ICLModule):
         coords.update(self._data_coords)
         if self.method == "coqe":
             coords["noise_mean0"] = self.hparams.noise_mean0
+            coords["noise_on"] = net.noise_on
         return coords
 
     def test_figures(self, rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -232,18 +232,29 @@ class SequenceEmbedder(nn.Module):
     the query's label is never fed.
     """
 
-    def __init__(self, resnet: ResNetEmbedder, n_classes: int, max_time: float = 30.0):
+    def __init__(self, resnet: ResNetEmbedder, n_classes: int | None, max_time: float = 30.0):
         super().__init__()
         self.resnet = resnet
-        self.label_embedding = nn.Embedding(n_classes, resnet.out_dim)
-        nn.init.trunc_normal_(self.label_embedding.weight, std=0.02, a=-0.04, b=0.04)
+        self.label_embedding: nn.Embedding | None = None
+        if n_classes is not None:
+            self.build_labels(n_classes)
         self.max_time = max_time
         self.register_buffer("_pe", torch.zeros(0), persistent=False)
+
+    def build_labels(self, n_classes: int) -> None:
+        """Create the label table (one row per training class) once the class count is known."""
+        self.label_embedding = nn.Embedding(n_classes, self.resnet.out_dim)
+        nn.init.trunc_normal_(self.label_embedding.weight, std=0.02, a=-0.04, b=0.04)
 
     def forward(self, images: Tensor, context_labels: Tensor) -> Tensor:
         b, s, h, w = images.shape
         if context_labels.shape != (b, s - 1):
             raise ValueError(f"context_labels has shape {tuple(context_labels.shape)}, expected {(b, s - 1)}")
+        if self.label_embedding is None:
+            raise RuntimeError(
+                "the net does not know its number of classes yet: pass n_classes, or bind the module to its data "
+                "module (Trainer.fit(model, datamodule=...) or the CLI do it)"
+            )
         x = self.resnet(images.reshape(b * s, h, w)).view(b, s, -1)
         lab = self.label_embedding(context_labels)
         d = x.shape[-1]
@@ -255,35 +266,79 @@ class SequenceEmbedder(nn.Module):
         return tokens + self._pe.to(tokens.dtype)
 
 
-class SequenceTransformer(nn.Module):
+class _SequenceClassifier(nn.Module):
+    """What both sequence classifiers share: the class count, given or taken from the data module later.
+
+    The data module is the one source of truth for the number of training classes. A net built with
+    ``n_classes=None`` creates its class-sized layers (label table, read-out) in :meth:`set_n_classes`, which
+    ``CoQEClassificationModule.bind_datamodule`` calls before any training or checkpoint restore.
+    """
+
+    n_classes: int | None
+
+    def set_n_classes(self, n_classes: int) -> None:
+        """Build the class-sized layers for ``n_classes`` classes (once); a different count is refused."""
+        _check_positive("n_classes", n_classes)
+        if getattr(self, "n_classes", None) is not None:
+            if n_classes != self.n_classes:
+                raise ConfigError(
+                    f"the net has n_classes={self.n_classes} but the data has {n_classes} training classes; set "
+                    f"model.init_args.net.init_args.n_classes: {n_classes}, or leave it out (the data module sets it)"
+                )
+            return
+        self._check_classes(n_classes)
+        self.n_classes = n_classes
+        self.embed.build_labels(n_classes)
+        self._build_readout(n_classes)
+
+    def _check_classes(self, n_classes: int) -> None:
+        """Arguments that depend on the class count (none here)."""
+
+    #: Attribute name of the linear read-out over all classes.
+    readout_name: str
+
+    def _build_readout(self, n_classes: int) -> None:
+        setattr(self, self.readout_name, nn.Linear(TOKEN_WIDTH, n_classes))
+
+    def _init_classes(self, n_classes: int | None) -> None:
+        """Called at the end of ``__init__``: build the class-sized layers now if the count is given."""
+        self.n_classes = None
+        if n_classes is not None:
+            self.set_n_classes(n_classes)
+
+
+class SequenceTransformer(_SequenceClassifier):
     """The baseline: Chan et al.'s Transformer over image/label tokens, a linear read-out over all classes.
 
     Args:
-        n_classes: output classes = training classes of the data (the data module's ``n_labels``).
+        n_classes: output classes = training classes of the data; ``None`` (default) takes the data module's
+            ``n_labels`` when the module is bound to it.
         emb_dim: ResNet embedding size E (64, 256, 512).
         depth: Transformer layers L (4 or 12 in App. C.2).
         heads: attention heads (8).
         resnet_channels: explicit ResNet group widths (overrides ``emb_dim``; for tiny nets).
+        stem_channels: width of the ResNet stem (64 in Chan et al.; smaller for CPU-scale runs).
         max_time: base of the positional encoding.
     """
 
     method = "transformer"
+    readout_name = "head"
 
     def __init__(
         self,
-        n_classes: int = 1613,
+        n_classes: int | None = None,
         emb_dim: int = 64,
         depth: int = 12,
         heads: int = 8,
         resnet_channels: Sequence[int] | None = None,
+        stem_channels: int = 64,
         max_time: float = 30.0,
     ):
         super().__init__()
-        _check_positive("n_classes", n_classes)
-        self.n_classes = n_classes
-        self.embed = SequenceEmbedder(ResNetEmbedder(emb_dim, resnet_channels), n_classes, max_time)
+        resnet = ResNetEmbedder(emb_dim, resnet_channels, stem_channels=stem_channels)
+        self.embed = SequenceEmbedder(resnet, None, max_time)
         self.encoder = CausalTransformer(TOKEN_WIDTH, depth, heads)
-        self.head = nn.Linear(TOKEN_WIDTH, n_classes)
+        self._init_classes(n_classes)
 
     def forward(self, images: Tensor, context_labels: Tensor, noise: Tensor | None = None) -> SequenceLogits:
         if noise is not None:
@@ -292,7 +347,7 @@ class SequenceTransformer(nn.Module):
         return SequenceLogits(self.head(z[:, 0::2]), None)
 
 
-class CoQEClassifier(nn.Module):
+class CoQEClassifier(_SequenceClassifier):
     """CoQE for few-shot classification (Sec. 4.2, Fig. 2).
 
     - sample representation ``s = Linear(h)`` of every token ``h`` (ResNet image tokens, label tokens, PE);
@@ -302,58 +357,82 @@ class CoQEClassifier(nn.Module):
       ``t`` over the label tokens carrying ``c``; its logit ``<s_p, P_c>`` replaces the static logit
       (``context_logit="replace"``, the paper) or is added to the gradient-stopped static logit
       (``"add"``, the public code);
-    - training noise: ``noise (B, C)`` is added to the modified query logits of classes *not* in the context
-      (all of them, or only those among the ``noise_k`` smallest static logits as the public code does with
-      1500), so the context classes must win by a margin: the trick that keeps ICL from collapsing into IWL.
+    - training noise (Sec. 4.2: "we add Gaussian noise to the modified logits"): ``noise (B, C)`` is added to
+      the modified *query* logits of a subset of classes, chosen by ``noise_on`` and ``noise_k``:
+
+      - ``noise_on="all"``: every class, context classes included (with ``noise_k``: only the ``noise_k``
+        classes with the smallest static logits, whether in the context or not; this with
+        ``context_logit="add"``, ``detach_static=True`` and ``noise_k=1500`` is the public code's rule, whose
+        context logit is added to the gradient-stopped noisy static row);
+      - ``noise_on="non_context"``: only classes *not* in the context (and among the ``noise_k`` smallest).
+        The dynamic logits then learn to outbid a boost that is absent at test, so a context class wins most
+        IWL test queries (measured; see ``docs/coqe.md``). Kept to reproduce that finding.
+
+      A mean added to every logit of a row does not change its softmax, so under ``noise_on="all"`` without
+      ``noise_k`` only the spread of the noise acts; ``noise_k`` makes the mean act too.
+
+    No noise is ever applied at evaluation (the module passes none).
 
     Prototypes are computed per sequence. (The public code averages ``t`` over the whole batch, which mixes
     different classes that share the labels 0/1 in few-shot evaluation sequences.)
 
     Args:
-        n_classes: training classes of the data (the data module's ``n_labels``).
+        n_classes: training classes of the data; ``None`` (default) takes the data module's ``n_labels`` when
+            the module is bound to it.
         emb_dim: ResNet embedding size E (512 in the paper's main CoQE, 256 parameter-matched).
         depth: task-encoder layers L (4).
         heads: attention heads (8).
         context_logit: ``replace`` (paper) or ``add`` (public code).
         detach_static: stop the gradient of the static logits inside the modified logits, so ``L_mod`` trains
             only the context path (public code); default False (the paper does not say).
-        noise_k: add noise only to non-context classes among the ``noise_k`` smallest static logits; ``None``
-            = all non-context classes.
+        noise_on: which query logits the training noise reaches: ``all`` (default) or ``non_context``.
+        noise_k: restrict the noise to the ``noise_k`` classes with the smallest static logits; ``None`` = no
+            restriction.
         resnet_channels: explicit ResNet group widths (overrides ``emb_dim``).
+        stem_channels: width of the ResNet stem (64 in Chan et al.; smaller for CPU-scale runs).
         max_time: base of the positional encoding.
     """
 
     method = "coqe"
+    readout_name = "static"
 
     def __init__(
         self,
-        n_classes: int = 1613,
+        n_classes: int | None = None,
         emb_dim: int = 512,
         depth: int = 4,
         heads: int = 8,
         context_logit: Literal["replace", "add"] = "replace",
         detach_static: bool = False,
+        noise_on: Literal["all", "non_context"] = "all",
         noise_k: int | None = None,
         resnet_channels: Sequence[int] | None = None,
+        stem_channels: int = 64,
         max_time: float = 30.0,
     ):
         super().__init__()
-        _check_positive("n_classes", n_classes)
         if context_logit not in ("replace", "add"):
             raise ConfigError(f"context_logit={context_logit!r}; choose 'replace' (paper) or 'add' (public code)")
+        if noise_on not in ("all", "non_context"):
+            raise ConfigError(f"noise_on={noise_on!r}; choose 'all' (every class) or 'non_context'")
         if noise_k is not None:
             _check_positive("noise_k", noise_k)
-            if noise_k > n_classes:
-                raise ConfigError(f"noise_k={noise_k} exceeds n_classes={n_classes}; use <= n_classes or null")
-        self.n_classes = n_classes
         self.context_logit = context_logit
         self.detach_static = detach_static
+        self.noise_on = noise_on
         self.noise_k = noise_k
-        self.embed = SequenceEmbedder(ResNetEmbedder(emb_dim, resnet_channels), n_classes, max_time)
+        resnet = ResNetEmbedder(emb_dim, resnet_channels, stem_channels=stem_channels)
+        self.embed = SequenceEmbedder(resnet, None, max_time)
         self.sample_proj = nn.Linear(TOKEN_WIDTH, TOKEN_WIDTH)
         self.encoder = CausalTransformer(TOKEN_WIDTH, depth, heads)
         self.task_proj = nn.Linear(TOKEN_WIDTH, TOKEN_WIDTH)
-        self.static = nn.Linear(TOKEN_WIDTH, n_classes)
+        self._init_classes(n_classes)
+
+    def _check_classes(self, n_classes: int) -> None:
+        if self.noise_k is not None and self.noise_k > n_classes:
+            raise ConfigError(
+                f"noise_k={self.noise_k} exceeds n_classes={n_classes}; use <= n_classes or null"
+            )
 
     def forward(self, images: Tensor, context_labels: Tensor, noise: Tensor | None = None) -> SequenceLogits:
         s = self.sample_proj(self.embed(images, context_labels))
@@ -372,18 +451,18 @@ class CoQEClassifier(nn.Module):
         base = static.detach() if self.detach_static else static
         if self.context_logit == "add":
             dynamic = dynamic + static.detach()
+        modified = torch.where(present, dynamic, base)
         if noise is not None:
-            base = base.clone()
-            base[:, -1] = base[:, -1] + noise.to(base.dtype) * self._noise_mask(static[:, -1], present[:, -1])
-        return SequenceLogits(torch.where(present, dynamic, base), static)
+            query = modified[:, -1] + noise.to(modified.dtype) * self.noise_mask(static[:, -1], present[:, -1])
+            modified = torch.cat([modified[:, :-1], query[:, None]], dim=1)
+        return SequenceLogits(modified, static)
 
-    def _noise_mask(self, static_query: Tensor, present_query: Tensor) -> Tensor:
-        """Which query logits get noise: non-context classes (among the ``noise_k`` smallest static logits)."""
-        mask = ~present_query
+    def noise_mask(self, static_query: Tensor, present_query: Tensor) -> Tensor:
+        """``(B, C)`` 0/1: which query logits get noise (see ``noise_on`` and ``noise_k``)."""
+        mask = ~present_query if self.noise_on == "non_context" else torch.ones_like(present_query)
         if self.noise_k is not None:
             smallest = torch.zeros_like(mask)
             idx = static_query.detach().topk(self.noise_k, dim=-1, largest=False).indices
             smallest.scatter_(-1, idx, True)
             mask = mask & smallest
         return mask.to(static_query.dtype)
-
