@@ -160,7 +160,8 @@ def test_coqe_prediction_is_the_inner_product_of_task_and_sample_representations
         pred = net(xs, ys, xq)
         t = net.task_representations(xs, ys)  # (B, n + 1, w): context of the first i examples
         for i in range(7):
-            assert torch.allclose(pred[:, i], (t[:, i] * net.sample_representation(xq[:, i])).sum(-1), atol=1e-5)
+            inner = (t[:, i] * net.sample_representation(xq[:, i])).sum(-1)
+            assert torch.allclose(pred[:, i], net.output_scale * inner, atol=1e-5)
         # Eq. (11): the task representation of i examples is the encoder's output at the label token y_i, which
         # depends on the first i examples only (so no wrap-around: the empty context has its own vector).
         assert torch.equal(t[:, 0], net.empty_task.expand(2, -1))
@@ -178,6 +179,25 @@ def test_transformer_with_separate_queries_equals_one_prompt_per_query() -> None
             x = xs.clone()
             x[:, i] = xq[:, i]
             assert torch.allclose(pred[:, i], net(x, ys)[:, i], atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_coqe_starts_near_the_labels_scale(seed: int) -> None:
+    """The default output_scale (1/sqrt(width)) starts CoQE within a few times the zero predictor's error.
+
+    Eq. (11) taken literally (output_scale 1) starts at about 40x it, which is what stalled training on the
+    zero predictor's plateau (experiments/results/coqe_regression_cpu.md).
+    """
+    xs, ys = _prompts(b=256, n=11, d=5, seed=seed)
+    zero = float((ys**2).mean())
+    errors = {}
+    for scale in (None, 1.0):
+        torch.manual_seed(seed)
+        net = CoQERegressor(n_dims=5, width=64, depth=3, heads=2, max_points=11, output_scale=scale)
+        with torch.no_grad():
+            errors[scale] = float(((net(xs, ys) - ys) ** 2).mean()) / zero
+    assert errors[None] < 3 < 10 < errors[1.0], errors
+    assert CoQERegressor(width=16, heads=2).output_scale == 0.25 and CoQERegressor(output_scale=2).output_scale == 2.0
 
 
 def test_paper_sized_nets_have_about_0_2m_parameters() -> None:
@@ -408,6 +428,9 @@ BAD = [
     ([], "--model.init_args.net.init_args.max_points=20", "max_points=20 < the data's n_points=41"),
     ([], "--model.init_args.net.init_args.heads=3", "width=64 is not divisible by heads=3"),
     ([], "--model.init_args.net.init_args.task_head=linear", "task_head: Expected a typing.Literal"),
+    ([], "--model.init_args.net.init_args.output_scale=0", "output_scale=0"),
+    ([], "--model.init_args.net.init_args.output_scale=-1", "output_scale=-1"),
+    ([], "--model.init_args.net.init_args.output_scale=nan", "output_scale: Expected a"),
     ([], "--model.init_args.lr=-1", "lr=-1"),
     (["--model.init_args.baselines+=lit_icl.coqe.LeastSquares"], None, "appear twice"),
     (["--model.init_args.baselines+=lit_icl.coqe.Lasso", "--model.init_args.baselines.init_args.alpha=0"], None,

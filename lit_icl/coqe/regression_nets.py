@@ -172,6 +172,14 @@ class CoQERegressor(nn.Module):
         n_dims, width, depth, heads, max_points: as :class:`RegressionTransformer` (App. C.1: same sizes).
         task_head: ``none`` (Sec. 4.1: the output token itself is the task representation) or ``mlp``
             (the public code: Linear, ReLU, Linear on the output token).
+        output_scale: constant factor on the inner product, ``y_hat = c <t, s(x_q)>``; ``null`` (default) =
+            ``1 / sqrt(width)``; ``1.0`` = Eq. (11) literally. It changes no function the net can represent (the
+            last layer of ``s`` absorbs it), only the start of training: ``t`` leaves the task encoder's final
+            LayerNorm with unit-variance coordinates, so the raw sum over ``width`` products starts with a
+            standard deviation of about ``sqrt(width / 3)`` (an initial error of about 42 x the zero predictor's
+            on linear d = 5); Adam first shrinks that to the zero predictor and then sits on its plateau
+            (measured in ``experiments/results/coqe_regression_cpu.md``). ``1 / sqrt(width)`` starts the
+            predictions at the labels' scale for any width, as attention scales its logits.
     """
 
     method = "coqe"
@@ -184,10 +192,15 @@ class CoQERegressor(nn.Module):
         heads: int = 2,
         max_points: int = 101,
         task_head: Literal["none", "mlp"] = "none",
+        output_scale: float | None = None,
     ):
         super().__init__()
         _check_sizes(n_dims, width, depth, heads, max_points)
         check_choice("task_head", task_head, ("none", "mlp"))
+        #: Multiplies ``<t, s(x_q)>``; ``None`` = ``1 / sqrt(width)`` (see the class docstring).
+        self.output_scale = (
+            1 / math.sqrt(width) if output_scale is None else check_positive("output_scale", output_scale)
+        )
         self.n_dims, self.max_points = n_dims, max_points
         self.sample_encoder = ReLUEmbedding(n_dims, width)
         self.task_encoder = GPT2Backbone(width, depth, heads, 2 * max_points)
@@ -214,7 +227,7 @@ class CoQERegressor(nn.Module):
         # The last label token is only needed by a prediction after the prompt: drop it (and its position).
         t = self.task_representations(xs[:, :-1], ys[:, :-1])  # (B, n, width): prefixes 0 .. n-1
         s_q = self.sample_encoder(xs if xq is None else xq)
-        return (t * s_q).sum(-1)
+        return (t * s_q).sum(-1) * self.output_scale
 
 
 # ------------------------------------------------------------------------------------------ baselines
