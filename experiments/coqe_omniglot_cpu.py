@@ -8,8 +8,9 @@ The CoQE paper's Omniglot claims (Fig. 4/5, Table 1) in small, with ``configs/co
         --md experiments/results/coqe_omniglot_cpu.md --fig docs/figures/coqe_omniglot_cpu.png
 
 ``run`` trains and tests every arm x seed as ``python -m lit_icl fit`` then ``test`` subprocesses (one thread
-each, ``--jobs`` at a time) and records their wall times; an arm whose test results exist is skipped, so an
-interrupted sweep resumes. ``report`` reads each fit run's TensorBoard curves (``val/acc/icl``, ``val/acc/iwl``,
+each, ``--jobs`` at a time) and records their wall times. An arm whose test results exist is skipped, and a fit
+with a ``last.ckpt`` resumes from it (exactly: the CLI's resume), so an interrupted sweep picks up where it
+stopped. ``report`` reads each fit run's TensorBoard curves (``val/acc/icl``, ``val/acc/iwl``,
 ``val/acc/iwl_static``) and each test run's ``results.json`` and writes a Markdown table (mean ± sd over
 seeds) and a learning-curve figure.
 """
@@ -65,16 +66,25 @@ def run_one(out: Path, arm: str, seed: int, extra: list[str]) -> str:
     times = {}
     for stage in ("fit", "test"):
         cmd = [sys.executable, "-m", "lit_icl", stage, *common]
-        if stage == "test":
-            cmd += ["--ckpt_path", str(folder / arm / "version_0/checkpoints/last.ckpt")]
+        last = _last_checkpoint(folder)
+        if last is not None:  # fit: resume an interrupted run; test: the trained weights
+            cmd += ["--ckpt_path", str(last)]
+        elif stage == "test":
+            return f"{arm} seed {seed}: fit wrote no checkpoint; see {folder / 'fit.log'}"
         start = time.time()
-        with open(folder / f"{stage}.log", "w") as log:
+        with open(folder / f"{stage}.log", "a") as log:
             proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         times[f"{stage}_s"] = round(time.time() - start, 1)
         if proc.returncode:
             return f"{arm} seed {seed}: {stage} failed (exit {proc.returncode}); see {folder / (stage + '.log')}"
     (folder / "times.json").write_text(json.dumps(times))
     return f"{arm} seed {seed}: fit {times['fit_s']:.0f} s, test {times['test_s']:.0f} s"
+
+
+def _last_checkpoint(folder: Path) -> Path | None:
+    """The newest ``last.ckpt`` of a run folder (a resumed fit writes into the next version)."""
+    found = sorted(folder.glob("*/version_*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
 
 
 def _test_results(folder: Path) -> dict | None:
@@ -85,13 +95,15 @@ def _test_results(folder: Path) -> dict | None:
 def _curves(folder: Path) -> dict[str, list[tuple[int, float]]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    runs = sorted(folder.glob("*/version_0"))
-    if not runs:
-        return {}
-    acc = EventAccumulator(str(runs[0]))
-    acc.Reload()
-    tags = acc.Tags()["scalars"]
-    return {a: [(e.step, e.value) for e in acc.Scalars(f"val/acc/{a}")] for a in ACCURACIES if f"val/acc/{a}" in tags}
+    curves: dict[str, dict[int, float]] = {}
+    for run in sorted(folder.glob("*/version_*")):  # a resumed fit continues its curves in the next version
+        acc = EventAccumulator(str(run))
+        acc.Reload()
+        tags = acc.Tags()["scalars"]
+        for a in ACCURACIES:
+            if f"val/acc/{a}" in tags:
+                curves.setdefault(a, {}).update({e.step: e.value for e in acc.Scalars(f"val/acc/{a}")})
+    return {a: sorted(points.items()) for a, points in curves.items()}
 
 
 def collect(out: Path) -> dict[str, dict[int, dict]]:

@@ -60,6 +60,7 @@ def test_fit_then_test_gives_icl_iwl_curves_rows_and_figure(tmp_path, config: st
     for tag in ("val/acc/icl", "val/acc/iwl") + (("val/acc/iwl_static",) if method == "coqe" else ()):
         assert len(scalars[tag]) == 2 and all(0.0 <= v <= 1.0 for v in scalars[tag]), tag  # one per epoch
     assert ("val/acc/iwl_static" in scalars) == (method == "coqe")
+    assert len(scalars["val/iwl_context_wins"]) == 2
     assert ("train/loss_mod" in scalars) == (method == "coqe")
     assert ("train/noise_mean" in scalars) == (method == "coqe")
     ckpt = run / "checkpoints/last.ckpt"
@@ -119,6 +120,15 @@ def test_test_accuracy_matches_an_independent_evaluation(tmp_path) -> None:
     assert set(rows) == set(hits)
     for name, h in hits.items():
         assert torch.cat(h).float().mean().item() == pytest.approx(rows[name]), name
+    # iwl_context_wins: IWL queries answered with a label shown in their context, counted by hand.
+    wins = []
+    for batch in dm.test_dataloader()[1]:
+        batch = dm.on_after_batch_transfer(batch, 1)
+        with torch.no_grad():
+            pred = model.net(batch["images"], batch["labels"][:, :-1]).logits[:, -1].argmax(-1)
+        wins += [int(p) in set(ctx.tolist()) for p, ctx in zip(pred, batch["labels"][:, :-1])]
+    (row,) = [r for r in cli.model.test_rows if r["metric"] == "iwl_context_wins"]
+    assert row["value"] == pytest.approx(sum(wins) / len(wins))
 
 
 def test_noise_reaches_the_net_in_training_only(tmp_path) -> None:

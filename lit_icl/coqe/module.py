@@ -14,7 +14,9 @@ Noise schedule (App. C.2): ``N(mu_0, 1)``, mean and standard deviation raised by
 Validation and test run two evaluators (dataloader 0: ICL, 1: IWL) and log ``val/acc/icl``, ``val/acc/iwl``
 (``test/...`` likewise): the learning curves of Figs. 5 and 8 in TensorBoard. For CoQE they also log
 ``val/acc/iwl_static``, the static head alone on the IWL sequences, so an IWL that the modified logits hide
-(context classes outbidding a well-learned static head) is always visible next to the evaluator. ``test`` leaves tidy rows in
+(context classes outbidding a well-learned static head) is always visible next to the evaluator. Both nets also
+log ``val/iwl_context_wins``, the fraction of IWL queries (whose class is never in the context) answered with
+a class that is in the context: where IWL is lost to the context path. ``test`` leaves tidy rows in
 ``self.test_rows`` and a bar chart in :meth:`test_figures` for the shared results writer.
 """
 
@@ -108,6 +110,7 @@ class CoQEClassificationModule(ICLModule):
         self.acc = nn.ModuleDict(
             {f"{stage}_{ev}": MeanMetric() for stage in ("val", "test") for ev in self.evaluators}
         )
+        self.context_wins = nn.ModuleDict({stage: MeanMetric() for stage in ("val", "test")})
         #: Image source the model was trained/tested on (``omniglot`` or ``glyphs``), from the data module.
         self.data_source: str | None = None
         self._data_coords: dict[str, Any] = {}
@@ -191,7 +194,8 @@ class CoQEClassificationModule(ICLModule):
         return preds
 
     def _eval_step(self, stage: str, batch: dict[str, Tensor], dataloader_idx: int) -> None:
-        for name, pred in self.predictions(batch, EVALUATORS[dataloader_idx]).items():
+        preds = self.predictions(batch, EVALUATORS[dataloader_idx])
+        for name, pred in preds.items():
             metric = self.acc[f"{stage}_{name}"]
             metric.update((pred == batch["labels"][:, -1]).float())
             if stage == "val":
@@ -199,6 +203,11 @@ class CoQEClassificationModule(ICLModule):
                     f"val/acc/{name}", metric, on_step=False, on_epoch=True, prog_bar=name != "iwl_static",
                     add_dataloader_idx=False,
                 )
+        if "iwl" in preds:  # is the predicted class one of the context's labels?
+            wins = self.context_wins[stage]
+            wins.update((preds["iwl"][:, None] == batch["labels"][:, :-1]).any(-1).float())
+            if stage == "val":
+                self.log("val/iwl_context_wins", wins, on_step=False, on_epoch=True, add_dataloader_idx=False)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         self._eval_step("val", batch, dataloader_idx)
@@ -215,6 +224,11 @@ class CoQEClassificationModule(ICLModule):
             self.log(f"test/acc/{ev}", value, sync_dist=True)
             rows.append(result_row("accuracy", value, method=self.method, evaluator=ev, **coords))
             metric.reset()
+        wins = self.context_wins["test"]
+        value = wins.compute()
+        self.log("test/iwl_context_wins", value, sync_dist=True)
+        rows.append(result_row("iwl_context_wins", value, method=self.method, evaluator="iwl", **coords))
+        wins.reset()
         rows.append(result_row("parameters", count_parameters(self.net), method=self.method))
         self.test_rows = rows
 
