@@ -275,6 +275,8 @@ class _SequenceClassifier(nn.Module):
     """
 
     n_classes: int | None
+    #: Attribute name of the linear read-out over all classes.
+    readout_name: str
 
     def set_n_classes(self, n_classes: int) -> None:
         """Build the class-sized layers for ``n_classes`` classes (once); a different count is refused."""
@@ -293,9 +295,6 @@ class _SequenceClassifier(nn.Module):
 
     def _check_classes(self, n_classes: int) -> None:
         """Arguments that depend on the class count (none here)."""
-
-    #: Attribute name of the linear read-out over all classes.
-    readout_name: str
 
     def _build_readout(self, n_classes: int) -> None:
         setattr(self, self.readout_name, nn.Linear(TOKEN_WIDTH, n_classes))
@@ -366,7 +365,7 @@ class CoQEClassifier(_SequenceClassifier):
         context logit is added to the gradient-stopped noisy static row);
       - ``noise_on="non_context"``: only classes *not* in the context (and among the ``noise_k`` smallest).
         The dynamic logits then learn to outbid a boost that is absent at test, so a context class wins most
-        IWL test queries (measured; see ``docs/coqe.md``). Kept to reproduce that finding.
+        IWL test queries (measured; see ``docs/coqe_omniglot.md``). Kept to reproduce that finding.
 
       A mean added to every logit of a row does not change its softmax, so under ``noise_on="all"`` without
       ``noise_k`` only the spread of the noise acts; ``noise_k`` makes the mean act too.
