@@ -44,6 +44,10 @@ ARMS: dict[str, tuple[str, list[str], str]] = {
         [NET + "noise_on", "all", NET + "noise_k", "177", NET + "context_logit", "add", NET + "detach_static", "true"],
         "CoQE, the public code's rule (noise on the 177 of 190 smallest static logits, context logit added)",
     ),
+    "coqe_lr_decay": (
+        COQE, ["--model.init_args.lr_schedule", "warmup_rsqrt", "--model.init_args.warmup_steps", "400"],
+        "CoQE, Chan et al.'s warm-up / inverse-sqrt learning rate (peak 3e-4 at step 400, 0.95e-4 at step 4,000)",
+    ),
     "transformer_bursty": (TRANSFORMER, [], "Transformer, P_bursty 0.9"),
     "transformer_iid": (TRANSFORMER, ["--data.init_args.p_bursty", "0"], "Transformer, P_bursty 0"),
 }
@@ -92,10 +96,16 @@ def _test_results(folder: Path) -> dict | None:
     return json.loads(found[-1].read_text()) if found else None
 
 
-def _curves(folder: Path) -> dict[str, list[tuple[int, float]]]:
+def _curves(folder: Path) -> tuple[dict[str, list[tuple[int, float]]], float]:
+    """Validation curves ``{accuracy: [(step, value)]}`` and the training wall time in seconds.
+
+    The wall time runs from the first logged training step to the last validation of each fit version
+    (summed over versions, so a resumed run counts only the time it trained; start-up is not included).
+    """
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     curves: dict[str, dict[int, float]] = {}
+    seconds = 0.0
     for run in sorted(folder.glob("*/version_*")):  # a resumed fit continues its curves in the next version
         acc = EventAccumulator(str(run))
         acc.Reload()
@@ -103,7 +113,9 @@ def _curves(folder: Path) -> dict[str, list[tuple[int, float]]]:
         for a in ACCURACIES:
             if f"val/acc/{a}" in tags:
                 curves.setdefault(a, {}).update({e.step: e.value for e in acc.Scalars(f"val/acc/{a}")})
-    return {a: sorted(points.items()) for a, points in curves.items()}
+        if "train/loss" in tags and "val/acc/icl" in tags:
+            seconds += max(0.0, acc.Scalars("val/acc/icl")[-1].wall_time - acc.Scalars("train/loss")[0].wall_time)
+    return {a: sorted(points.items()) for a, points in curves.items()}, seconds
 
 
 def collect(out: Path) -> dict[str, dict[int, dict]]:
@@ -116,9 +128,12 @@ def collect(out: Path) -> dict[str, dict[int, dict]]:
                 continue
             test = {r["evaluator"]: r["value"] for r in results["rows"] if r["metric"] == "accuracy"}
             times = json.loads((folder / "times.json").read_text()) if (folder / "times.json").exists() else {}
+            curves, train_s = _curves(folder)
+            if train_s:
+                times["train_s"] = train_s
             steps = results["meta"].get("trained_steps")
             found.setdefault(arm, {})[int(folder.name[4:])] = {
-                "test": test, "curves": _curves(folder), "times": times, "steps": steps,
+                "test": test, "curves": curves, "times": times, "steps": steps,
             }
     return found
 
@@ -137,12 +152,13 @@ def dominated_by(point: tuple[float, float], others: list[tuple[float, float]]) 
 
 def table(found: dict[str, dict[int, dict]]) -> str:
     lines = [
-        "| arm | seeds | ICL (test) | IWL evaluator (test) | IWL, static head alone (test) | steps | fit time (s) |",
+        "| arm | seeds | ICL (test) | IWL evaluator (test) | IWL, static head alone (test) | steps | training time (s) |",
         "|---|---|---|---|---|---|---|",
     ]
     for arm, seeds in found.items():
         cells = [_mean_sd([s["test"][a] for s in seeds.values() if a in s["test"]]) for a in ACCURACIES]
-        fit = [s["times"]["fit_s"] for s in seeds.values() if "fit_s" in s["times"]]
+        fit = [s["times"].get("train_s", s["times"].get("fit_s")) for s in seeds.values()]
+        fit = [f for f in fit if f is not None]
         steps = sorted({s["steps"] for s in seeds.values()})
         fit_cell = f"{min(fit):.0f}-{max(fit):.0f}" if fit else "-"
         lines.append(
