@@ -185,8 +185,7 @@ def test_transformer_with_separate_queries_equals_one_prompt_per_query() -> None
 def test_coqe_starts_near_the_labels_scale(seed: int) -> None:
     """The default output_scale (1/sqrt(width)) starts CoQE within a few times the zero predictor's error.
 
-    Eq. (11) taken literally (output_scale 1) starts at about 40x it, which is what stalled training on the
-    zero predictor's plateau (experiments/results/coqe_regression_cpu.md).
+    Eq. (11) taken literally (output_scale 1) starts at about 40x it (experiments/results/coqe_regression_cpu.md).
     """
     xs, ys = _prompts(b=256, n=11, d=5, seed=seed)
     zero = float((ys**2).mean())

@@ -176,10 +176,12 @@ class CoQERegressor(nn.Module):
             ``1 / sqrt(width)``; ``1.0`` = Eq. (11) literally. It changes no function the net can represent (the
             last layer of ``s`` absorbs it), only the start of training: ``t`` leaves the task encoder's final
             LayerNorm with unit-variance coordinates, so the raw sum over ``width`` products starts with a
-            standard deviation of about ``sqrt(width / 3)`` (an initial error of about 42 x the zero predictor's
-            on linear d = 5); Adam first shrinks that to the zero predictor and then sits on its plateau
-            (measured in ``experiments/results/coqe_regression_cpu.md``). ``1 / sqrt(width)`` starts the
-            predictions at the labels' scale for any width, as attention scales its logits.
+            standard deviation of about ``sqrt(width / 3)`` (an initial error of about 40 x the zero predictor's
+            on linear d = 5); Adam first shrinks that to the zero predictor, whose plateau every net here must
+            then leave. ``1 / sqrt(width)`` starts the predictions at the labels' scale for any width, as attention
+            scales its logits. It shortened the plateau on 2 of 3 seeds at 11 points, not at 21 points (one seed):
+            the plateau's length varies by seed and prompt length either way (measured in
+            ``experiments/results/coqe_regression_cpu.md``).
     """
 
     method = "coqe"
