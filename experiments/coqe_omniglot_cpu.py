@@ -195,7 +195,9 @@ def figure(found: dict[str, dict[int, dict]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     titles = {"icl": "ICL evaluator", "iwl": "IWL evaluator", "iwl_static": "IWL, CoQE's static head alone"}
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4), sharey=True)
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.6), sharey=True)
+    colors = {arm: f"C{i}" for i, arm in enumerate(ARMS)}  # one colour per arm in every panel
+    handles = {}
     for ax, acc in zip(axes, ACCURACIES):
         for arm, seeds in found.items():
             curves = [s["curves"][acc] for s in seeds.values() if acc in s["curves"]]
@@ -204,14 +206,16 @@ def figure(found: dict[str, dict[int, dict]], path: Path) -> None:
             n = min(len(c) for c in curves)
             steps = [c[0] for c in curves[0][:n]]
             mean = [statistics.mean(c[i][1] for c in curves) for i in range(n)]
-            ax.plot(steps, mean, label=f"{arm} ({len(curves)} seeds)")
+            (line,) = ax.plot(steps, mean, color=colors[arm])
+            handles[arm] = (line, f"{arm} ({len(curves)} seed{'s' if len(curves) > 1 else ''})")
         ax.set_title(titles[acc])
         ax.set_xlabel("training step")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("validation accuracy (mean over seeds)")
     axes[0].set_ylim(0, 1.02)
-    axes[-1].legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
+    if handles:
+        fig.legend(*zip(*handles.values()), loc="lower center", ncol=min(len(handles), 4), fontsize=9)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
 
