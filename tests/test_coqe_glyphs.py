@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -42,6 +44,42 @@ def test_build_writes_omniglot_layout_and_bank(tmp_path) -> None:
     assert torch.equal(again, reread)
     with pytest.raises(ConfigError, match="exists already"):
         build_glyphs(out, n_classes=12, n_drawers=3)
+
+
+def test_two_builds_racing_for_one_folder_both_succeed(tmp_path, monkeypatch) -> None:
+    """Two runs on a fresh machine may build the stand-in at once; the later rename keeps the first folder."""
+    from lit_icl.coqe import glyphs
+
+    out = tmp_path / "glyphs"
+    real = glyphs._build_into
+    calls: list[Path] = []
+
+    def build_then_lose_the_race(tmp, *args) -> None:
+        calls.append(tmp)
+        real(tmp, *args)
+        if len(calls) == 1:  # another process (another pid) finishes the same build before this one renames
+            with monkeypatch.context() as m:
+                m.setattr(glyphs.os, "getpid", lambda: 424242)
+                glyphs.build_glyphs(out, n_classes=6, n_drawers=2, seed=0)
+
+    monkeypatch.setattr(glyphs, "_build_into", build_then_lose_the_race)
+    assert glyphs.build_glyphs(out, n_classes=6, n_drawers=2, seed=0) == out
+    assert len(calls) == 2 and calls[0] != calls[1], "each process builds into its own temporary folder"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["glyphs"], "no temporary folder is left behind"
+    assert (out / "lit_icl_bank_105.pt").is_file(), "the bank cache is in place when the folder appears"
+    assert load_bank(out, 105).shape == (6, 2, 105, 105)
+
+
+def test_failed_build_leaves_nothing(tmp_path, monkeypatch) -> None:
+    from lit_icl.coqe import glyphs
+
+    def fail(*args) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(glyphs, "select_glyphs", fail)
+    with pytest.raises(OSError, match="disk full"):
+        glyphs.build_glyphs(tmp_path / "glyphs", n_classes=6, n_drawers=2)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_drawers_keep_the_glyph_recognisable() -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import time
 import unicodedata
 from collections import defaultdict
@@ -188,23 +189,37 @@ def build_glyphs(
 ) -> Path:
     """Render the stand-in into ``out`` (Omniglot layout) and write its 105x105 bank cache; returns ``out``.
 
-    Written into a temporary sibling folder and renamed at the end, so an interrupted build leaves nothing
-    that looks complete.
+    Written, bank cache included, into a temporary sibling folder of this process and renamed at the end, so an
+    interrupted build leaves nothing that looks complete, and two runs that start on a fresh machine at the same
+    time (``experiments/coqe_omniglot_cpu.py --jobs 2``) both succeed: the second rename finds the folder built
+    (same seed, same content) and discards its own copy.
     """
-    from PIL import Image
-
-    from lit_icl.coqe.data import index_folder, save_bank
-
     if n_classes < 2 or n_drawers < 1:
         raise ConfigError(f"n_classes={n_classes}, n_drawers={n_drawers}: need >= 2 classes and >= 1 drawer")
     out = Path(out)
     if out.exists():
         raise ConfigError(f"{out} exists already; delete it to rebuild the glyphs stand-in")
-    tmp = out.with_name(out.name + ".partial")
-    if tmp.exists():
-        import shutil
+    tmp = out.with_name(f"{out.name}.partial-{os.getpid()}")
+    try:
+        _build_into(tmp, n_classes, n_drawers, seed)
+        try:
+            os.replace(tmp, out)
+        except OSError:
+            if not out.is_dir():
+                raise
+            # Another process finished the same build first; its folder is the one readers may already use.
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
 
-        shutil.rmtree(tmp)
+
+def _build_into(tmp: Path, n_classes: int, n_drawers: int, seed: int) -> None:
+    """Draw the glyphs into ``tmp`` (Omniglot layout) and write its 105x105 bank cache there."""
+    from PIL import Image
+
+    from lit_icl.coqe.data import index_folder, save_bank
+
+    shutil.rmtree(tmp, ignore_errors=True)  # a leftover of a killed build of the same pid
     names, protos = select_glyphs(n_classes)
     g = make_generator("glyphs-drawers", seed)
     n_background = min(BACKGROUND_CLASSES, n_classes - 1) if n_classes > BACKGROUND_CLASSES else n_classes // 2
@@ -226,12 +241,10 @@ def build_glyphs(
             for d in range(n_drawers):
                 img = Image.frombytes("L", (SIZE, SIZE), drawings[i, d].numpy().tobytes()).convert("1")
                 img.save(folder / f"{cid + 1:04d}_{d + 1:02d}.png", optimize=False)
-    os.replace(tmp, out)
-    index = index_folder(out)
+    index = index_folder(tmp)
     # Class order of the reader (sorted folder names) differs from the build order: permute the bank to it.
     built = {f"{split}/{a}/{c}": i for i, (split, a, c) in enumerate(folders)}
     save_bank(index, bank[torch.tensor([built[name] for name in index.class_names])])
-    return out
 
 
 def main(argv: list[str] | None = None) -> None:
