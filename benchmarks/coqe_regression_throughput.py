@@ -33,9 +33,9 @@ from lit_icl.coqe.regression_nets import (
     CoQERegressor,
     RegressionTransformer,
     ReLUEmbedding,
-    count_parameters,
     interleave,
 )
+from lit_icl.core.nets import count_parameters
 
 
 def _sync(device: torch.device) -> None:

@@ -19,9 +19,7 @@ import copy
 import time
 
 import torch
-from lightning.pytorch import Callback, Trainer
-
-from lightning.pytorch import LightningDataModule, LightningModule
+from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 
 from lit_icl.cli import LitICLCLI
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tb_scalars, tiny_args
 from lightning.pytorch import LightningDataModule, LightningModule
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import tb_scalars, tiny_args
 from lit_icl.cli import LitICLCLI, main
 from lit_icl.icssl import ICSSLModule
 

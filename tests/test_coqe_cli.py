@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from badinput import assert_rejected
+from conftest import tb_scalars
 from lightning.pytorch import LightningDataModule, LightningModule
+from test_coqe_data import write_omniglot_fixture
 
 from lit_icl.cli import LitICLCLI, main
 from lit_icl.coqe import CoQEClassificationModule
-from badinput import assert_rejected
-from conftest import tb_scalars
-from test_coqe_data import write_omniglot_fixture
 
 
 def coqe_args(tmp_path: Path, *extra: str, config: str = "configs/coqe_omniglot.yaml") -> list[str]:

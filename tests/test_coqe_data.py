@@ -9,8 +9,6 @@ import pytest
 import torch
 from PIL import Image
 
-from lit_icl.core.errors import ConfigError
-from lit_icl.core.seeding import make_generator
 from lit_icl.coqe.data import (
     OmniglotSequenceDataModule,
     gather_images,
@@ -21,6 +19,8 @@ from lit_icl.coqe.data import (
     sample_chunk,
     training_labels,
 )
+from lit_icl.core.errors import ConfigError
+from lit_icl.core.seeding import make_generator
 
 
 def write_omniglot_fixture(

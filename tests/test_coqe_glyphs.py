@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lit_icl.core.errors import ConfigError
 from lit_icl.coqe.data import index_folder, load_bank
 from lit_icl.coqe.glyphs import build_glyphs, draw, select_glyphs
+from lit_icl.core.errors import ConfigError
 
 
 def test_full_set_has_1623_distinct_glyph_classes() -> None:

@@ -6,16 +6,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lit_icl.core.errors import ConfigError
 from lit_icl.coqe.module import noise_schedule
 from lit_icl.coqe.nets import (
     CausalTransformer,
     CoQEClassifier,
     ResNetEmbedder,
     SequenceTransformer,
-    count_parameters,
     sinusoidal_positions,
 )
+from lit_icl.core.errors import ConfigError
+from lit_icl.core.nets import count_parameters
 
 TINY = (8, 8, 8, 16)  # tiny ResNet widths
 

@@ -11,6 +11,7 @@ from badinput import assert_rejected
 
 from lit_icl.cli import main
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.nets import count_parameters
 from lit_icl.icssl.baselines import (
     ICLTransformerBaseline,
     KernelLogisticRegressionHead,
@@ -20,7 +21,7 @@ from lit_icl.icssl.baselines import (
     transformer_baseline_parameters,
 )
 from lit_icl.icssl.module import ICSSLModule
-from lit_icl.icssl.nets import LaplacianEigenmap, RawCoordinates, SemiSupervisedICL, count_parameters
+from lit_icl.icssl.nets import LaplacianEigenmap, RawCoordinates, SemiSupervisedICL
 
 
 def _lbfgs_multinomial(feats: torch.Tensor, y: torch.Tensor, l2: float, ridge_b: float, classes: int) -> torch.Tensor:

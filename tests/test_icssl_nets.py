@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.nets import count_parameters
 from lit_icl.core.spectral import knn_rbf_adjacency, laplacian_eigenmap, pairwise_sq_dists
 from lit_icl.icssl.nets import (
     EigenmapTransformer,
@@ -17,7 +18,6 @@ from lit_icl.icssl.nets import (
     LaplacianTransformer,
     RawCoordinates,
     SemiSupervisedICL,
-    count_parameters,
 )
 
 

@@ -19,6 +19,7 @@ from badinput import assert_rejected
 
 from lit_icl.cli import main
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.nets import count_parameters
 from lit_icl.mmca.avmnist_build import (
     MAX_FREQ,
     SPEC_SIZE,
@@ -31,7 +32,7 @@ from lit_icl.mmca.avmnist_build import (
 )
 from lit_icl.mmca.avmnist_data import AVMNISTDataModule, load_split, missing_data_message
 from lit_icl.mmca.avmnist_module import AVMNISTModule
-from lit_icl.mmca.avmnist_nets import BidirectionalCrossAttention, MultimodalCrossAttention, count_parameters
+from lit_icl.mmca.avmnist_nets import BidirectionalCrossAttention, MultimodalCrossAttention
 
 # ---------------------------------------------------------------------------------------------- nets
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from badinput import assert_rejected
 from lightning.pytorch import Trainer
 
-from badinput import assert_rejected
 from lit_icl.cli import main
 from lit_icl.core.results import collect_test_rows
 from lit_icl.mmca.data import LatentFactorDataModule

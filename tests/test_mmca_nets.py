@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.nets import count_parameters
 from lit_icl.core.seeding import make_generator
 from lit_icl.mmca.data import alpha_star, bayes_weights, sample_latent_factor_prompts
 from lit_icl.mmca.diagnostics import whitening_residuals
@@ -17,7 +18,6 @@ from lit_icl.mmca.nets import (
     DeepCrossAttention,
     SampleMean,
     SingleLayerLSA,
-    count_parameters,
     lsa_readout,
 )
 from lit_icl.mmca.theory import (

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import tiny_args
 
 TESTS_DIR = Path(__file__).resolve().parent

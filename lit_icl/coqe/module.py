@@ -31,13 +31,14 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
+from lit_icl.coqe.data import EVALUATORS
+from lit_icl.coqe.nets import CoQEClassifier
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.figures import bar_figure
 from lit_icl.core.module import ICLModule
+from lit_icl.core.nets import count_parameters
 from lit_icl.core.results import result_row
 from lit_icl.core.seeding import make_generator
-from lit_icl.coqe.data import EVALUATORS
-from lit_icl.coqe.nets import CoQEClassifier, count_parameters
 
 
 def noise_schedule(

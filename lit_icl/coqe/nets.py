@@ -4,7 +4,6 @@ Reusable pieces (no Omniglot specifics; the regression variant of CoQE builds on
 
 - :class:`CausalTransformer`: pre-LN blocks with causal ``scaled_dot_product_attention``, GELU MLP, final LN;
 - :func:`sinusoidal_positions`: Chan et al.'s positional encoding (``max_time`` 30, ``[sin ; cos]``);
-- :func:`count_parameters`.
 
 Few-shot classification on image sequences (CoQE paper Sec. 4.2, 5.2, App. C.2):
 
@@ -40,10 +39,6 @@ RESNET_CHANNELS: dict[int, tuple[int, int, int, int]] = {
 #: Width of the Transformer tokens (App. C.2: "Both variants use an embedding dimension of 64").
 TOKEN_WIDTH = 64
 
-
-def count_parameters(module: nn.Module) -> int:
-    """Number of trainable parameters."""
-    return sum(p.numel() for p in module.parameters() if p.requires_grad)
 
 
 def _check_positive(name: str, value: object) -> None:

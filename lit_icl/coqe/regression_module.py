@@ -25,10 +25,11 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor, nn
 from torchmetrics import MeanMetric, Metric
 
-from lit_icl.coqe.regression_nets import CoQERegressor, count_parameters
+from lit_icl.coqe.regression_nets import CoQERegressor
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.figures import line_figure, new_figure
 from lit_icl.core.module import ICLModule
+from lit_icl.core.nets import count_parameters
 from lit_icl.core.precision import float32_region
 from lit_icl.core.results import result_row
 from lit_icl.core.validation import check_int

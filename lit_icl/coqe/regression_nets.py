@@ -37,14 +37,14 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from lit_icl.coqe.nets import CausalTransformer, count_parameters
+from lit_icl.coqe.nets import CausalTransformer
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.precision import float32_region
 from lit_icl.core.validation import check_choice, check_int, check_positive
 
 __all__ = [
     "Averaging", "CoQERegressor", "Lasso", "LeastSquares", "NearestNeighbours", "RegressionTransformer",
-    "TwoLayerNN", "count_parameters", "interleave",
+    "TwoLayerNN", "interleave",
 ]
 
 

@@ -37,6 +37,7 @@ from torchmetrics import MeanMetric, Metric
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.figures import line_figure
 from lit_icl.core.module import ICLModule
+from lit_icl.core.nets import count_parameters
 from lit_icl.core.results import result_row
 from lit_icl.core.spectral import laplacian_eigenmap
 from lit_icl.core.validation import (
@@ -55,7 +56,7 @@ from lit_icl.icssl.data import (
     labeled_mask,
     ratio_key,
 )
-from lit_icl.icssl.nets import SemiSupervisedICL, count_parameters
+from lit_icl.icssl.nets import SemiSupervisedICL
 
 #: The paper's names of the representations (Sec. 4.1), used as the ``method`` of result rows.
 METHOD_NAMES = {

@@ -722,10 +722,6 @@ class SemiSupervisedICL(nn.Module):
         return ICSSLOutput(self.classify(features, y, labeled), features)
 
 
-def count_parameters(module: nn.Module) -> int:
-    """Trainable parameters, as counted in App. H."""
-    return sum(p.numel() for p in module.parameters() if p.requires_grad)
-
 
 __all__ = [
     "EigenmapTransformer",
@@ -738,5 +734,4 @@ __all__ = [
     "RBFAttentionLayer",
     "RawCoordinates",
     "SemiSupervisedICL",
-    "count_parameters",
 ]

@@ -28,10 +28,11 @@ from torchmetrics import MeanMetric
 
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.module import ICLModule
+from lit_icl.core.nets import count_parameters
 from lit_icl.core.results import result_row
 from lit_icl.core.seeding import derive_seed
 from lit_icl.core.validation import check_nonnegative, check_positive
-from lit_icl.mmca.avmnist_nets import MultimodalCrossAttention, count_parameters
+from lit_icl.mmca.avmnist_nets import MultimodalCrossAttention
 
 
 class AVMNISTModule(ICLModule):

@@ -290,14 +290,9 @@ class BidirectionalCrossAttention(nn.Module):
         return self.head(self.represent(image, audio))
 
 
-def count_parameters(net: nn.Module) -> int:
-    """Trainable parameters, as Table 1 counts them."""
-    return sum(p.numel() for p in net.parameters() if p.requires_grad)
-
 
 __all__ = [
     "BidirectionalCrossAttention",
     "ConvTokenizer",
     "MultimodalCrossAttention",
-    "count_parameters",
 ]

@@ -42,10 +42,6 @@ from lit_icl.mmca.theory import theorem63_alpha
 Parametrization = Literal["one", "two", "untied", "diagonal", "full"]
 
 
-def count_parameters(net: nn.Module) -> int:
-    """Number of trainable scalars."""
-    return sum(p.numel() for p in net.parameters() if p.requires_grad)
-
 
 def _check_dim(d: object) -> int:
     if not isinstance(d, int) or isinstance(d, bool) or d < 1:
