@@ -181,3 +181,18 @@ def test_real_hooks_compare_against_the_data_sizes() -> None:
     )
     _Module.embedding_names = {"val": ("eig", "model")}
     RepresentationMetrics(pairs=[("model", "eig")]).check_config(model=_Module(), datamodule=_DM())
+
+
+def test_check_literal_reads_the_choices_from_the_type() -> None:
+    from typing import Literal
+
+    from lit_icl.core.validation import check_literal, literal_choices
+
+    Mode = Literal["add", "replace"]
+    Wide = Literal[Mode, "none"]  # a Literal of Literals is flattened, as typing itself does
+    assert literal_choices(Wide) == ("add", "replace", "none")
+    assert check_literal("context_logit", "add", Mode) == "add"
+    with pytest.raises(ConfigError, match=r"context_logit='sum' is not a valid choice; choose one of 'add', 'replace'"):
+        check_literal("context_logit", "sum", Mode)
+    with pytest.raises(TypeError, match="not a Literal"):
+        literal_choices(str)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from numbers import Integral, Real
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 from lit_icl.core.errors import ConfigError
 
@@ -113,6 +113,26 @@ def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
         listed = ", ".join(repr(c) for c in options)
         raise ConfigError(f"{name}={value!r} is not a valid choice; choose one of {listed}")
     return value
+
+
+def check_literal(name: str, value: Any, choices: Any) -> Any:
+    """One of the values of a ``Literal[...]`` type (``choices``), read with ``typing.get_args``.
+
+    Options are typed ``Literal[...]`` so that ``--help`` lists them and jsonargparse refuses others at parse
+    time; this check refuses them when the class is built from Python, with the choices written only once, in
+    the type. A ``Literal`` alias of aliases (``Literal[A, B]`` of ``Literal``s) is flattened.
+    """
+    return check_choice(name, value, literal_choices(choices))
+
+
+def literal_choices(choices: Any) -> tuple[Any, ...]:
+    """The values of a ``Literal[...]`` type, flattening nested ``Literal``s; a ``TypeError`` for anything else."""
+    if get_origin(choices) is not Literal:
+        raise TypeError(f"{choices!r} is not a Literal[...] type")
+    out: list[Any] = []
+    for arg in get_args(choices):
+        out.extend(literal_choices(arg) if get_origin(arg) is Literal else [arg])
+    return tuple(out)
 
 
 def check_nonempty(name: str, values: Any, example: str = "") -> list[Any]:
