@@ -1,14 +1,14 @@
 """Data plumbing shared by papers whose episodes are generated on the fly.
 
-The pattern (see ``lit_icl.icssl.data`` for a complete example): a map-style dataset whose item ``i`` is a
-*chunk* of episodes generated in one vectorised call from a generator seeded by ``(data_seed, split, i)``;
-training uses :class:`EpochSampler` so item indices encode the epoch; the DataLoader stacks
+The pattern: a :class:`SeededChunks` dataset whose item ``i`` is a *chunk* of episodes generated in one vectorised
+call from a generator seeded by ``(data_seed, *stream, i)`` (each paper's ``data.py`` subclasses it); training uses :class:`EpochSampler` so item indices encode the epoch; the DataLoader stacks
 ``batch_size / chunk_size`` chunks with :func:`collate_chunks`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -16,6 +16,43 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.seeding import derive_seed, make_generator
+
+
+class SeededChunks(Dataset, ABC):
+    """``length`` chunks of generated examples; item ``i`` is a pure function of ``(data_seed, *stream, i)``.
+
+    ``stream`` names the split and whatever else tells two datasets of one run apart (``("train",)``,
+    ``("test", "sphere")``). A subclass writes :meth:`make_chunk`, drawing only from :meth:`generator` (or from
+    :meth:`seed`, when the chunk is generated later on the accelerator), so an item does not depend on workers,
+    DDP ranks, batch order or the resume point. :meth:`keys` may map indices (a fixed training set walks
+    ``i mod cycle``).
+    """
+
+    def __init__(self, length: int, data_seed: int, stream: Sequence[object]):
+        self.length = length
+        self.data_seed = data_seed
+        self.stream = tuple(stream)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict[str, Tensor]:
+        return self.make_chunk(int(index))
+
+    def keys(self, index: int) -> tuple[object, ...]:
+        """What seeds item ``index`` after ``data_seed``: the stream, then the index."""
+        return (*self.stream, index)
+
+    def seed(self, index: int) -> int:
+        return derive_seed(self.data_seed, *self.keys(index))
+
+    def generator(self, index: int) -> torch.Generator:
+        return make_generator(self.data_seed, *self.keys(index))
+
+    @abstractmethod
+    def make_chunk(self, index: int) -> dict[str, Tensor]:
+        """The chunk of item ``index``: a dict of tensors whose first axis is the chunk's episodes."""
 
 
 def collate_chunks(items: list[dict[str, Tensor]]) -> dict[str, Tensor]:
