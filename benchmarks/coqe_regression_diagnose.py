@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from lit_icl.coqe.regression_data import Curriculum, sample_prompts
-from lit_icl.coqe.regression_nets import CoQERegressor, LeastSquares, RegressionTransformer
+from lit_icl.coqe.regression.data import Curriculum, sample_prompts
+from lit_icl.coqe.regression.nets import CoQERegressor, LeastSquares, RegressionTransformer
 
 
 def main() -> None:

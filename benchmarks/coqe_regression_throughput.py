@@ -27,9 +27,9 @@ import torch
 from lightning.pytorch import Callback, Trainer
 from torch import Tensor, nn
 
-from lit_icl.coqe.regression_data import RegressionDataModule, sample_prompts
-from lit_icl.coqe.regression_module import CoQERegressionModule
-from lit_icl.coqe.regression_nets import (
+from lit_icl.coqe.regression.data import RegressionDataModule, sample_prompts
+from lit_icl.coqe.regression.module import CoQERegressionModule
+from lit_icl.coqe.regression.nets import (
     CoQERegressor,
     RegressionTransformer,
     ReLUEmbedding,

@@ -25,15 +25,15 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import Callback, Trainer
 
-from lit_icl.coqe.data import (
+from lit_icl.coqe.omniglot.data import (
     OmniglotSequenceDataModule,
     gather_images,
     load_bank,
     make_class_split,
     sample_chunk,
 )
-from lit_icl.coqe.module import CoQEClassificationModule
-from lit_icl.coqe.nets import CoQEClassifier, SequenceTransformer
+from lit_icl.coqe.omniglot.module import CoQEClassificationModule
+from lit_icl.coqe.omniglot.nets import CoQEClassifier, SequenceTransformer
 from lit_icl.core.nets import count_parameters
 from lit_icl.core.seeding import make_generator
 

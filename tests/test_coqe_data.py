@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from lit_icl.coqe.data import (
+from lit_icl.coqe.omniglot.data import (
     OmniglotSequenceDataModule,
     gather_images,
     index_folder,
@@ -256,7 +256,7 @@ def test_datamodule_gathers_images_on_transfer(tmp_path) -> None:
         ({"zipf_alpha": -1.0}, "zipf_alpha=-1.0"),
         ({"source": "mnist"}, "source='mnist'"),
         ({"folder": "/no/such/folder"}, "omniglot-py"),
-        ({"source": "glyphs", "folder": "/no/such/glyphs", "build_glyphs": False}, "python -m lit_icl.coqe.glyphs"),
+        ({"source": "glyphs", "folder": "/no/such/glyphs", "build_glyphs": False}, "python -m lit_icl.coqe.omniglot.glyphs"),
         ({"train_batches_per_epoch": 0}, "train_batches_per_epoch=0"),
     ],
 )

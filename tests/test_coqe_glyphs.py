@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lit_icl.coqe.data import index_folder, load_bank
-from lit_icl.coqe.glyphs import build_glyphs, draw, select_glyphs
+from lit_icl.coqe.omniglot.data import index_folder, load_bank
+from lit_icl.coqe.omniglot.glyphs import build_glyphs, draw, select_glyphs
 from lit_icl.core.errors import ConfigError
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lit_icl.coqe.module import noise_schedule
-from lit_icl.coqe.nets import (
+from lit_icl.coqe.omniglot.module import noise_schedule
+from lit_icl.coqe.omniglot.nets import (
     CausalTransformer,
     CoQEClassifier,
     ResNetEmbedder,

@@ -12,7 +12,7 @@ from badinput import assert_rejected
 from conftest import tb_scalars
 
 from lit_icl.cli import main
-from lit_icl.coqe.regression_data import (
+from lit_icl.coqe.regression.data import (
     PAPER_SHIFTS,
     RegressionDataModule,
     combination_features,
@@ -20,8 +20,8 @@ from lit_icl.coqe.regression_data import (
     relu_first_layer,
     sample_prompts,
 )
-from lit_icl.coqe.regression_module import CoQERegressionModule
-from lit_icl.coqe.regression_nets import (
+from lit_icl.coqe.regression.module import CoQERegressionModule
+from lit_icl.coqe.regression.nets import (
     Averaging,
     CoQERegressor,
     Lasso,

@@ -1,29 +1,52 @@
-"""CoQE: reconciling in-context and in-weight learning (``shared/papers/coqe_reconciling_icl_and_iwl.md``).
+"""CoQE: separate sample and task encoders joined by an inner product, for in-context and in-weight learning.
 
-Two experiments:
+Paper: Chen, Wang, Zhang and Chen, "Reconciling In-Context and In-Weight Learning via Dual Representation Space
+Encoding", TMLR 2026, arXiv:2603.13459 (an earlier version, "Reconciling In-Context and In-Weight Learning: A
+Dual-Space Modeling Perspective", was under review at ICLR 2026). Section, equation and appendix numbers in this
+package follow that paper.
 
-- few-shot classification on Omniglot-style sequences (Sec. 4.2, 5.2, App. C.2): ``data``, ``nets``, ``module``;
-- in-context regression of function classes (Sec. 4.1, 5.1, App. C.1): ``regression_data``, ``regression_nets``,
-  ``regression_module``.
+Two experiments, one folder each (``data.py``, ``nets.py``, ``module.py``):
+
+- :mod:`lit_icl.coqe.omniglot`: few-shot classification on bursty/Zipfian Omniglot-style image sequences
+  (Sec. 4.2, 5.2, App. C.2), with the offline ``glyphs`` stand-in (:mod:`lit_icl.coqe.omniglot.glyphs`);
+- :mod:`lit_icl.coqe.regression`: in-context regression of function classes (Sec. 4.1, 5.1, App. C.1).
+
+Both build on the causal Transformer of :mod:`lit_icl.coqe.layers`. Configs name the public classes below
+(``lit_icl.coqe.CoQEClassifier``), so files can move without breaking configs or checkpoints.
 """
 
-from lit_icl.coqe.data import OmniglotSequenceDataModule
-from lit_icl.coqe.module import CoQEClassificationModule
-from lit_icl.coqe.nets import CoQEClassifier, SequenceTransformer
-from lit_icl.coqe.regression_data import RegressionDataModule
-from lit_icl.coqe.regression_module import CoQERegressionModule
-from lit_icl.coqe.regression_nets import (
+from lit_icl.coqe.omniglot import (
+    CoQEClassificationModule,
+    CoQEClassifier,
+    OmniglotSequenceDataModule,
+    SequenceTransformer,
+)
+from lit_icl.coqe.regression import (
     Averaging,
+    CoQERegressionModule,
     CoQERegressor,
     Lasso,
     LeastSquares,
     NearestNeighbours,
+    RegressionDataModule,
     RegressionTransformer,
     TwoLayerNN,
 )
+from lit_icl.core.compat import alias_modules
+
+# Module names before the one-folder-per-experiment layout: configs and checkpoints that name them still load.
+alias_modules({
+    "lit_icl.coqe.data": "lit_icl.coqe.omniglot.data",
+    "lit_icl.coqe.nets": "lit_icl.coqe.omniglot.nets",
+    "lit_icl.coqe.module": "lit_icl.coqe.omniglot.module",
+    "lit_icl.coqe.glyphs": "lit_icl.coqe.omniglot.glyphs",
+    "lit_icl.coqe.regression_data": "lit_icl.coqe.regression.data",
+    "lit_icl.coqe.regression_nets": "lit_icl.coqe.regression.nets",
+    "lit_icl.coqe.regression_module": "lit_icl.coqe.regression.module",
+})
 
 __all__ = [
-    "Averaging", "CoQEClassificationModule", "CoQEClassifier", "CoQERegressionModule", "CoQERegressor", "Lasso",
-    "LeastSquares", "NearestNeighbours", "OmniglotSequenceDataModule", "RegressionDataModule",
+    "Averaging", "CoQEClassificationModule", "CoQEClassifier", "CoQERegressionModule", "CoQERegressor",
+    "Lasso", "LeastSquares", "NearestNeighbours", "OmniglotSequenceDataModule", "RegressionDataModule",
     "RegressionTransformer", "SequenceTransformer", "TwoLayerNN",
 ]

@@ -44,9 +44,9 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from lit_icl.core.data import EpochSampler, collate_chunks
+from lit_icl.core.data import EpochSampler, SeededChunks, collate_chunks
 from lit_icl.core.errors import ConfigError
-from lit_icl.core.seeding import derive_seed, make_generator
+from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import check_choice, check_int, check_nonempty, check_positive, check_unique
 
 FunctionClass = Literal["linear", "sparse", "relu", "combination"]
@@ -240,8 +240,9 @@ class PromptSpec:
         return collate_chunks(chunks)
 
 
-class PromptChunks(Dataset):
-    """Item ``i``: a chunk of prompts seeded by ``(data_seed, split, shift, i)``, as a seed or as tensors.
+class PromptChunks(SeededChunks):
+    """Item ``i``: a chunk of prompts seeded by ``(data_seed, "coqe-regression", split, shift, i)``, as a seed or
+    as tensors.
 
     ``items_per_step`` converts a training item index to its optimisation step (for the curriculum): one
     step consumes ``chunks_per_batch * world_size`` consecutive global indices of the
@@ -249,22 +250,18 @@ class PromptChunks(Dataset):
     """
 
     def __init__(self, spec: PromptSpec, split: str, shift_index: int, length: int, items_per_step: int = 1):
-        self.spec, self.split, self.shift_index, self.length = spec, split, shift_index, length
+        super().__init__(length, spec.data_seed, stream=("coqe-regression", split, spec.shifts[shift_index].name))
+        self.spec, self.split, self.shift_index = spec, split, shift_index
         self.items_per_step = items_per_step
 
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, index: int) -> dict[str, Tensor]:
+    def make_chunk(self, index: int) -> dict[str, Tensor]:
         spec = self.spec
-        shift = spec.shifts[self.shift_index]
-        seed = derive_seed(spec.data_seed, "coqe-regression", self.split, shift.name, int(index))
         if self.split == "train":
-            n, a = spec.curriculum_at(int(index) // self.items_per_step)
+            n, a = spec.curriculum_at(index // self.items_per_step)
         else:
             n, a = spec.n_points, spec.n_dims
         meta = {
-            "seed": torch.tensor([seed]), "n_points": torch.tensor([n]), "active_dims": torch.tensor([a]),
+            "seed": torch.tensor([self.seed(index)]), "n_points": torch.tensor([n]), "active_dims": torch.tensor([a]),
             "shift_index": torch.tensor([self.shift_index]),
         }
         return meta if spec.generate_on_device else spec.generate(meta, torch.device("cpu"))

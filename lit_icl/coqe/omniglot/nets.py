@@ -1,11 +1,6 @@
-"""CoQE networks: the causal Transformer stack, Chan et al.'s ResNet embedder, and the two sequence classifiers.
+"""CoQE networks for few-shot classification on image sequences (CoQE paper Sec. 4.2, 5.2, App. C.2).
 
-Reusable pieces (no Omniglot specifics; the regression variant of CoQE builds on them):
-
-- :class:`CausalTransformer`: pre-LN blocks with causal ``scaled_dot_product_attention``, GELU MLP, final LN;
-- :func:`sinusoidal_positions`: Chan et al.'s positional encoding (``max_time`` 30, ``[sin ; cos]``);
-
-Few-shot classification on image sequences (CoQE paper Sec. 4.2, 5.2, App. C.2):
+The causal Transformer they share with the regression experiment is in :mod:`lit_icl.coqe.layers`.
 
 - :class:`ResNetEmbedder`: 4 groups x 2 bottleneck residual blocks (Chan et al.'s "SimpleResNet"), group
   widths 16/32/32/64 for E = 64, 64/128/128/256 for E = 256, 64/128/256/512 for E = 512 (App. C.2);
@@ -28,7 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lit_icl.coqe.layers import TOKEN_WIDTH, CausalTransformer, sinusoidal_positions
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.validation import check_int
 
 #: Group widths of the ResNet for each embedding size E in App. C.2.
 RESNET_CHANNELS: dict[int, tuple[int, int, int, int]] = {
@@ -36,87 +33,7 @@ RESNET_CHANNELS: dict[int, tuple[int, int, int, int]] = {
     256: (64, 128, 128, 256),
     512: (64, 128, 256, 512),
 }
-#: Width of the Transformer tokens (App. C.2: "Both variants use an embedding dimension of 64").
-TOKEN_WIDTH = 64
 
-
-
-def _check_positive(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name}={value!r} must be a positive integer")
-
-
-# ------------------------------------------------------------------------------------------ Transformer
-def sinusoidal_positions(n: int, dim: int, max_time: float = 30.0) -> Tensor:
-    """Chan et al.'s sinusoidal encoding, ``(n, dim)``: ``[sin(p w_i) ; cos(p w_i)]``, ``w_i = max_time^(-2i/dim)``.
-
-    The halves are concatenated, not interleaved, and the base is 30 rather than 10^4 because sequences are
-    short (17 tokens).
-    """
-    if dim % 2:
-        raise ConfigError(f"positional encoding width {dim} must be even")
-    freqs = max_time ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    angles = torch.arange(n, dtype=torch.float64)[:, None] * freqs[None, :]
-    return torch.cat([angles.sin(), angles.cos()], dim=-1).float()
-
-
-class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention through ``F.scaled_dot_product_attention`` (flash/efficient kernels)."""
-
-    def __init__(self, width: int, heads: int):
-        super().__init__()
-        _check_positive("heads", heads)
-        if width % heads:
-            raise ConfigError(f"width={width} is not divisible by heads={heads}; choose heads dividing the width")
-        self.heads = heads
-        self.qkv = nn.Linear(width, 3 * width)
-        self.out = nn.Linear(width, width)
-
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        """``mask``: optional boolean ``(n, n)`` (True = may attend) replacing the causal mask."""
-        b, n, w = x.shape
-        q, k, v = self.qkv(x).view(b, n, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
-        if mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # scale 1/sqrt(d_head)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return self.out(y.transpose(1, 2).reshape(b, n, w))
-
-
-class TransformerBlock(nn.Module):
-    """Pre-LN residual block: ``x + attn(LN(x))``, then ``x + MLP(LN(x))`` with a GELU MLP of ``mlp_ratio * width``."""
-
-    def __init__(self, width: int, heads: int, mlp_ratio: int = 4):
-        super().__init__()
-        self.ln1 = nn.LayerNorm(width)
-        self.attn = CausalSelfAttention(width, heads)
-        self.ln2 = nn.LayerNorm(width)
-        self.mlp = nn.Sequential(nn.Linear(width, mlp_ratio * width), nn.GELU(), nn.Linear(mlp_ratio * width, width))
-
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        x = x + self.attn(self.ln1(x), mask)
-        return x + self.mlp(self.ln2(x))
-
-
-class CausalTransformer(nn.Module):
-    """``depth`` causal pre-LN blocks and a final LayerNorm: ``(B, n, width) -> (B, n, width)``.
-
-    The output at position ``p`` depends only on inputs ``<= p`` (tested), which is what lets one pass train
-    every prefix and what CoQE's task encoder relies on.
-    """
-
-    def __init__(self, width: int = TOKEN_WIDTH, depth: int = 12, heads: int = 8, mlp_ratio: int = 4):
-        super().__init__()
-        for name, value in (("width", width), ("depth", depth), ("mlp_ratio", mlp_ratio)):
-            _check_positive(name, value)
-        self.blocks = nn.ModuleList([TransformerBlock(width, heads, mlp_ratio) for _ in range(depth)])
-        self.ln_f = nn.LayerNorm(width)
-
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        """``mask``: optional boolean ``(n, n)`` attention mask (True = may attend) instead of the causal one."""
-        for block in self.blocks:
-            x = block(x, mask)
-        return self.ln_f(x)
 
 
 # ------------------------------------------------------------------------------------------ ResNet
@@ -183,8 +100,8 @@ class ResNetEmbedder(nn.Module):
         channels = tuple(channels)
         if len(channels) != 4 or any(isinstance(c, bool) or not isinstance(c, int) or c < 4 for c in channels):
             raise ConfigError(f"channels={list(channels)} must be 4 integers >= 4 (one width per residual group)")
-        _check_positive("out_dim", out_dim)
-        _check_positive("stem_channels", stem_channels)
+        check_int("out_dim", out_dim, minimum=1)
+        check_int("stem_channels", stem_channels, minimum=1)
         self.channels = channels
         self.stem = nn.Sequential(
             nn.Conv2d(1, stem_channels, 7, stride=2, padding=3, bias=False),
@@ -275,7 +192,7 @@ class _SequenceClassifier(nn.Module):
 
     def set_n_classes(self, n_classes: int) -> None:
         """Build the class-sized layers for ``n_classes`` classes (once); a different count is refused."""
-        _check_positive("n_classes", n_classes)
+        check_int("n_classes", n_classes, minimum=1)
         if getattr(self, "n_classes", None) is not None:
             if n_classes != self.n_classes:
                 raise ConfigError(
@@ -410,7 +327,7 @@ class CoQEClassifier(_SequenceClassifier):
         if noise_on not in ("all", "non_context"):
             raise ConfigError(f"noise_on={noise_on!r}; choose 'all' (every class) or 'non_context'")
         if noise_k is not None:
-            _check_positive("noise_k", noise_k)
+            check_int("noise_k", noise_k, minimum=1)
         self.context_logit = context_logit
         self.detach_static = detach_static
         self.noise_on = noise_on

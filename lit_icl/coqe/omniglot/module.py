@@ -1,9 +1,9 @@
 """The CoQE classification LightningModule: L_mod + L_orig with scheduled logit noise, ICL/IWL evaluators.
 
-One objective for both nets of :mod:`lit_icl.coqe.nets` (CoQE paper Sec. 4.2, 5.2, App. C.2):
+One objective for both nets of :mod:`lit_icl.coqe.omniglot.nets` (CoQE paper Sec. 4.2, 5.2, App. C.2):
 
-- :class:`~lit_icl.coqe.nets.SequenceTransformer`: cross-entropy of the query's logits (Chan et al.);
-- :class:`~lit_icl.coqe.nets.CoQEClassifier`: ``L_mod + L_orig``, the cross-entropies of the modified logits
+- :class:`~lit_icl.coqe.omniglot.nets.SequenceTransformer`: cross-entropy of the query's logits (Chan et al.);
+- :class:`~lit_icl.coqe.omniglot.nets.CoQEClassifier`: ``L_mod + L_orig``, the cross-entropies of the modified logits
   (dynamic vectors for context classes, static otherwise, plus Gaussian noise on the non-context classes during
   training) and of the static logits (to speed up learning of the static vectors; not used at test time).
 
@@ -31,8 +31,8 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
-from lit_icl.coqe.data import EVALUATORS
-from lit_icl.coqe.nets import CoQEClassifier
+from lit_icl.coqe.omniglot.data import EVALUATORS
+from lit_icl.coqe.omniglot.nets import CoQEClassifier
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.figures import bar_figure
 from lit_icl.core.module import ICLModule
@@ -53,8 +53,8 @@ class CoQEClassificationModule(ICLModule):
     """Trains a sequence classifier on bursty/Zipfian sequences; evaluates ICL and IWL (Sec. 5.2).
 
     Args:
-        net: :class:`~lit_icl.coqe.nets.CoQEClassifier` (default) or
-            :class:`~lit_icl.coqe.nets.SequenceTransformer`; its ``n_classes`` must equal the data's
+        net: :class:`~lit_icl.coqe.omniglot.nets.CoQEClassifier` (default) or
+            :class:`~lit_icl.coqe.omniglot.nets.SequenceTransformer`; its ``n_classes`` must equal the data's
             training classes (checked at setup).
         lr: Adam learning rate (1e-4, App. C.2).
         lr_schedule: ``constant`` (App. C.2) or ``warmup_rsqrt``, Chan et al.'s
@@ -86,8 +86,8 @@ class CoQEClassificationModule(ICLModule):
         self.net = net if net is not None else CoQEClassifier()
         if not hasattr(self.net, "n_classes") or getattr(self.net, "method", None) not in ("coqe", "transformer"):
             raise ConfigError(
-                f"net {type(self.net).__name__} is not a sequence classifier; use lit_icl.coqe.nets.CoQEClassifier "
-                "or lit_icl.coqe.nets.SequenceTransformer"
+                f"net {type(self.net).__name__} is not a sequence classifier; use lit_icl.coqe.omniglot.nets.CoQEClassifier "
+                "or lit_icl.coqe.omniglot.nets.SequenceTransformer"
             )
         if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
             raise ConfigError(f"lr={lr!r} must be a positive number (1e-4 in App. C.2)")

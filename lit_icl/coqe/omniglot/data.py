@@ -6,7 +6,7 @@ Images. One reader serves both sources, torchvision's Omniglot layout::
     <folder>/images_evaluation/<alphabet>/<character>/<id>_<drawer>.png
 
 - ``omniglot``: the real data set (``data/omniglot-py``, torchvision's folder name);
-- ``glyphs``: the offline stand-in built by :mod:`lit_icl.coqe.glyphs` (``data/glyphs``), font glyphs drawn by
+- ``glyphs``: the offline stand-in built by :mod:`lit_icl.coqe.omniglot.glyphs` (``data/glyphs``), font glyphs drawn by
   20 simulated "drawers". It is *not* Omniglot; its numbers are not the paper's.
 
 All images live in one uint8 tensor ``bank (C, K, H, W)`` (class, exemplar), cached as a ``.pt`` file next to
@@ -31,7 +31,6 @@ Every chunk of sequences is a pure function of ``(data_seed, split, index)``; tr
 from __future__ import annotations
 
 import os
-import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -40,13 +39,14 @@ import torch
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-from lit_icl.core.data import EpochSampler, collate_chunks
+from lit_icl.coqe.omniglot.glyphs import DEFAULT_CLASSES, DEFAULT_DRAWERS, build_glyphs
+from lit_icl.coqe.omniglot.images import OMNIGLOT_HELP, SPLIT_FOLDERS, index_folder, load_bank
+from lit_icl.core.data import EpochSampler, SeededChunks, collate_chunks
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
 
-SPLIT_FOLDERS = ("images_background", "images_evaluation")
 SEQ_LEN = 9  # 8 image-label pairs and the query
 BURSTY_SHOTS = 3  # context items of the query's class (and of the distractor) in a bursty sequence
 ICL_SHOTS = 4  # images per holdout class in an ICL evaluation sequence
@@ -54,115 +54,6 @@ N_AUGMENT = 8  # flip_lr x rot90 k
 Source = Literal["auto", "omniglot", "glyphs"]
 Evaluator = Literal["icl", "iwl"]
 EVALUATORS: tuple[Evaluator, Evaluator] = ("icl", "iwl")
-
-OMNIGLOT_HELP = (
-    "put torchvision's Omniglot folder (omniglot-py with images_background/ and images_evaluation/) under "
-    "data/, or set data.init_args.source: glyphs to run on the offline stand-in"
-)
-
-
-# ------------------------------------------------------------------------------------------ folders
-@dataclass(frozen=True)
-class FolderIndex:
-    """The PNG files of an Omniglot-layout folder: ``files[c][k]`` is exemplar ``k`` of class ``c``.
-
-    Classes are ordered by (split folder, alphabet, character) names, sorted (torchvision lists them with
-    ``os.listdir``, whose order depends on the file system); exemplars by file name.
-    """
-
-    root: Path
-    class_names: list[str]
-    files: list[list[Path]]
-
-    @property
-    def n_classes(self) -> int:
-        return len(self.files)
-
-    @property
-    def n_exemplars(self) -> int:
-        return len(self.files[0])
-
-    def fingerprint(self) -> tuple[int, int]:
-        """(number of files, total bytes): changes when the folder's content does."""
-        paths = [p for cls in self.files for p in cls]
-        return len(paths), sum(p.stat().st_size for p in paths)
-
-
-def index_folder(root: str | os.PathLike[str]) -> FolderIndex:
-    """List an Omniglot-layout folder; raise :class:`ConfigError` (one line) when it is missing or malformed."""
-    root = Path(root)
-    if not root.is_dir():
-        raise ConfigError(f"image folder {root} does not exist; {OMNIGLOT_HELP}")
-    present = [s for s in SPLIT_FOLDERS if (root / s).is_dir()]
-    if not present:
-        raise ConfigError(f"{root} has neither images_background/ nor images_evaluation/; {OMNIGLOT_HELP}")
-    names: list[str] = []
-    files: list[list[Path]] = []
-    for split in present:
-        for alphabet in sorted(p for p in (root / split).iterdir() if p.is_dir()):
-            for char in sorted(p for p in alphabet.iterdir() if p.is_dir()):
-                pngs = sorted(p for p in char.iterdir() if p.suffix.lower() == ".png")
-                if not pngs:
-                    raise ConfigError(f"character folder {char} has no .png files; {OMNIGLOT_HELP}")
-                names.append(f"{split}/{alphabet.name}/{char.name}")
-                files.append(pngs)
-    if not files:
-        raise ConfigError(f"{root} holds no alphabet/character/*.png folders; {OMNIGLOT_HELP}")
-    counts = {len(f) for f in files}
-    if len(counts) > 1:
-        bad = next(n for n, f in zip(names, files) if len(f) != len(files[0]))
-        raise ConfigError(
-            f"characters in {root} have different numbers of drawings ({sorted(counts)}, e.g. {bad}); "
-            "every character needs the same number (20 in Omniglot)"
-        )
-    return FolderIndex(root, names, files)
-
-
-def _png_to_tensor(path: Path, size: int) -> Tensor:
-    from PIL import Image  # Pillow comes with torchvision
-
-    with Image.open(path) as im:
-        im = im.convert("L")
-        if im.size != (size, size):
-            # Area-averaging keeps thin strokes visible when downsampling (e.g. to 28x28).
-            im = im.resize((size, size), Image.Resampling.BOX)
-        return torch.frombuffer(bytearray(im.tobytes()), dtype=torch.uint8).view(size, size)
-
-
-def load_bank(root: str | os.PathLike[str], image_size: int = 105) -> Tensor:
-    """All images of a folder as uint8 ``(C, K, image_size, image_size)`` (0 = ink, 255 = background).
-
-    The first call reads the PNGs and caches the tensor as ``<root>/lit_icl_bank_<size>.pt`` (keyed by the
-    folder's fingerprint); later calls load it in about a second.
-    """
-    index = index_folder(root)
-    cache = Path(root) / f"lit_icl_bank_{image_size}.pt"
-    fingerprint = index.fingerprint()
-    if cache.is_file():
-        try:
-            saved = torch.load(cache, map_location="cpu", weights_only=True)
-        except (OSError, RuntimeError, EOFError, KeyError, ValueError, pickle.UnpicklingError) as err:  # partial/foreign
-            rank_zero_info(f"lit_icl.coqe: rebuilding the unreadable image cache {cache} ({type(err).__name__})")
-        else:
-            if tuple(saved.get("fingerprint", ())) == fingerprint and saved.get("class_names") == index.class_names:
-                return saved["images"]
-            rank_zero_info(f"lit_icl.coqe: the images under {root} changed; rebuilding {cache.name}")
-    images = torch.stack(
-        [torch.stack([_png_to_tensor(p, image_size) for p in cls]) for cls in index.files]
-    )
-    save_bank(index, images, fingerprint)
-    return images
-
-
-def save_bank(index: FolderIndex, images: Tensor, fingerprint: tuple[int, int] | None = None) -> Path:
-    """Write the bank cache of ``index.root`` for ``images (C, K, S, S)`` (atomically: write, then rename)."""
-    cache = index.root / f"lit_icl_bank_{images.shape[-1]}.pt"
-    tmp = cache.with_suffix(".tmp")
-    fp = list(fingerprint if fingerprint is not None else index.fingerprint())
-    torch.save({"images": images, "fingerprint": fp, "class_names": index.class_names}, tmp)
-    os.replace(tmp, cache)  # a concurrent reader never sees half a file
-    return cache
-
 
 # ------------------------------------------------------------------------------------------ classes
 @dataclass(frozen=True)
@@ -342,22 +233,20 @@ def gather_images(bank: Tensor, classes: Tensor, exemplars: Tensor, augment: Ten
     return x.float() / 255.0
 
 
-class SequenceChunks(Dataset):
-    """Chunks of ``chunk_size`` sequences; item ``i`` is seeded by ``(data_seed, kind, i)``."""
+class SequenceChunks(SeededChunks):
+    """Chunks of ``chunk_size`` sequences of one kind (``train``, ``icl`` or ``iwl``); item ``i`` is seeded by
+    ``(data_seed, kind, i)``."""
 
     def __init__(
         self, split: ClassSplit, kind: Literal["train", "icl", "iwl"], chunk_size: int, length: int,
         n_exemplars: int, data_seed: int, p_bursty: float,
     ):
-        self.split, self.kind, self.chunk_size, self.length = split, kind, chunk_size, length
-        self.n_exemplars, self.data_seed, self.p_bursty = n_exemplars, data_seed, p_bursty
+        super().__init__(length, data_seed, stream=(kind,))
+        self.split, self.kind, self.chunk_size = split, kind, chunk_size
+        self.n_exemplars, self.p_bursty = n_exemplars, p_bursty
 
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, index: int) -> dict[str, Tensor]:
-        g = make_generator(self.data_seed, self.kind, int(index))
-        return sample_chunk(self.split, self.kind, self.chunk_size, self.n_exemplars, g, self.p_bursty)
+    def make_chunk(self, index: int) -> dict[str, Tensor]:
+        return sample_chunk(self.split, self.kind, self.chunk_size, self.n_exemplars, self.generator(index), self.p_bursty)
 
 
 # ------------------------------------------------------------------------------------------ data module
@@ -477,7 +366,7 @@ class OmniglotSequenceDataModule(LightningDataModule):
             return  # downloaded in prepare_data
         if self.source == "glyphs":
             raise ConfigError(
-                f"the glyphs stand-in is not at {self.folder}; run `python -m lit_icl.coqe.glyphs --out "
+                f"the glyphs stand-in is not at {self.folder}; run `python -m lit_icl.coqe.omniglot.glyphs --out "
                 f"{self.folder}` or set data.init_args.build_glyphs: true"
             )
         raise ConfigError(f"Omniglot not found at {self.folder}; {OMNIGLOT_HELP}")
@@ -488,7 +377,6 @@ class OmniglotSequenceDataModule(LightningDataModule):
             index = index_folder(self.folder)
             self._n_exemplars = index.n_exemplars
             return index.n_classes
-        from lit_icl.coqe.glyphs import DEFAULT_CLASSES, DEFAULT_DRAWERS  # what prepare_data will build
 
         self._n_exemplars = DEFAULT_DRAWERS if self.source == "glyphs" else 20
         return DEFAULT_CLASSES if self.source == "glyphs" else 1623
@@ -497,8 +385,6 @@ class OmniglotSequenceDataModule(LightningDataModule):
         """Rank 0: build the glyphs stand-in or download Omniglot when missing, and fill the bank cache."""
         if not any((self.folder / s).is_dir() for s in SPLIT_FOLDERS):
             if self.source == "glyphs":
-                from lit_icl.coqe.glyphs import build_glyphs
-
                 rank_zero_info(f"lit_icl.coqe: building the glyphs stand-in in {self.folder} (once)")
                 build_glyphs(self.folder)
             else:

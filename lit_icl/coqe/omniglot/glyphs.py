@@ -15,7 +15,7 @@ Only letters (Unicode categories L*) are used whose rendering is not nearly empt
 is at least ``MIN_DISTANCE`` (Euclidean) from every glyph kept before it, so no two classes share a shape. Everything is a pure function of ``seed``; drawings are generated in batches with
 ``torch.nn.functional.grid_sample`` (no per-image Python except writing the PNG files).
 
-Build it with ``python -m lit_icl.coqe.glyphs --out data/glyphs`` (the data module also builds it on first use);
+Build it with ``python -m lit_icl.coqe.omniglot.glyphs --out data/glyphs`` (the data module also builds it on first use);
 it also writes the uint8 bank cache that training loads.
 """
 
@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lit_icl.coqe.omniglot.images import index_folder, save_bank
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
 
@@ -217,8 +218,6 @@ def _build_into(tmp: Path, n_classes: int, n_drawers: int, seed: int) -> None:
     """Draw the glyphs into ``tmp`` (Omniglot layout) and write its 105x105 bank cache there."""
     from PIL import Image
 
-    from lit_icl.coqe.data import index_folder, save_bank
-
     shutil.rmtree(tmp, ignore_errors=True)  # a leftover of a killed build of the same pid
     names, protos = select_glyphs(n_classes)
     g = make_generator("glyphs-drawers", seed)
@@ -258,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         build_glyphs(args.out, args.classes, args.drawers, args.seed)
     except ConfigError as err:
-        raise SystemExit(f"lit_icl.coqe.glyphs: error: {err}") from None
+        raise SystemExit(f"lit_icl.coqe.omniglot.glyphs: error: {err}") from None
     print(f"built {args.classes} classes x {args.drawers} drawers in {args.out} ({time.perf_counter() - start:.1f} s)")
 
 

@@ -37,7 +37,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from lit_icl.coqe.nets import CausalTransformer
+from lit_icl.coqe.layers import CausalTransformer
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.precision import float32_region
 from lit_icl.core.validation import check_choice, check_int, check_positive
@@ -77,7 +77,7 @@ class ReLUEmbedding(nn.Sequential):
 class GPT2Backbone(nn.Module):
     """GPT-2's body on given input embeddings: learned absolute positions, pre-LN causal blocks, final LN.
 
-    The blocks are :class:`lit_icl.coqe.nets.CausalTransformer` (``scaled_dot_product_attention``, causal, GELU
+    The blocks are :class:`lit_icl.coqe.omniglot.nets.CausalTransformer` (``scaled_dot_product_attention``, causal, GELU
     MLP of 4x width). Weights follow GPT-2's initialisation: N(0, 0.02) for linear layers and positions,
     output projections of the residual branches scaled by ``1/sqrt(2 * depth)``, zero biases.
     """

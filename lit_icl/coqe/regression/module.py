@@ -25,7 +25,7 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor, nn
 from torchmetrics import MeanMetric, Metric
 
-from lit_icl.coqe.regression_nets import CoQERegressor
+from lit_icl.coqe.regression.nets import CoQERegressor
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.figures import line_figure, new_figure
 from lit_icl.core.module import ICLModule
@@ -64,8 +64,8 @@ class CoQERegressionModule(ICLModule):
     """Trains a regression net on prompts of one function class; tests it with baselines, ID and OOD (Sec. 5.1).
 
     Args:
-        net: :class:`~lit_icl.coqe.regression_nets.CoQERegressor` (default),
-            :class:`~lit_icl.coqe.regression_nets.RegressionTransformer`, or a parameter-free baseline (then only
+        net: :class:`~lit_icl.coqe.regression.nets.CoQERegressor` (default),
+            :class:`~lit_icl.coqe.regression.nets.RegressionTransformer`, or a parameter-free baseline (then only
             ``test`` runs). Its ``n_dims`` must equal the data's (checked at setup).
         baselines: parameter-free nets evaluated in ``test`` beside ``net`` (least squares, Lasso per alpha, the
             two-layer network fit by Adam, averaging, nearest neighbours).
@@ -86,7 +86,7 @@ class CoQERegressionModule(ICLModule):
         self.baselines = nn.ModuleList(baselines or [])
         for m in [self.net, *self.baselines]:
             if not callable(getattr(m, "forward", None)) or not isinstance(getattr(m, "method", None), str):
-                raise ConfigError(f"{type(m).__name__} is not a regression net; use one of lit_icl.coqe.regression_nets")
+                raise ConfigError(f"{type(m).__name__} is not a regression net; use one of lit_icl.coqe.regression.nets")
         for b in self.baselines:
             if any(p.requires_grad for p in b.parameters()):
                 raise ConfigError(f"baseline {type(b).__name__} has trainable parameters; give it as `net` instead")
