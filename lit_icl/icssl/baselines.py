@@ -245,6 +245,8 @@ class ICLTransformerBaseline(nn.Module):
     """
 
     method = "ORIG+Transformer"
+    #: Works for episodes of any size (no position-indexed parameter).
+    n_points = None
 
     def __init__(
         self,

@@ -22,15 +22,14 @@ from typing import Literal
 import torch
 from lightning.pytorch import LightningDataModule
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Sampler
 
-from lit_icl.core.data import EpochSampler, chunk_loader
+from lit_icl.core.data import EpochSampler, SeededChunks, chunk_loader
 from lit_icl.core.errors import ConfigError
-from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import (
-    check_choice,
     check_fraction,
     check_int,
+    check_literal,
     check_nonempty,
     check_nonnegative,
     check_pair_ordered,
@@ -38,7 +37,14 @@ from lit_icl.core.validation import (
     check_range,
     check_unique,
 )
-from lit_icl.icssl.manifolds import TORUS_TAU, Manifold, PoseConfig, get_manifold, sample_episodes
+from lit_icl.icssl.manifolds import (
+    TORUS_TAU,
+    Manifold,
+    PoseConfig,
+    PoseRotation,
+    get_manifold,
+    sample_episodes,
+)
 
 Split = Literal["train", "val", "test"]
 
@@ -119,12 +125,13 @@ def balanced_accuracy(pred: Tensor, y: Tensor, mask: Tensor, num_classes: int) -
     return recall.sum(-1) / present.sum(-1).clamp_min(1)
 
 
-class EpisodeChunks(Dataset):
+class EpisodeChunks(SeededChunks):
     """Chunks of episodes on a list of manifolds; item ``i`` is seeded by ``(data_seed, split, i)``.
 
     Each episode picks one of ``manifolds`` uniformly at random. Training chunks also carry ``n_labeled``, the
     number of labeled points per episode, drawn uniformly from ``labeled_range`` (so one model serves every
-    label ratio).
+    label ratio). A named ``stream`` (one test set per manifold) seeds item ``i`` by
+    ``(data_seed, split, stream, i)`` instead.
     """
 
     def __init__(
@@ -139,23 +146,16 @@ class EpisodeChunks(Dataset):
         labeled_range: tuple[int, int] | None = None,
         stream: str | None = None,
     ):
+        super().__init__(length, data_seed, (split,) if stream is None else (split, stream))
         self.split = split
-        # A named stream (one test set per manifold) seeds item i by (data_seed, split, stream, i).
-        self.stream = stream
         self.manifolds = list(manifolds)
         self.n_points = n_points
         self.chunk_size = chunk_size
-        self.length = length
-        self.data_seed = data_seed
         self.pose = pose
         self.labeled_range = labeled_range
 
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, index: int) -> dict[str, Tensor]:
-        keys = (self.split, int(index)) if self.stream is None else (self.split, self.stream, int(index))
-        g = make_generator(self.data_seed, *keys)
+    def make_chunk(self, index: int) -> dict[str, Tensor]:
+        g = self.generator(index)
         c = self.chunk_size
         which = torch.randint(len(self.manifolds), (c,), generator=g)
         xs, ys, order = [], [], []
@@ -240,7 +240,7 @@ class ManifoldDataModule(LightningDataModule):
         data_seed: int = 0,
         pose_scale: tuple[float, float] = (0.02, 0.1),
         pose_translation: tuple[float, float] = (-1.0, 1.0),
-        pose_rotation: Literal["planar", "haar", "none"] = "planar",
+        pose_rotation: PoseRotation = "planar",
         cylinder_height: float = 2.0,
         torus_tau: float = TORUS_TAU,
         product_positive_fraction: float = 0.5,
@@ -251,6 +251,77 @@ class ManifoldDataModule(LightningDataModule):
         super().__init__()
         self.save_hyperparameters()
         # Everything is checked before anything is built, each message naming the option as the user wrote it.
+        self._validate(**self.hparams)
+        self.labeled_subset = labeled_subset
+        #: Episodes are fresh every epoch (no fixed pool of training episodes; see ``ICSSLDataModule``).
+        self.train_episodes: int | None = None
+        self.train_manifolds = list(train_manifolds)
+        self.val_manifolds = list(val_manifolds) if val_manifolds is not None else list(train_manifolds)
+        self.test_manifolds = list(test_manifolds) if test_manifolds is not None else list(train_manifolds)
+        #: Names of the separate test sets (the module tags its rows with them); ``None``: one test set.
+        self.test_set_names: list[str] | None = (
+            list(self.test_manifolds) if test_per_manifold and len(self.test_manifolds) > 1 else None
+        )
+        self.n_points = n_points
+        self.test_episodes = test_episodes
+        self.data_seed = data_seed
+        self.eval_label_ratios = [float(r) for r in eval_label_ratios]
+        lo, hi = (float(r) for r in train_label_ratio)
+        self.labeled_range = (labeled_count(lo, n_points), labeled_count(hi, n_points))
+        try:
+            self.pose = PoseConfig(tuple(pose_scale), tuple(pose_translation), pose_rotation)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        options = {"height": cylinder_height, "tau": torus_tau, "positive_fraction": product_positive_fraction,
+                   "permute_factors": product_permute_factors}
+        self._manifolds = {
+            split: self._build(names, options)
+            for split, names in (
+                ("train", self.train_manifolds),
+                ("val", self.val_manifolds),
+                ("test", self.test_manifolds),
+            )
+        }
+        dims = {m.ambient_dim for ms in self._manifolds.values() for m in ms}
+        if len(dims) > 1:
+            raise ConfigError(
+                f"train/val/test manifolds have different ambient dimensions {sorted(dims)}; "
+                "a model's input size is fixed, so use manifolds of one dimension (e.g. all single manifolds)"
+            )
+        self.ambient_dim = dims.pop()
+
+    @staticmethod
+    def _validate(
+        *,
+        train_manifolds: Sequence[str],
+        val_manifolds: Sequence[str] | None,
+        test_manifolds: Sequence[str] | None,
+        test_per_manifold: bool,
+        n_points: int,
+        batch_size: int,
+        chunk_size: int,
+        train_batches_per_epoch: int,
+        val_episodes: int,
+        test_episodes: int,
+        eval_batch_size: int,
+        train_label_ratio: tuple[float, float],
+        eval_label_ratios: Sequence[float],
+        data_seed: int,
+        pose_scale: tuple[float, float],
+        pose_translation: tuple[float, float],
+        pose_rotation: str,
+        cylinder_height: float,
+        torus_tau: float,
+        product_positive_fraction: float,
+        product_permute_factors: bool,
+        num_workers: int,
+        labeled_subset: str,
+        **_: object,
+    ) -> None:
+        """The constructor's argument checks (the manifold names themselves are checked when built).
+
+        ``**_`` takes what the CLI adds to the hyper-parameters (``_class_path``, ``_instantiator``).
+        """
         check_int("n_points", n_points, minimum=2, hint="an episode needs at least 2 points")
         check_positive("chunk_size", chunk_size, integer=True, hint="e.g. chunk_size=16")
         for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
@@ -273,16 +344,18 @@ class ManifoldDataModule(LightningDataModule):
         check_int("data_seed", data_seed)
         check_pair_ordered("pose_scale", pose_scale, low=0.0, low_inclusive=False)
         check_pair_ordered("pose_translation", pose_translation)
-        check_choice("pose_rotation", pose_rotation, ("planar", "haar", "none"))
+        check_literal("pose_rotation", pose_rotation, PoseRotation)
         check_positive("cylinder_height", cylinder_height, hint="the paper leaves it open; 2.0 is the default")
         check_range("torus_tau", torus_tau, low=0.0, high=math.pi * math.sqrt(2.0), low_inclusive=False,
                     hint="App. E.1.5 states 0.5; the default sqrt(pi/2) = 1.2533 covers 1/8 of the surface")
         # Checked even when no product manifold is used, so a typo never waits for a later config change.
         check_fraction("product_positive_fraction", product_positive_fraction, closed_high=True)
         check_nonnegative("num_workers", num_workers, integer=True, hint="0 generates data in the main process")
-        self.labeled_subset = check_choice("labeled_subset", labeled_subset, ("random", "stratified"))
+        check_literal("labeled_subset", labeled_subset, LabeledSubset)
         if not isinstance(test_per_manifold, bool):
             raise ConfigError(f"test_per_manifold={test_per_manifold!r} must be true or false")
+        if not isinstance(product_permute_factors, bool):
+            raise ConfigError(f"product_permute_factors={product_permute_factors!r} must be true or false")
         manifold_lists = {"train_manifolds": train_manifolds, "val_manifolds": val_manifolds,
                           "test_manifolds": test_manifolds}
         for name, names in manifold_lists.items():
@@ -290,42 +363,6 @@ class ManifoldDataModule(LightningDataModule):
                 for spec in check_nonempty(name, names, example="[cylinder]"):
                     if not isinstance(spec, str):
                         raise ConfigError(f"{name} entry {spec!r} must be a manifold name such as 'cylinder'")
-
-        self.train_manifolds = list(train_manifolds)
-        self.val_manifolds = list(val_manifolds) if val_manifolds is not None else list(train_manifolds)
-        self.test_manifolds = list(test_manifolds) if test_manifolds is not None else list(train_manifolds)
-        #: Names of the separate test sets (the module tags its rows with them); ``None``: one test set.
-        self.test_set_names: list[str] | None = (
-            list(self.test_manifolds) if test_per_manifold and len(self.test_manifolds) > 1 else None
-        )
-        self.n_points = n_points
-        self.test_episodes = test_episodes
-        self.data_seed = data_seed
-        self.eval_label_ratios = [float(r) for r in eval_label_ratios]
-        self.labeled_range = (labeled_count(lo, n_points), labeled_count(hi, n_points))
-        try:
-            self.pose = PoseConfig(tuple(pose_scale), tuple(pose_translation), pose_rotation)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
-        if not isinstance(product_permute_factors, bool):
-            raise ConfigError(f"product_permute_factors={product_permute_factors!r} must be true or false")
-        options = {"height": cylinder_height, "tau": torus_tau, "positive_fraction": product_positive_fraction,
-                   "permute_factors": product_permute_factors}
-        self._manifolds = {
-            split: self._build(names, options)
-            for split, names in (
-                ("train", self.train_manifolds),
-                ("val", self.val_manifolds),
-                ("test", self.test_manifolds),
-            )
-        }
-        dims = {m.ambient_dim for ms in self._manifolds.values() for m in ms}
-        if len(dims) > 1:
-            raise ConfigError(
-                f"train/val/test manifolds have different ambient dimensions {sorted(dims)}; "
-                "a model's input size is fixed, so use manifolds of one dimension (e.g. all single manifolds)"
-            )
-        self.ambient_dim = dims.pop()
 
     @staticmethod
     def _build(names: Sequence[str], options: dict[str, float]) -> list[Manifold]:

@@ -39,13 +39,13 @@ from lit_icl.core.data import EpochSampler, chunk_loader
 from lit_icl.core.errors import ConfigError, run_command
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import (
-    check_choice,
     check_fraction,
     check_int,
+    check_literal,
     check_nonnegative,
     check_pair_ordered,
 )
-from lit_icl.icssl.data import check_label_ratios, labeled_count
+from lit_icl.icssl.data import LabeledSubset, check_label_ratios, labeled_count
 
 STANDIN_COMMAND = "python -m lit_icl.icssl.features standin --out {path}"
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -56,6 +56,10 @@ FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sanda
 # ----------------------------------------------------------------------------------------------------------
 # Feature files
 # ----------------------------------------------------------------------------------------------------------
+#: How the features are normalised before ``feature_scale`` (see :class:`FeatureEpisodeDataModule`).
+FeatureNormalization = Literal["l2", "standard", "none"]
+
+
 def load_features(path: str | Path) -> dict:
     """Read a feature file, or stop with one line saying how to make one."""
     path = Path(path)
@@ -244,14 +248,14 @@ class FeatureEpisodeDataModule(LightningDataModule):
         test_episodes: int = 512,
         test_fraction: float = 0.3,
         feature_scale: float = 0.1,
-        normalize: Literal["l2", "standard", "none"] = "l2",
+        normalize: FeatureNormalization = "l2",
         batch_size: int = 32,
         eval_batch_size: int = 64,
         train_batches_per_epoch: int = 100,
         train_label_ratio: tuple[float, float] = (0.03, 0.39),
         eval_label_ratios: list[float] = (0.03, 0.39),
         data_seed: int = 0,
-        labeled_subset: Literal["random", "stratified"] = "random",
+        labeled_subset: LabeledSubset = "random",
         num_workers: int = 0,
     ):
         super().__init__()
@@ -263,8 +267,8 @@ class FeatureEpisodeDataModule(LightningDataModule):
             check_int(name, value, minimum=1)
         check_fraction("test_fraction", test_fraction)
         check_nonnegative("feature_scale", feature_scale)
-        check_choice("normalize", normalize, ("l2", "standard", "none"))
-        check_choice("labeled_subset", labeled_subset, ("random", "stratified"))
+        check_literal("normalize", normalize, FeatureNormalization)
+        check_literal("labeled_subset", labeled_subset, LabeledSubset)
         self.n_points = 2 * per_class
         #: Sec. 4.2's "dataset size"; the IC-SSL module tags its result rows with it.
         self.train_episodes = train_episodes
@@ -275,6 +279,8 @@ class FeatureEpisodeDataModule(LightningDataModule):
         check_nonnegative("num_workers", num_workers, integer=True)
         self.eval_label_ratios = [float(r) for r in eval_label_ratios]
         self.labeled_subset = labeled_subset
+        #: One test set (see ``lit_icl.icssl.contracts.ICSSLDataModule``).
+        self.test_set_names: list[str] | None = None
         self.labeled_range = (labeled_count(lo, self.n_points), labeled_count(hi, self.n_points))
         self._split_cache: dict[str, tuple[Tensor, list[Tensor]]] | None = None
 

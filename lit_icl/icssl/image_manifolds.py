@@ -34,7 +34,6 @@ import pickle
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
 
 import torch
 from lightning.pytorch import LightningDataModule
@@ -46,13 +45,13 @@ from lit_icl.core.data import EpochSampler, chunk_loader
 from lit_icl.core.errors import ConfigError, run_command
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import (
-    check_choice,
     check_int,
+    check_literal,
     check_nonnegative,
     check_pair_ordered,
     check_positive,
 )
-from lit_icl.icssl.data import DEFAULT_LABEL_RATIOS, check_label_ratios, labeled_count
+from lit_icl.icssl.data import DEFAULT_LABEL_RATIOS, LabeledSubset, check_label_ratios, labeled_count
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 STANDIN_COMMAND = "python -m lit_icl.icssl.image_manifolds standin --out {root}"
@@ -213,7 +212,7 @@ class ImageManifoldDataModule(LightningDataModule):
         train_label_ratio: tuple[float, float] = (0.03, 0.39),
         eval_label_ratios: Sequence[float] = DEFAULT_LABEL_RATIOS,
         data_seed: int = 0,
-        labeled_subset: Literal["random", "stratified"] = "random",
+        labeled_subset: LabeledSubset = "random",
         num_workers: int = 0,
     ):
         super().__init__()
@@ -236,11 +235,15 @@ class ImageManifoldDataModule(LightningDataModule):
         check_label_ratios(eval_label_ratios, n_points)
         check_int("data_seed", data_seed)
         check_nonnegative("num_workers", num_workers, integer=True)
-        check_choice("labeled_subset", labeled_subset, ("random", "stratified"))
+        check_literal("labeled_subset", labeled_subset, LabeledSubset)
         self.root = Path(root)
         self.n_points = n_points
         self.eval_label_ratios = [float(r) for r in eval_label_ratios]
         self.labeled_subset = labeled_subset
+        # One test set, and training sequences revisited in new frame orders rather than a fixed episode pool
+        # (see ``lit_icl.icssl.contracts.ICSSLDataModule``).
+        self.test_set_names: list[str] | None = None
+        self.train_episodes: int | None = None
         self.labeled_range = (labeled_count(lo, n_points), labeled_count(hi, n_points))
         self.ambient_dim = image_size * image_size
         self._frames: Tensor | None = None

@@ -114,6 +114,10 @@ def _gather_points(chart: Tensor, index: Tensor) -> Tensor:
 # ----------------------------------------------------------------------------------------------------------
 # Random pose (App. D)
 # ----------------------------------------------------------------------------------------------------------
+#: The random rotation of an episode (App. D / App. E.1).
+PoseRotation = Literal["planar", "haar", "none"]
+
+
 @dataclass(frozen=True)
 class PoseConfig:
     """Ranges of the random pose applied to the embedded points (App. D, "Manifold transformations").
@@ -132,7 +136,7 @@ class PoseConfig:
 
     scale: tuple[float, float] = (0.02, 0.1)
     translation: tuple[float, float] = (-1.0, 1.0)
-    rotation: Literal["planar", "haar", "none"] = "planar"
+    rotation: PoseRotation = "planar"
 
     def __post_init__(self) -> None:
         lo, hi = self.scale
@@ -148,7 +152,7 @@ class PoseConfig:
 
 def random_rotation(
     num: int,
-    kind: Literal["planar", "haar", "none"],
+    kind: PoseRotation,
     generator: torch.Generator,
     dtype: torch.dtype = _DTYPE,
 ) -> Tensor:

@@ -41,13 +41,14 @@ from lit_icl.core.nets import count_parameters
 from lit_icl.core.results import result_row
 from lit_icl.core.spectral import laplacian_eigenmap
 from lit_icl.core.validation import (
-    check_choice,
     check_int,
+    check_literal,
     check_nonempty,
     check_nonnegative,
     check_positive,
     check_unique,
 )
+from lit_icl.icssl.contracts import ICSSLDataModule, ICSSLNet, TwoStageNet
 from lit_icl.icssl.data import (
     DEFAULT_LABEL_RATIOS,
     balanced_accuracy,
@@ -104,6 +105,9 @@ _TEST_SERIES = ("model-accuracy", "model-balanced_accuracy", "majority-accuracy"
 DATA_NAMES = {"InContextEigenmap": "ORIG+E2E", "LaplacianEigenmap": "EIG", "RawCoordinates": "ORIG"}
 
 
+LRSchedule = Literal["cosine", "constant"]
+
+
 def _slot(ratio: float) -> str:
     """A ``ModuleDict`` key for a ratio's metric (module names cannot contain dots)."""
     return ratio_key(ratio).replace(".", "_")
@@ -133,22 +137,17 @@ class ICSSLModule(ICLModule):
         label_ratios: Sequence[float] | None = None,
         lr: float = 3e-3,
         weight_decay: float = 0.0,
-        lr_schedule: Literal["cosine", "constant"] = "cosine",
+        lr_schedule: LRSchedule = "cosine",
         warmup_steps: int = 100,
         eig_reference: bool = True,
     ):
         super().__init__()
         self.save_reloadable_hparams()
         self.net = net if net is not None else SemiSupervisedICL()
-        check_choice("lr_schedule", lr_schedule, ("cosine", "constant"))
-        check_positive("lr", lr, hint="e.g. lr: 0.003")
-        check_nonnegative("weight_decay", weight_decay, hint="0.0 disables it")
-        check_int("warmup_steps", warmup_steps, minimum=0, hint="0 disables the warm-up")
-        if not isinstance(eig_reference, bool):
-            raise ConfigError(f"eig_reference={eig_reference!r} must be true or false")
-        self.n_points: int | None = getattr(self.net, "n_points", None)
+        self._validate(self.net, lr, weight_decay, lr_schedule, warmup_steps, eig_reference)
+        self.n_points: int | None = self.net.n_points
         self.label_ratios: list[float] = []
-        self.num_classes: int = int(getattr(self.net, "num_classes", 2))
+        self.num_classes: int = int(self.net.num_classes)
         self.labeled_subset = "random"
         self.dataset_size: int | None = None
         #: Names of the data's separate test sets (one per test manifold), ``[None]`` for a single test set.
@@ -166,6 +165,23 @@ class ICSSLModule(ICLModule):
             if self.n_points is not None:
                 check_label_ratios(label_ratios, self.n_points)
             self._set_label_ratios(label_ratios)
+
+    @staticmethod
+    def _validate(
+        net: nn.Module, lr: float, weight_decay: float, lr_schedule: str, warmup_steps: int, eig_reference: bool
+    ) -> None:
+        """The constructor's argument checks, each message naming the option as the user wrote it."""
+        if not isinstance(net, ICSSLNet):
+            raise ConfigError(
+                f"net {type(net).__name__} lacks num_classes / n_points; an IC-SSL net satisfies "
+                "lit_icl.icssl.contracts.ICSSLNet (e.g. lit_icl.icssl.SemiSupervisedICL)"
+            )
+        check_literal("lr_schedule", lr_schedule, LRSchedule)
+        check_positive("lr", lr, hint="e.g. lr: 0.003")
+        check_nonnegative("weight_decay", weight_decay, hint="0.0 disables it")
+        check_int("warmup_steps", warmup_steps, minimum=0, hint="0 disables the warm-up")
+        if not isinstance(eig_reference, bool):
+            raise ConfigError(f"eig_reference={eig_reference!r} must be true or false")
 
     def _set_label_ratios(self, ratios: Sequence[float]) -> None:
         """One accuracy metric per ratio (torchmetrics states are not checkpointed, so this is free to redo)."""
@@ -185,13 +201,13 @@ class ICSSLModule(ICLModule):
 
     def bind_datamodule(self, datamodule: LightningDataModule) -> None:
         """Take ``n_points`` and ``eval_label_ratios`` from the data (and check the model's own ratios, if set)."""
-        n = getattr(datamodule, "n_points", None)
-        ratios = getattr(datamodule, "eval_label_ratios", None)
-        if n is None or ratios is None:
+        if not isinstance(datamodule, ICSSLDataModule):
             raise ConfigError(
-                f"{type(datamodule).__name__} has no n_points/eval_label_ratios; ICSSLModule needs an IC-SSL "
-                "data module such as lit_icl.icssl.ManifoldDataModule"
+                f"{type(datamodule).__name__} lacks what lit_icl.icssl.contracts.ICSSLDataModule lists (n_points, "
+                "eval_label_ratios, ...); ICSSLModule needs an IC-SSL data module such as "
+                "lit_icl.icssl.ManifoldDataModule"
             )
+        n, ratios = datamodule.n_points, datamodule.eval_label_ratios
         # The nets check themselves against the data (`check_config`, called by the CLI before a run starts).
         if self.hparams.get("label_ratios") is not None:
             mine = [float(r) for r in self.hparams.label_ratios]
@@ -202,11 +218,11 @@ class ICSSLModule(ICLModule):
                 )
         check_label_ratios(ratios, n)
         self.n_points = n
-        self.labeled_subset = getattr(datamodule, "labeled_subset", "random")
+        self.labeled_subset = datamodule.labeled_subset
         # Data with a fixed pool of training episodes (Sec. 4.2's "dataset size") tags the rows with it.
-        size = getattr(datamodule, "train_episodes", None)
+        size = datamodule.train_episodes
         self.dataset_size = int(size) if size is not None else None
-        self.test_sets = list(getattr(datamodule, "test_set_names", None) or [None])
+        self.test_sets = list(datamodule.test_set_names or [None])
         self._set_label_ratios(ratios)
 
     def setup(self, stage: str) -> None:
@@ -223,7 +239,7 @@ class ICSSLModule(ICLModule):
         """
         net = self.net if net is None else net
         x, y = batch["x"], batch["y"]
-        if hasattr(net, "represent"):
+        if isinstance(net, TwoStageNet):
             return net.represent(x)
         labeled = labeled_mask(y, labeled_count(min(self.label_ratios), x.shape[1]), self.labeled_subset)
         return net(x, y, labeled).features
@@ -237,8 +253,10 @@ class ICSSLModule(ICLModule):
         """
         if isinstance(getattr(self.net, "method", None), str):
             return self.net.method
-        rep = getattr(self.net, "representation", self.net)
-        suffix = getattr(getattr(self.net, "head", None), "method_suffix", None)
+        if not isinstance(self.net, TwoStageNet):
+            return type(self.net).__name__
+        rep = self.net.representation
+        suffix = getattr(self.net.head, "method_suffix", None)  # optional: the GD ICL head has none
         if suffix is not None:
             data = DATA_NAMES.get(type(rep).__name__, type(rep).__name__)
             return f"{data}+{suffix}"
@@ -287,7 +305,7 @@ class ICSSLModule(ICLModule):
         x, y = batch["x"], batch["y"]
         n = x.shape[1]
         masks = [labeled_mask(y, labeled_count(r, n), self.labeled_subset) for r in self.label_ratios]
-        if hasattr(self.net, "represent") and hasattr(self.net, "classify"):
+        if isinstance(self.net, TwoStageNet):
             features = self.net.represent(x)
             out = [(r, self.net.classify(features, y, m), m, y) for r, m in zip(self.label_ratios, masks)]
             return features, out

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal, NamedTuple, get_args
+from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -32,14 +32,20 @@ from lit_icl.core.errors import ConfigError
 from lit_icl.core.precision import float32_region
 from lit_icl.core.spectral import LaplacianNorm, laplacian_eigenmap, pairwise_sq_dists
 from lit_icl.core.validation import (
-    check_choice,
     check_int,
+    check_literal,
     check_nonempty,
     check_nonnegative,
     check_positive,
     check_range,
 )
 
+#: Options with fixed choices, typed once: ``--help`` lists them and ``check_literal`` reads them from here.
+Activation = Literal["rbf", "linear"]
+LaplacianOutput = Literal["random_walk", "laplacian"]
+EigenmapInit = Literal["subspace", "lemma2"]
+Kernel = Literal["rbf", "linear"]
+Expectation = Literal["mlp", "exact"]
 
 def _normalize_columns(phi: Tensor, eps: float = 1e-8) -> Tensor:
     """Unit-norm columns over the tokens: the paper's row-wise ``normalize`` of Eq. (15) in our layout."""
@@ -82,11 +88,11 @@ class RBFAttentionLayer(nn.Module):
         exclude_self: bool = True,
         value_init: float = -1.0,
         update_coordinates: bool = True,
-        activation: Literal["rbf", "linear"] = "rbf",
+        activation: Activation = "rbf",
     ):
         super().__init__()
         heads = len(check_nonempty("bandwidths", bandwidths, example="[0.01, 0.06]"))
-        self.activation = check_choice("activation", activation, ("rbf", "linear"))
+        self.activation = check_literal("activation", activation, Activation)
         if any(not isinstance(b, (int, float)) or isinstance(b, bool) or not b > 0 for b in bandwidths):
             raise ConfigError(f"bandwidths must be a non-empty list of positive numbers, got {list(bandwidths)}")
         check_range("value_init", value_init)
@@ -166,15 +172,15 @@ class LaplacianTransformer(nn.Module):
         num_layers: int = 2,
         bandwidths: Sequence[float] = (0.004, 0.01, 0.025, 0.06),
         exclude_self: bool = True,
-        output: Literal["random_walk", "laplacian"] = "random_walk",
+        output: LaplacianOutput = "random_walk",
         init_lr_scale: float = 0.01,
-        activation: Literal["rbf", "linear"] = "rbf",
+        activation: Activation = "rbf",
         learn_init: bool = True,
     ):
         super().__init__()
         check_int("n_points", n_points, minimum=2, hint="an episode needs at least 2 points")
         check_int("num_layers", num_layers, minimum=1, hint="the Laplacian module needs at least one layer")
-        check_choice("output", output, ("random_walk", "laplacian"))
+        check_literal("output", output, LaplacianOutput)
         check_nonnegative("init_lr_scale", init_lr_scale)
         self.n_points = n_points
         # M of App. A.1, started at I (Lemma 1) and stored as M = I + init_lr_scale * delta. Adam moves every
@@ -312,12 +318,12 @@ class EigenmapTransformer(nn.Module):
         layer_repeats: int = 2,
         stack_repeats: int = 4,
         init_lr_scale: float = 0.01,
-        init: Literal["subspace", "lemma2"] = "subspace",
+        init: EigenmapInit = "subspace",
         mu: float = 4.0,
         learn_init: bool = True,
     ):
         super().__init__()
-        check_choice("init", init, ("subspace", "lemma2"))
+        check_literal("init", init, EigenmapInit)
         check_positive("mu", mu, hint="the shift of Lemma 2's power step; it must exceed the top of G")
         if not isinstance(learn_init, bool):
             raise ConfigError(f"learn_init={learn_init!r} must be true or false")
@@ -471,18 +477,18 @@ class InContextEigenmap(nn.Module):
         lap_layers: int = 2,
         lap_bandwidths: Sequence[float] = (0.004, 0.01, 0.025, 0.06),
         exclude_self: bool = True,
-        lap_output: Literal["random_walk", "laplacian"] = "random_walk",
+        lap_output: LaplacianOutput = "random_walk",
         eig_layers: int = 2,
         eig_heads: int | None = None,
         layer_repeats: int = 2,
         stack_repeats: int = 4,
-        lap_activation: Literal["rbf", "linear"] = "rbf",
+        lap_activation: Activation = "rbf",
         learn_init: bool = True,
-        eig_init: Literal["subspace", "lemma2"] = "subspace",
+        eig_init: EigenmapInit = "subspace",
         eig_mu: float = 4.0,
     ):
         super().__init__()
-        check_choice("lap_activation", lap_activation, ("rbf", "linear"))
+        check_literal("lap_activation", lap_activation, Activation)
         # Checked here under this class's own option names (the parts below call them num_layers, ...).
         check_int("n_points", n_points, minimum=2, hint="an episode needs at least 2 points")
         check_int("n_components", n_components)
@@ -533,7 +539,7 @@ class LaplacianEigenmap(nn.Module):
         check_int("n_components", n_components, minimum=1)
         check_int("n_neighbors", n_neighbors, minimum=1)
         check_positive("rbf_scale", rbf_scale, hint="App. D uses 10")
-        check_choice("normalization", normalization, get_args(LaplacianNorm))
+        check_literal("normalization", normalization, LaplacianNorm)
         self.out_dim = n_components
         self.n_components = n_components
         self.n_neighbors = n_neighbors
@@ -609,8 +615,8 @@ class GDICLHead(nn.Module):
         embed_dim: int = 16,
         mlp_hidden: int = 16,
         num_layers: int = 1,
-        kernel: Literal["rbf", "linear"] = "rbf",
-        expectation: Literal["mlp", "exact"] = "mlp",
+        kernel: Kernel = "rbf",
+        expectation: Expectation = "mlp",
         step_size: float = 1.0,
         gamma: float = 300.0,
         normalize_kernel: bool = True,
@@ -620,8 +626,8 @@ class GDICLHead(nn.Module):
         check_int("embed_dim", embed_dim, minimum=1)
         check_int("mlp_hidden", mlp_hidden, minimum=1)
         check_int("num_layers", num_layers, minimum=1, hint="the ICL head needs at least one GD layer")
-        check_choice("kernel", kernel, ("rbf", "linear"))
-        check_choice("expectation", expectation, ("mlp", "exact"))
+        check_literal("kernel", kernel, Kernel)
+        check_literal("expectation", expectation, Expectation)
         # Both are stored as logs (learned in log space), so they must be positive.
         check_positive("step_size", step_size, hint="the GD step alpha is learned as a log; e.g. 1.0")
         check_positive("gamma", gamma, hint="the RBF inverse bandwidth is learned as a log; e.g. 300")
