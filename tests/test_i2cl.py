@@ -549,7 +549,7 @@ def test_tiny_cli_fit_then_test_writes_results(tmp_path: Path, llama_dir: str) -
 
 
 BAD_ROWS = [
-    (["--model.init_args.methods", "[i2cl, icl]"], "not a valid choice"),
+    (["--model.init_args.methods", "[i2cl, icl]"], "methods: Expected a typing.Literal['zero_shot', 'few_shot'"),
     (["--model.init_args.methods", "[i2cl, i2cl]"], "repeats 'i2cl'"),
     (["--model.init_args.lr", "-1"], "lr=-1"),
     (["--model.init_args.lr_min", "0.5"], "lr_min=0.5"),
@@ -559,8 +559,8 @@ BAD_ROWS = [
      "cannot read task-id checkpoint 'no/such/task_id.ckpt'"),
     (["--model.init_args.transfer_threshold", "1.5"], "transfer_threshold=1.5"),
     (["--model.init_args.transfer_temperature", "0"], "transfer_temperature=0"),
-    (["--model.init_args.net.init_args.dtype", "int8"], "dtype='int8'"),
-    (["--data.init_args.task", "imdb"], "task='imdb'"),
+    (["--model.init_args.net.init_args.dtype", "int8"], "dtype: Expected a typing.Literal['auto', 'float32'"),
+    (["--data.init_args.task", "imdb"], "task: Expected a typing.Literal['sst2', 'sst5'"),
     (["--data.init_args.eval_samples", "0"], "eval_samples=0"),
     (["--data.init_args.template", "no placeholder"], "must contain {text}"),
     (["--data.init_args.label_words", "[A, A, C]"], "distinct"),

@@ -27,7 +27,7 @@ import json
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningDataModule
@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader, Dataset
 from lit_icl.core.data import EpochSampler
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
-from lit_icl.core.validation import check_choice, check_int, check_nonempty, check_positive
+from lit_icl.core.validation import check_int, check_literal, check_nonempty, check_positive
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,8 @@ SYNTHETIC_TEMPLATE = "Input: {text}\nLabel:"
 SYNTHETIC_LABELS = ("A", "B", "C")
 SPECIAL_CHARS = "!@#$%^&*()-_=+[]{};:'\",.<>/?\\|`~"
 SOURCES = (*TASKS, "synthetic", "jsonl", "csv")
+#: ``task``'s choices as a type (``--help`` lists them), built from :data:`TASKS` so they are written once.
+Source = Literal[SOURCES]  # type: ignore[valid-type]
 
 Example = tuple[str, int]
 
@@ -280,7 +282,7 @@ class I2CLDataModule(LightningDataModule):
 
     def __init__(
         self,
-        task: str = "sst2",
+        task: Source = "sst2",
         path: str | None = None,
         train_file: str | None = None,
         test_file: str | None = None,
@@ -301,24 +303,55 @@ class I2CLDataModule(LightningDataModule):
     ):
         super().__init__()
         self.save_hyperparameters()
-        check_choice("task", task, SOURCES)
+        self._validate(**self.hparams)
+        spec = TASKS.get(task)
+        self.template = template or (spec.template if spec else SYNTHETIC_TEMPLATE)
+        words = label_words if label_words is not None else list(spec.label_words if spec else SYNTHETIC_LABELS)
+        self.label_words = [str(w) for w in words]
+        self.shots = int(shots_per_class if shots_per_class is not None else (spec.shots_per_class if spec else 5))
+        self.task_name = task if task not in ("jsonl", "csv") else Path(test_file).parent.name or task
+        self._data: TaskData | None = None
+
+    @staticmethod
+    def _validate(
+        *,
+        task: str,
+        train_file: str | None,
+        test_file: str | None,
+        template: str | None,
+        label_words: list[str] | None,
+        shots_per_class: int | None,
+        eval_samples: int,
+        holdout_samples: int,
+        data_seed: int,
+        eval_seed: int,
+        synthetic_train: int,
+        synthetic_test: int,
+        max_chars: int | None,
+        batch_size: int,
+        eval_batch_size: int,
+        **_: object,
+    ) -> None:
+        """The constructor's argument checks (``**_``: the options with nothing to check, and what the CLI adds
+        to the hyper-parameters)."""
+        check_literal("task", task, Source)
         spec = TASKS.get(task)
         if task in ("jsonl", "csv"):
             if not train_file or not test_file:
                 raise ConfigError(f"task={task!r} needs train_file and test_file (local .{task} files of text, label)")
             if template is None or label_words is None:
                 raise ConfigError(f"task={task!r} needs template (with {{text}}) and label_words in the config")
-        self.template = template or (spec.template if spec else SYNTHETIC_TEMPLATE)
-        if "{text}" not in self.template:
-            raise ConfigError(f"template={self.template!r} must contain {{text}}, e.g. 'Review: {{text}}\\nSentiment:'")
+        template = template or (spec.template if spec else SYNTHETIC_TEMPLATE)
+        if "{text}" not in template:
+            raise ConfigError(f"template={template!r} must contain {{text}}, e.g. 'Review: {{text}}\\nSentiment:'")
         words = label_words if label_words is not None else list(spec.label_words if spec else SYNTHETIC_LABELS)
-        self.label_words = [str(w) for w in check_nonempty("label_words", words, "[negative, positive]")]
-        if len(self.label_words) < 2 or len(set(self.label_words)) != len(self.label_words):
-            raise ConfigError(f"label_words={self.label_words} must name at least two distinct classes")
+        words = [str(w) for w in check_nonempty("label_words", words, "[negative, positive]")]
+        if len(words) < 2 or len(set(words)) != len(words):
+            raise ConfigError(f"label_words={words} must name at least two distinct classes")
         if spec is not None and label_words is not None and len(label_words) != len(spec.label_words):
             raise ConfigError(f"task {task!r} has {len(spec.label_words)} classes; give {len(spec.label_words)} label_words")
-        self.shots = check_positive("shots_per_class", shots_per_class if shots_per_class is not None
-                                    else (spec.shots_per_class if spec else 5), integer=True)
+        check_positive("shots_per_class", shots_per_class if shots_per_class is not None
+                       else (spec.shots_per_class if spec else 5), integer=True)
         check_positive("eval_samples", eval_samples, integer=True)
         check_int("holdout_samples", holdout_samples, minimum=0)
         check_int("data_seed", data_seed)
@@ -332,8 +365,11 @@ class I2CLDataModule(LightningDataModule):
         for name, f in (("train_file", train_file), ("test_file", test_file)):
             if f is not None and not Path(f).is_file():
                 raise ConfigError(f"{name}={f!r} does not exist (offline movie reviews: python -m lit_icl.i2cl.prepare)")
-        self.task_name = task if task not in ("jsonl", "csv") else Path(test_file).parent.name or task
-        self._data: TaskData | None = None
+
+    @property
+    def data_seed(self) -> int:
+        """The seed of this run's demonstrations (``I2CLModule`` tags its rows and seeds its noise with it)."""
+        return int(self.hparams.data_seed)
 
     @property
     def n_classes(self) -> int:

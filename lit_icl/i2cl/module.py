@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -52,19 +52,21 @@ from lit_icl.core.module import ICLModule
 from lit_icl.core.results import result_row
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import (
-    check_choice,
+    check_literal,
     check_nonempty,
     check_nonnegative,
     check_positive,
     check_range,
     check_unique,
 )
-from lit_icl.i2cl.data import I2CLDataModule, TaskData
-from lit_icl.i2cl.nets import CausalLM
+from lit_icl.i2cl.contracts import I2CLData, I2CLNet
+from lit_icl.i2cl.data import TaskData
 
 CALIBRATED = ("i2cl", "noise_vector", "icl_i2cl", "i2cl_transfer")
 BASELINES = ("zero_shot", "few_shot", "task_vector")
 METHODS = (*BASELINES, *CALIBRATED)
+#: A ``methods`` entry, as a type (``--help`` lists the choices), built from :data:`METHODS`.
+Method = Literal[METHODS]  # type: ignore[valid-type]
 WITH_DEMOS = ("few_shot", "icl_i2cl")  # methods whose prompts carry the demonstration tokens
 
 
@@ -78,7 +80,7 @@ def cosine_lambda(step: int, total: int, lr: float, lr_min: float, warmup: int) 
 
 
 def calibration_loss(
-    net: CausalLM, context: Tensor, coef: Tensor, prompts: Sequence[str], targets: Tensor, gamma: float
+    net: I2CLNet, context: Tensor, coef: Tensor, prompts: Sequence[str], targets: Tensor, gamma: float
 ) -> Tensor:
     """Eq. 5 on one batch: CE of the label's first token at each prompt's last position, under Eq. 4 (+ Eq. 6)."""
     ids, mask = net.encode(prompts)
@@ -88,7 +90,7 @@ def calibration_loss(
 
 
 def calibrate(
-    net: CausalLM,
+    net: I2CLNet,
     context: Tensor,
     coef_init: Tensor,
     prompts: Sequence[str],
@@ -192,7 +194,7 @@ class I2CLModule(ICLModule):
     def __init__(
         self,
         net: nn.Module | None = None,
-        methods: list[str] | None = None,
+        methods: list[Method] | None = None,
         gamma: float = 0.001,
         lr: float = 0.01,
         lr_min: float = 1e-5,
@@ -207,29 +209,12 @@ class I2CLModule(ICLModule):
     ):
         super().__init__()
         self.save_reloadable_hparams()
-        if not isinstance(net, CausalLM):
-            raise ConfigError("model.init_args.net must be a lit_icl.i2cl.nets.CausalLM (the frozen LM to wrap)")
-        self.net = net
         methods = list(METHODS[:-1] if methods is None else methods)
-        check_unique("methods", check_nonempty("methods", methods, "[zero_shot, few_shot, i2cl]"))
-        for m in methods:
-            check_choice("methods entry", m, METHODS)
+        self._validate(**{**self.hparams, "net": net, "methods": methods})
+        self.net = net
         self.methods = methods
         self.calibrated = [m for m in methods if m in CALIBRATED]
-        check_nonnegative("gamma", gamma)
-        check_positive("lr", lr)
-        check_range("lr_min", lr_min, 0.0, lr, hint="it is where the cosine ends, at most lr")
-        check_nonnegative("weight_decay", weight_decay)
-        check_range("warmup_fraction", warmup_fraction, 0.0, 1.0, high_inclusive=False)
-        check_range("init_lambda", init_lambda)
-        check_range("init_beta", init_beta)
-        check_range("transfer_threshold", transfer_threshold, -1.0, 1.0, hint="it is a cosine similarity")
-        check_positive("transfer_temperature", transfer_temperature)
         L, D = net.n_layers, net.hidden_size
-        if task_vector_layer is not None:
-            check_range("task_vector_layer", task_vector_layer, 0, L - 1, integer=True)
-        if "i2cl_transfer" in methods and not transfer_from:
-            raise ConfigError("method 'i2cl_transfer' needs transfer_from: a list of I2CL checkpoints (task-ids)")
         init = torch.tensor([float(init_lambda), float(init_beta)]).expand(L, 2, 2).clone()
         self.coefs = nn.ParameterDict({m: nn.Parameter(init.clone()) for m in self.calibrated})
         for m in self.calibrated:
@@ -256,14 +241,55 @@ class I2CLModule(ICLModule):
         self.queries: dict[str, int] = {}
         self.transfer_weights: Tensor | None = None
 
+    @staticmethod
+    def _validate(
+        *,
+        net: nn.Module | None,
+        methods: list[str],
+        gamma: float,
+        lr: float,
+        lr_min: float,
+        weight_decay: float,
+        warmup_fraction: float,
+        init_lambda: float,
+        init_beta: float,
+        transfer_from: list[str] | None,
+        transfer_threshold: float,
+        transfer_temperature: float,
+        task_vector_layer: int | None,
+        **_: object,
+    ) -> None:
+        """The constructor's argument checks (``**_``: what the CLI adds to the hyper-parameters)."""
+        if not isinstance(net, I2CLNet):
+            raise ConfigError(
+                "model.init_args.net must be a lit_icl.i2cl.CausalLM (the frozen LM to wrap), or a net that "
+                "satisfies lit_icl.i2cl.contracts.I2CLNet"
+            )
+        check_unique("methods", check_nonempty("methods", methods, "[zero_shot, few_shot, i2cl]"))
+        for m in methods:
+            check_literal("methods entry", m, Method)
+        check_nonnegative("gamma", gamma)
+        check_positive("lr", lr)
+        check_range("lr_min", lr_min, 0.0, lr, hint="it is where the cosine ends, at most lr")
+        check_nonnegative("weight_decay", weight_decay)
+        check_range("warmup_fraction", warmup_fraction, 0.0, 1.0, high_inclusive=False)
+        check_range("init_lambda", init_lambda)
+        check_range("init_beta", init_beta)
+        check_range("transfer_threshold", transfer_threshold, -1.0, 1.0, hint="it is a cosine similarity")
+        check_positive("transfer_temperature", transfer_temperature)
+        if task_vector_layer is not None:
+            check_range("task_vector_layer", task_vector_layer, 0, net.n_layers - 1, integer=True)
+        if "i2cl_transfer" in methods and not transfer_from:
+            raise ConfigError("method 'i2cl_transfer' needs transfer_from: a list of I2CL checkpoints (task-ids)")
+
     def context(self, method: str) -> Tensor:
         return getattr(self, f"ctx_{method}")
 
     # ---------------------------------------------------------------- data
     def bind_datamodule(self, datamodule: LightningDataModule) -> None:
         """Tokenise the label words (collisions refused) and check that every prompt fits the context."""
-        if not isinstance(datamodule, I2CLDataModule):
-            raise ConfigError("I2CLModule needs data: lit_icl.i2cl.data.I2CLDataModule")
+        if not isinstance(datamodule, I2CLData):
+            raise ConfigError("I2CLModule needs data: lit_icl.i2cl.I2CLDataModule (see lit_icl.i2cl.contracts.I2CLData)")
         data = datamodule.task_data()
         net = self.net
         self.label_ids = torch.tensor(net.label_token_ids(data.query(data.demos[0][0]), data.label_words))
@@ -277,7 +303,7 @@ class I2CLModule(ICLModule):
                     f"{net.max_positions} tokens; use fewer shots_per_class or set data max_chars"
                 )
         self.data = data
-        self.data_seed = int(datamodule.hparams.data_seed)
+        self.data_seed = int(datamodule.data_seed)
         n_classes = len(data.label_words)
         self.macro_f1 = nn.ModuleDict(
             {m: MulticlassF1Score(num_classes=n_classes, average="macro").to(self.device) for m in self.methods}

@@ -22,13 +22,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from lit_icl.core.errors import ConfigError
-from lit_icl.core.validation import check_choice
+from lit_icl.core.validation import check_literal
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "gemma")
 GPT2_LIKE = ("gpt2", "gptj")
@@ -58,6 +58,10 @@ def _replace_first(out: Any, new: Tensor) -> Any:
     return (new, *out[1:]) if isinstance(out, tuple) else new
 
 
+#: The LM's weight dtype: ``auto`` is bfloat16 on a GPU, float32 on CPU.
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+
+
 class CausalLM(nn.Module):
     """A frozen causal LM and its tokenizer, with capture / injection hooks.
 
@@ -73,11 +77,11 @@ class CausalLM(nn.Module):
         self,
         model_name_or_path: str = "meta-llama/Llama-2-7b-hf",
         gguf_file: str | None = None,
-        dtype: str = "auto",
+        dtype: DType = "auto",
         trust_remote_code: bool = False,
     ):
         super().__init__()
-        check_choice("dtype", dtype, ["auto", "float32", "bfloat16", "float16"])
+        check_literal("dtype", dtype, DType)
         if not isinstance(model_name_or_path, str) or not model_name_or_path:
             raise ConfigError(f"model_name_or_path={model_name_or_path!r} must be a hub id or a local folder")
         if gguf_file is not None and not (Path(model_name_or_path) / gguf_file).is_file():
