@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from coqe.omniglot.helpers import write_omniglot_fixture
 from PIL import Image
 
 from lit_icl.coqe.omniglot.data import (
@@ -21,28 +22,6 @@ from lit_icl.coqe.omniglot.data import (
 )
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
-
-
-def write_omniglot_fixture(
-    root: Path, n_classes: int = 24, n_drawers: int = 4, size: int = 16, per_alphabet: int = 5
-) -> Path:
-    """A tiny folder in torchvision's Omniglot layout; pixel (0, 0) = class id, (0, 1) = drawer, rest random.
-
-    Alphabet and character names are created in *reverse* order, so a reader that relies on creation order
-    fails the order checks. Returns the folder (the equivalent of ``omniglot-py``).
-    """
-    g = torch.Generator().manual_seed(0)
-    n_bg = n_classes // 2
-    for cid in reversed(range(n_classes)):
-        split = "images_background" if cid < n_bg else "images_evaluation"
-        local = cid if cid < n_bg else cid - n_bg
-        folder = root / split / f"Alphabet_{local // per_alphabet:02d}" / f"character{local % per_alphabet + 1:02d}"
-        folder.mkdir(parents=True, exist_ok=True)
-        for d in reversed(range(n_drawers)):
-            img = (torch.rand(size, size, generator=g) > 0.5).to(torch.uint8) * 255
-            img[0, 0], img[0, 1] = cid, d
-            Image.fromarray(img.numpy(), mode="L").save(folder / f"{cid + 1:04d}_{d + 1:02d}.png")
-    return root
 
 
 # ------------------------------------------------------------------------------------------ reader

@@ -6,14 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lit_icl.coqe.layers import CausalTransformer
 from lit_icl.coqe.omniglot.module import noise_schedule
-from lit_icl.coqe.omniglot.nets import (
-    CausalTransformer,
-    CoQEClassifier,
-    ResNetEmbedder,
-    SequenceTransformer,
-    sinusoidal_positions,
-)
+from lit_icl.coqe.omniglot.nets import CoQEClassifier, ResNetEmbedder, SequenceTransformer
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.nets import count_parameters
 
@@ -55,27 +50,6 @@ def test_resnet_shapes_and_model_sizes() -> None:
     assert round(count_parameters(SequenceTransformer(1613, 64, 12)) / 1e6, 2) == 0.83
     assert round(count_parameters(CoQEClassifier(1613, 256, 4)) / 1e6, 2) == 0.71
     assert round(count_parameters(CoQEClassifier(1613, 512, 4)) / 1e6, 2) == 1.33
-
-
-def test_sinusoidal_positions_formula() -> None:
-    pe = sinusoidal_positions(17, 64, 30.0)
-    p, i = 5, 3
-    w = 30.0 ** (-2 * i / 64)
-    assert pe.shape == (17, 64)
-    assert abs(pe[p, i].item() - torch.tensor(p * w).sin().item()) < 1e-6
-    assert abs(pe[p, 32 + i].item() - torch.tensor(p * w).cos().item()) < 1e-6
-
-
-def test_transformer_uses_sdpa_causally() -> None:
-    torch.manual_seed(0)
-    tf = CausalTransformer(16, depth=2, heads=4).eval()
-    x = torch.randn(3, 7, 16)
-    y = tf(x)
-    x2 = x.clone()
-    x2[:, 4:] += torch.randn(3, 3, 16)
-    y2 = tf(x2)
-    torch.testing.assert_close(y[:, :4], y2[:, :4])
-    assert not torch.allclose(y[:, 4:], y2[:, 4:])
 
 
 def _nets() -> list[torch.nn.Module]:

@@ -9,45 +9,11 @@ import pytest
 import torch
 from badinput import assert_rejected
 from conftest import tb_scalars
+from coqe.omniglot.helpers import coqe_args
 from lightning.pytorch import LightningDataModule, LightningModule
-from test_coqe_data import write_omniglot_fixture
 
 from lit_icl.cli import LitICLCLI, main
 from lit_icl.coqe import CoQEClassificationModule
-
-
-def coqe_args(tmp_path: Path, *extra: str, config: str = "configs/coqe_omniglot.yaml") -> list[str]:
-    """A seconds-long run: 24 classes x 4 drawings of 16x16 pixels, a tiny ResNet, 1-layer Transformer.
-
-    The net's class count is not given: it comes from the data module (20 training classes)."""
-    folder = tmp_path / "omniglot-py"
-    if not folder.exists():
-        write_omniglot_fixture(folder)
-    return [
-        "--config", config,
-        "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
-        "--trainer.logger.init_args.name", "tiny",
-        "--trainer.accelerator", "cpu",
-        "--trainer.max_steps", "4",
-        "--trainer.enable_progress_bar", "false",
-        "--trainer.enable_model_summary", "false",
-        "--trainer.log_every_n_steps", "1",
-        "--trainer.num_sanity_val_steps", "0",
-        "--data.init_args.source", "omniglot",
-        "--data.init_args.folder", str(folder),
-        "--data.init_args.image_size", "16",
-        "--data.init_args.n_holdout", "4",
-        "--data.init_args.n_common", "2",
-        "--data.init_args.batch_size", "8",
-        "--data.init_args.chunk_size", "4",
-        "--data.init_args.train_batches_per_epoch", "2",
-        "--data.init_args.val_sequences", "8",
-        "--data.init_args.test_sequences", "16",
-        "--data.init_args.eval_batch_size", "8",
-        "--model.init_args.net.init_args.resnet_channels", "[8, 8, 8, 16]",
-        "--model.init_args.net.init_args.depth", "1",
-        *extra,
-    ]
 
 
 @pytest.mark.parametrize(
@@ -205,7 +171,7 @@ def test_bad_input_fails_early_with_one_line(tmp_path, capsys, config: str, extr
 SHIPPED = sorted(
     f"configs/{p.name}"
     for pattern in ("coqe_omniglot*.yaml", "transformer_omniglot*.yaml")
-    for p in (Path(__file__).parents[1] / "configs").glob(pattern)
+    for p in (Path(__file__).parents[3] / "configs").glob(pattern)
 )
 
 

@@ -87,7 +87,7 @@ def test_drawers_keep_the_glyph_recognisable() -> None:
     _, protos = select_glyphs(40)
     drawings = draw(protos, 4, torch.Generator().manual_seed(0))
     ink = (drawings == 0).float()
-    blur = lambda x: F.avg_pool2d(x.reshape(-1, 1, 105, 105), 9, 1, 4).flatten(1)  # noqa: E731
+    blur = lambda x: F.avg_pool2d(x.reshape(-1, 1, 105, 105), 9, 1, 4).flatten(1)
     p, q = blur(protos), blur(ink)
     p, q = F.normalize(p, dim=1), F.normalize(q, dim=1)
     nearest = (q @ p.T).argmax(1)

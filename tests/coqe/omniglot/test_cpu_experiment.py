@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).parents[1] / "experiments/coqe_omniglot_cpu.py"
+SCRIPT = Path(__file__).parents[3] / "experiments/coqe_omniglot_cpu.py"
 
 
 @pytest.fixture(scope="module")

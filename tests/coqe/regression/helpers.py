@@ -1,0 +1,30 @@
+"""Helpers of the CoQE regression tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def reg_args(tmp_path: Path, config: str, *extra: str, n: int = 8) -> list[str]:
+    return [
+        "--config", config,
+        "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
+        "--trainer.logger.init_args.name", "tiny",
+        "--trainer.accelerator", "cpu",
+        "--trainer.max_steps", "4",
+        "--trainer.enable_progress_bar", "false",
+        "--trainer.enable_model_summary", "false",
+        "--trainer.log_every_n_steps", "1",
+        "--trainer.num_sanity_val_steps", "0",
+        "--model.init_args.net.init_args.width", "16",
+        "--model.init_args.net.init_args.depth", "1",
+        "--model.init_args.net.init_args.max_points", str(n),
+        "--data.init_args.n_points", str(n),
+        "--data.init_args.batch_size", "8",
+        "--data.init_args.chunk_size", "4",
+        "--data.init_args.train_batches_per_epoch", "2",
+        "--data.init_args.val_prompts", "8",
+        "--data.init_args.test_prompts", "8",
+        "--data.init_args.eval_batch_size", "8",
+        *extra,
+    ]
