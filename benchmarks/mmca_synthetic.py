@@ -1,10 +1,11 @@
 """Fit and test several mmca synthetic configs, pool their result rows, and draw Figs. 2, 3, 5, 6 from them.
 
     OMP_NUM_THREADS=1 python benchmarks/mmca_synthetic.py --out /tmp/mmca \\
-        configs/mmca_synthetic_fig2.yaml configs/mmca_synthetic_fig2_lsa.yaml ...
+        configs/mmca/synthetic.yaml configs/mmca/synthetic/fig2_lsa.yaml ...
 
 Each config is built through the project's CLI (``LitICLCLI(run=False)``), so what is measured is what the YAML
-says; ``--set key=value`` adds CLI overrides to every run (e.g. ``--set data.init_args.data_seed=1``). Writes
+says; an overlay (``configs/mmca/synthetic/<variant>.yaml``) runs on its base (``configs/mmca/synthetic.yaml``).
+``--set key=value`` adds CLI overrides to every run (e.g. ``--set data.init_args.data_seed=1``). Writes
 ``rows.json`` / ``rows.csv`` (tidy rows, each tagged with its ``config``, ``fit_s`` and ``test_s``), one PNG per
 figure, and prints the headline table: ICL error and MSE at the largest ``L_te`` per method at its trained
 depth, next to the Bayes predictor and the closed-form limits of :mod:`lit_icl.mmca.theory`.
@@ -22,14 +23,21 @@ import torch
 from lightning.pytorch import LightningDataModule, LightningModule
 
 from lit_icl.cli import LitICLCLI
-from lit_icl.mmca.figures import mmca_figures
+from lit_icl.mmca.synthetic.figures import mmca_figures
 from lit_icl.mmca.theory import bayes_mse, lsa_error_floor, one_parameter_loss
+
+
+def config_files(config: str) -> list[str]:
+    """``[config]`` for a base, ``[base, config]`` for an overlay ``<experiment>/<variant>.yaml``."""
+    base = Path(config).parent.with_suffix(".yaml")
+    return [str(base), config] if base.is_file() else [config]
 
 
 def run_config(config: str, out: Path, overrides: list[str]) -> list[dict]:
     args = [
-        "--config",
-        config,
+        # lit_icl.cli.main's trainer_defaults give the logger class that configs only name
+        "--trainer.logger=lightning.pytorch.loggers.TensorBoardLogger",
+        *(arg for path in config_files(config) for arg in ("--config", path)),
         "--trainer.logger.init_args.save_dir",
         str(out / "runs"),
         "--trainer.enable_progress_bar",
@@ -54,7 +62,7 @@ def run_config(config: str, out: Path, overrides: list[str]) -> list[dict]:
     t0 = time.perf_counter()
     cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)
     test_s = time.perf_counter() - t0
-    name = Path(config).stem
+    name = str(cli.trainer.logger.name)  # the run name, e.g. mmca_synthetic_fig2_lsa
     steps = int(cli.trainer.global_step)
     print(f"{name}: {steps} steps, fit {fit_s:.1f} s, test {test_s:.1f} s", flush=True)
     return [

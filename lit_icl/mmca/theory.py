@@ -11,6 +11,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from lit_icl.core.validation import check_pair_ordered
+
 
 def z_grid(norm_range: Sequence[float], points: int = 20001) -> Tensor:
     """Midpoints ``Z_k = 1 + r_k^2`` of ``points`` equal cells of ``r = ||m|| in [lo, hi]`` (float64)."""
@@ -94,3 +96,24 @@ def lsa_error_floor(norm_range: Sequence[float]) -> float:
 def bayes_mse(norm_range: Sequence[float]) -> float:
     """``E[(y_q - <w, x_q>)^2] = E[zeta^2 / Z] = E[1/Z]`` (Eq. 3.3 with ``E zeta^2 = 1``)."""
     return float((1.0 / z_grid(norm_range)).mean())
+
+
+def alpha_star(norm_range: Sequence[float]) -> float:
+    """``alpha* = 2 / (2 + m_lo + m_hi)`` of Theorem 6.2, where ``m_lo, m_hi`` bound ``||m||^2``.
+
+    ``norm_range`` bounds ``||m||`` (App. H draws it uniformly on ``[0, 5]``), so ``m_lo = lo^2``, ``m_hi = hi^2``:
+    ``[0, 5]`` gives ``2 / 27 ~ 0.074``. (App. H quotes ``1/26 ~ 0.04`` for this distribution, which matches none of
+    the paper's formulas; we follow Theorem 6.2.)
+    """
+    lo, hi = float(norm_range[0]), float(norm_range[1])
+    return 2.0 / (2.0 + lo * lo + hi * hi)
+
+
+def check_norm_range(norm_range: Sequence[float]) -> tuple[float, float]:
+    """``(lo, hi)`` with ``0 <= lo < hi < inf`` (Assumption 6.1 needs a non-degenerate, bounded ``||m||``)."""
+    return check_pair_ordered("norm_range", norm_range, low=0.0, strict=True)
+
+
+def bayes_weights(m: Tensor, zeta: Tensor) -> Tensor:
+    """``w = zeta m / (1 + ||m||^2)`` of Eq. (3.3), per prompt: ``(B, d)``."""
+    return zeta.unsqueeze(-1) * m / (1.0 + (m * m).sum(-1, keepdim=True))

@@ -1,0 +1,290 @@
+"""Corrupted avMNIST (Sec. 7, Table 1; App. I.1): a reader of the MultiBench layout, the seeded corruption and
+the data module.
+
+Layout (MultiBench's ``avmnist`` folder; the offline stand-in ``avmnist_lite`` of
+:mod:`lit_icl.mmca.avmnist.build` is written the same way, so one reader serves both)::
+
+    <root>/image/train_data.npy   (N_train, 784)  float, MNIST-scale values (divided by 255 here)
+    <root>/image/test_data.npy    (N_test, 784)
+    <root>/audio/train_data.npy   (N_train, S, S) spectrogram images in 0..255 (S = 112 in avMNIST)
+    <root>/audio/test_data.npy    (N_test, S, S)
+    <root>/train_labels.npy       (N_train,) digits 0..9
+    <root>/test_labels.npy        (N_test,)
+
+Splits as MultiBench: validation = the *last* ``val_size`` rows of the train files (5,000 of 60,000), train = the
+rows before them, test = the test files. App. I resizes the audio to 28x28 (``audio_size``; 112 / 28 = 4, so
+this is exact 4x4 average pooling).
+
+Corruption (App. I.1): every entry of both modalities gets independent ``N(0, noise_std^2)`` noise, then each
+modality of each example is min-max normalised to [0, 1]. The paper does not say how it normalises; per-example
+min-max is our reading (it maps any noisy map into [0, 1] and keeps its contrast). The noise of an example is a
+pure function of ``(data_seed, split, epoch, row)`` (test and validation: epoch 0 always, so their corruption is
+identical in every epoch and run); training noise is fresh each epoch, and the training order is a seeded
+permutation per epoch, read from :class:`~lit_icl.core.data.EpochSampler` indices, so a resumed run sees exactly
+the batches an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningDataModule
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from lit_icl.core.data import EpochSampler, collate_chunks
+from lit_icl.core.errors import ConfigError
+from lit_icl.core.seeding import make_generator
+from lit_icl.core.validation import check_int, check_nonnegative, check_positive
+
+SPLITS = ("train", "test")
+BUILD_COMMAND = "python -m lit_icl.mmca.avmnist.build --out {root}"
+
+
+def layout_files(root: str | os.PathLike[str]) -> dict[str, Path]:
+    """The six files of the MultiBench layout under ``root``."""
+    r = Path(root)
+    files = {}
+    for split in SPLITS:
+        files[f"image/{split}"] = r / "image" / f"{split}_data.npy"
+        files[f"audio/{split}"] = r / "audio" / f"{split}_data.npy"
+        files[f"labels/{split}"] = r / f"{split}_labels.npy"
+    return files
+
+
+def missing_data_message(root: str | os.PathLike[str]) -> str:
+    """One line: where avMNIST goes and how to build the offline stand-in there."""
+    return (
+        f"avMNIST not found under {root}: put MultiBench's avmnist folder there (image/{{train,test}}_data.npy, "
+        f"audio/{{train,test}}_data.npy, {{train,test}}_labels.npy), or build the offline stand-in avmnist_lite "
+        f"with `{BUILD_COMMAND.format(root=root)}`"
+    )
+
+
+def _resize_audio(audio: np.ndarray, size: int, chunk: int = 2048) -> Tensor:
+    """``(N, S, S)`` 0..255 -> float32 ``(N, size, size)`` in [0, 1], by area interpolation, in chunks (so a
+    60,000 x 112 x 112 float64 file never has to sit in memory as float32 at full size)."""
+    out = torch.empty(audio.shape[0], size, size, dtype=torch.float32)
+    for start in range(0, audio.shape[0], chunk):
+        block = torch.from_numpy(np.asarray(audio[start : start + chunk], dtype=np.float32)) / 255.0
+        if block.shape[-2:] != (size, size):
+            block = F.interpolate(block[:, None], size=(size, size), mode="area")[:, 0]
+        out[start : start + block.shape[0]] = block
+    return out
+
+
+def load_split(root: str | os.PathLike[str], split: str, audio_size: int | None = 28) -> dict[str, Tensor]:
+    """``{"image": (N, 1, 28, 28), "audio": (N, 1, S, S), "label": (N,)}`` of one file split, images and
+    spectrograms divided by 255 (MultiBench's scaling); ``audio_size`` None keeps the stored size.
+
+    Raises :class:`ConfigError` (one line) when a file is missing or the shapes do not fit the layout.
+    """
+    files = layout_files(root)
+    if not all(p.is_file() for p in files.values()):
+        raise ConfigError(missing_data_message(root))
+    image = np.load(files[f"image/{split}"], mmap_mode="r")
+    audio = np.load(files[f"audio/{split}"], mmap_mode="r")
+    labels = np.load(files[f"labels/{split}"])
+    n = labels.shape[0]
+    if image.ndim != 2 or image.shape != (n, 784):
+        raise ConfigError(
+            f"{files[f'image/{split}']} has shape {image.shape}; the avMNIST layout needs ({n}, 784), one flat 28x28 "
+            "image per label"
+        )
+    if audio.ndim != 3 or audio.shape[0] != n or audio.shape[1] != audio.shape[2]:
+        raise ConfigError(
+            f"{files[f'audio/{split}']} has shape {audio.shape}; the avMNIST layout needs ({n}, S, S) square "
+            "spectrograms, one per label"
+        )
+    if labels.ndim != 1 or n == 0 or labels.min() < 0 or labels.max() > 9:
+        raise ConfigError(f"{files[f'labels/{split}']} must hold a non-empty 1-d array of digits 0..9")
+    img = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).view(n, 1, 28, 28)
+    aud = _resize_audio(audio, audio_size if audio_size is not None else audio.shape[1])
+    return {"image": img, "audio": aud[:, None], "label": torch.from_numpy(labels.astype(np.int64))}
+
+
+def minmax(x: Tensor) -> Tensor:
+    """Each map of ``(B, 1, H, W)`` rescaled to [0, 1] (a constant map becomes 0)."""
+    flat = x.flatten(1)
+    lo, hi = flat.min(1, keepdim=True).values, flat.max(1, keepdim=True).values
+    return ((flat - lo) / (hi - lo).clamp_min(1e-12)).view_as(x)
+
+
+def corrupt(image: Tensor, audio: Tensor, noise_std: float, seeds: list[tuple]) -> tuple[Tensor, Tensor]:
+    """App. I.1: entry-wise Gaussian noise of standard deviation ``noise_std``, then min-max to [0, 1].
+
+    ``seeds[b]`` is the tuple that seeds example ``b``'s noise (:func:`~lit_icl.core.seeding.make_generator`),
+    so an example's corruption does not depend on the batch it is in.
+    """
+    if noise_std > 0:
+        ni, na = image[0].numel(), audio[0].numel()
+        noise = torch.stack([torch.randn(ni + na, generator=make_generator(*s)) for s in seeds])
+        image = image + noise_std * noise[:, :ni].view_as(image)
+        audio = audio + noise_std * noise[:, ni:].view_as(audio)
+    return minmax(image), minmax(audio)
+
+
+class CorruptedAVMNIST(Dataset):
+    """Corrupted examples of one split; item = one batch of rows (vectorised corruption).
+
+    Evaluation splits: item ``k`` is rows ``k * batch_size ...`` in order, with epoch-0 noise (the same every
+    epoch). Training: item ``i`` is an :class:`EpochSampler` index ``epoch * len(self) + k``; the rows of batch
+    ``k`` come from a permutation seeded by ``(data_seed, split, "order", epoch)`` and get that epoch's noise.
+    """
+
+    def __init__(
+        self,
+        data: dict[str, Tensor],
+        rows: Tensor,
+        split: str,
+        noise_std: float,
+        data_seed: int,
+        batch_size: int,
+        shuffle: bool,
+    ):
+        self.data, self.rows, self.split = data, rows, split
+        self.noise_std, self.data_seed, self.batch_size, self.shuffle = (
+            noise_std,
+            data_seed,
+            batch_size,
+            shuffle,
+        )
+        # Training drops the ragged last batch (every step sees batch_size examples); evaluation keeps it.
+        n = len(rows)
+        self.n_batches = n // batch_size if shuffle else -(-n // batch_size)
+        if self.n_batches == 0:
+            raise ConfigError(f"the {split} split has {n} examples, fewer than batch_size={batch_size}")
+
+    def __len__(self) -> int:
+        return self.n_batches
+
+    def _order(self, epoch: int) -> Tensor:
+        if not self.shuffle:
+            return self.rows
+        perm = torch.randperm(
+            len(self.rows), generator=make_generator(self.data_seed, self.split, "order", epoch)
+        )
+        return self.rows[perm]
+
+    def __getitem__(self, index: int) -> dict[str, Tensor]:
+        epoch, k = divmod(int(index), self.n_batches)
+        if not self.shuffle:
+            epoch = 0  # evaluation corruption is fixed
+        rows = self._order(epoch)[k * self.batch_size : (k + 1) * self.batch_size]
+        seeds = [(self.data_seed, self.split, epoch, int(r)) for r in rows]
+        image, audio = corrupt(self.data["image"][rows], self.data["audio"][rows], self.noise_std, seeds)
+        return {"image": image, "audio": audio, "label": self.data["label"][rows], "row": rows}
+
+
+class AVMNISTDataModule(LightningDataModule):
+    """Corrupted avMNIST (or the ``avmnist_lite`` stand-in) in the MultiBench layout.
+
+    ``val_dataloader`` returns two loaders, the validation rows and the test split: Table 1 reports the best
+    *test* accuracy over the epochs, so the module scores the test split after every epoch too.
+
+    Args:
+        root: folder of the MultiBench layout (``data/avmnist`` for avMNIST, ``data/avmnist_lite`` for the
+            stand-in built by ``python -m lit_icl.mmca.avmnist.build``).
+        noise_std: standard deviation of the entry-wise Gaussian corruption (pixels scaled to [0, 1] first).
+        audio_size: side to which spectrograms are resized (28 as App. I; ``null`` keeps the stored 112).
+        val_size: last rows of the train files held out for validation (MultiBench: 5,000).
+        batch_size: training batch (256 in App. I.5). eval_batch_size: validation/test batch.
+        data_seed: seeds corruption and training order.
+    """
+
+    def __init__(
+        self,
+        root: str = "data/avmnist",
+        noise_std: float = 1.0,
+        audio_size: int | None = 28,
+        val_size: int = 5000,
+        batch_size: int = 256,
+        eval_batch_size: int = 1000,
+        data_seed: int = 0,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        self.root = str(root)
+        self.noise_std = float(check_nonnegative("noise_std", noise_std))
+        self.audio_size = None if audio_size is None else check_int("audio_size", audio_size, minimum=4)
+        self.val_size = check_int("val_size", val_size, minimum=0, hint="0 = no validation rows")
+        self.batch_size = check_positive("batch_size", batch_size, integer=True)
+        self.eval_batch_size = check_positive("eval_batch_size", eval_batch_size, integer=True)
+        self.data_seed = check_int("data_seed", data_seed)
+        files = layout_files(self.root)
+        if not all(p.is_file() for p in files.values()):
+            raise ConfigError(missing_data_message(self.root))
+        # Split sizes from the label files alone (memory-mapped), so a bad size stops the run before it starts.
+        n_train = int(np.load(files["labels/train"], mmap_mode="r").shape[0])
+        if self.val_size >= n_train:
+            raise ConfigError(
+                f"val_size={self.val_size} leaves no training rows ({n_train} rows in train_data.npy); "
+                f"choose val_size < {n_train}"
+            )
+        if self.batch_size > n_train - self.val_size:
+            raise ConfigError(
+                f"the train split has {n_train - self.val_size} examples, fewer than batch_size={self.batch_size}; "
+                "lower batch_size or val_size"
+            )
+        self._data: dict[str, dict[str, Tensor]] | None = None
+
+    def _load(self) -> dict[str, dict[str, Tensor]]:
+        if self._data is None:
+            self._data = {s: load_split(self.root, s, self.audio_size) for s in SPLITS}
+        return self._data
+
+    def split_rows(self) -> dict[str, Tensor]:
+        """Row indices of train / val (into the train files) and test (into the test files)."""
+        n_train = len(self._load()["train"]["label"])
+        n_test = len(self._load()["test"]["label"])
+        cut = n_train - self.val_size
+        return {"train": torch.arange(cut), "val": torch.arange(cut, n_train), "test": torch.arange(n_test)}
+
+    def dataset(self, split: str) -> CorruptedAVMNIST:
+        data = self._load()["test" if split == "test" else "train"]
+        train = split == "train"
+        return CorruptedAVMNIST(
+            data,
+            self.split_rows()[split],
+            split,
+            self.noise_std,
+            self.data_seed,
+            self.batch_size if train else self.eval_batch_size,
+            shuffle=train,
+        )
+
+    def _loader(self, dataset: CorruptedAVMNIST, sampler: EpochSampler | None = None) -> DataLoader:
+        # Items are whole batches, handed through by collate_chunks of one item. batch_size=1 (not None) puts a
+        # BatchSampler around the sampler, which reads it lazily: Lightning may create the iterator before it
+        # calls set_epoch (it does on resume), and a sampler read at creation would replay epoch 0. The
+        # DataLoader's own generator keeps iterator creation off the global RNG, which dropout uses.
+        return DataLoader(
+            dataset,
+            batch_size=1,
+            sampler=sampler,
+            shuffle=False,
+            collate_fn=collate_chunks,
+            generator=torch.Generator().manual_seed(0),
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        ds = self.dataset("train")
+        trainer = self.trainer
+        replicas = trainer.world_size if trainer is not None else 1
+        rank = trainer.global_rank if trainer is not None else 0
+        return self._loader(ds, EpochSampler(len(ds), num_replicas=replicas, rank=rank))
+
+    @property
+    def eval_splits(self) -> list[str]:
+        """The split scored by each validation dataloader, in order."""
+        return ["val", "test"] if self.val_size else ["test"]
+
+    def val_dataloader(self) -> list[DataLoader]:
+        return [self._loader(self.dataset(split)) for split in self.eval_splits]
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.dataset("test"))

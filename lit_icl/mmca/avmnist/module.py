@@ -1,0 +1,176 @@
+"""The LightningModule of the corrupted-avMNIST experiment (Sec. 7, Table 1; App. I.1, I.5).
+
+Cross-entropy on the logits of a net of :mod:`lit_icl.mmca.avmnist.nets`, AdamW (lr 3e-4, weight decay 1e-4).
+After every training epoch the data module's validation loaders score the validation rows *and the test
+split* (Table 1 reports each model's best test accuracy and the epoch it was reached); the module keeps that
+per-epoch history in its checkpoints, so ``test --ckpt_path`` reports it as tidy rows:
+
+- ``params``: trainable parameters (Table 1's first column);
+- ``best_test_accuracy`` and ``best_epoch`` (1-based; ties keep the earlier epoch);
+- ``test_accuracy`` per ``epoch`` and ``accuracy`` of the checkpoint being tested;
+- every row carries ``noise_std`` (the corruption level) and ``dataset`` (the data folder's name).
+
+``test_step`` returns the representation the head reads (``F_T[CLS]``, or the pooled streams of the baseline) as
+``embeddings["cls"]`` with the digit labels, for :class:`~lit_icl.callbacks.representation.RepresentationMetrics`
+(separation score by class, per test batch).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningDataModule
+from torch import Tensor, nn
+from torchmetrics import MeanMetric
+
+from lit_icl.core.errors import ConfigError
+from lit_icl.core.module import ICLModule
+from lit_icl.core.nets import count_parameters
+from lit_icl.core.results import result_row
+from lit_icl.core.seeding import derive_seed
+from lit_icl.core.validation import check_nonnegative, check_positive
+from lit_icl.mmca.avmnist.nets import MultimodalCrossAttention
+from lit_icl.mmca.contracts import AVMNISTData, AVMNISTNet
+
+
+class AVMNISTModule(ICLModule):
+    """Trains a Table-1 net on corrupted avMNIST and reports Table 1's columns.
+
+    Args:
+        net: ``MultimodalCrossAttention(cross_attention=..., injection=...)`` or ``BidirectionalCrossAttention()``.
+        lr: AdamW learning rate (3e-4). weight_decay: AdamW weight decay (1e-4).
+    """
+
+    #: What ``test_step`` returns under ``embeddings`` (lets RepresentationMetrics check its pairs early).
+    embedding_names: ClassVar[dict[str, tuple[str, ...]]] = {"test": ("cls",)}
+
+    def __init__(self, net: nn.Module | None = None, lr: float = 3e-4, weight_decay: float = 1e-4):
+        super().__init__()
+        self.save_reloadable_hparams()
+        self.net = net if net is not None else MultimodalCrossAttention()
+        if not isinstance(self.net, AVMNISTNet):
+            raise ConfigError(
+                f"{type(self.net).__name__} has no `represent` and `head`; use lit_icl.mmca.MultimodalCrossAttention "
+                "or lit_icl.mmca.BidirectionalCrossAttention"
+            )
+        check_positive("lr", lr)
+        check_nonnegative("weight_decay", weight_decay)
+        self.method = str(getattr(self.net, "method", type(self.net).__name__))
+        self.eval_splits: list[str] = ["val", "test"]
+        self.noise_std: float | None = None
+        self.dataset_name: str | None = None
+        self.eval_acc = nn.ModuleDict({"val": MeanMetric(), "test": MeanMetric()})
+        self.test_acc = MeanMetric()
+        #: Test accuracy after each training epoch, in epoch order (restored from checkpoints).
+        self.test_history: list[float] = []
+        self._rng_base = 0
+
+    # ---------------------------------------------------------------- wiring with the data
+    def bind_datamodule(self, datamodule: LightningDataModule) -> None:
+        """Which split each validation loader scores, the corruption level and the data folder's name."""
+        if not isinstance(datamodule, AVMNISTData):
+            raise ConfigError(
+                f"{type(datamodule).__name__} lacks eval_splits, noise_std or root, which AVMNISTModule reads; "
+                "use lit_icl.mmca.AVMNISTDataModule"
+            )
+        if "test" not in datamodule.eval_splits:
+            raise ConfigError("the data module's validation loaders must include the test split (Table 1)")
+        self.eval_splits = list(datamodule.eval_splits)
+        self.noise_std = float(datamodule.noise_std)
+        self.dataset_name = Path(datamodule.root).name
+
+    # ---------------------------------------------------------------- steps
+    def forward(self, image: Tensor, audio: Tensor) -> Tensor:
+        return self.net(image, audio)
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        logits = self(batch["image"], batch["audio"])
+        loss = F.cross_entropy(logits, batch["label"])  # App. I.1
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/acc", (logits.argmax(-1) == batch["label"]).float().mean())
+        return loss
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
+        split = self.eval_splits[dataloader_idx]
+        correct = (self(batch["image"], batch["audio"]).argmax(-1) == batch["label"]).float()
+        self.eval_acc[split].update(correct)
+
+    def on_validation_epoch_end(self) -> None:
+        values = {split: self.eval_acc[split].compute() for split in self.eval_splits}  # synced over ranks
+        for metric in self.eval_acc.values():
+            metric.reset()
+        if self.trainer.sanity_checking:
+            return
+        for split, value in values.items():
+            self.log(f"{split}/acc", value, sync_dist=False)
+        self.test_history.append(float(values["test"]))
+        best_epoch, best = self.best()
+        self.log("test/best_acc", best)
+        self.log("test/best_epoch", float(best_epoch))
+
+    def best(self) -> tuple[int, float]:
+        """``(epoch, accuracy)`` of the best test accuracy so far (1-based epoch; the earlier of ties)."""
+        if not self.test_history:
+            return 0, float("nan")
+        acc = max(self.test_history)
+        return self.test_history.index(acc) + 1, acc
+
+    def on_test_epoch_start(self) -> None:
+        self.test_acc.reset()
+        self.test_rows = []
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Any]:
+        h = self.net.represent(batch["image"], batch["audio"])
+        logits = self.net.head(h)
+        self.test_acc.update((logits.argmax(-1) == batch["label"]).float())
+        return {"embeddings": {"cls": h.detach()}, "labels": batch["label"]}
+
+    def on_test_epoch_end(self) -> None:
+        acc = self.test_acc.compute()
+        self.log("test/acc", acc)
+        coords: dict[str, Any] = {}
+        if self.noise_std is not None:
+            coords["noise_std"] = self.noise_std
+        if self.dataset_name is not None:
+            coords["dataset"] = self.dataset_name
+        rows = [
+            result_row("params", count_parameters(self.net), method=self.method, **coords),
+            result_row("accuracy", float(acc), method=self.method, **coords),
+        ]
+        if self.test_history:
+            best_epoch, best = self.best()
+            rows.append(result_row("best_test_accuracy", best, method=self.method, **coords))
+            rows.append(result_row("best_epoch", best_epoch, method=self.method, **coords))
+            rows.append(result_row("epochs", len(self.test_history), method=self.method, **coords))
+            rows += [
+                result_row("test_accuracy", value, method=self.method, epoch=epoch, **coords)
+                for epoch, value in enumerate(self.test_history, start=1)
+            ]
+        self.test_rows = rows
+
+    # ---------------------------------------------------------------- dropout randomness
+    def on_fit_start(self) -> None:
+        self._rng_base = torch.initial_seed()  # seed_everything's seed, the same in a fresh and a resumed run
+
+    def on_train_epoch_start(self) -> None:
+        # Dropout draws from the global RNG, which checkpoints do not carry: re-seed it per epoch (and rank) so
+        # epoch e's masks are the same whether the run started at epoch 0 or resumed from epoch e's checkpoint.
+        torch.manual_seed(
+            derive_seed(self._rng_base, "avmnist_dropout", self.current_epoch, self.global_rank)
+        )
+
+    # ---------------------------------------------------------------- checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["avmnist_test_history"] = list(self.test_history)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self.test_history = list(checkpoint.get("avmnist_test_history", []))
+
+    # ---------------------------------------------------------------- optimisation
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        params = [p for p in self.parameters() if p.requires_grad]
+        return torch.optim.AdamW(params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)

@@ -1,0 +1,252 @@
+"""Multi-modal ICL prompts from the latent-factor model of Sec. 3 (Eqs. 3.1-3.3), generated on the fly.
+
+A prompt ``j`` draws ``m = [v; r] in R^{d1 + d2}`` (a uniformly random direction times a norm uniform on
+``norm_range``, App. H) and ``zeta ~ N(0, 1)``; each token ``i`` of the context and the query then draws a
+latent ``u_i ~ N(0, 1)`` shared by both modalities and the response (Eq. 3.1)::
+
+    zbar_i = u_i v + xi_i,   ztilde_i = u_i r + eta_i,   y_i = zeta u_i,   x_i = [zbar_i; ztilde_i].
+
+So ``(x_i, y_i) | (m, zeta) ~ N(0, [[I + m m^T, zeta m], [zeta m^T, zeta^2]])`` (Eq. 3.2) and the Bayes predictor
+is ``<w, x_q>`` with ``w = zeta m / (1 + ||m||^2)`` (Eq. 3.3).
+
+Layouts are token-major: ``x (B, L, d)``, ``y (B, L)``, ``x_query (B, d)``, ``y_query (B,)``; batches also carry
+the prompt's latent ``m (B, d)`` and ``zeta (B,)`` so the Bayes predictor and the ICL error can be computed.
+
+One dataset *item* is a chunk of ``chunk_size`` prompts generated in one vectorised call from a generator seeded
+by ``(data_seed, split, index)``:
+
+- ``train_prompts = N`` (App. H, N = 2000): the training set is the fixed item set of split ``train_fixed``;
+  the training sampler walks it cyclically (``index mod N / chunk_size``), so with ``batch_size = N`` every step
+  is one full-batch gradient step on the empirical loss ``l_{N, L_tr}``;
+- ``train_prompts = None``: fresh prompts every step (split ``train``, index from :class:`EpochSampler`);
+- validation and test sets are fixed. Test prompts have the largest test context length; shorter test contexts
+  are prefixes of the same prompts, so errors at different ``L_te`` are compared on the same tasks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from lit_icl.core.data import EpochSampler, SeededChunks, chunk_loader
+from lit_icl.core.errors import ConfigError
+from lit_icl.core.validation import check_int, check_nonempty, check_nonnegative, check_positive, check_unique
+from lit_icl.mmca.theory import alpha_star, check_norm_range
+
+Split = Literal["train", "train_fixed", "val", "test"]
+
+
+def sample_latent_factor_prompts(
+    n_prompts: int,
+    context_length: int,
+    d1: int,
+    d2: int,
+    norm_range: Sequence[float],
+    generator: torch.Generator,
+) -> dict[str, Tensor]:
+    """``n_prompts`` prompts of Eq. (3.1), float32, in one vectorised call on the CPU generator.
+
+    Returns a dict with ``x (n, L, d)``, ``y (n, L)``, ``x_query (n, d)``, ``y_query (n,)``, ``m (n, d)`` and
+    ``zeta (n,)``, ``d = d1 + d2``. The first ``d1`` coordinates of ``x`` are the first modality ``zbar``.
+    """
+    lo, hi = norm_range
+    d = d1 + d2
+    n, L, g = n_prompts, context_length, generator
+    direction = torch.randn(n, d, generator=g)
+    direction = direction / direction.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    norm = lo + (hi - lo) * torch.rand(n, 1, generator=g)
+    m = norm * direction  # m = [v; r]: spherical direction, norm uniform on [lo, hi] (App. H)
+    zeta = torch.randn(n, generator=g)
+    # Context and query tokens together: u (latent), mu = [xi; eta] (modality noise), Eq. (3.1).
+    u = torch.randn(n, L + 1, generator=g)
+    mu = torch.randn(n, L + 1, d, generator=g)
+    x_all = u.unsqueeze(-1) * m.unsqueeze(1) + mu
+    y_all = zeta.unsqueeze(-1) * u
+    return {
+        "x": x_all[:, :L].contiguous(),
+        "y": y_all[:, :L].contiguous(),
+        "x_query": x_all[:, L].contiguous(),
+        "y_query": y_all[:, L].contiguous(),
+        "m": m,
+        "zeta": zeta,
+    }
+
+
+class LatentFactorPrompts(SeededChunks):
+    """Chunks of latent-factor prompts; item ``i`` is seeded by ``(data_seed, split, i mod cycle)``.
+
+    ``cycle`` (the number of chunks of a fixed training set) makes the training sampler's ever-growing indices
+    walk the same fixed prompts (:meth:`keys`); those chunks are cached, which changes nothing but the time
+    (they are a pure function of their seed).
+    """
+
+    def __init__(
+        self,
+        split: Split,
+        length: int,
+        chunk_size: int,
+        context_length: int,
+        d1: int,
+        d2: int,
+        norm_range: tuple[float, float],
+        data_seed: int,
+        cycle: int | None = None,
+    ):
+        super().__init__(length, data_seed, (split,))
+        self.split = split
+        self.chunk_size = chunk_size
+        self.context_length = context_length
+        self.d1, self.d2 = d1, d2
+        self.norm_range = norm_range
+        self.cycle = cycle
+        self._cache: dict[tuple[object, ...], dict[str, Tensor]] = {}
+
+    def keys(self, index: int) -> tuple[object, ...]:
+        """``(split, index)``, or ``(split, index mod cycle)`` for a fixed training set."""
+        return (self.split, index % self.cycle if self.cycle is not None else index)
+
+    def make_chunk(self, index: int) -> dict[str, Tensor]:
+        key = self.keys(index)
+        if key in self._cache:
+            return self._cache[key]
+        item = sample_latent_factor_prompts(
+            self.chunk_size, self.context_length, self.d1, self.d2, self.norm_range, self.generator(index)
+        )
+        if self.cycle is not None:
+            self._cache[key] = item
+        return item
+
+
+class LatentFactorDataModule(LightningDataModule):
+    """Prompts of the multi-modal latent-factor model (Sec. 3, App. H) for training and the ``L_te`` sweep.
+
+    Args:
+        d1: dimension of the first modality ``zbar`` (16 in App. H).
+        d2: dimension of the second modality ``ztilde`` (16 in App. H).
+        norm_range: ``(lo, hi)``: ``||m||`` is uniform on it (App. H: ``[0, 5]``; Fig. 4: ``[0, 2]``).
+        train_context_length: ``L_tr`` (100 in App. H).
+        train_prompts: ``N``, the size of the fixed training set (2000 in App. H), or ``None`` for fresh
+            prompts every step.
+        batch_size: prompts per training step (per device); ``batch_size = train_prompts`` is full-batch
+            gradient descent on ``l_{N, L_tr}`` as in App. H.
+        chunk_size: prompts generated per dataset item; must divide every batch and set size.
+        train_batches_per_epoch: training steps per epoch (a checkpoint is written at every epoch end).
+        val_prompts: size of the fixed validation set (context length ``L_tr``).
+        test_prompts: size of the fixed test set (1000 in Figs. 5-6).
+        test_context_lengths: the ``L_te`` sweep; test prompts have the largest, the others are prefixes.
+        eval_batch_size: prompts per validation/test step.
+        data_seed: seed of all generated data, independent of ``seed_everything``.
+        num_workers: DataLoader workers (generation is one vectorised call, so 0 is usually right).
+    """
+
+    def __init__(
+        self,
+        d1: int = 16,
+        d2: int = 16,
+        norm_range: Sequence[float] = (0.0, 5.0),
+        train_context_length: int = 100,
+        train_prompts: int | None = 2000,
+        batch_size: int = 2000,
+        chunk_size: int = 250,
+        train_batches_per_epoch: int = 50,
+        val_prompts: int = 500,
+        test_prompts: int = 1000,
+        test_context_lengths: Sequence[int] = (10, 25, 50, 100, 200, 400, 800),
+        eval_batch_size: int = 250,
+        data_seed: int = 0,
+        num_workers: int = 0,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        self.norm_range, lengths = self._validate()
+        self.d1, self.d2 = d1, d2
+        self.d = d1 + d2
+        self.train_context_length = train_context_length
+        self.train_prompts = train_prompts
+        self.test_context_lengths = sorted(lengths)
+        self.test_prompts = test_prompts
+        self.data_seed = data_seed
+
+    def _validate(self) -> tuple[tuple[float, float], list[int]]:
+        """Check every argument; returns the normalised ``norm_range`` and ``test_context_lengths``."""
+        hp = self.hparams
+        for name in ("d1", "d2"):
+            check_positive(name, hp[name], integer=True, hint="16 in App. H")
+        norm_range = check_norm_range(hp.norm_range)
+        check_positive("train_context_length", hp.train_context_length, integer=True, hint="100 in App. H")
+        chunk = check_positive("chunk_size", hp.chunk_size, integer=True)
+        sizes = ["batch_size", "eval_batch_size", "val_prompts", "test_prompts"]
+        if hp.train_prompts is not None:
+            sizes.append("train_prompts")
+        for name in sizes:
+            if check_positive(name, hp[name], integer=True) % chunk:
+                raise ConfigError(
+                    f"{name}={hp[name]!r} must be a positive multiple of chunk_size={chunk}; change one of them"
+                )
+        if hp.train_prompts is not None and hp.train_prompts % hp.batch_size:
+            raise ConfigError(
+                f"batch_size={hp.batch_size} must divide train_prompts={hp.train_prompts} so every epoch sees "
+                f"whole passes; use batch_size={hp.train_prompts} for full-batch gradient descent (App. H)"
+            )
+        check_positive("train_batches_per_epoch", hp.train_batches_per_epoch, integer=True)
+        lengths = check_nonempty("test_context_lengths", hp.test_context_lengths, example="[10, 100, 800]")
+        for value in lengths:
+            check_positive("test_context_lengths entry", value, integer=True, hint="e.g. [10, 100, 800]")
+        check_unique("test_context_lengths", lengths)
+        check_int("data_seed", hp.data_seed)
+        check_nonnegative("num_workers", hp.num_workers, integer=True)
+        return norm_range, lengths
+
+    @property
+    def alpha_star(self) -> float:
+        """``alpha*`` of Theorem 6.2 for this data's ``||m||`` distribution."""
+        return alpha_star(self.norm_range)
+
+    def _dataset(
+        self, split: Split, length: int, context_length: int, cycle: int | None = None
+    ) -> LatentFactorPrompts:
+        hp = self.hparams
+        return LatentFactorPrompts(
+            split,
+            length,
+            hp.chunk_size,
+            context_length,
+            self.d1,
+            self.d2,
+            self.norm_range,
+            self.data_seed,
+            cycle,
+        )
+
+    def _loader(self, dataset: Dataset, batch_size: int, sampler: EpochSampler | None = None) -> DataLoader:
+        hp = self.hparams
+        return chunk_loader(dataset, batch_size, hp.chunk_size, hp.num_workers, sampler)
+
+    def train_dataloader(self) -> DataLoader:
+        hp = self.hparams
+        world, rank = (
+            (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
+        )
+        items = hp.train_batches_per_epoch * (hp.batch_size // hp.chunk_size) * world
+        if self.train_prompts is None:
+            ds = self._dataset("train", items, self.train_context_length)
+        else:
+            ds = self._dataset(
+                "train_fixed", items, self.train_context_length, self.train_prompts // hp.chunk_size
+            )
+        return self._loader(ds, hp.batch_size, EpochSampler(items, world, rank))
+
+    def val_dataloader(self) -> DataLoader:
+        hp = self.hparams
+        ds = self._dataset("val", hp.val_prompts // hp.chunk_size, self.train_context_length)
+        return self._loader(ds, hp.eval_batch_size)
+
+    def test_dataloader(self) -> DataLoader:
+        hp = self.hparams
+        ds = self._dataset("test", hp.test_prompts // hp.chunk_size, max(self.test_context_lengths))
+        return self._loader(ds, hp.eval_batch_size)

@@ -1,0 +1,126 @@
+"""Corrupted avMNIST through the CLI: a tiny fit + test end to end with Table 1's rows, resume, the bad-input table
+and every shipped config at tiny size."""
+
+from __future__ import annotations
+
+import glob
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from badinput import assert_rejected
+from mmca.avmnist.helpers import avmnist_args, write_layout
+from mmca.helpers import config_id, experiment_configs
+
+from lit_icl.cli import main
+from lit_icl.core.nets import count_parameters
+from lit_icl.mmca import (
+    AVMNISTModule,
+    MultimodalCrossAttention,
+)
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+
+def test_tiny_fit_then_test_reports_table_1_rows(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    write_layout(root, n_train=40, n_test=20, audio_side=28)
+    main(["fit", *avmnist_args(tmp_path, root)])
+    ckpt = tmp_path / "runs" / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
+    assert ckpt.is_file()
+    main(["test", *avmnist_args(tmp_path, root), "--ckpt_path", str(ckpt)])
+    results = sorted(glob.glob(str(tmp_path / "runs" / "tiny" / "version_*" / "results.json")))
+    rows = json.loads(Path(results[-1]).read_text())["rows"]
+    by = {(r["metric"], r.get("epoch")): r for r in rows}
+    assert by[("params", None)]["value"] == count_parameters(MultimodalCrossAttention(depth=1))
+    history = [by[("test_accuracy", e)]["value"] for e in (1, 2)]
+    assert by[("best_test_accuracy", None)]["value"] == max(history)
+    assert by[("best_epoch", None)]["value"] == history.index(max(history)) + 1
+    assert by[("epochs", None)]["value"] == 2
+    assert all(r["method"] == "full" and r["noise_std"] == 0.2 and r["dataset"] == "data" for r in rows)
+    # The last checkpoint's own accuracy is the last epoch's test accuracy (same fixed test corruption).
+    assert by[("accuracy", None)]["value"] == pytest.approx(history[-1])
+    model = AVMNISTModule.load_from_checkpoint(ckpt)
+    assert model.test_history == history and isinstance(model.net, MultimodalCrossAttention)
+
+
+BAD_ROWS = [
+    (["--data.init_args.noise_std", "-1"], "noise_std=-1"),
+    (["--data.init_args.val_size", "40"], "val_size=40 leaves no training rows"),
+    (["--data.init_args.batch_size", "64"], "fewer than batch_size=64"),
+    (["--model.init_args.net.init_args.heads", "3"], "d=16 must be divisible by heads=3"),
+    (["--model.init_args.net.init_args.dropout", "1.5"], "dropout=1.5"),
+    (["--model.init_args.lr", "0"], "lr=0"),
+]
+
+
+@pytest.mark.parametrize(("extra", "needle"), BAD_ROWS)
+def test_bad_input_is_one_line_before_anything_is_written(tmp_path: Path, capsys, extra, needle) -> None:
+    root = tmp_path / "data"
+    write_layout(root, n_train=40, n_test=20, audio_side=28)
+    assert_rejected(tmp_path, capsys, ["fit", *avmnist_args(tmp_path, root, *extra)], needle)
+
+
+def test_missing_data_is_one_cli_line(tmp_path: Path, capsys) -> None:
+    line = assert_rejected(
+        tmp_path,
+        capsys,
+        ["fit", *avmnist_args(tmp_path, tmp_path / "absent")],
+        "lit_icl.mmca.avmnist.build --out",
+    )
+    assert "avMNIST not found" in line
+
+
+def test_resume_from_last_checkpoint_is_bit_identical(tmp_path: Path) -> None:
+    """Fit 2 epochs straight vs 1 epoch, then `--ckpt_path last` to 2: same weights, optimizer state and history
+    (training order and noise come from the EpochSampler index, not from a consumed RNG)."""
+    root = tmp_path / "data"
+    write_layout(root, n_train=40, n_test=20, audio_side=28)
+
+    def run(name: str, epochs: int, *extra: str) -> None:
+        main(
+            [
+                "fit",
+                *avmnist_args(
+                    tmp_path,
+                    root,
+                    "--trainer.logger.init_args.name",
+                    name,
+                    "--trainer.max_epochs",
+                    str(epochs),
+                    "--seed_everything",
+                    "5",
+                    *extra,
+                ),
+            ]
+        )
+
+    run("straight", 2)
+    run("resumed", 1)
+    run("resumed", 2, "--ckpt_path", str(tmp_path / "runs/resumed/version_0/checkpoints/last.ckpt"))
+    ckpts = sorted(glob.glob(str(tmp_path / "runs/resumed/version_*/checkpoints/last.ckpt")))
+    a = torch.load(tmp_path / "runs/straight/version_0/checkpoints/last.ckpt", weights_only=False)
+    b = torch.load(ckpts[-1], weights_only=False)
+    assert a["global_step"] == b["global_step"] == 4
+    assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
+    for sa, sb in zip(a["optimizer_states"][0]["state"].values(), b["optimizer_states"][0]["state"].values()):
+        assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert a["avmnist_test_history"] == b["avmnist_test_history"] and len(a["avmnist_test_history"]) == 2
+
+
+@pytest.mark.parametrize("config", experiment_configs("avmnist"), ids=config_id)
+def test_every_shipped_config_fits_and_tests_at_tiny_size(tmp_path: Path, config: list[str]) -> None:
+    root = tmp_path / "data"
+    write_layout(
+        root, n_train=40, n_test=20, audio_side=112
+    )  # avMNIST's stored audio size, resized by the reader
+    args = avmnist_args(tmp_path, root, "--trainer.max_epochs", "1", config=config)
+    main(["fit", *args])
+    main(["test", *args, "--ckpt_path", str(tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt")])
+    rows = json.loads((tmp_path / "runs/tiny/version_1/results.json").read_text())["rows"]
+    variant = Path(config[-1]).stem  # the overlay's name is the method of its rows
+    assert {r["method"] for r in rows} == {"full" if len(config) == 1 else variant}
+    assert {"params", "best_test_accuracy", "best_epoch", "accuracy", "test_accuracy"} <= {
+        r["metric"] for r in rows
+    }

@@ -1,0 +1,109 @@
+"""Corrupted avMNIST: the MultiBench-layout reader and the seeded corruption on tiny fixtures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from mmca.avmnist.helpers import write_layout
+
+from lit_icl.core.errors import ConfigError
+from lit_icl.mmca import (
+    AVMNISTDataModule,
+)
+from lit_icl.mmca.avmnist.data import load_split, missing_data_message
+
+# ---------------------------------------------------------------------------------------------- reader, corruption
+
+
+def test_reader_scales_reshapes_and_pools_audio_as_the_layout_says(tmp_path: Path) -> None:
+    arrays = write_layout(tmp_path)
+    full = load_split(tmp_path, "train", audio_size=None)
+    small = load_split(tmp_path, "train", audio_size=28)
+    assert full["image"].shape == (40, 1, 28, 28) and full["audio"].shape == (40, 1, 112, 112)
+    assert small["audio"].shape == (40, 1, 28, 28) and small["label"].dtype == torch.int64
+    img = arrays["image/train_data.npy"]
+    np.testing.assert_allclose(full["image"][7, 0].numpy(), img[7].reshape(28, 28) / 255, rtol=1e-6)
+    # 112 -> 28 is 4x4 block averaging of the /255 spectrogram.
+    blocks = arrays["audio/train_data.npy"][3].reshape(28, 4, 28, 4).mean((1, 3)) / 255
+    np.testing.assert_allclose(small["audio"][3, 0].numpy(), blocks, rtol=1e-5, atol=1e-6)
+    assert torch.equal(small["label"], torch.from_numpy(arrays["train_labels.npy"]))
+
+
+def test_missing_data_names_the_layout_and_the_build_command(tmp_path: Path) -> None:
+    root = tmp_path / "nowhere"
+    with pytest.raises(ConfigError) as info:
+        AVMNISTDataModule(root=str(root))
+    msg = str(info.value)
+    assert "\n" not in msg and str(root) in msg and "image/{train,test}_data.npy" in msg
+    assert f"python -m lit_icl.mmca.avmnist.build --out {root}" in msg and msg == missing_data_message(root)
+
+
+def _dm(root: Path, **kw) -> AVMNISTDataModule:
+    args = {
+        "root": str(root),
+        "noise_std": 0.7,
+        "val_size": 8,
+        "batch_size": 8,
+        "eval_batch_size": 6,
+        "data_seed": 3,
+    }
+    return AVMNISTDataModule(**{**args, **kw})
+
+
+def test_splits_are_multibench_s_and_maps_lie_in_unit_interval(tmp_path: Path) -> None:
+    write_layout(tmp_path)
+    dm = _dm(tmp_path)
+    rows = dm.split_rows()
+    assert rows["train"].tolist() == list(range(32)) and rows["val"].tolist() == list(range(32, 40))
+    assert rows["test"].tolist() == list(range(20)) and dm.eval_splits == ["val", "test"]
+    batch = dm.dataset("test")[0]
+    for key in ("image", "audio"):
+        flat = batch[key].flatten(1)
+        assert torch.allclose(flat.min(1).values, torch.zeros(6)) and torch.allclose(
+            flat.max(1).values, torch.ones(6)
+        )
+
+
+def test_test_corruption_is_seeded_identical_across_epochs_and_batch_sizes(tmp_path: Path) -> None:
+    write_layout(tmp_path)
+    dm = _dm(tmp_path)
+    test = dm.dataset("test")
+    first = torch.cat([test[k]["image"] for k in range(len(test))])
+    assert len(test) == 4  # 20 rows in batches of 6: the last one is ragged, nothing dropped
+    # Sampler indices of a later epoch, another batch size, another data module object: the same noise.
+    again = torch.cat([test[k + 3 * len(test)]["image"] for k in range(len(test))])
+    other = _dm(tmp_path, eval_batch_size=20).dataset("test")[0]["image"]
+    assert torch.equal(first, again) and torch.equal(first, other)
+    reseeded = torch.cat(
+        [b["image"] for b in (_dm(tmp_path, data_seed=4).dataset("test")[k] for k in range(4))]
+    )
+    assert not torch.allclose(first, reseeded)
+    # Without noise the maps are the min-max normalised clean data.
+    clean = _dm(tmp_path, noise_std=0.0).dataset("test")[0]["image"]
+    raw = load_split(tmp_path, "test")["image"][:6].flatten(1)
+    expect = (raw - raw.min(1, keepdim=True).values) / (
+        raw.max(1, keepdim=True).values - raw.min(1, keepdim=True).values
+    )
+    torch.testing.assert_close(clean.flatten(1), expect)
+
+
+def test_training_batches_are_a_fresh_permutation_and_noise_per_epoch(tmp_path: Path) -> None:
+    write_layout(tmp_path)
+    train = _dm(tmp_path).dataset("train")
+    assert len(train) == 4  # 32 rows in batches of 8
+    epoch0 = [train[k] for k in range(4)]
+    epoch1 = [train[4 + k] for k in range(4)]
+    for ep in (epoch0, epoch1):  # every training row once per epoch
+        assert sorted(torch.cat([b["row"] for b in ep]).tolist()) == list(range(32))
+    assert not torch.equal(torch.cat([b["row"] for b in epoch0]), torch.cat([b["row"] for b in epoch1]))
+    # A resumed run asks for the same indices and gets bit-identical batches.
+    fresh = _dm(tmp_path).dataset("train")
+    assert all(torch.equal(fresh[4 + k]["audio"], epoch1[k]["audio"]) for k in range(4))
+    # The same row in two epochs gets different noise.
+    r = int(epoch0[0]["row"][0])
+    pos = {int(x): (k, i) for k, b in enumerate(epoch1) for i, x in enumerate(b["row"])}
+    k, i = pos[r]
+    assert not torch.equal(epoch0[0]["image"][0], epoch1[k]["image"][i])

@@ -1,0 +1,161 @@
+"""Corrupted avMNIST (mmca Sec. 7, Table 1; App. I): the nets against a hand-written reference of App. I.3-I.4
+and Table 1's parameter counts."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lit_icl.core.nets import count_parameters
+from lit_icl.mmca import (
+    BidirectionalCrossAttention,
+    MultimodalCrossAttention,
+)
+
+# ---------------------------------------------------------------------------------------------- nets
+
+
+@pytest.mark.parametrize(
+    ("net", "ours", "table1"),
+    [
+        (lambda: MultimodalCrossAttention(True, True), 43_754, 4.36e4),
+        (lambda: MultimodalCrossAttention(True, False), 38_314, 3.82e4),
+        (lambda: MultimodalCrossAttention(False, True), 43_722, 4.36e4),
+        (lambda: MultimodalCrossAttention(False, False), 38_282, 3.82e4),
+        (lambda: BidirectionalCrossAttention(), 60_746, 6.07e4),
+    ],
+)
+def test_parameter_counts_match_table_1(net, ours: int, table1: float) -> None:
+    n = count_parameters(net())
+    assert n == ours
+    assert abs(n - table1) / table1 < 0.01
+
+
+def _mha(q: torch.Tensor, kv: torch.Tensor, attn: torch.nn.MultiheadAttention) -> torch.Tensor:
+    """Softmax multi-head attention written out from the module's weights (no dropout)."""
+    d, h = q.shape[-1], attn.num_heads
+    wq, wk, wv = attn.in_proj_weight.split(d)
+    bq, bk, bv = attn.in_proj_bias.split(d)
+
+    def heads(x: torch.Tensor) -> torch.Tensor:
+        return x.view(x.shape[0], x.shape[1], h, d // h).transpose(1, 2)
+
+    qh, kh, vh = heads(q @ wq.T + bq), heads(kv @ wk.T + bk), heads(kv @ wv.T + bv)
+    scores = qh @ kh.transpose(-1, -2) / math.sqrt(d // h)
+    out = (scores.softmax(-1) @ vh).transpose(1, 2).reshape(q.shape)
+    return out @ attn.out_proj.weight.T + attn.out_proj.bias
+
+
+def _ln(x: torch.Tensor, ln: torch.nn.LayerNorm) -> torch.Tensor:
+    mu = x.mean(-1, keepdim=True)
+    var = x.var(-1, unbiased=False, keepdim=True)
+    return (x - mu) / torch.sqrt(var + ln.eps) * ln.weight + ln.bias
+
+
+def _ffn(x: torch.Tensor, ffn: torch.nn.Module) -> torch.Tensor:
+    l1, l2 = ffn.net[0], ffn.net[3]
+    return F.gelu(x @ l1.weight.T + l1.bias) @ l2.weight.T + l2.bias
+
+
+def _head(h: torch.Tensor, head: torch.nn.Sequential) -> torch.Tensor:
+    return _ffn(_ln(h, head[0]), type("H", (), {"net": [head[1], None, None, head[4]]})())
+
+
+def _tokens(
+    net: torch.nn.Module, image: torch.Tensor, audio: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """App. I.2 tokenizers written with functional ops: tokens are the 4x4 grid cells in row-major order."""
+
+    def phi(x: torch.Tensor, tok: torch.nn.Module) -> torch.Tensor:
+        c = [m for m in tok.body if isinstance(m, torch.nn.Conv2d)]
+        x = F.relu(
+            F.conv2d(
+                F.relu(F.conv2d(x, c[0].weight, c[0].bias, padding=1)), c[1].weight, c[1].bias, padding=1
+            )
+        )
+        x = F.max_pool2d(x, 2)
+        x = F.relu(
+            F.conv2d(
+                F.relu(F.conv2d(x, c[2].weight, c[2].bias, padding=1)), c[3].weight, c[3].bias, padding=1
+            )
+        )
+        x = F.adaptive_avg_pool2d(F.max_pool2d(x, 2), 4)
+        return _ln(x.permute(0, 2, 3, 1).reshape(x.shape[0], 16, -1), tok.norm)
+
+    t = net.tokens
+    xi, xa = phi(image, t.image) + t.pos_image, phi(audio, t.audio) + t.pos_audio
+    if t.mod_image is not None:
+        xi, xa = xi + t.mod_image, xa + t.mod_audio
+    return xi, xa
+
+
+def _reference_paper_model(
+    net: MultimodalCrossAttention, image: torch.Tensor, audio: torch.Tensor
+) -> torch.Tensor:
+    """App. I.3 equation by equation: F_0 = X W0^T + b0; A = MHA(LN F, LN X, LN X) (or self-attention);
+    F~ = F + A; S = sigmoid(F~ WG^T + bG) * (X WS^T + bS); F- = F~ + S; F = F- + FFN(LN F-); head(F_T[CLS])."""
+    xi, xa = _tokens(net, image, audio)
+    x = torch.cat([net.cls.expand(len(image), 1, -1), xi, xa], 1)
+    f = x @ net.init_state.weight.T + net.init_state.bias
+    for layer in net.layers:
+        q = _ln(f, layer.norm_state)
+        kv = _ln(x, net.norm_x) if net.cross_attention else q
+        f = f + _mha(q, kv, layer.attn)
+        if net.injection:
+            gate = torch.sigmoid(f @ layer.gate.weight.T + layer.gate.bias)
+            f = f + gate * (x @ layer.inject.weight.T + layer.inject.bias)
+        f = f + _ffn(_ln(f, layer.norm_ffn), layer.ffn)
+    return _head(f[:, 0], net.head)
+
+
+@pytest.mark.parametrize(("ca", "inj"), [(True, True), (True, False), (False, True), (False, False)])
+def test_paper_models_match_the_appendix_equations(ca: bool, inj: bool) -> None:
+    torch.manual_seed(0)
+    net = MultimodalCrossAttention(ca, inj, depth=3).eval()
+    image, audio = torch.rand(5, 1, 28, 28), torch.rand(5, 1, 28, 28)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            net(image, audio), _reference_paper_model(net, image, audio), rtol=1e-4, atol=1e-5
+        )
+    assert (
+        net.method
+        == {
+            (True, True): "full",
+            (True, False): "no_injection",
+            (False, True): "no_cross_attention",
+            (False, False): "no_injection_no_cross_attention",
+        }[(ca, inj)]
+    )
+
+
+def test_bidirectional_baseline_matches_the_appendix_equations() -> None:
+    torch.manual_seed(1)
+    net = BidirectionalCrossAttention(depth=2).eval()
+    image, audio = torch.rand(4, 1, 28, 28), torch.rand(4, 1, 112, 112)  # audio at avMNIST's stored size
+    u, v = _tokens(net, image, audio)
+    for layer in net.layers:
+        nu, nv = _ln(u, layer.norm_u), _ln(v, layer.norm_v)
+        u, v = u + _mha(nu, nv, layer.attn_u), v + _mha(nv, nu, layer.attn_v)
+        u = u + _ffn(_ln(u, layer.norm_ffn_u), layer.ffn_u)
+        v = v + _ffn(_ln(v, layer.norm_ffn_v), layer.ffn_v)
+    expect = _head(torch.cat([u.mean(1), v.mean(1)], -1), net.head)
+    with torch.no_grad():
+        torch.testing.assert_close(net(image, audio), expect, rtol=1e-4, atol=1e-5)
+
+
+def test_zero_injection_weights_reduce_the_full_model_to_the_no_injection_ablation() -> None:
+    """S_t = G * (X W_S^T + b_S) vanishes when W_S = b_S = 0: then the two models compute the same logits."""
+    torch.manual_seed(2)
+    full = MultimodalCrossAttention(True, True, depth=2).eval()
+    for layer in full.layers:
+        torch.nn.init.zeros_(layer.inject.weight)
+        torch.nn.init.zeros_(layer.inject.bias)
+    ablation = MultimodalCrossAttention(True, False, depth=2).eval()
+    missing = ablation.load_state_dict(full.state_dict(), strict=False)
+    assert not missing.missing_keys and all(".inject." in k or ".gate." in k for k in missing.unexpected_keys)
+    x = torch.rand(3, 1, 28, 28)
+    with torch.no_grad():
+        torch.testing.assert_close(full(x, x.flip(-1)), ablation(x, x.flip(-1)))

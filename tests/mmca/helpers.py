@@ -1,0 +1,29 @@
+"""Shared by the mmca tests: the shipped configs of an experiment, each as the ``--config`` files of one run."""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+
+EXPERIMENTS = ("synthetic", "avmnist")
+
+
+def experiment_configs(experiment: str) -> list[list[str]]:
+    """``[[base], [base, overlay], ...]`` for ``configs/mmca/<experiment>.yaml`` and its overlays."""
+    base = f"configs/mmca/{experiment}.yaml"
+    return [[base]] + [[base, overlay] for overlay in sorted(glob.glob(f"configs/mmca/{experiment}/*.yaml"))]
+
+
+def config_id(files: list[str]) -> str:
+    """``synthetic`` for the base alone, ``synthetic+fig3_full`` for the base with an overlay."""
+    return "+".join(Path(f).stem for f in files)
+
+
+def config_args(files: list[str]) -> list[str]:
+    """``--config`` once per file, in order (LightningCLI merges them)."""
+    return [arg for path in files for arg in ("--config", path)]
+
+
+#: ``lit_icl.cli.main`` gives the trainer its TensorBoard logger (``trainer_defaults``), which configs only name;
+#: a test that builds ``LitICLCLI`` itself passes the logger's class first, then the configs.
+LOGGER_ARG = "--trainer.logger=lightning.pytorch.loggers.TensorBoardLogger"
