@@ -46,6 +46,7 @@ LEGACY_MODULES = {
 alias_modules(LEGACY_MODULES)
 
 __all__ = [
+    "LEGACY_MODULES",
     "AVMNISTDataModule",
     "AVMNISTModule",
     "BayesOptimal",

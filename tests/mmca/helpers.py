@@ -5,6 +5,9 @@ from __future__ import annotations
 import glob
 from pathlib import Path
 
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+
 EXPERIMENTS = ("synthetic", "avmnist")
 
 
@@ -27,3 +30,14 @@ def config_args(files: list[str]) -> list[str]:
 #: ``lit_icl.cli.main`` gives the trainer its TensorBoard logger (``trainer_defaults``), which configs only name;
 #: a test that builds ``LitICLCLI`` itself passes the logger's class first, then the configs.
 LOGGER_ARG = "--trainer.logger=lightning.pytorch.loggers.TensorBoardLogger"
+
+
+class SaveStateDict(Callback):
+    """Saves the LightningModule's ``state_dict`` to ``path`` when ``test`` starts (after a checkpoint loaded), so a
+    test can compare the weights a CLI run used with the checkpoint's."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        torch.save(pl_module.state_dict(), self.path)

@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
+from lit_icl.core.data import SeededChunks
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
 from lit_icl.mmca import LatentFactorDataModule
-from lit_icl.mmca.synthetic.data import sample_latent_factor_prompts
-from lit_icl.mmca.theory import alpha_star, bayes_weights
+from lit_icl.mmca.synthetic.data import LatentFactorPrompts, sample_latent_factor_prompts
 
 
 def test_per_prompt_covariance_matches_eq_3_2() -> None:
@@ -67,21 +67,6 @@ def test_norm_direction_and_zeta_distributions() -> None:
     assert (u.T @ u / n - torch.eye(32) / 32).abs().max() < 0.01
     z = b["zeta"]
     assert abs(float(z.mean())) < 4 / math.sqrt(n) and abs(float(z.var()) - 1) < 0.05
-
-
-def test_bayes_vector_is_lambda_inverse_zeta_m() -> None:
-    """Eq. (3.3) via Sherman-Morrison equals the linear-Gaussian regression vector Lambda^{-1} zeta m (Lemma A.1)."""
-    b = sample_latent_factor_prompts(16, 2, 5, 3, (0.0, 5.0), make_generator(3, "w", 0))
-    m, zeta = b["m"].double(), b["zeta"].double()
-    lam = torch.eye(8, dtype=torch.float64) + m.unsqueeze(-1) * m.unsqueeze(-2)
-    ref = torch.linalg.solve(lam, (zeta.unsqueeze(-1) * m).unsqueeze(-1)).squeeze(-1)
-    assert torch.allclose(bayes_weights(m, zeta), ref, atol=1e-12)
-
-
-def test_alpha_star_of_theorem_6_2() -> None:
-    assert alpha_star((0.0, 5.0)) == pytest.approx(2.0 / 27.0)
-    assert alpha_star((0.0, 2.0)) == pytest.approx(1.0 / 3.0)
-    assert alpha_star((1.0, 2.0)) == pytest.approx(2.0 / 7.0)
 
 
 def _dm(**kw) -> LatentFactorDataModule:
@@ -150,3 +135,23 @@ def test_bad_data_arguments(kw, needle) -> None:
     with pytest.raises(ConfigError, match=None) as info:
         _dm(**kw)
     assert needle in str(info.value)
+
+
+def test_chunks_are_seeded_chunks_bit_identical_to_the_old_generator_keys() -> None:
+    """``LatentFactorPrompts`` is a ``SeededChunks`` whose item ``i`` is generated from
+    ``make_generator(data_seed, split, i mod cycle)``, exactly as before the base class existed."""
+    fixed = LatentFactorPrompts("train_fixed", 10, 8, 6, 2, 3, (0.0, 5.0), 7, cycle=4)
+    fresh = LatentFactorPrompts("train", 10, 8, 6, 2, 3, (0.0, 5.0), 7)
+    assert (
+        isinstance(fixed, SeededChunks)
+        and fixed.keys(5) == ("train_fixed", 1)
+        and fresh.keys(5) == ("train", 5)
+    )
+    for ds, index, key in ((fixed, 5, 1), (fixed, 9, 1), (fresh, 9, 9)):
+        ref = sample_latent_factor_prompts(8, 6, 2, 3, (0.0, 5.0), make_generator(7, ds.split, key))
+        item = ds[index]
+        assert item.keys() == ref.keys() and all(torch.equal(item[k], ref[k]) for k in ref)
+    # Sums of item 5 of the fixed set as the code of commit 93c16ee (before SeededChunks) generated it.
+    old = {"x": 0.38147827610373497, "y": -4.415387532673776, "x_query": 3.1217003166675568,
+           "y_query": -4.8799044117331505, "m": 7.161872403463349, "zeta": -3.765404999256134}  # fmt: skip
+    assert {k: float(v.double().sum()) for k, v in fixed[5].items()} == old

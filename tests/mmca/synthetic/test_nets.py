@@ -198,19 +198,6 @@ def test_one_parameter_lca_approaches_bayes_as_depth_and_context_grow() -> None:
     assert deep[4000] < deep[1000] and deep[4000] < 2e-3  # Bayes scores 0; closed[40] ~ 1.6e-5
 
 
-def test_finite_depth_minimiser_tends_to_alpha_star() -> None:
-    """Theorem 6.2(2): alpha*_T -> alpha* = 2/(2 + m_lo + m_hi); alpha*_1 is the depth-1 minimiser."""
-    nr = (0.0, 5.0)
-    a = alpha_star(nr)
-    gaps = [abs(alpha_star_depth(T, nr) - a) for T in (1, 5, 20, 80)]
-    assert gaps == sorted(gaps, reverse=True) and gaps[-1] < 0.1 * gaps[0]
-    # Depth 1: l(alpha) = E[W (1 - alpha Z)^2] is minimised at E[W Z] / E[W Z^2] = E[Z-1] / E[(Z-1) Z].
-    from lit_icl.mmca.theory import z_grid
-
-    z = z_grid(nr)
-    assert alpha_star_depth(1, nr) == pytest.approx(float((z - 1).mean() / ((z - 1) * z).mean()), rel=1e-6)
-
-
 def test_theorem_6_3_initialisation_minimises_the_two_parameter_loss_in_alpha() -> None:
     nr, T, beta0 = (0.0, 2.0), 5, -0.2
     a0 = theorem63_alpha(beta0, T, nr)
