@@ -18,8 +18,8 @@ Shared by both: :mod:`lit_icl.mmca.theory` (closed forms: Theorem 6.2's ``alpha*
 the population losses) and :mod:`lit_icl.mmca.contracts` (what each module reads from its data module and net).
 
 Configs name the public names exported here (``lit_icl.mmca.DeepCrossAttention``). The modules' old file names
-(``lit_icl.mmca.nets``, ``lit_icl.mmca.avmnist_nets`` ...) stay importable as aliases, so configs and checkpoints
-written before the split still load.
+(``lit_icl.mmca.nets``, ``lit_icl.mmca.avmnist_nets`` ...) stay importable as aliases (:data:`LEGACY_MODULES`), so
+configs and checkpoints written before the split still load.
 """
 
 from lit_icl.core.compat import alias_modules
@@ -41,8 +41,10 @@ LEGACY_MODULES = {
     "lit_icl.mmca.avmnist_data": "lit_icl.mmca.avmnist.data",
     "lit_icl.mmca.avmnist_nets": "lit_icl.mmca.avmnist.nets",
     "lit_icl.mmca.avmnist_module": "lit_icl.mmca.avmnist.module",
-    "lit_icl.mmca.avmnist_build": "lit_icl.mmca.avmnist.build",
 }
+# Not lit_icl.mmca.avmnist_build: it holds no class a config or checkpoint names, and an alias would import the
+# builder with the package, which makes `python -m lit_icl.mmca.avmnist.build` warn (runpy) and cannot serve the
+# old `python -m lit_icl.mmca.avmnist_build` anyway (runpy refuses a module found under another name).
 alias_modules(LEGACY_MODULES)
 
 __all__ = [

@@ -1,6 +1,8 @@
-"""Closed forms of the paper's population analysis, for initialisation (Theorem 6.3) and as test references.
+"""Closed forms of the paper's analysis, shared by mmca's experiments: Theorem 6.2's ``alpha*`` and the Bayes
+weights of Eq. (3.3) (used by the synthetic nets, module and data), the ``norm_range`` check of Assumption 6.1, and
+the population losses, for initialisation (Theorem 6.3) and as test references.
 
-Everything here integrates over ``Z = 1 + ||m||^2`` with ``||m||`` uniform on ``norm_range`` (App. H), by the
+The population losses integrate over ``Z = 1 + ||m||^2`` with ``||m||`` uniform on ``norm_range`` (App. H), by the
 midpoint rule on a fine grid in float64; the integrands are smooth polynomials in ``||m||``.
 """
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -39,9 +40,10 @@ from torch.utils.data import DataLoader, Dataset
 from lit_icl.core.data import EpochSampler, collate_chunks
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
-from lit_icl.core.validation import check_int, check_nonnegative, check_positive
+from lit_icl.core.validation import check_int, check_literal, check_nonnegative, check_positive
 
-SPLITS = ("train", "test")
+SPLITS = ("train", "test")  # the file splits; the data module's splits (Split) cut validation rows from train
+Split = Literal["train", "val", "test"]
 BUILD_COMMAND = "python -m lit_icl.mmca.avmnist.build --out {root}"
 
 
@@ -140,7 +142,7 @@ class CorruptedAVMNIST(Dataset):
         self,
         data: dict[str, Tensor],
         rows: Tensor,
-        split: str,
+        split: Split,
         noise_std: float,
         data_seed: int,
         batch_size: int,
@@ -215,6 +217,11 @@ class AVMNISTDataModule(LightningDataModule):
         self.batch_size = check_positive("batch_size", batch_size, integer=True)
         self.eval_batch_size = check_positive("eval_batch_size", eval_batch_size, integer=True)
         self.data_seed = check_int("data_seed", data_seed)
+        self._check_layout()
+        self._data: dict[str, dict[str, Tensor]] | None = None
+
+    def _check_layout(self) -> None:
+        """The data is there and its split sizes fit ``val_size`` and ``batch_size`` (before the run starts)."""
         files = layout_files(self.root)
         if not all(p.is_file() for p in files.values()):
             raise ConfigError(missing_data_message(self.root))
@@ -230,7 +237,6 @@ class AVMNISTDataModule(LightningDataModule):
                 f"the train split has {n_train - self.val_size} examples, fewer than batch_size={self.batch_size}; "
                 "lower batch_size or val_size"
             )
-        self._data: dict[str, dict[str, Tensor]] | None = None
 
     def _load(self) -> dict[str, dict[str, Tensor]]:
         if self._data is None:
@@ -244,7 +250,8 @@ class AVMNISTDataModule(LightningDataModule):
         cut = n_train - self.val_size
         return {"train": torch.arange(cut), "val": torch.arange(cut, n_train), "test": torch.arange(n_test)}
 
-    def dataset(self, split: str) -> CorruptedAVMNIST:
+    def dataset(self, split: Split) -> CorruptedAVMNIST:
+        check_literal("split", split, Split)
         data = self._load()["test" if split == "test" else "train"]
         train = split == "train"
         return CorruptedAVMNIST(
