@@ -46,7 +46,7 @@ def resolve(path: str) -> Any:
 
 def test_every_experiment_has_a_base_and_overlays() -> None:
     assert [len(experiment_configs(e)) for e in EXPERIMENTS] == [10, 5]
-    assert len(FILES) == 15
+    assert len(FILES) == 15 and not glob.glob("configs/mmca_*.yaml")
 
 
 @pytest.mark.parametrize("files", ALL, ids=config_id)
