@@ -6,7 +6,7 @@
 
 "Dataset size" is the number of distinct training episodes (``FeatureEpisodeDataModule.train_episodes``); every
 size gets the same number of optimiser steps, so small sizes see each episode many times (Sec. 4.2). Per seed
-and size, three methods are trained on ``configs/icssl_features.yaml``'s episodes (2 classes x 50 images):
+and size, three methods are trained on ``configs/icssl/features.yaml``'s episodes (2 classes x 50 images):
 
 * ``e2e``: ORIG+E2E-ICL, the config's model (learned Laplacian eigenmap + GD head);
 * ``transformer``: the scale-matched Transformer baseline (App. G), the MetaICL-style ``unknown`` label token,
@@ -33,20 +33,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared runner beside this file
 from icssl_paper_tables import CONFIGS, REPO, Job, _budget, _logger, _mean_sd, _table, run_all  # noqa: E402
 
-CONFIG = CONFIGS / "icssl_features.yaml"
+CONFIG = CONFIGS / "icssl" / "features.yaml"
 NET = "--model.init_args.net"
 
 #: method -> extra fit arguments on top of the config (the feature dimension is filled in from the data file).
 METHODS: dict[str, list[str]] = {
     "e2e": [],
-    # The learning rate of configs/icssl_manifolds_transformer.yaml, the baseline's own config.
+    # The learning rate of configs/icssl/manifolds/transformer.yaml, the baseline's own overlay.
     # ``input_norm``: unit-RMS points into its projection. At the config's feature scale 0.1 (set for the
     # eigenmap's RBF bandwidths) the projected points are ~1e-3 of the label embedding and, in our runs, the loss
     # stayed at ln 2 for 1,500 steps. Normalising inside the net (not via the data's feature_scale) keeps the
     # episodes identical for every method, which Table 1's shared test batches need.
-    "transformer": [NET, "lit_icl.icssl.baselines.ICLTransformerBaseline", "--model.init_args.lr", "0.0003",
+    "transformer": [NET, "lit_icl.icssl.ICLTransformerBaseline", "--model.init_args.lr", "0.0003",
                     f"{NET}.init_args.input_norm", "true"],
-    "orig": [f"{NET}.init_args.representation", "lit_icl.icssl.nets.RawCoordinates"],
+    "orig": [f"{NET}.init_args.representation", "lit_icl.icssl.RawCoordinates"],
 }
 #: The representation-metrics callback with result rows, for every test (Fig. 3's separation panel).
 CALLBACK = {"class_path": "lit_icl.callbacks.RepresentationMetrics", "init_args": {"k": 10, "rows": True}}

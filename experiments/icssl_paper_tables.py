@@ -44,21 +44,30 @@ MANIFOLDS = ("cone", "cylinder", "sphere", "torus", "spiral")  # App. E.1; "spir
 TABLE_RATIOS = "[0.03, 0.21, 0.39]"  # 3, 21 and 39 labeled points of 100: Tables 2-5's context sizes
 REP = "--model.init_args.net.init_args.representation"
 HEAD = "--model.init_args.net.init_args.head.init_args"
-EIG = "lit_icl.icssl.nets.LaplacianEigenmap"
+EIG = "lit_icl.icssl.LaplacianEigenmap"
 
-#: model -> (config, extra fit arguments). EIG+ICL swaps the representation for the exact eigenmap (App. D)
-#: and keeps the configuration's GD head, so each E2E model is compared with the same head on exact features.
-MODELS: dict[str, tuple[str, list[str]]] = {
-    "tuned": ("icssl_manifolds.yaml", []),
-    "faithful": ("icssl_manifolds_faithful.yaml", []),
-    "eig": ("icssl_manifolds.yaml", [REP, EIG]),
-    "eig_faithful": ("icssl_manifolds_faithful.yaml", [REP, EIG]),
+#: model -> (config files under configs/: a base and its overlay, extra fit arguments). EIG+ICL swaps the
+#: representation for the exact eigenmap (App. D) and keeps the configuration's GD head, so each E2E model is
+#: compared with the same head on exact features.
+MANIFOLDS_BASE = "icssl/manifolds.yaml"
+FAITHFUL = (MANIFOLDS_BASE, "icssl/manifolds/faithful.yaml")
+MODELS: dict[str, tuple[tuple[str, ...], list[str]]] = {
+    "tuned": ((MANIFOLDS_BASE,), []),
+    "faithful": (FAITHFUL, []),
+    "eig": ((MANIFOLDS_BASE,), [REP, EIG]),
+    "eig_faithful": (FAITHFUL, [REP, EIG]),
 }
 PRODUCT_MODELS = {  # Table 6
-    "product_ours": "icssl_product.yaml",
-    "product_one_layer": "icssl_product_one_layer.yaml",
-    "product_lap_linear": "icssl_product_lap_linear.yaml",
+    "product_ours": ("icssl/product.yaml",),
+    "product_one_layer": ("icssl/product.yaml", "icssl/product/one_layer.yaml"),
+    "product_lap_linear": ("icssl/product.yaml", "icssl/product/lap_linear.yaml"),
 }
+IMAGE_MANIFOLDS = "icssl/image_manifolds.yaml"
+
+
+def _configs(files: tuple[str, ...]) -> list[str]:
+    """``--config`` once per file of ``configs/`` (a base, then its overlay: LightningCLI merges them in order)."""
+    return [arg for f in files for arg in ("--config", str(CONFIGS / f))]
 
 
 @dataclass
@@ -88,13 +97,20 @@ def _budget(steps: int, epochs: int) -> list[str]:
     return ["--trainer.max_epochs", str(epochs), "--data.init_args.train_batches_per_epoch", str(per_epoch)]
 
 
-def _model_section(config: str, out: Path) -> Path:
-    """The ``model:`` part of a shipped config as a file of its own, for ``--model <file>``."""
+def _model_section(config: tuple[str, ...], out: Path) -> Path:
+    """The ``model:`` part of a shipped config (a base and its overlay merged) as a file, for ``--model <file>``."""
     import yaml
 
-    path = out / "_models" / config
+    def merge(a: dict, b: dict) -> dict:
+        return {**a, **{k: merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
+                        for k, v in b.items()}}
+
+    model: dict = {}
+    for f in config:
+        model = merge(model, yaml.safe_load((CONFIGS / f).read_text()).get("model") or {})
+    path = out / "_models" / ("_".join(Path(f).with_suffix("").as_posix().replace("/", "_") for f in config) + ".yaml")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(yaml.safe_load((CONFIGS / config).read_text())["model"], sort_keys=False))
+    path.write_text(yaml.safe_dump(model, sort_keys=False))
     return path
 
 
@@ -118,7 +134,7 @@ def fit_jobs(args: argparse.Namespace) -> list[Job]:
                 for suffix, train in trainings:
                     name = f"{model}_{kernel}_{suffix}"
                     add(name, seed, [
-                        "--config", str(CONFIGS / config), *extra, f"{HEAD}.kernel", kernel,
+                        *_configs(config), *extra, f"{HEAD}.kernel", kernel,
                         "--data.init_args.train_manifolds", str(train),
                         "--data.init_args.val_manifolds", str(train),
                         "--data.init_args.val_episodes", str(args.val_episodes),
@@ -127,14 +143,14 @@ def fit_jobs(args: argparse.Namespace) -> list[Job]:
         if kernel == "rbf":
             for seed in args.seeds:
                 for name, config in PRODUCT_MODELS.items():
-                    add(name, seed, ["--config", str(CONFIGS / config),
+                    add(name, seed, [*_configs(config),
                                      "--data.init_args.val_episodes", str(args.val_episodes),
                                      *_budget(args.steps, args.epochs)])
                 for model, (config, extra) in MODELS.items():
                     steps = args.eig_steps if model.startswith("eig") else args.steps
                     # The image data module with this model's net: the net comes from the manifold config.
                     add(f"{model}_rbf_images", seed, [
-                        "--config", str(CONFIGS / "icssl_image_manifolds.yaml"),
+                        "--config", str(CONFIGS / IMAGE_MANIFOLDS),
                         "--model", str(_model_section(config, out)), *extra,
                         *([f"{REP}.init_args.n_neighbors", "4"] if model.startswith("eig") else []),
                         "--data.init_args.root", str(args.image_root),
@@ -171,7 +187,7 @@ def test_jobs(args: argparse.Namespace) -> list[Job]:
                           "--data.init_args.test_episodes", str(args.test_episodes),
                           "--data.init_args.eval_label_ratios", TABLE_RATIOS])
         if held_out is not None and "_rbf_" in name:  # Table 5's OOD: zero-shot on the image manifolds
-            add("images", ["--config", str(CONFIGS / "icssl_image_manifolds.yaml"),
+            add("images", ["--config", str(CONFIGS / IMAGE_MANIFOLDS),
                            "--data.init_args.root", str(args.image_root)])
     return jobs
 

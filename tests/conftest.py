@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny, fast IC-SSL configurations for CLI-level tests."""
+"""Shared fixtures and helpers of the whole suite (a paper's own, e.g. IC-SSL's ``tiny_args``, live in
+tests/<paper>/helpers.py)."""
 
 from __future__ import annotations
 
@@ -14,33 +15,6 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 # In-process tests use one intra-op thread so they do not fight the subprocesses some tests start. Nothing is
 # put into the environment: subprocesses run with the default thread count, as a user's run does.
 torch.set_num_threads(1)
-
-
-def tiny_args(tmp_path, *extra: str, name: str = "tiny", config: str = "configs/icssl_manifolds.yaml") -> list[str]:
-    """CLI arguments for a seconds-long IC-SSL run (20-point episodes) logging under ``tmp_path``."""
-    return [
-        "--config", config,
-        "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
-        "--trainer.logger.init_args.name", name,
-        "--trainer.max_epochs", "2",
-        "--trainer.enable_progress_bar", "false",
-        "--trainer.enable_model_summary", "false",
-        "--trainer.log_every_n_steps", "1",
-        "--trainer.num_sanity_val_steps", "0",
-        "--model.init_args.net.init_args.representation.init_args.n_points", "20",
-        "--model.init_args.net.init_args.representation.init_args.stack_repeats", "1",
-        "--data.init_args.n_points", "20",
-        "--data.init_args.batch_size", "16",
-        "--data.init_args.chunk_size", "8",
-        "--data.init_args.eval_batch_size", "16",
-        "--data.init_args.train_batches_per_epoch", "3",
-        "--data.init_args.val_episodes", "16",
-        "--data.init_args.test_episodes", "16",
-        "--data.init_args.eval_label_ratios", "[0.1, 0.25, 0.5]",
-        "--data.init_args.train_label_ratio", "[0.1, 0.5]",
-        "--trainer.callbacks", "[]",
-        *extra,
-    ]
 
 
 @pytest.fixture

@@ -1,261 +1,30 @@
-"""End-to-end CLI behaviour: exact resume, DDP, bf16, test outputs (bad input: tests/test_bad_input.py)."""
+"""Paper-agnostic CLI behaviour: bad command lines (parser, ``--config``, ``--ckpt_path``) are one
+``lit_icl: error:`` line, exit status 2, and write nothing. A paper's own CLI tests are in tests/<paper>/."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-import torch
-from conftest import tb_scalars, tiny_args
-from lightning.pytorch import LightningDataModule, LightningModule
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from badinput import assert_rejected
+from icssl.helpers import tiny_args
 
-from lit_icl.cli import LitICLCLI, main
-from lit_icl.icssl import ICSSLModule
-
-
-def _run(args: list[str]) -> None:
-    main(args)
-
-
-def _state(ckpt: Path) -> dict[str, torch.Tensor]:
-    return torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+#: (extra args, needle), added to a tiny IC-SSL run (any config would do: these fail before the paper's code).
+CLI_ROWS: list[tuple[list[str], str]] = [
+    (["--trainer.max_epochs", "x"], "--trainer.max_epochs: Expected a <class 'int'>. Got value: x"),
+    (["--no_such_option", "1"], "unrecognized arguments: --no_such_option"),
+    (["--ckpt_path", "does/not/exist.ckpt"], "does not exist"),
+    (["--config", "configs/no_such_config.yaml"], "--config: File does not exist"),
+]
 
 
-# Bad input: table-driven, in tests/test_bad_input.py (shared assertion in tests/badinput.py).
+@pytest.mark.parametrize(("extra", "needle"), CLI_ROWS, ids=[r[1][:40] for r in CLI_ROWS])
+def test_bad_command_line_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, extra, needle) -> None:
+    assert_rejected(tmp_path, capsys, ["fit", *tiny_args(tmp_path), *extra], needle)
 
 
-def test_bf16_mixed_trains_with_finite_loss(tmp_path) -> None:
-    _run(["fit", *tiny_args(tmp_path, "--trainer.precision", "bf16-mixed", "--trainer.max_epochs", "1")])
-    scalars = tb_scalars(tmp_path / "runs/tiny/version_0")
-    assert scalars["train/loss"] and all(torch.isfinite(torch.tensor(scalars["train/loss"])))
-    assert 0.0 <= scalars["val/acc/label_ratio=0.25"][-1] <= 1.0
-
-
-def test_test_writes_tidy_results_with_provenance_and_figure(tmp_path) -> None:
-    _run(["fit", *tiny_args(tmp_path, "--trainer.max_epochs", "1")])
-    ckpt = tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt"
-    _run(["test", *tiny_args(tmp_path), "--ckpt_path", str(ckpt)])
-    out = tmp_path / "runs/tiny/version_1"
-    result = json.loads((out / "results.json").read_text())
-    meta, rows = result["meta"], result["rows"]
-    assert meta["checkpoint"] == str(ckpt) and meta["trained_steps"] == 3
-    assert meta["seeds"] == {"seed_everything": 0, "data_seed": 0}
-    assert set(meta["versions"]) == {"python", "torch", "lightning", "lit_icl"}
-    assert meta["config"]["data"]["init_args"]["n_points"] == 20
-    acc = [r for r in rows if r["metric"] == "accuracy" and r["method"] == "ORIG+E2E-ICL"]
-    assert [r["label_ratio"] for r in acc] == [0.1, 0.25, 0.5]
-    assert [r["n_labeled"] for r in acc] == [2, 5, 10]
-    assert all(0.0 <= r["value"] <= 1.0 and r["split"] == "test" for r in acc)
-    for method in ("labeled_majority", "class_prior", "ORIG+E2E-ICL"):
-        for metric in ("accuracy", "balanced_accuracy"):
-            assert len([r for r in rows if r["method"] == method and r["metric"] == metric]) == 3
-    # The class-prior floor predicts one class everywhere: balanced accuracy 1/2 unless an episode's
-    # unlabeled points are all of one class (then 0 or 1), accuracy the majority share (>= 1/2).
-    prior = {r["metric"]: r["value"] for r in rows if r["method"] == "class_prior" and r["label_ratio"] == 0.25}
-    assert prior["accuracy"] >= 0.5 and prior["balanced_accuracy"] == pytest.approx(0.5, abs=0.05)
-    # The logged test metrics and the rows are the same numbers.
-    scalars = tb_scalars(out)
-    for r in acc:
-        assert scalars[f"test/acc/label_ratio={r['label_ratio']:g}"][-1] == pytest.approx(r["value"])
-    assert (out / "results.csv").read_text().startswith("metric,value,split,method,label_ratio,n_labeled")
-    for stem in ("accuracy_vs_label_ratio", "balanced_accuracy_vs_label_ratio"):
-        assert (out / f"{stem}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    ea = EventAccumulator(str(next(out.glob("events.out.tfevents.*"))))
-    ea.Reload()
-    assert "test/accuracy_vs_label_ratio" in ea.Tags()["images"]
-    # predict: per-point probabilities at every ratio, rows summing to one.
-    cli = LitICLCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-                    run=False, args=tiny_args(tmp_path))
-    outputs = cli.trainer.predict(cli.model, datamodule=cli.datamodule, ckpt_path=str(ckpt))
-    probs = torch.cat([o["probs"] for o in outputs], dim=1)
-    assert probs.shape == (3, 16, 20, 2)
-    torch.testing.assert_close(probs.sum(-1), torch.ones(3, 16, 20))
-
-
-def test_several_test_manifolds_write_per_manifold_rows_and_figure(tmp_path) -> None:
-    """`test` on two manifolds: rows (and logged metrics) per manifold through the shared results writer,
-    and the checkpoint reloads into the exact trained model."""
-    _run(["fit", *tiny_args(tmp_path, "--trainer.max_epochs", "1")])
-    ckpt = tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt"
-    _run(["test", *tiny_args(tmp_path), "--ckpt_path", str(ckpt),
-          "--data.init_args.test_manifolds", "[cylinder, sphere]"])
-    out = tmp_path / "runs/tiny/version_1"
-    rows = json.loads((out / "results.json").read_text())["rows"]
-    acc = [r for r in rows if r["metric"] == "accuracy" and r["method"] == "ORIG+E2E-ICL"]
-    assert sorted((r["manifold"], r["label_ratio"]) for r in acc) == [
-        (m, q) for m in ("cylinder", "sphere") for q in (0.1, 0.25, 0.5)]
-    scalars = tb_scalars(out)
-    for r in acc:
-        assert scalars[f"test/acc/{r['manifold']}/label_ratio={r['label_ratio']:g}"][-1] == pytest.approx(r["value"])
-    assert (out / "accuracy_vs_label_ratio.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    model = ICSSLModule.load_from_checkpoint(ckpt)
-    assert all(torch.equal(model.state_dict()[k], v) for k, v in _state(ckpt).items())
-
-
-SUBPROCESS_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-COMMON = ["--trainer.max_epochs", "1", "--model.init_args.lr_schedule", "constant"]
-VAL_TAGS = ("val/acc/label_ratio=0.1", "val/acc/label_ratio=0.25", "val/acc/label_ratio=0.5", "val/loss")
-
-
-def _two_rank_args(root: Path) -> list[str]:
-    """Tiny IC-SSL fit on 2 gloo ranks with 8 episodes each per step."""
-    return tiny_args(root, *COMMON, "--data.init_args.batch_size", "8", "--data.init_args.eval_batch_size", "8",
-                     "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu")
-
-
-@pytest.fixture(scope="module")
-def single_process_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The reference for the multi-process tests: 1 process with 16 episodes per step."""
-    root = tmp_path_factory.mktemp("single")
-    subprocess.run(
-        [sys.executable, "-m", "lit_icl", "fit", *tiny_args(root, *COMMON, "--data.init_args.batch_size", "16")],
-        check=True, env={**os.environ, **SUBPROCESS_ENV}, capture_output=True, timeout=300,
+def test_ckpt_path_that_is_not_a_checkpoint(tmp_path, capsys) -> None:
+    bogus = tmp_path / "notes.ckpt"
+    bogus.write_text("not a checkpoint")
+    line = assert_rejected(
+        tmp_path, capsys, ["fit", *tiny_args(tmp_path), "--ckpt_path", str(bogus)], "is not a PyTorch checkpoint"
     )
-    return root / "runs/tiny/version_0"
-
-
-def _assert_same_val_metrics(single: Path, multi: Path) -> None:
-    s, d = tb_scalars(single), tb_scalars(multi)
-    for tag in VAL_TAGS:
-        # Same episodes, same averaged gradients; only the order of float reductions differs.
-        assert abs(s[tag][-1] - d[tag][-1]) < 2e-3, (tag, s[tag], d[tag])
-
-
-def test_ddp_on_cpu_matches_single_process(tmp_path, single_process_run: Path) -> None:
-    """2 gloo ranks x 8 episodes per step see the same data as 1 process x 16: same validation metrics."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "lit_icl", "fit", *_two_rank_args(tmp_path / "ddp")],
-        env={**os.environ, **SUBPROCESS_ENV}, capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    _assert_same_val_metrics(single_process_run, tmp_path / "ddp/runs/tiny/version_0")
-
-
-def test_ddp_test_writes_the_rows_of_one_process(tmp_path, single_process_run: Path) -> None:
-    """``test`` on 2 gloo ranks scores the checkpoint like 1 process and writes one results.json with the same
-    rows. (ResultsWriter once asked ``trainer.log_dir``, a broadcast, on rank 0 only: rank 0 then waited for ranks
-    that had already returned and the run crashed.)"""
-    ckpt = single_process_run / "checkpoints" / "last.ckpt"
-    runs = {}
-    for name, extra in (("one", []), ("ddp", ["--trainer.strategy", "ddp", "--trainer.devices", "2",
-                                              "--trainer.accelerator", "cpu"])):
-        # eval batch 8 on 2 ranks = the 16 test episodes of one process's single batch
-        batch = ["--data.init_args.eval_batch_size", "8" if name == "ddp" else "16"]
-        proc = subprocess.run(
-            [sys.executable, "-m", "lit_icl", "test", *tiny_args(tmp_path / name, *COMMON, *batch, *extra),
-             "--ckpt_path", str(ckpt)],
-            env={**os.environ, **SUBPROCESS_ENV}, capture_output=True, text=True, timeout=300,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        (results,) = (tmp_path / name / "runs" / "tiny").glob("version_*/results.json")
-        runs[name] = json.loads(results.read_text())["rows"]
-    assert len(runs["ddp"]) == len(runs["one"]) > 0
-    for a, b in zip(runs["one"], runs["ddp"]):
-        assert {k: v for k, v in a.items() if k != "value"} == {k: v for k, v in b.items() if k != "value"}
-        assert b["value"] == pytest.approx(a["value"], abs=1e-6), a
-
-
-def _torchrun() -> list[str]:
-    """The torchrun of this interpreter (the script beside it, else ``python -m torch.distributed.run``)."""
-    script = Path(sys.executable).with_name("torchrun")
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "torch.distributed.run"]
-
-
-def test_torchrun_on_cpu_matches_single_process(tmp_path, single_process_run: Path) -> None:
-    """``torchrun --nproc_per_node 2 -m lit_icl fit`` (what a multi-node launch runs on each node) equals one
-    process with the double batch: Lightning detects the torchelastic environment and does not spawn."""
-    launched = tmp_path / "torchrun"
-    proc = subprocess.run(
-        [*_torchrun(), "--standalone", "--nnodes", "1", "--nproc_per_node", "2", "-m", "lit_icl", "fit",
-         *_two_rank_args(launched)],
-        env={**os.environ, **SUBPROCESS_ENV}, capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    # Both ranks joined one gloo group of two: Lightning reports it once per rank.
-    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in proc.stderr + proc.stdout
-    assert sorted(p.name for p in (launched / "runs" / "tiny").iterdir()) == ["version_0"]
-    _assert_same_val_metrics(single_process_run, launched / "runs/tiny/version_0")
-    a = _state(single_process_run / "checkpoints/last.ckpt")
-    b = _state(launched / "runs/tiny/version_0/checkpoints/last.ckpt")
-    assert a.keys() == b.keys()
-    # Same episodes and averaged gradients; only the float reduction order differs. Adam divides by sqrt(v), so
-    # an entry whose gradient is ~0 may move by up to lr (3e-3) per step either way: per entry we allow less
-    # than one such step, and the weights as a whole must agree far more closely
-    # (measured: max |diff| 2.9e-4, relative L2 difference 2.2e-5).
-    for k in a:
-        diff = (a[k].float() - b[k].float()).abs().max().item()
-        assert diff < 2e-3, (k, diff)
-    va = torch.cat([a[k].float().flatten() for k in a])
-    vb = torch.cat([b[k].float().flatten() for k in a])
-    assert ((va - vb).norm() / va.norm()).item() < 2e-4
-
-
-
-@pytest.mark.parametrize("config", sorted(p.name for p in (Path(__file__).parents[1] / "configs").glob("icssl_*.yaml")))
-def test_checkpoint_monitor_names_an_evaluated_ratio(config: str) -> None:
-    """A ModelCheckpoint monitoring ``val/acc/label_ratio=r`` needs ``r`` among the data's eval ratios, else
-    Lightning stops the run at the first epoch end (configs/icssl_features.yaml once monitored 0.25 of [0.03, 0.39])."""
-    import yaml
-
-    from lit_icl.icssl.data import ratio_key
-
-    cfg = yaml.safe_load((Path(__file__).parents[1] / "configs" / config).read_text())
-    evaluated = {f"val/acc/{ratio_key(r)}" for r in cfg["data"]["init_args"].get("eval_label_ratios", [])}
-    monitors = [c["init_args"]["monitor"] for c in cfg["trainer"].get("callbacks", [])
-                if c["class_path"].endswith("ModelCheckpoint") and "monitor" in c.get("init_args", {})]
-    for monitor in monitors:
-        if monitor.startswith("val/acc/"):
-            assert monitor in evaluated, (config, monitor, sorted(evaluated))
-
-# The configs of the paper's model and its ablations (the baselines' own configs: tests/test_icssl_baselines.py).
-CONFIGS = sorted(
-    f"configs/{p.name}" for p in (Path(__file__).parents[1] / "configs").glob("icssl_*.yaml")
-    if "InContextEigenmap" in p.read_text() and "lit_icl.icssl.ManifoldDataModule" in p.read_text()
-)
-BASELINES = ["lit_icl.icssl.nets.LaplacianEigenmap", "lit_icl.icssl.nets.RawCoordinates"]
-
-
-def _without_representation_args(args: list[str]) -> list[str]:
-    """Drop the E2E representation's init args (flag + value pairs) before swapping its class."""
-    flags = [i for i, a in enumerate(args) if "representation.init_args" in a]
-    return [a for i, a in enumerate(args) if i not in flags and i - 1 not in flags]
-
-
-@pytest.mark.parametrize(
-    ("config", "representation"), [(c, None) for c in CONFIGS] + [("configs/icssl_manifolds.yaml", b) for b in BASELINES]
-)
-def test_every_config_trains_tests_and_reloads(tmp_path, config: str, representation: str | None) -> None:
-    """Each shipped config (and each baseline override) runs as is, shrunk to 20-point episodes, including its
-    callbacks; its checkpoint reloads outside the CLI, with one call, into the exact trained model."""
-    args = tiny_args(tmp_path, "--trainer.max_epochs", "1", config=config)
-    args = [a for i, a in enumerate(args) if a != "--trainer.callbacks" and args[i - 1] != "--trainer.callbacks"]
-    if representation is not None:
-        args = [*_without_representation_args(args), "--model.init_args.net.init_args.representation", representation]
-    _run(["fit", *args])
-    run = tmp_path / "runs/tiny/version_0"
-    ckpts = sorted((run / "checkpoints").iterdir())
-    assert any(p.name == "last.ckpt" for p in ckpts) and any(p.name.startswith("best-") for p in ckpts)
-    scalars = tb_scalars(run)
-    assert "val/separation/model" in scalars and "val/mnn/eig~model" in scalars
-    last = run / "checkpoints/last.ckpt"
-    _run(["test", *args, "--ckpt_path", str(last)])
-    cli_rows = json.loads((tmp_path / "runs/tiny/version_1/results.json").read_text())["rows"]
-
-    # One call, no CLI: the right classes, the trained weights, and the same test numbers.
-    model = ICSSLModule.load_from_checkpoint(last)
-    expected = (representation or "lit_icl.icssl.nets.InContextEigenmap").rsplit(".", 1)[1]
-    assert type(model.net.representation).__name__ == expected
-    state = _state(last)
-    assert model.state_dict().keys() == state.keys()
-    assert all(torch.equal(model.state_dict()[k], state[k]) for k in state)
-    assert isinstance(LightningModule.load_from_checkpoint(last), ICSSLModule)
-    cli = LitICLCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-                    run=False, save_config_callback=None,
-                    args=[*args, "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path / "py")])
-    cli.trainer.test(model, datamodule=cli.datamodule)
-    assert model.test_rows == cli_rows
+    assert line.startswith(f"lit_icl: error: --ckpt_path {bogus} is not a PyTorch checkpoint")

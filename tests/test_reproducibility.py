@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_args
+from icssl.helpers import tiny_args
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO = TESTS_DIR.parent

@@ -163,7 +163,7 @@ def read_task_id(path: str) -> tuple[Tensor, Tensor]:
     except (OSError, RuntimeError) as err:
         raise ConfigError(
             f"cannot read task-id checkpoint {path!r} ({type(err).__name__}): give the last.ckpt of an I2CL fit of "
-            "each source task (configs/i2cl_offline/transfer.yaml shows the offline recipe)"
+            "each source task (configs/i2cl/offline/transfer.yaml shows the offline recipe)"
         ) from None
     sd = ckpt.get("state_dict", {})
     if "coefs.i2cl" not in sd or "ctx_i2cl" not in sd:

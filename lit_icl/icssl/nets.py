@@ -464,7 +464,7 @@ class InContextEigenmap(nn.Module):
     without the RBF activation) and ``lap_layers = eig_layers = layer_repeats = stack_repeats = 1`` (the
     non-iterative "1-layer Lap+PE", one pass through each module).
 
-    The paper-faithful form (``configs/icssl_manifolds_faithful.yaml``) is ``lap_output="laplacian"`` (TF^L
+    The paper-faithful form (``configs/icssl/manifolds/faithful.yaml``) is ``lap_output="laplacian"`` (TF^L
     outputs ``L_hat``, Lemma 1), ``eig_init="lemma2"`` (TF^phi starts as Lemma 2's shifted power iteration,
     ``eig_layers = n_components``, one head), ``layer_repeats = stack_repeats = 2`` (Remark 3's looping) and
     ``learn_init=False`` (fixed ``M``, Remark 1).

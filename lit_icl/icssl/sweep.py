@@ -1,7 +1,7 @@
 """The dataset-size sweep of IC-SSL Sec. 4.2 (Fig. 3): accuracy and separation against the number of training
 episodes, per method, and where each method's accuracy jumps (the baseline Transformer's "phase transition").
 
-Runs are ordinary ``fit`` + ``test`` runs of ``configs/icssl_features.yaml`` (or any IC-SSL config whose data
+Runs are ordinary ``fit`` + ``test`` runs of ``configs/icssl/features.yaml`` (or any IC-SSL config whose data
 module has ``train_episodes``), one per dataset size, method and seed, tested with the representation-metrics
 callback's ``rows: true`` so their ``results.json`` hold separation rows too::
 

@@ -1,0 +1,107 @@
+"""Shared by the I2CL tests: a tiny byte-level tokenizer, tiny random Llama / GPT-2 models built from configs (no
+weights, seconds), a small synthetic data module, and the CLI arguments of a tiny offline run."""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+from lit_icl.i2cl.data import I2CLDataModule
+
+OFFLINE = "configs/i2cl/offline.yaml"
+#: The experiments of configs/i2cl/: Table 1's hub tasks (a base and one overlay per task) and the offline demo.
+EXPERIMENTS = ("table1", "offline")
+
+
+def experiment_configs(experiment: str) -> list[list[str]]:
+    """``[[base], [base, overlay], ...]`` for ``configs/i2cl/<experiment>.yaml`` and its overlays."""
+    base = f"configs/i2cl/{experiment}.yaml"
+    return [[base]] + [[base, path] for path in sorted(glob.glob(f"configs/i2cl/{experiment}/*.yaml"))]
+
+
+def all_configs() -> list[list[str]]:
+    """Every shipped I2CL run: each base alone and each overlay on its base."""
+    return [files for experiment in EXPERIMENTS for files in experiment_configs(experiment)]
+
+
+def config_id(files: list[str]) -> str:
+    """``table1`` for a base alone, ``table1+agnews`` for a base with an overlay."""
+    return "+".join(Path(f).stem for f in files)
+
+
+def config_args(files: list[str]) -> list[str]:
+    """``--config`` once per file, in order (LightningCLI merges them)."""
+    return [arg for path in files for arg in ("--config", path)]
+
+
+CORPUS = [
+    "Review: a great film , truly moving .\nSentiment: positive\n",
+    "Review: dull and boring , a waste .\nSentiment: negative\n",
+    "Input: abc def ghi\nLabel: A\n",
+    "Input: !@ #$ %^\nLabel: B\n",
+    "Input: 12 345 6789\nLabel: C\n",
+    "the quick brown fox jumps over the lazy dog 0123456789",
+]
+
+
+def tiny_tokenizer():
+    """A byte-level BPE tokenizer trained in memory on a few lines (GPT-2 style: leading-space tokens)."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(CORPUS * 20, vocab_size=400, min_frequency=1, special_tokens=["<eos>"])
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, eos_token="<eos>")
+
+
+def tiny_model(kind: str, vocab: int, max_positions: int = 256, init_range: float = 0.02):
+    torch.manual_seed(0)
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(
+            vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=max_positions, attn_implementation="eager",
+            initializer_range=init_range,
+        )
+    else:
+        cfg = transformers.GPT2Config(
+            vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=max_positions,
+            attn_implementation="eager", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        )
+    return transformers.AutoModelForCausalLM.from_config(cfg).float()
+
+
+def synthetic_dm(**kw) -> I2CLDataModule:
+    args = {"task": "synthetic", "eval_samples": 12, "holdout_samples": 6, "shots_per_class": 2, "synthetic_train": 60,
+                "synthetic_test": 30}
+    args.update(kw)
+    return I2CLDataModule(**args)
+
+
+# ---------------------------------------------------------------------- CLI
+def cli_args(tmp_path: Path, llama_dir: str, *extra: str) -> list[str]:
+    return [
+        "--config", OFFLINE,
+        "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
+        "--trainer.logger.init_args.name", "tiny",
+        "--trainer.max_epochs", "2",
+        "--trainer.enable_model_summary", "false",
+        "--trainer.log_every_n_steps", "1",
+        "--model.init_args.net.init_args.model_name_or_path", llama_dir,
+        "--model.init_args.methods", "[zero_shot, few_shot, noise_vector, task_vector, i2cl, icl_i2cl]",
+        "--data.init_args.task", "synthetic",
+        "--data.init_args.train_file", "null",
+        "--data.init_args.test_file", "null",
+        "--data.init_args.template", "null",
+        "--data.init_args.label_words", "null",
+        "--data.init_args.shots_per_class", "2",
+        "--data.init_args.eval_samples", "9",
+        "--data.init_args.holdout_samples", "3",
+        "--data.init_args.synthetic_train", "30",
+        "--data.init_args.synthetic_test", "15",
+        *extra,
+    ]

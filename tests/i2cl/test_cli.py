@@ -1,0 +1,176 @@
+"""I2CL through the CLI on a tiny random Llama: fit then test, bad input, every shipped config, DDP on CPU."""
+
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+from badinput import assert_rejected
+from i2cl.helpers import OFFLINE, cli_args
+
+from lit_icl.cli import main
+from lit_icl.i2cl.module import (
+    I2CLModule,
+)
+from lit_icl.i2cl.nets import CausalLM
+
+
+def test_tiny_cli_fit_then_test_writes_results(tmp_path: Path, llama_dir: str) -> None:
+    main(["fit", *cli_args(tmp_path, llama_dir)])
+    ckpt = tmp_path / "runs" / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
+    assert ckpt.exists()
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    assert not any(k.startswith("net.") for k in state)  # the task-id, not the LM
+    assert state["coefs.i2cl"].shape == (2, 2, 2) and state["ctx_i2cl"].shape == (2, 2, 32)
+    assert not torch.equal(state["coefs.i2cl"], torch.tensor([0.1, 1.0]).expand(2, 2, 2))  # it trained
+    main(["test", *cli_args(tmp_path, llama_dir), "--ckpt_path", str(ckpt)])
+    (results,) = glob.glob(str(tmp_path / "runs" / "tiny" / "version_1" / "results.json"))
+    rows = json.loads(Path(results).read_text())["rows"]
+    methods = ["zero_shot", "few_shot", "noise_vector", "task_vector", "i2cl", "icl_i2cl"]
+    acc = {r["method"]: r["value"] for r in rows if r["metric"] == "accuracy"}
+    assert sorted(acc) == sorted(methods) and all(0 <= v <= 1 for v in acc.values())
+    assert all(r["task"] == "synthetic" and r["seed"] == 0 for r in rows)
+    lat = {r["method"] for r in rows if r["metric"] == "latency_ms_per_query"}
+    assert lat == set(methods)
+    f1 = {r["method"]: r["value"] for r in rows if r["metric"] == "macro_f1"}
+    assert sorted(f1) == sorted(methods) and all(0 <= v <= 1 for v in f1.values())
+    trainable = {r["method"]: r["value"] for r in rows if r["metric"] == "trainable_params"}
+    assert trainable["i2cl"] == 8 and trainable["zero_shot"] == 0  # 4L with L = 2
+    cached = {r["method"]: r["value"] for r in rows if r["metric"] == "cached_params"}
+    assert cached["i2cl"] == 2 * 32 * 2 and cached["task_vector"] == 32 and cached["zero_shot"] == 0
+    assert {r["method"] for r in rows if r["metric"] == "calibration_seconds"} == {"noise_vector", "i2cl", "icl_i2cl"}
+    # Sec. 3.3: the calibrated coefficients reused with unseen demonstrations (another data_seed)
+    main(["test", *cli_args(tmp_path, llama_dir, "--data.init_args.data_seed", "5"), "--ckpt_path", str(ckpt)])
+    unseen = json.loads((tmp_path / "runs" / "tiny" / "version_2" / "results.json").read_text())["rows"]
+    assert {r["seed"] for r in unseen} == {5}
+    assert {r["value"] for r in unseen if r["metric"] == "calibration_seed"} == {0}
+    # load_from_checkpoint rebuilds the LM from its config and restores the task-id, with no missing-key warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        reloaded = I2CLModule.load_from_checkpoint(ckpt)
+    assert isinstance(reloaded.net, CausalLM) and bool(reloaded.is_calibrated.all())
+    torch.testing.assert_close(reloaded.coefs["i2cl"].detach(), state["coefs.i2cl"], rtol=0, atol=0)
+    torch.testing.assert_close(reloaded.ctx_i2cl, state["ctx_i2cl"], rtol=0, atol=0)
+    # reloading the checkpoint as a task-id (Sec. 3.3) for transfer (Algorithm 1)
+    from lit_icl.i2cl.module import read_task_id
+
+    coef, ctx = read_task_id(str(ckpt))
+    torch.testing.assert_close(coef, state["coefs.i2cl"])
+    # Algorithm 1: a second "task" fits i2cl_transfer from this task-id (one epoch per calibration)
+    main(["fit", *cli_args(tmp_path, llama_dir, "--model.init_args.methods", "[i2cl_transfer]",
+                           "--model.init_args.transfer_from", f"[{ckpt}, {ckpt}]", "--model.init_args.transfer_threshold",
+                           "-1.0", "--trainer.max_epochs", "1", "--trainer.logger.init_args.name", "transfer")])
+    (tckpt,) = glob.glob(str(tmp_path / "runs" / "transfer" / "version_0" / "checkpoints" / "last.ckpt"))
+    tstate = torch.load(tckpt, map_location="cpu", weights_only=False)["state_dict"]
+    # two identical sources get equal weights, so the ensembled context vector is the source's own
+    torch.testing.assert_close(tstate["ctx_i2cl_transfer"], ctx)
+
+
+BAD_ROWS = [
+    (["--model.init_args.methods", "[i2cl, icl]"], "methods: Expected a typing.Literal['zero_shot', 'few_shot'"),
+    (["--model.init_args.methods", "[i2cl, i2cl]"], "repeats 'i2cl'"),
+    (["--model.init_args.lr", "-1"], "lr=-1"),
+    (["--model.init_args.lr_min", "0.5"], "lr_min=0.5"),
+    (["--model.init_args.gamma", "-0.1"], "gamma=-0.1"),
+    (["--model.init_args.methods", "[i2cl_transfer]"], "needs transfer_from"),
+    (["--model.init_args.methods", "[i2cl_transfer]", "--model.init_args.transfer_from", "[no/such/task_id.ckpt]"],
+     "cannot read task-id checkpoint 'no/such/task_id.ckpt'"),
+    (["--model.init_args.transfer_threshold", "1.5"], "transfer_threshold=1.5"),
+    (["--model.init_args.transfer_temperature", "0"], "transfer_temperature=0"),
+    (["--model.init_args.net.init_args.dtype", "int8"], "dtype: Expected a typing.Literal['auto', 'float32'"),
+    (["--data.init_args.task", "imdb"], "task: Expected a typing.Literal['sst2', 'sst5'"),
+    (["--data.init_args.eval_samples", "0"], "eval_samples=0"),
+    (["--data.init_args.template", "no placeholder"], "must contain {text}"),
+    (["--data.init_args.label_words", "[A, A, C]"], "distinct"),
+    (["--data.init_args.label_words", "[zzzzzzq, zzzzzzr, C]"], "share their first token"),
+    (["--data.init_args.task", "jsonl"], "needs train_file and test_file"),
+    (["--data.init_args.shots_per_class", "500"], "fewer than shots_per_class=500"),
+]
+
+
+@pytest.mark.parametrize("extra,needle", BAD_ROWS, ids=[r[1][:30] for r in BAD_ROWS])
+def test_bad_input_is_refused_with_one_line(tmp_path, capsys, llama_dir, extra, needle) -> None:
+    assert_rejected(tmp_path, capsys, ["fit", *cli_args(tmp_path, llama_dir, *extra)], needle)
+
+
+def test_unfitted_calibrated_method_is_refused_at_test(tmp_path, llama_dir, capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["test", *cli_args(tmp_path, llama_dir, "--model.init_args.methods", "[zero_shot, i2cl]")])
+    assert info.value.code == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("lit_icl: error:")]
+    assert len(lines) == 1 and "need calibrated coefficients" in lines[0]
+
+
+def test_offline_transfer_overlays_compose_with_the_offline_config(capsys) -> None:
+    """configs/i2cl/offline/*.yaml: three anchor tasks and the transfer run, each on top of offline.yaml."""
+    overlays = sorted(glob.glob("configs/i2cl/offline/*.yaml"))
+    assert [Path(p).stem for p in overlays] == ["amazon_reviews", "nyt_editorials", "transfer", "tweets"]
+    for overlay in overlays:
+        with pytest.raises(SystemExit) as info:
+            main(["fit", "--config", OFFLINE, "--config", overlay, "--print_config"])
+        assert info.value.code in (0, None)
+        printed = capsys.readouterr().out
+        name = Path(overlay).stem
+        assert f"name: i2cl_offline_{name}" in printed
+        if name == "transfer":  # the target stays movie_reviews; the anchors are the three task-ids
+            assert "train_file: data/i2cl/movie_reviews/train.jsonl" in printed and "- i2cl_transfer" in printed
+            for anchor in ("tweets", "nyt_editorials", "amazon_reviews"):
+                assert f"runs/i2cl_offline_{anchor}/version_0/checkpoints/last.ckpt" in printed
+        else:
+            assert f"train_file: data/i2cl/{name}/train.jsonl" in printed and "i2cl_transfer" not in printed
+
+
+# ---------------------------------------------------------------------- DDP (2 gloo ranks on CPU)
+DDP_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+TWO_RANKS = ["--trainer.devices", "2", "--trainer.accelerator", "cpu"]
+
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lit_icl", *args], env={**os.environ, **DDP_ENV},
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_ddp_calibration_and_test_match_one_process(tmp_path: Path, llama_dir: str) -> None:
+    """2 ranks x batch 2 calibrate exactly what 1 process x batch 4 does (gamma = 0: no per-rank noise), and
+    `test` on 2 ranks scores the queries of both ranks into one accuracy, the single process's."""
+    methods = ["--model.init_args.methods", "[zero_shot, noise_vector, i2cl]", "--model.init_args.gamma", "0",
+               "--trainer.max_epochs", "3", "--data.init_args.eval_samples", "10"]
+    # Plain DDP cannot reduce one backward per method; the refusal names the strategy that can.
+    proc = _run_cli("fit", *cli_args(tmp_path / "plain", llama_dir, *methods, "--trainer.strategy", "ddp",
+                                     *TWO_RANKS))
+    errors = {ln for ln in proc.stderr.splitlines() if ln.startswith("lit_icl: error:")}
+    assert proc.returncode == 2 and len(errors) == 1 and "ddp_find_unused_parameters_true" in errors.pop()
+    proc = _run_cli("fit", *cli_args(tmp_path / "ddp", llama_dir, *methods, "--trainer.strategy",
+                                     "ddp_find_unused_parameters_true", *TWO_RANKS))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    main(["fit", *cli_args(tmp_path / "one", llama_dir, *methods, "--data.init_args.batch_size", "4")])
+    ckpts = {k: tmp_path / k / "runs" / "tiny" / "version_0" / "checkpoints" / "last.ckpt" for k in ("ddp", "one")}
+    states = {k: torch.load(p, map_location="cpu", weights_only=False)["state_dict"] for k, p in ckpts.items()}
+    for key in ("coefs.i2cl", "coefs.noise_vector"):
+        assert not torch.equal(states["one"][key], torch.tensor([0.1, 1.0]).expand(2, 2, 2))  # it trained
+        # the same averaged gradients; only the order of float reductions differs
+        torch.testing.assert_close(states["ddp"][key], states["one"][key], rtol=0, atol=1e-6)
+    # test on 2 ranks (5 queries each) vs 1 process, both from the single-process checkpoint
+    proc = _run_cli("test", *cli_args(tmp_path / "one", llama_dir, *methods, "--trainer.strategy", "ddp",
+                                      *TWO_RANKS), "--ckpt_path", str(ckpts["one"]))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    main(["test", *cli_args(tmp_path / "one", llama_dir, *methods), "--ckpt_path", str(ckpts["one"])])
+    acc = {}
+    for version in (1, 2):
+        rows = json.loads((tmp_path / "one" / "runs" / "tiny" / f"version_{version}" / "results.json").read_text())
+        acc[version] = {(r["metric"], r["method"]): r["value"] for r in rows["rows"]
+                        if r["metric"] in ("accuracy", "macro_f1")}
+    assert acc[1] == acc[2]  # macro-F1 too: its per-class counts are summed over the ranks before the division
+    assert sorted(acc[1]) == [(k, m) for k in ("accuracy", "macro_f1") for m in ("i2cl", "noise_vector", "zero_shot")]

@@ -1,0 +1,88 @@
+"""I2CLDataModule: the synthetic task and the data protocol (balanced, disjoint demonstrations, holdout and
+evaluation queries), hub tasks read from a local copy, calibration items as pure functions of seed and epoch."""
+
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+
+from lit_icl.core.seeding import make_generator
+from lit_icl.i2cl.data import (
+    CalibrationItems,
+    I2CLDataModule,
+    balanced_sample,
+    synthetic_example,
+)
+
+
+# ---------------------------------------------------------------------- data protocol
+def test_synthetic_task_is_a_pure_function_of_seed_split_index() -> None:
+    assert synthetic_example(0, "train", 7) == synthetic_example(0, "train", 7)
+    assert synthetic_example(0, "train", 7) != synthetic_example(1, "train", 7)
+    text, label = synthetic_example(3, "test", 5)
+    assert label == 2 and all(w.isdigit() for w in text.split())
+    text, label = synthetic_example(3, "test", 4)
+    assert label == 1 and not any(ch.isalnum() for ch in text)
+    text, label = synthetic_example(3, "test", 3)
+    assert label == 0 and text.replace(" ", "").isalpha()
+
+
+def test_protocol_samples_balanced_disjoint_sets(tmp_path: Path) -> None:
+    rows = [{"text": f"item {i}", "label": ["neg", "pos", "mid"][i % 3]} for i in range(60)]
+    rows += [{"text": f"extra {i}", "label": 0} for i in range(30)]  # class imbalance in the pool
+    for name in ("train", "test"):
+        with open(tmp_path / f"{name}.jsonl", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+    dm = I2CLDataModule(task="jsonl", train_file=str(tmp_path / "train.jsonl"), test_file=str(tmp_path / "test.jsonl"),
+                        template="T: {text}\nL:", label_words=["neg", "pos", "mid"], eval_samples=30,
+                        holdout_samples=9, shots_per_class=4, data_seed=3)
+    data = dm.task_data()
+    assert sorted(y for _, y in data.demos) == [0] * 4 + [1] * 4 + [2] * 4
+    assert [sum(y == c for _, y in data.eval) for c in range(3)] == [10, 10, 10]
+    assert [sum(y == c for _, y in data.holdout) for c in range(3)] == [3, 3, 3]
+    assert not {t for t, _ in data.demos} & {t for t, _ in data.holdout}
+    assert data.extra_query[0] not in {t for t, _ in data.demos + data.holdout}
+    assert data.demo(data.demos[0]).endswith(f" {data.label_words[data.demos[0][1]]}\n")
+    other = I2CLDataModule(task="jsonl", train_file=str(tmp_path / "train.jsonl"),
+                           test_file=str(tmp_path / "test.jsonl"), template="T: {text}\nL:",
+                           label_words=["neg", "pos", "mid"], eval_samples=30, shots_per_class=4, data_seed=4)
+    assert other.task_data().eval == data.eval  # the evaluation set does not depend on the seed
+    assert other.task_data().demos != data.demos
+    g = make_generator(0)
+    idx = balanced_sample([("x", i % 2) for i in range(7)], 5, 2, g)
+    assert len(idx) == 5 and len(set(idx)) == 5
+
+
+def test_hub_task_reads_a_local_copy_through_datasets(tmp_path: Path) -> None:
+    """``path`` points ``datasets.load_dataset`` at a local folder; SST-2's test split is GLUE's validation."""
+    pytest.importorskip("datasets")
+    import csv
+
+    for split, n in (("train", 40), ("validation", 20)):
+        with open(tmp_path / f"{split}.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["sentence", "label", "idx"])
+            w.writerows([[f"{split} sentence {i}", i % 2, i] for i in range(n)])
+    dm = I2CLDataModule(task="sst2", path=str(tmp_path), eval_samples=10, holdout_samples=4)
+    data = dm.task_data()
+    assert data.template == "Review: {text}\nSentiment:" and data.label_words == ["negative", "positive"]
+    assert len(data.demos) == 10 and all(t.startswith("train") for t, _ in data.demos + data.holdout)
+    assert len(data.eval) == 10 and all(t.startswith("validation") for t, _ in data.eval)
+    assert [sum(y == c for _, y in data.eval) for c in range(2)] == [5, 5]
+
+
+def test_calibration_items_reshuffle_every_epoch_as_a_pure_function() -> None:
+    demos = [(f"t{i}", i % 2) for i in range(6)]
+    items = CalibrationItems(demos, seed=0)
+    epoch0 = [items[i]["text"] for i in range(6)]
+    epoch1 = [items[6 + i]["text"] for i in range(6)]
+    assert sorted(epoch0) == sorted(epoch1) == sorted(t for t, _ in demos)
+    assert epoch0 != epoch1
+    assert [items[6 + i]["text"] for i in range(6)] == epoch1

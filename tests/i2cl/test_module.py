@@ -1,0 +1,138 @@
+"""I2CLModule: test rows, noisy self-calibration (Eq. 5-6) lowers its loss, the cosine schedule, Algorithm 1's
+transfer weights by hand, and prompts that do not fit the LM refused (tiny random LMs, seconds)."""
+
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import Trainer
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+from i2cl.helpers import synthetic_dm, tiny_model
+
+from lit_icl.core.errors import ConfigError
+from lit_icl.i2cl.module import (
+    I2CLModule,
+    calibrate,
+    calibration_loss,
+    cosine_lambda,
+    transfer_init,
+)
+from lit_icl.i2cl.nets import CausalLM
+
+
+def test_test_rows_score_accuracy_and_macro_f1_of_the_predictions(net: CausalLM) -> None:
+    """`test`'s accuracy and macro-F1 rows equal a hand count over the same predictions (per-class F1 averaged)."""
+    module = I2CLModule(net=net, methods=["zero_shot", "few_shot"])
+    dm = synthetic_dm(eval_samples=15)
+    Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu").test(
+        module, datamodule=dm
+    )
+    rows = {(r["metric"], r["method"]): r["value"] for r in module.test_rows}
+    texts = [t for t, _ in module.data.eval]
+    labels = torch.tensor([y for _, y in module.data.eval])
+    n_classes = len(module.data.label_words)
+    for m in ("zero_shot", "few_shot"):
+        preds = module.predict_method(m, texts).cpu()
+        f1 = []
+        for c in range(n_classes):
+            tp = int(((preds == c) & (labels == c)).sum())
+            fp = int(((preds == c) & (labels != c)).sum())
+            fn = int(((preds != c) & (labels == c)).sum())
+            f1.append(2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0)
+        assert rows[("accuracy", m)] == pytest.approx(float((preds == labels).float().mean()))
+        assert rows[("macro_f1", m)] == pytest.approx(sum(f1) / n_classes)
+
+
+def test_calibration_lowers_the_loss(tokenizer) -> None:
+    # a wider initialisation than the default 0.02, so that the context vectors can move the logits
+    net = CausalLM.from_objects(tiny_model("llama", len(tokenizer), init_range=0.2), tokenizer)
+    dm = synthetic_dm(shots_per_class=3)
+    data = dm.task_data()
+    module = I2CLModule(net=net, methods=["i2cl"])
+    module.bind_datamodule(dm)
+    context = net.demonstration_vectors(data.demo_texts).mean(0)
+    prompts = [data.query(t) for t, _ in data.demos]
+    targets = module.label_ids[torch.tensor([y for _, y in data.demos])]
+    init = module.coefs["i2cl"].detach().clone()
+    with torch.no_grad():
+        before = float(calibration_loss(net, context, init, prompts, targets, gamma=0.0))
+    coef, history = calibrate(net, context, init, prompts, targets, epochs=15, lr=0.05, lr_min=1e-5)
+    with torch.no_grad():
+        after = float(calibration_loss(net, context, coef, prompts, targets, gamma=0.0))
+    assert after < before - 0.5, (before, after, history)  # measured: 6.96 -> 5.57
+    assert coef.shape == (net.n_layers, 2, 2)
+    assert all(p.grad is None for p in net.lm.parameters())  # the LM stays frozen
+
+
+def test_bf16_model_injects_and_calibrates_float32_coefficients(tokenizer) -> None:
+    """The GPU default (``dtype: auto`` = bf16), run on CPU: the LM in bf16, the 4L coefficients in float32."""
+    f32 = tiny_model("llama", len(tokenizer), init_range=0.2)
+    net = CausalLM.from_objects(copy.deepcopy(f32).to(torch.bfloat16), tokenizer)  # the same weights, rounded
+    ref = CausalLM.from_objects(f32, tokenizer)
+    L, D = net.n_layers, net.hidden_size
+    ids, mask = net.encode(["Review: a great film\nSentiment:", "Input: 12 345\nLabel:"])
+    base = net.last_logits(ids, mask)
+    assert base.dtype == torch.float32  # logits come back in float32 for the loss and the argmax
+    context = net.demonstration_vectors(["Review: dull and boring\nSentiment: negative\n"])[0]
+    assert context.dtype == torch.float32
+    identity = torch.stack([torch.zeros(L, 2), torch.ones(L, 2)], dim=-1)
+    for grad in (True, False):  # the calibration path and the fused evaluation path
+        with torch.set_grad_enabled(grad), net.inject(context, identity):
+            assert torch.equal(base, net.last_logits(ids, mask))
+    # a nonzero lambda: the bf16 injected logits follow the float32 model's to bf16 precision
+    coef = (identity + torch.tensor([0.3, 0.0])).requires_grad_()
+    with net.inject(context, coef):
+        low = net.last_logits(ids, mask)
+    with torch.no_grad(), ref.inject(context, coef):
+        high = ref.last_logits(ids, mask)
+    assert (low.detach() - high).abs().max() < 0.05 * high.abs().max()
+    assert not torch.allclose(low.detach(), base, atol=1e-3)  # the injection moved them
+    # Eq. 5's gradient reaches the float32 coefficients through the bf16 LM, and never the LM's weights
+    F.cross_entropy(low, torch.tensor([3, 5])).backward()
+    assert coef.grad is not None and coef.grad.dtype == torch.float32
+    assert bool(coef.grad.isfinite().all()) and float(coef.grad.abs().sum()) > 0
+    assert all(p.grad is None for p in net.lm.parameters())
+
+
+def test_cosine_schedule_runs_from_lr_to_lr_min() -> None:
+    assert cosine_lambda(0, 100, 1e-2, 1e-5, 0) == pytest.approx(1.0)
+    assert cosine_lambda(100, 100, 1e-2, 1e-5, 0) == pytest.approx(1e-3)
+    assert cosine_lambda(50, 100, 1e-2, 1e-5, 0) == pytest.approx(0.5 * (1 + 1e-3))
+    assert cosine_lambda(4, 100, 1e-2, 0.0, 5) == pytest.approx(1.0)  # the public code's warm-up
+
+
+def test_transfer_weights_match_algorithm_1_by_hand() -> None:
+    c_new = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    sources = torch.tensor([[1.0, 0.1, 0, 0], [1.0, 1.0, 0, 0], [0.9, 0.3, 0, 0], [-1.0, 0, 0, 0]])
+    ctx = torch.arange(4.0)[:, None] * torch.ones(4, 3)
+    v, c, p = transfer_init(c_new, sources, ctx, threshold=0.8, temperature=0.5)
+    s = torch.tensor([1 / math.sqrt(1.01), 1 / math.sqrt(2), 0.9 / math.sqrt(0.9), -1.0])
+    s[2] = 0.9 / math.sqrt(0.81 + 0.09)
+    keep = s > 0.8  # sources 0 and 2
+    assert keep.tolist() == [True, False, True, False]
+    w = torch.exp(s[keep] / 0.5) / torch.exp(s[keep] / 0.5).sum()
+    torch.testing.assert_close(p[keep], w)
+    assert p[~keep].abs().sum() == 0
+    torch.testing.assert_close(v, (w[0] * 0 + w[1] * 2) * torch.ones(3))
+    torch.testing.assert_close(c, w[0] * sources[0] + w[1] * sources[2])
+    assert transfer_init(c_new, sources[3:], ctx[3:]) is None
+
+
+# ---------------------------------------------------------------------- refusals (one line)
+def test_over_long_prompt_is_refused(tokenizer) -> None:
+    net = CausalLM.from_objects(tiny_model("gpt2", len(tokenizer), max_positions=32), tokenizer)
+    with pytest.raises(ConfigError, match="exceeds the model's context of 32 tokens") as info:
+        net.encode(["the quick brown fox jumps over the lazy dog " * 10])
+    assert "\n" not in str(info.value)
+    module = I2CLModule(net=net, methods=["zero_shot", "few_shot"])
+    with pytest.raises(ConfigError, match="few-shot prompt of .* tokens exceeds") as info:
+        module.bind_datamodule(synthetic_dm())
+    assert "\n" not in str(info.value)

@@ -1,0 +1,76 @@
+"""Shared by the IC-SSL tests: the shipped configs (each as the ``--config`` files of one run) and tiny runs."""
+
+from __future__ import annotations
+
+import glob
+from collections.abc import Sequence
+from pathlib import Path
+
+#: The experiments of configs/icssl/: a base ``<experiment>.yaml`` each, some with overlays in ``<experiment>/``.
+EXPERIMENTS = ("manifolds", "product", "image_manifolds", "features")
+MANIFOLDS = "configs/icssl/manifolds.yaml"
+PRODUCT = "configs/icssl/product.yaml"
+
+
+#: ``lit_icl.cli.main`` gives the trainer its TensorBoard logger (``trainer_defaults``), which configs only name;
+#: a test that builds ``LitICLCLI`` itself passes the logger's class first, then the configs.
+LOGGER_ARG = "--trainer.logger=lightning.pytorch.loggers.TensorBoardLogger"
+
+
+def overlay(experiment: str, variant: str) -> list[str]:
+    """The ``--config`` files of one overlay run: the base, then the overlay."""
+    return [f"configs/icssl/{experiment}.yaml", f"configs/icssl/{experiment}/{variant}.yaml"]
+
+
+def experiment_configs(experiment: str) -> list[list[str]]:
+    """``[[base], [base, overlay], ...]`` for ``configs/icssl/<experiment>.yaml`` and its overlays."""
+    base = f"configs/icssl/{experiment}.yaml"
+    return [[base]] + [[base, path] for path in sorted(glob.glob(f"configs/icssl/{experiment}/*.yaml"))]
+
+
+def all_configs() -> list[list[str]]:
+    """Every shipped IC-SSL run: each base alone and each overlay on its base."""
+    return [files for experiment in EXPERIMENTS for files in experiment_configs(experiment)]
+
+
+def config_id(files: Sequence[str]) -> str:
+    """``manifolds`` for a base alone, ``manifolds+ood`` for a base with an overlay."""
+    return "+".join(Path(f).stem for f in files)
+
+
+def config_args(config: str | Sequence[str]) -> list[str]:
+    """``--config`` once per file, in order (LightningCLI merges them)."""
+    files = [config] if isinstance(config, str) else list(config)
+    return [arg for path in files for arg in ("--config", path)]
+
+
+def tiny_args(
+    tmp_path: Path, *extra: str, name: str = "tiny", config: str | Sequence[str] = MANIFOLDS
+) -> list[str]:
+    """CLI arguments for a seconds-long IC-SSL run (20-point episodes) logging under ``tmp_path``.
+
+    ``config``: one config file or the files of a base and its overlay (``overlay("manifolds", "ood")``).
+    """
+    return [
+        *config_args(config),
+        "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
+        "--trainer.logger.init_args.name", name,
+        "--trainer.max_epochs", "2",
+        "--trainer.enable_progress_bar", "false",
+        "--trainer.enable_model_summary", "false",
+        "--trainer.log_every_n_steps", "1",
+        "--trainer.num_sanity_val_steps", "0",
+        "--model.init_args.net.init_args.representation.init_args.n_points", "20",
+        "--model.init_args.net.init_args.representation.init_args.stack_repeats", "1",
+        "--data.init_args.n_points", "20",
+        "--data.init_args.batch_size", "16",
+        "--data.init_args.chunk_size", "8",
+        "--data.init_args.eval_batch_size", "16",
+        "--data.init_args.train_batches_per_epoch", "3",
+        "--data.init_args.val_episodes", "16",
+        "--data.init_args.test_episodes", "16",
+        "--data.init_args.eval_label_ratios", "[0.1, 0.25, 0.5]",
+        "--data.init_args.train_label_ratio", "[0.1, 0.5]",
+        "--trainer.callbacks", "[]",
+        *extra,
+    ]

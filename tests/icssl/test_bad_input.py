@@ -1,0 +1,155 @@
+"""IC-SSL bad input through the CLI: one ``lit_icl: error:`` line, exit status 2, no run folder.
+
+Table-driven: each row is ``(config files, extra CLI args, expected substring of the error line)``, added to
+the tiny IC-SSL arguments of ``icssl.helpers.tiny_args`` and run through ``lit_icl.cli.main(["fit", ...])`` by
+:func:`badinput.assert_rejected`. Every row fails while parsing or constructing, so the whole table takes
+seconds. The paper-agnostic rows (parser, ``--ckpt_path``) are in ``tests/test_cli.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from badinput import assert_rejected
+from icssl.helpers import MANIFOLDS, PRODUCT, overlay, tiny_args
+
+ID = [MANIFOLDS]
+OOD = overlay("manifolds", "ood")
+M = "--model.init_args."
+D = "--data.init_args."
+REP = "--model.init_args.net.init_args.representation"
+HEAD = "--model.init_args.net.init_args.head.init_args."
+EIG = [REP, "lit_icl.icssl.LaplacianEigenmap"]
+CB = "--trainer.callbacks"
+NET = "--model.init_args.net.init_args."
+EIG_LR = overlay("manifolds", "eig_lr")
+RBF_LR = overlay("manifolds", "rbf_lr")
+TRANSFORMER = overlay("manifolds", "transformer")
+IMAGES = ["configs/icssl/image_manifolds.yaml"]
+FEATURES = ["configs/icssl/features.yaml"]
+
+
+def _callback(init_args: str) -> list[str]:
+    return [CB, f'[{{"class_path": "lit_icl.callbacks.RepresentationMetrics", "init_args": {init_args}}}]']
+
+
+#: (config, extra args, needle). Grouped by the object whose argument is wrong.
+ICSSL_ROWS: list[tuple[list[str], list[str], str]] = [
+    # --- parser (jsonargparse): unknown keys, class paths, wrong types, condensed to one line
+    (ID, [M + "no_such_key", "1"], "no_such_key"),
+    (ID, [REP, "lit_icl.icssl.NoSuchNet"], "NoSuchNet"),
+    (ID, [M + "lr_schedule", "linear"], "lr_schedule: Expected a typing.Literal['cosine', 'constant']"),
+    (ID, [D + "train_label_ratio", "[0.1]"], "train_label_ratio: Expected a tuple with 2 elements"),
+    (ID, [D + "n_points", "abc"], "n_points: Expected a <class 'int'>. Got value: abc"),
+    # --- ICSSLModule
+    (ID, [M + "lr", "0"], "lr=0.0 must be > 0"),
+    (ID, [M + "lr", "-1"], "lr=-1.0 must be > 0"),
+    (ID, [M + "weight_decay", "-0.1"], "weight_decay=-0.1 must be >= 0"),
+    (ID, [M + "warmup_steps", "-5"], "warmup_steps=-5 must be >= 0"),
+    (ID, [REP + ".init_args.n_points", "30"], "built for n_points=30 but the data has n_points=20"),
+    # values shared by data and model live in the data module; a model copy that disagrees is refused
+    (ID, [M + "label_ratios", "[0.1, 0.3]"], "differ from the data's eval_label_ratios [0.1, 0.25, 0.5]"),
+    (ID, [M + "label_ratios", "[0.1, 0.1]"], "label_ratios"),
+    # --- ManifoldDataModule
+    (ID, [D + "eval_label_ratios", "[0.25, 1.2]"], "label ratio 1.2 is outside (0, 1)"),
+    (ID, [D + "eval_label_ratios", "[0.01]"], "leaves no labeled point"),
+    (ID, [D + "eval_label_ratios", "[]"], "is empty"),
+    (ID, [D + "eval_label_ratios", "[0.25, 0.25]"], "repeats 0.25"),
+    (ID, [D + "train_manifolds", "[cylindr]"], "unknown manifold 'cylindr'"),
+    (ID, [D + "train_manifolds", "[]"], "train_manifolds is empty"),
+    (ID, [D + "val_manifolds", "[]"], "val_manifolds is empty"),
+    (ID, [D + "test_manifolds", "[sphere*torus]"], "different ambient dimensions [3, 6]"),
+    (ID, [D + "n_points", "0", REP + ".init_args.n_points", "0"], "n_points=0 must be >= 2"),
+    (ID, [D + "chunk_size", "0"], "chunk_size=0 must be >= 1"),
+    (ID, [D + "chunk_size", "-8"], "chunk_size=-8 must be >= 1"),
+    (ID, [D + "batch_size", "12"], "batch_size=12 must be a positive multiple of chunk_size=8"),
+    (ID, [D + "eval_batch_size", "0"], "eval_batch_size=0 must be a positive multiple of chunk_size=8"),
+    (ID, [D + "val_episodes", "0"], "val_episodes=0 must be a positive multiple"),
+    (ID, [D + "test_episodes", "20"], "test_episodes=20 must be a positive multiple"),
+    (ID, [D + "train_batches_per_epoch", "0"], "train_batches_per_epoch=0 must be >= 1"),
+    (ID, [D + "train_label_ratio", "[0.5, 0.1]"], "train_label_ratio=(0.5, 0.1) must be (low, high)"),
+    (ID, [D + "pose_scale", "[0.1, 0.02]"], "pose_scale=(0.1, 0.02) must be (low, high)"),
+    (ID, [D + "pose_scale", "[-1, 1]"], "pose_scale=(-1.0, 1.0): both ends must lie in (0, inf)"),
+    (ID, [D + "pose_translation", "[1, -1]"], "pose_translation=(1.0, -1.0) must be (low, high)"),
+    (ID, [D + "pose_rotation", "spin"], "pose_rotation: Expected a typing.Literal['planar', 'haar', 'none']"),
+    (ID, [D + "cylinder_height", "0"], "cylinder_height=0.0 must be > 0"),
+    (ID, [D + "cylinder_height", "-2"], "cylinder_height=-2.0 must be > 0"),
+    ([PRODUCT], [D + "product_positive_fraction", "0"], "product_positive_fraction=0.0 must lie in (0, 1]"),
+    (ID, [D + "product_positive_fraction", "1.5"], "product_positive_fraction=1.5 must lie in (0, 1]"),
+    (ID, [D + "torus_tau", "0"], "torus_tau=0.0 must lie in (0, 4.44"),
+    (ID, [D + "labeled_subset", "first"], "labeled_subset: Expected a typing.Literal['random', 'stratified']"),
+    (ID, [D + "num_workers", "-1"], "num_workers=-1 must be >= 0"),
+    (OOD, [D + "test_manifolds", "[]"], "test_manifolds is empty"),
+    # --- InContextEigenmap (ORIG+E2E-ICL representation)
+    (ID, [REP + ".init_args.n_components", "0"], "n_components=0 must lie in [1, n_points - 1 = 19]"),
+    (ID, [REP + ".init_args.n_components", "20"], "n_components=20 must lie in [1, n_points - 1 = 19]"),
+    (ID, [REP + ".init_args.lap_layers", "0"], "lap_layers=0 must be >= 1"),
+    (ID, [REP + ".init_args.lap_bandwidths", "[]"], "bandwidths is empty"),
+    (ID, [REP + ".init_args.lap_bandwidths", "[0.01, 0]"], "bandwidths must be a non-empty list of positive"),
+    (ID, [REP + ".init_args.lap_output", "foo"], "lap_output: Expected a typing.Literal"),
+    (ID, [REP + ".init_args.eig_layers", "0"], "eig_layers=0 must be >= 1"),
+    (ID, [REP + ".init_args.eig_heads", "0"], "eig_heads=0 must be >= 1"),
+    (ID, [REP + ".init_args.layer_repeats", "0"], "layer_repeats=0 must be >= 1"),
+    (ID, [REP + ".init_args.stack_repeats", "0"], "stack_repeats=0 must be >= 1"),
+    # --- LaplacianEigenmap (EIG baseline): its own ranges, and sizes against the data (check_config)
+    (ID, [*EIG, REP + ".init_args.n_neighbors", "50"], "n_neighbors=50"),
+    (ID, [*EIG, REP + ".init_args.n_neighbors", "0"], "n_neighbors=0 must be >= 1"),
+    (ID, [*EIG, REP + ".init_args.n_components", "0"], "n_components=0 must be >= 1"),
+    (ID, [*EIG, REP + ".init_args.n_components", "25"], "n_components=25 must lie in [1, 20]"),
+    (ID, [*EIG, REP + ".init_args.rbf_scale", "0"], "rbf_scale=0.0 must be > 0"),
+    (ID, [*EIG, REP + ".init_args.normalization", "foo"], "normalization: Expected a typing.Literal"),
+    # --- GDICLHead
+    (ID, [HEAD + "num_classes", "1"], "num_classes=1 must be >= 2"),
+    (ID, [HEAD + "embed_dim", "0"], "embed_dim=0 must be >= 1"),
+    (ID, [HEAD + "mlp_hidden", "0"], "mlp_hidden=0 must be >= 1"),
+    (ID, [HEAD + "num_layers", "0"], "num_layers=0 must be >= 1"),
+    (ID, [HEAD + "step_size", "0"], "step_size=0.0 must be > 0"),
+    (ID, [HEAD + "gamma", "-1"], "gamma=-1.0 must be > 0"),
+    (ID, [HEAD + "kernel", "poly"], "kernel: Expected a typing.Literal['rbf', 'linear']"),
+    # --- RepresentationMetrics callback
+    (ID, _callback('{"k": 0}'), "k=0 neighbours requested"),
+    (ID, _callback('{"k": 25}'), "RepresentationMetrics k=25 but episodes have only 20 points"),
+    (ID, _callback('{"pairs": [["model", "model"]]}'), "two different embedding names"),
+    (ID, _callback('{"compare_checkpoints": {"other": "no/such.ckpt"}}'), "no checkpoint file at ['no/such.ckpt']"),
+    (ID, _callback('{"compare_checkpoints": {"eig": "configs/icssl/manifolds.yaml"}}'),
+     "compare_checkpoints names ['eig'] are taken"),
+    # --- faithful-mode and ablation options of the representation
+    (ID, [REP + ".init_args.lap_activation", "relu"], "lap_activation: Expected a typing.Literal['rbf', 'linear']"),
+    (ID, [REP + ".init_args.eig_init", "lemma2"], "init='lemma2' is Lemma 2's construction"),
+    (ID, [REP + ".init_args.eig_mu", "0"], "mu=0.0 must be > 0"),
+    ([PRODUCT], [D + "product_permute_factors", "maybe"], "product_permute_factors: Expected a <class 'bool'>"),
+    (OOD, [D + "test_per_manifold", "maybe"], "test_per_manifold: Expected a <class 'bool'>"),
+    # --- baselines (their own configs)
+    (EIG_LR, [HEAD + "l2", "0"], "l2=0.0 must be > 0"),
+    (EIG_LR, [HEAD + "max_iter", "0"], "max_iter=0 must be >= 1"),
+    (RBF_LR, [HEAD + "gamma", "-1"], "gamma=-1.0 must be > 0"),
+    (TRANSFORMER, [NET + "d_model", "250"], "d_model=250 must be divisible by num_heads=4"),
+    (TRANSFORMER, [NET + "dropout", "1.5"], "dropout=1.5 must lie in [0, 1)"),
+    (TRANSFORMER, [NET + "input_dim", "5"], "input_dim=5 but the data's points have 3 coordinates"),
+    # --- image-manifold and feature data (their own configs; nothing of the data needs to exist)
+    (IMAGES, [D + "root", "no/such/folder"], "no image-manifold sequences under no/such/folder"),
+    (IMAGES, [D + "val_sequences", "500"], "val_sequences=500 must be below train_sequences=500"),
+    (IMAGES, [D + "pixel_scale", "0"], "pixel_scale=0.0 must be > 0"),
+    (FEATURES, [D + "features", "no/such.pt"], "no feature file at no/such.pt"),
+    (FEATURES, [D + "per_class", "0"], "per_class=0 must be >= 1"),
+    (FEATURES, [D + "normalize", "pca"], "normalize: Expected a typing.Literal['l2', 'standard', 'none']"),
+]
+
+
+def _fit_args(tmp_path, config: list[str], extra: list[str]) -> list[str]:
+    base = Path(config[0]).read_text()
+    if "lit_icl.icssl.ManifoldDataModule" not in base:  # image / feature data: their config, no shrinking
+        return ["fit", "--config", config[0], "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), *extra]
+    args = tiny_args(tmp_path, config=config)
+    swaps_class = len(config) > 1 and "class_path" in Path(config[-1]).read_text()  # a baseline overlay
+    if swaps_class or (extra[:1] == [REP] and "." in extra[1] and not extra[1].startswith("{")):
+        # Swapping the representation class: drop the E2E representation's init args (flag + value pairs).
+        flags = [i for i, a in enumerate(args) if "representation.init_args" in a]
+        args = [a for i, a in enumerate(args) if i not in flags and i - 1 not in flags]
+    return ["fit", *args, *extra]
+
+
+@pytest.mark.parametrize(("config", "extra", "needle"), ICSSL_ROWS, ids=[r[2][:40] for r in ICSSL_ROWS])
+def test_icssl_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, config, extra, needle) -> None:
+    assert_rejected(tmp_path, capsys, _fit_args(tmp_path, config, extra), needle)

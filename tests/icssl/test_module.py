@@ -1,0 +1,46 @@
+"""ICSSLModule: a checkpoint written before the one-folder-per-experiment move (tests/data/legacy/README.md, made
+at commit 93c16ee, its hyper-parameters naming ``lit_icl.icssl.nets.*``) loads with its weights, in Python and
+through ``python -m lit_icl test`` with today's config, and scores the same rows either way."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from icssl.helpers import tiny_args
+from lightning.pytorch import Trainer
+
+from lit_icl.cli import main
+from lit_icl.icssl import GDICLHead, ICSSLModule, InContextEigenmap, ManifoldDataModule, SemiSupervisedICL
+
+LEGACY = Path(__file__).parents[1] / "data/legacy/icssl_manifolds.ckpt"
+
+
+def _stored() -> dict:
+    return torch.load(LEGACY, map_location="cpu", weights_only=False)
+
+
+def test_legacy_checkpoint_names_the_files_and_loads_with_its_weights() -> None:
+    stored = _stored()
+    assert stored["hyper_parameters"]["net"]["class_path"] == "lit_icl.icssl.nets.SemiSupervisedICL"
+    module = ICSSLModule.load_from_checkpoint(LEGACY, map_location="cpu")
+    assert isinstance(module.net, SemiSupervisedICL)
+    assert isinstance(module.net.representation, InContextEigenmap) and isinstance(module.net.head, GDICLHead)
+    state = module.state_dict()
+    assert state.keys() == stored["state_dict"].keys()
+    for key, value in stored["state_dict"].items():
+        assert torch.equal(state[key], value), key
+
+
+def test_legacy_checkpoint_is_tested_through_the_cli_with_todays_config(tmp_path: Path) -> None:
+    main(["test", *tiny_args(tmp_path), "--ckpt_path", str(LEGACY)])
+    (results,) = (tmp_path / "runs/tiny").glob("version_*/results.json")
+    cli_rows = json.loads(results.read_text())["rows"]
+    assert {r["method"] for r in cli_rows} == {"ORIG+E2E-ICL", "labeled_majority", "class_prior"}
+    # The same weights on the same test episodes in Python give the same rows.
+    module = ICSSLModule.load_from_checkpoint(LEGACY, map_location="cpu")
+    dm = ManifoldDataModule(**{k: v for k, v in _stored()["datamodule_hyper_parameters"].items()
+                               if not k.startswith("_")})
+    Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False).test(module, datamodule=dm)
+    assert module.test_rows == cli_rows

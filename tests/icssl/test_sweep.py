@@ -1,0 +1,151 @@
+"""The IC-SSL paper-table driver (experiments/icssl_paper_tables.py): its grid and its report."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "icssl_paper_tables.py"
+
+
+@pytest.fixture(scope="module")
+def tables():
+    spec = importlib.util.spec_from_file_location("icssl_paper_tables", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    return module
+
+
+def _args(tables, tmp_path: Path):
+    return tables.parse_args(["report", "--out", str(tmp_path), "--seeds", "0", "1"])
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_grid_holds_out_the_test_manifold_and_tests_every_model(tables, tmp_path) -> None:
+    args = _args(tables, tmp_path)
+    fits = tables.fit_jobs(args)
+    assert len({j.folder for j in fits}) == len(fits)
+    # 2 kernels x 4 models x (5 ID alone + 1 ID on all five + 5 OOD) x 2 seeds, + Table 6 (3 models) and
+    # image ID (4 models) per seed.
+    assert len(fits) == 2 * 4 * 11 * 2 + (3 + 4) * 2
+    tests = tables.test_jobs(args)
+    for fit in fits:
+        name = fit.folder.parent.name
+        mine = [t for t in tests if t.after == [fit.folder]]
+        assert mine, f"{name} is never tested"
+        if "_no_" in name:
+            held_out = name.rsplit("_no_", 1)[1]
+            train = _flag(fit.argv, "--data.init_args.train_manifolds")
+            assert held_out not in train and held_out in tables.MANIFOLDS
+            synthetic = next(t for t in mine if t.folder.name.endswith("_manifolds"))
+            assert _flag(synthetic.argv, "--data.init_args.test_manifolds") == str([held_out])
+            # Table 5's OOD: every RBF leave-one-out model is also tested on the image manifolds.
+            assert any(t.folder.name.endswith("_images") for t in mine) == ("_rbf_" in name)
+        elif "_only_" in name:  # the paper's ID: trained and tested on one manifold
+            alone = name.rsplit("_only_", 1)[1]
+            assert _flag(fit.argv, "--data.init_args.train_manifolds") == str([alone])
+            assert _flag(mine[0].argv, "--data.init_args.test_manifolds") == str([alone])
+        elif name.endswith("_five"):
+            assert _flag(fit.argv, "--data.init_args.train_manifolds") == str(list(tables.MANIFOLDS))
+
+
+def _results(path: Path, rows: list[dict]) -> None:
+    path.mkdir(parents=True)
+    path.joinpath("results.json").write_text(json.dumps({"meta": {}, "rows": rows}))
+
+
+def test_report_gives_mean_and_sample_sd_over_seeds_next_to_the_paper(tables, tmp_path) -> None:
+    def row(value, method="ORIG+E2E-ICL", **coords):
+        return {"metric": "accuracy", "value": value, "method": method, "split": "test", **coords}
+
+    for seed, value in ((0, 0.80), (1, 0.90)):
+        _results(tmp_path / "tuned_rbf_no_cone" / f"s{seed}_test_manifolds",
+                 [row(value, n_labeled=3), row(0.6, "class_prior", n_labeled=3)])
+        _results(tmp_path / "eig_rbf_no_cone" / f"s{seed}_test_manifolds", [row(value - 0.1, "EIG+ICL", n_labeled=3)])
+        _results(tmp_path / "product_ours" / f"s{seed}_test_product", [row(value, n_labeled=80)])
+    _results(tmp_path / "tuned_rbf_five" / "s0_test_manifolds", [row(0.5, manifold="cone", n_labeled=3)])
+    text = tables.report(_args(tables, tmp_path))
+    line = next(x for x in text.splitlines() if x.startswith("| rbf-cone |"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    # sd of (0.8, 0.9) with n - 1 = 0.0707; a cell with fewer seeds than asked says how many.
+    # Columns: EIG+ICL ID (alone), ID (five), OOD; E2E the same; class prior. "five" has no paper value.
+    assert cells[1:] == ["-- (0.731)", "--", "0.750 ± 0.071 (0.826)", "-- (0.790)", "0.500 ± 0.000 (n=1)",
+                         "0.850 ± 0.071 (0.753)", "0.600 ± 0.000"]
+    assert "| 80 | -- (0.619) | 0.850 ± 0.071 (0.744) | -- (0.555) |" in text
+    # OOD margin at 3 labels on the one manifold with both: 0.85 - 0.75 = +10 points (paper 0.753 - 0.826).
+    assert "| tuned | rbf | OOD | +10.0 (-7.3) | -- | -- |" in text
+
+
+# The dataset-size sweep of Sec. 4.2 (Fig. 3, Table 1): experiments/icssl_fig3_sweep.py.
+SWEEP = SCRIPT.with_name("icssl_fig3_sweep.py")
+
+
+@pytest.fixture(scope="module")
+def sweep(tables):  # the sweep imports the tables script's runner, loaded above under its own name
+    spec = importlib.util.spec_from_file_location("icssl_fig3_sweep", SWEEP)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sweep_trains_every_method_at_every_size_and_aligns_at_the_largest(sweep, tmp_path) -> None:
+    args = sweep.parse_args(["fit", "--out", str(tmp_path), "--sizes", "30", "10", "--seeds", "0", "1"])
+    args.input_dim = 1280
+    fits = sweep.fit_jobs(args)
+    # 2 sizes x 2 seeds x 3 methods, each in its own folder; the size is the data module's train_episodes.
+    assert len({j.folder for j in fits}) == len(fits) == 12
+    for fit in fits:
+        method, size = fit.folder.parent.name.rsplit("_size", 1)
+        assert _flag(fit.argv, "--data.init_args.train_episodes") == size
+        assert _flag(fit.argv, "--seed_everything") == _flag(fit.argv, "--data.init_args.data_seed") == fit.folder.name[1:]
+        if method == "transformer":
+            assert _flag(fit.argv, "--model.init_args.net") == "lit_icl.icssl.ICLTransformerBaseline"
+            assert _flag(fit.argv, "--model.init_args.net.init_args.input_dim") == "1280"
+            assert _flag(fit.argv, "--model.init_args.net.init_args.input_norm") == "true"
+        # Every method sees the same episodes (Table 1 embeds them with two models at once).
+        assert not any(a.startswith("--data.init_args.feature_scale") for a in fit.argv)
+    tests = sweep.test_jobs(args)
+    for fit in fits:  # every model tested once with separation rows
+        mine = [t for t in tests if t.after == [fit.folder]]
+        assert len(mine) == 1
+        callbacks = json.loads(_flag(mine[0].argv, "--trainer.callbacks"))
+        assert callbacks[0]["init_args"]["rows"] is True
+    # Table 1 only at the largest size, per seed: our model with the same seed's Transformer beside it.
+    table1 = [t for t in tests if t.folder.name.endswith("_table1")]
+    assert [t.folder.parent.name for t in table1] == ["e2e_size30", "e2e_size30"]
+    for t in table1:
+        other = tmp_path / "transformer_size30" / t.folder.name.split("_")[0]
+        assert t.after == [tmp_path / "e2e_size30" / other.name, other]
+        compare = json.loads(_flag(t.argv, "--trainer.callbacks"))[0]["init_args"]["compare_checkpoints"]
+        assert compare == {"transformer": str(other / "checkpoints" / "last.ckpt")}
+
+
+def test_sweep_table1_averages_alignment_over_seeds(sweep, tmp_path) -> None:
+    args = sweep.parse_args(["report", "--out", str(tmp_path), "--sizes", "10", "--seeds", "0", "1"])
+    for seed, value in ((0, 0.2), (1, 0.4)):
+        _results(tmp_path / "e2e_size10" / f"s{seed}_test_table1", [
+            {"metric": "mnn", "value": value, "method": "ORIG+E2E-ICL", "embeddings": "model~transformer"},
+            {"metric": "separation", "value": 0.9, "method": "ORIG+E2E-ICL", "embeddings": "model"},
+        ])
+    text = sweep.table1(args)
+    assert "| model~transformer | 0.300 ± 0.141 | -- | -- |" in text
+    assert "separation" not in text and "| model |" not in text
+
+
+def test_sweep_rejects_an_empty_dataset_size(sweep) -> None:
+    with pytest.raises(SystemExit):
+        sweep.parse_args(["fit", "--sizes", "0"])
+
+
+def test_sweep_names_the_stand_in_when_the_feature_file_is_missing(sweep, tmp_path) -> None:
+    with pytest.raises(SystemExit, match="lit_icl.icssl.features standin"):
+        sweep.feature_dim(tmp_path / "missing.pt")
