@@ -1,6 +1,6 @@
 """Training steps per second: Lightning path vs a bare PyTorch loop over the same net, data and optimiser.
 
-    python benchmarks/train_throughput.py --config configs/icssl_manifolds.yaml --steps 150 --warmup 20
+    python benchmarks/train_throughput.py --config configs/icssl/manifolds.yaml --steps 150 --warmup 20
 
 Both paths build the model and data module from the same YAML through the project's CLI, start from the same
 weights, iterate the same DataLoader, and use the same loss and AdamW settings. Timing starts after
@@ -95,7 +95,7 @@ def _sync(device: torch.device) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/icssl_manifolds.yaml")
+    parser.add_argument("--config", default="configs/icssl/manifolds.yaml")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=2)
