@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -260,6 +261,39 @@ class FeatureEpisodeDataModule(LightningDataModule):
     ):
         super().__init__()
         self.save_hyperparameters()
+        self._validate(**self.hparams)
+        self.n_points = 2 * per_class
+        #: Sec. 4.2's "dataset size"; the IC-SSL module tags its result rows with it.
+        self.train_episodes = train_episodes
+        lo, hi = (float(r) for r in train_label_ratio)
+        self.eval_label_ratios = [float(r) for r in eval_label_ratios]
+        self.labeled_subset = labeled_subset
+        #: One test set (see ``lit_icl.icssl.contracts.ICSSLDataModule``).
+        self.test_set_names: list[str] | None = None
+        self.labeled_range = (labeled_count(lo, self.n_points), labeled_count(hi, self.n_points))
+        self._split_cache: dict[str, tuple[Tensor, list[Tensor]]] | None = None
+
+    @staticmethod
+    def _validate(
+        *,
+        per_class: int,
+        train_episodes: int,
+        val_episodes: int,
+        test_episodes: int,
+        test_fraction: float,
+        feature_scale: float,
+        normalize: str,
+        batch_size: int,
+        eval_batch_size: int,
+        train_batches_per_epoch: int,
+        train_label_ratio: tuple[float, float],
+        eval_label_ratios: Sequence[float],
+        data_seed: int,
+        labeled_subset: str,
+        num_workers: int,
+        **_: object,
+    ) -> None:
+        """The constructor's argument checks (``**_``: ``features``, checked when read, and what the CLI adds)."""
         check_int("per_class", per_class, minimum=1)
         for name, value in (("train_episodes", train_episodes), ("val_episodes", val_episodes),
                             ("test_episodes", test_episodes), ("batch_size", batch_size),
@@ -269,20 +303,11 @@ class FeatureEpisodeDataModule(LightningDataModule):
         check_nonnegative("feature_scale", feature_scale)
         check_literal("normalize", normalize, FeatureNormalization)
         check_literal("labeled_subset", labeled_subset, LabeledSubset)
-        self.n_points = 2 * per_class
-        #: Sec. 4.2's "dataset size"; the IC-SSL module tags its result rows with it.
-        self.train_episodes = train_episodes
         lo, hi = check_pair_ordered("train_label_ratio", train_label_ratio)
-        check_label_ratios([lo, hi], self.n_points)
-        check_label_ratios(eval_label_ratios, self.n_points)
+        check_label_ratios([lo, hi], 2 * per_class)
+        check_label_ratios(eval_label_ratios, 2 * per_class)
         check_int("data_seed", data_seed)
         check_nonnegative("num_workers", num_workers, integer=True)
-        self.eval_label_ratios = [float(r) for r in eval_label_ratios]
-        self.labeled_subset = labeled_subset
-        #: One test set (see ``lit_icl.icssl.contracts.ICSSLDataModule``).
-        self.test_set_names: list[str] | None = None
-        self.labeled_range = (labeled_count(lo, self.n_points), labeled_count(hi, self.n_points))
-        self._split_cache: dict[str, tuple[Tensor, list[Tensor]]] | None = None
 
     @property
     def ambient_dim(self) -> int:

@@ -217,6 +217,39 @@ class ImageManifoldDataModule(LightningDataModule):
     ):
         super().__init__()
         self.save_hyperparameters()
+        self._validate(**self.hparams)
+        lo, hi = (float(r) for r in train_label_ratio)
+        self.root = Path(root)
+        self.n_points = n_points
+        self.eval_label_ratios = [float(r) for r in eval_label_ratios]
+        self.labeled_subset = labeled_subset
+        # One test set, and training sequences revisited in new frame orders rather than a fixed episode pool
+        # (see ``lit_icl.icssl.contracts.ICSSLDataModule``).
+        self.test_set_names: list[str] | None = None
+        self.train_episodes: int | None = None
+        self.labeled_range = (labeled_count(lo, n_points), labeled_count(hi, n_points))
+        self.ambient_dim = image_size * image_size
+        self._frames: Tensor | None = None
+
+    @staticmethod
+    def _validate(
+        *,
+        n_points: int,
+        image_size: int,
+        pixel_scale: float,
+        train_sequences: int,
+        val_sequences: int,
+        batch_size: int,
+        eval_batch_size: int,
+        train_batches_per_epoch: int,
+        train_label_ratio: tuple[float, float],
+        eval_label_ratios: Sequence[float],
+        data_seed: int,
+        labeled_subset: str,
+        num_workers: int,
+        **_: object,
+    ) -> None:
+        """The constructor's argument checks (``**_``: ``root``, checked when read, and what the CLI adds)."""
         check_int("n_points", n_points, minimum=2, hint="an episode needs at least 2 points")
         check_int("image_size", image_size, minimum=1, hint="App. E.3.2 uses 32")
         check_positive("pixel_scale", pixel_scale, hint="App. E.3.2 uses 0.001")
@@ -236,17 +269,6 @@ class ImageManifoldDataModule(LightningDataModule):
         check_int("data_seed", data_seed)
         check_nonnegative("num_workers", num_workers, integer=True)
         check_literal("labeled_subset", labeled_subset, LabeledSubset)
-        self.root = Path(root)
-        self.n_points = n_points
-        self.eval_label_ratios = [float(r) for r in eval_label_ratios]
-        self.labeled_subset = labeled_subset
-        # One test set, and training sequences revisited in new frame orders rather than a fixed episode pool
-        # (see ``lit_icl.icssl.contracts.ICSSLDataModule``).
-        self.test_set_names: list[str] | None = None
-        self.train_episodes: int | None = None
-        self.labeled_range = (labeled_count(lo, n_points), labeled_count(hi, n_points))
-        self.ambient_dim = image_size * image_size
-        self._frames: Tensor | None = None
 
     def check_config(self, **_: object) -> None:
         """Before a run: the data must be there (one line saying where it goes and how to build the stand-in)."""

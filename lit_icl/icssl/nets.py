@@ -323,6 +323,41 @@ class EigenmapTransformer(nn.Module):
         learn_init: bool = True,
     ):
         super().__init__()
+        num_heads = self._validate(n_points, n_components, num_layers, num_heads, layer_repeats, stack_repeats,
+                                   init_lr_scale, init, mu, learn_init)
+        self.n_points = n_points
+        self.n_components = n_components
+        self.layer_repeats = layer_repeats
+        self.stack_repeats = stack_repeats
+        init_guess = torch.empty(n_points, n_components)
+        nn.init.orthogonal_(init_guess)
+        # M of App. A.2, reparametrised like the Laplacian module's M (see there).
+        self.learn_init = learn_init
+        if learn_init:
+            self.register_buffer("init_base", init_guess)
+            self.init_delta = nn.Parameter(torch.zeros(n_points, n_components))
+        self.init_lr_scale = init_lr_scale
+        self.layers = nn.ModuleList(LinearAttentionLayer(n_components, num_heads) for _ in range(num_layers))
+        if init == "lemma2":
+            self._init_lemma2(mu)
+        else:
+            self._init_subspace(num_heads)
+
+    @staticmethod
+    def _validate(
+        n_points: int,
+        n_components: int,
+        num_layers: int,
+        num_heads: int | None,
+        layer_repeats: int,
+        stack_repeats: int,
+        init_lr_scale: float,
+        init: str,
+        mu: float,
+        learn_init: bool,
+    ) -> int:
+        """The constructor's argument checks; returns the number of heads (default: one per component, 1 for
+        ``init="lemma2"``)."""
         check_literal("init", init, EigenmapInit)
         check_positive("mu", mu, hint="the shift of Lemma 2's power step; it must exceed the top of G")
         if not isinstance(learn_init, bool):
@@ -344,23 +379,7 @@ class EigenmapTransformer(nn.Module):
                             ("layer_repeats", layer_repeats), ("stack_repeats", stack_repeats)):
             check_int(name, value, minimum=1)
         check_nonnegative("init_lr_scale", init_lr_scale)
-        self.n_points = n_points
-        self.n_components = n_components
-        self.layer_repeats = layer_repeats
-        self.stack_repeats = stack_repeats
-        init_guess = torch.empty(n_points, n_components)
-        nn.init.orthogonal_(init_guess)
-        # M of App. A.2, reparametrised like the Laplacian module's M (see there).
-        self.learn_init = learn_init
-        if learn_init:
-            self.register_buffer("init_base", init_guess)
-            self.init_delta = nn.Parameter(torch.zeros(n_points, n_components))
-        self.init_lr_scale = init_lr_scale
-        self.layers = nn.ModuleList(LinearAttentionLayer(n_components, num_heads) for _ in range(num_layers))
-        if init == "lemma2":
-            self._init_lemma2(mu)
-        else:
-            self._init_subspace(num_heads)
+        return num_heads
 
     def _init_subspace(self, num_heads: int) -> None:
         """Alternating power steps and Gram-Schmidt heads (see the class docstring)."""
