@@ -1,7 +1,8 @@
 """CoQE vs the Transformer on Omniglot sequences at CPU scale: run the arms, then tabulate and plot them.
 
-The CoQE paper's Omniglot claims (Fig. 4/5, Table 1) in small, with ``configs/coqe_omniglot_cpu.yaml`` and
-``configs/transformer_omniglot_cpu.yaml`` (28x28 images of 200 characters, narrow nets, 4,000 steps)::
+The CoQE paper's Omniglot claims (Fig. 4/5, Table 1) in small, with ``configs/coqe/omniglot.yaml`` and its
+overlay ``configs/coqe/omniglot/cpu.yaml`` (28x28 images of 200 characters, narrow nets, 4,000 steps), and
+``transformer.yaml`` after it for the baseline::
 
     python experiments/coqe_omniglot_cpu.py run --out runs/coqe_cpu --seeds 0 1 2 --jobs 2
     python experiments/coqe_omniglot_cpu.py report --out runs/coqe_cpu \\
@@ -28,12 +29,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-COQE = "configs/coqe_omniglot_cpu.yaml"
-TRANSFORMER = "configs/transformer_omniglot_cpu.yaml"
+COQE = ["configs/coqe/omniglot.yaml", "configs/coqe/omniglot/cpu.yaml"]
+TRANSFORMER = [*COQE, "configs/coqe/omniglot/transformer.yaml"]
 NET = "--model.init_args.net.init_args."
 
-#: arm -> (config, extra CLI arguments, what it stands for)
-ARMS: dict[str, tuple[str, list[str], str]] = {
+#: arm -> (base config and overlays, extra CLI arguments, what it stands for)
+ARMS: dict[str, tuple[list[str], list[str], str]] = {
     "coqe": (COQE, [], "CoQE, noise on every modified query logit (the default rule)"),
     "coqe_noise_free": (COQE, ["--model.init_args.noise_mean0", "null"], "CoQE without noise (Table 1, first row)"),
     "coqe_non_context": (
@@ -61,8 +62,9 @@ def run_one(out: Path, arm: str, seed: int, extra: list[str]) -> str:
     if _test_results(folder) is not None:
         return f"{arm} seed {seed}: done already"
     folder.mkdir(parents=True, exist_ok=True)
+    configs = [arg for path in config for arg in ("--config", path)]
     common = [
-        "--config", config, *args, *extra, "--seed_everything", str(seed), "--data.init_args.data_seed", str(seed),
+        *configs, *args, *extra, "--seed_everything", str(seed), "--data.init_args.data_seed", str(seed),
         "--trainer.logger.init_args.save_dir", str(folder), "--trainer.logger.init_args.name", arm,
         "--trainer.enable_progress_bar", "false",
     ]

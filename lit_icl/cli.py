@@ -43,12 +43,46 @@ from lit_icl.core.module import ICLModule
 from lit_icl.core.results import ResultsWriter
 from lit_icl.core.validation import check_run_config
 
+#: The logger name the CLI sets; a run that keeps it is named after its config files.
+DEFAULT_RUN_NAME = "lit_icl"
 #: ``ckpt_path`` values that Lightning resolves itself.
 SPECIAL_CKPT_PATHS = ("last", "best", "hpc")
 
 
+#: Trainer defaults of every lit_icl run; a config or the command line overrides any of them.
+TRAINER_DEFAULTS: dict[str, Any] = {
+    # Deterministic kernels: without them, two CPU runs with the same seed differ by ~1e-2 after a few dozen
+    # steps (multi-threaded scatter-add in backward); the cost is measured in the README. "warn" picks the
+    # deterministic kernel wherever one exists (every op we use on CPU) but only warns where none does: some CUDA
+    # backward kernels (adaptive pooling, NLL loss) would otherwise stop a GPU run with an error.
+    # `--trainer.deterministic true` makes those an error.
+    "deterministic": "warn",
+    # TensorBoard under runs/<name>/; the name comes from the config files (name_run_from_configs) unless given.
+    "logger": {
+        "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+        "init_args": {"save_dir": "runs", "name": DEFAULT_RUN_NAME, "default_hp_metric": False},
+    },
+    # Training data is regenerated each epoch from the epoch number, so checkpoints at epoch ends are exact
+    # resume points.
+    "enable_model_summary": True,
+}
+
+
 class LitICLCLI(LightningCLI):
-    """LightningCLI with the project's defaults and input checks (see the module docstring)."""
+    """LightningCLI with the project's defaults and input checks (see the module docstring).
+
+    Built with only a model and a data-module base class (``LitICLCLI(LightningModule, LightningDataModule,
+    args=...)``), it has the defaults of ``python -m lit_icl``: subclass mode, seed 0, :data:`TRAINER_DEFAULTS`,
+    and a run's ``config.yaml`` rewritten when it resumes in place.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("subclass_mode_model", True)
+        kwargs.setdefault("subclass_mode_data", True)
+        kwargs.setdefault("seed_everything_default", 0)
+        kwargs.setdefault("save_config_kwargs", {"overwrite": True})  # resuming in place rewrites config.yaml
+        kwargs["trainer_defaults"] = {**TRAINER_DEFAULTS, **(kwargs.get("trainer_defaults") or {})}
+        super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
@@ -70,6 +104,8 @@ class LitICLCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         sub = self.subcommand
+        if sub:
+            name_run_from_configs(self.config[sub])
         if sub == "fit" and self.config[sub].get("ckpt_path") == "last":
             pin_logger_version_for_resume(self.config[sub])
 
@@ -88,6 +124,37 @@ class LitICLCLI(LightningCLI):
         if not any(isinstance(cb, ResultsWriter) for cb in trainer.callbacks):
             trainer.callbacks.append(ResultsWriter())
         return trainer
+
+
+def run_name(config_paths: list[Any]) -> str:
+    """The run folder's name for a base config and its overlays, e.g. ``coqe_omniglot_cpu_transformer``.
+
+    The base is named by its path under ``configs/`` (``configs/coqe/omniglot.yaml`` -> ``coqe_omniglot``, a
+    file elsewhere by its stem); each overlay adds its stem (``configs/coqe/omniglot/cpu.yaml`` -> ``_cpu``).
+    """
+    parts: list[str] = []
+    for i, raw in enumerate(config_paths):
+        path = Path(str(getattr(raw, "relative", raw)))
+        if i == 0 and "configs" in path.parts[:-1]:
+            under = path.parts[len(path.parts) - path.parts[::-1].index("configs") :]
+            parts.append("_".join([*under[:-1], path.stem]))
+        else:
+            parts.append(path.stem)
+    return "_".join(parts) or DEFAULT_RUN_NAME
+
+
+def name_run_from_configs(config: Any) -> None:
+    """Name the TensorBoard run after the ``--config`` files, unless a config or the command line names it.
+
+    Configs therefore need no logger block, and a base with overlays gets a folder of its own
+    (``runs/coqe_omniglot_cpu/`` for ``--config configs/coqe/omniglot.yaml --config configs/coqe/omniglot/cpu.yaml``).
+    """
+    logger = config.get("trainer", {}).get("logger") if hasattr(config, "get") else None
+    init_args = getattr(logger, "init_args", None) if logger is not None else None
+    paths = config.get("config") or []
+    if init_args is None or not paths or getattr(init_args, "name", None) != DEFAULT_RUN_NAME:
+        return
+    init_args.name = run_name(list(paths))
 
 
 def check_ckpt_path(ckpt_path: str | None) -> None:
@@ -152,26 +219,6 @@ def main(args: ArgsType = None) -> None:
         LitICLCLI(
             LightningModule,
             LightningDataModule,
-            subclass_mode_model=True,
-            subclass_mode_data=True,
-            # Resuming in place rewrites the run's config.yaml with the (same) config.
-            save_config_kwargs={"overwrite": True},
-            seed_everything_default=0,
-            trainer_defaults={
-                # Deterministic kernels: without them, two CPU runs with the same seed differ by ~1e-2 after a
-                # few dozen steps (multi-threaded scatter-add in backward); the cost is measured in the README.
-                # "warn" picks the deterministic kernel wherever one exists (every op we use on CPU) but only warns
-                # where none does: some CUDA backward kernels (adaptive pooling, NLL loss) would otherwise stop a
-                # GPU run with an error. `--trainer.deterministic true` makes those an error.
-                "deterministic": "warn",
-                "logger": {
-                    "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-                    "init_args": {"save_dir": "runs", "name": "lit_icl", "default_hp_metric": False},
-                },
-                # Training data is regenerated each epoch from the epoch number, so checkpoints at epoch
-                # ends are exact resume points.
-                "enable_model_summary": True,
-            },
             # Parse errors are raised (not printed with the full usage) so they become one line below.
             parser_kwargs={
                 "exit_on_error": False,

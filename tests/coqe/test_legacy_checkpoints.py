@@ -41,7 +41,7 @@ def test_legacy_checkpoint_is_tested_through_the_cli(tmp_path: Path, name: str) 
     if name == "coqe_omniglot":
         args = coqe_args(tmp_path, *TINY_OMNIGLOT)
     else:
-        args = reg_args(tmp_path, "configs/coqe_regression_linear.yaml")
+        args = reg_args(tmp_path)
     main(["test", *args, "--ckpt_path", str(LEGACY / f"{name}.ckpt")])
     results = sorted((tmp_path / "runs/tiny").glob("version_*/results.json"))
     assert results, "test wrote no results.json"

@@ -30,7 +30,22 @@ def write_omniglot_fixture(
     return root
 
 
-def coqe_args(tmp_path: Path, *extra: str, config: str = "configs/coqe_omniglot.yaml") -> list[str]:
+BASE = "configs/coqe/omniglot.yaml"
+TRANSFORMER = (BASE, "configs/coqe/omniglot/transformer.yaml")
+#: The base alone, the base with each overlay, and the CPU-scale Transformer (two overlays).
+SHIPPED: list[tuple[str, ...]] = [
+    (BASE,),
+    *((BASE, f"configs/coqe/omniglot/{p.name}") for p in sorted((Path(__file__).parents[3] / "configs/coqe/omniglot").glob("*.yaml"))),
+    (BASE, "configs/coqe/omniglot/cpu.yaml", "configs/coqe/omniglot/transformer.yaml"),
+]
+
+
+def config_args(config: str | tuple[str, ...]) -> list[str]:
+    """``--config`` for a base config and its overlays, in order."""
+    return [arg for path in ((config,) if isinstance(config, str) else config) for arg in ("--config", path)]
+
+
+def coqe_args(tmp_path: Path, *extra: str, config: str | tuple[str, ...] = BASE) -> list[str]:
     """A seconds-long run: 24 classes x 4 drawings of 16x16 pixels, a tiny ResNet, 1-layer Transformer.
 
     The net's class count is not given: it comes from the data module (20 training classes)."""
@@ -38,7 +53,7 @@ def coqe_args(tmp_path: Path, *extra: str, config: str = "configs/coqe_omniglot.
     if not folder.exists():
         write_omniglot_fixture(folder)
     return [
-        "--config", config,
+        *config_args(config),
         "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
         "--trainer.logger.init_args.name", "tiny",
         "--trainer.accelerator", "cpu",

@@ -9,7 +9,7 @@ import pytest
 import torch
 from badinput import assert_rejected
 from conftest import tb_scalars
-from coqe.omniglot.helpers import coqe_args
+from coqe.omniglot.helpers import BASE, SHIPPED, TRANSFORMER, coqe_args
 from lightning.pytorch import LightningDataModule, LightningModule
 
 from lit_icl.cli import LitICLCLI, main
@@ -17,9 +17,9 @@ from lit_icl.coqe import CoQEClassificationModule
 
 
 @pytest.mark.parametrize(
-    ("config", "method"), [("configs/coqe_omniglot.yaml", "coqe"), ("configs/transformer_omniglot.yaml", "transformer")]
+    ("config", "method"), [(BASE, "coqe"), (TRANSFORMER, "transformer")]
 )
-def test_fit_then_test_gives_icl_iwl_curves_rows_and_figure(tmp_path, config: str, method: str) -> None:
+def test_fit_then_test_gives_icl_iwl_curves_rows_and_figure(tmp_path, config, method: str) -> None:
     main(["fit", *coqe_args(tmp_path, config=config)])
     run = tmp_path / "runs/tiny/version_0"
     scalars = tb_scalars(run)
@@ -118,14 +118,14 @@ def test_noise_reaches_the_net_in_training_only(tmp_path) -> None:
     assert all(train == noisy for train, noisy in seen)
 
 
-C = "configs/coqe_omniglot.yaml"
-T = "configs/transformer_omniglot.yaml"
+C = BASE
+T = TRANSFORMER
 M = "--model.init_args."
 N = "--model.init_args.net.init_args."
 D = "--data.init_args."
 
 #: (config, extra args, needle): every row fails while parsing, constructing or binding model to data.
-COQE_ROWS: list[tuple[str, list[str], str]] = [
+COQE_ROWS: list[tuple[str | tuple[str, ...], list[str], str]] = [
     # --- parser
     (C, [D + "source", "mnist"], "source"),
     (C, [N + "context_logit", "mix"], "context_logit"),
@@ -164,25 +164,20 @@ COQE_ROWS: list[tuple[str, list[str], str]] = [
 
 
 @pytest.mark.parametrize(("config", "extra", "needle"), COQE_ROWS)
-def test_bad_input_fails_early_with_one_line(tmp_path, capsys, config: str, extra: list[str], needle: str) -> None:
+def test_bad_input_fails_early_with_one_line(tmp_path, capsys, config, extra: list[str], needle: str) -> None:
     assert_rejected(tmp_path, capsys, ["fit", *coqe_args(tmp_path, config=config), *extra], needle)
 
 
-SHIPPED = sorted(
-    f"configs/{p.name}"
-    for pattern in ("coqe_omniglot*.yaml", "transformer_omniglot*.yaml")
-    for p in (Path(__file__).parents[3] / "configs").glob(pattern)
-)
-
-
-@pytest.mark.parametrize("config", SHIPPED)
-def test_every_shipped_config_trains_on_the_tiny_fixture(tmp_path, config: str) -> None:
-    """Each Table 1 / Table 2 / baseline config parses and trains (net shrunk, everything else as shipped)."""
-    assert len(SHIPPED) >= 7
+@pytest.mark.parametrize("config", SHIPPED, ids=lambda c: "+".join(Path(p).stem for p in c))
+def test_every_shipped_config_trains_on_the_tiny_fixture(tmp_path, config: tuple[str, ...]) -> None:
+    """The base and each overlay on it (Table 1 / Table 2 / baseline / CPU scale) parse and train (net shrunk,
+    everything else as shipped)."""
+    assert len(SHIPPED) >= 10
+    text = "".join(Path(p).read_text() for p in config)
     extra = ["--trainer.max_steps", "2", "--data.init_args.train_batches_per_epoch", "2"]
-    if "noise_k" in Path(config).read_text():
+    if "noise_k" in text:
         extra += ["--model.init_args.net.init_args.noise_k", "10"]  # 1500 > the fixture's 20 classes
-    if "max_classes" in Path(config).read_text():
+    if "max_classes" in text:
         extra += ["--data.init_args.max_classes", "null"]  # the CPU configs' 400 > the fixture's 24 classes
     main(["fit", *coqe_args(tmp_path, *extra, config=config)])
     ckpt = torch.load(tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt", weights_only=False)

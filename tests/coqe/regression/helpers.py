@@ -5,9 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def reg_args(tmp_path: Path, config: str, *extra: str, n: int = 8) -> list[str]:
+BASE = "configs/coqe/regression.yaml"
+
+
+def overlay(*names: str) -> tuple[str, ...]:
+    """The base and ``configs/coqe/regression/<name>.yaml`` for each name, in order."""
+    return (BASE, *(f"configs/coqe/regression/{n}.yaml" for n in names))
+
+
+def reg_args(tmp_path: Path, config: str | tuple[str, ...] = BASE, *extra: str, n: int = 8) -> list[str]:
     return [
-        "--config", config,
+        *(arg for path in ((config,) if isinstance(config, str) else config) for arg in ("--config", path)),
         "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
         "--trainer.logger.init_args.name", "tiny",
         "--trainer.accelerator", "cpu",

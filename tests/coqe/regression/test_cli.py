@@ -9,7 +9,7 @@ import pytest
 import torch
 from badinput import assert_rejected
 from conftest import tb_scalars
-from coqe.regression.helpers import reg_args
+from coqe.regression.helpers import BASE, overlay, reg_args
 
 from lit_icl.cli import main
 from lit_icl.coqe.regression.data import (
@@ -25,10 +25,11 @@ from lit_icl.coqe.regression.nets import (
 # ------------------------------------------------------------------------------------------ CLI
 @pytest.mark.parametrize(
     ("config", "method"),
-    [("configs/coqe_regression_linear.yaml", "coqe"), ("configs/transformer_regression_combination.yaml", "transformer")],
+    [(overlay(), "coqe"), (overlay("combination", "transformer"), "transformer")],
 )
-def test_fit_then_test_writes_curves_for_every_shift_and_method(tmp_path, config: str, method: str) -> None:
-    n = 8 if "linear" in config else 12  # RepresentationMetrics' k = 10 needs 11 points per prompt
+def test_fit_then_test_writes_curves_for_every_shift_and_method(tmp_path, config: tuple[str, ...], method: str) -> None:
+    linear = not any("combination" in path for path in config)
+    n = 8 if linear else 12  # RepresentationMetrics' k = 10 needs 11 points per prompt
     args = reg_args(tmp_path, config, n=n)
     main(["fit", *args])
     run = tmp_path / "runs/tiny/version_0"
@@ -40,12 +41,12 @@ def test_fit_then_test_writes_curves_for_every_shift_and_method(tmp_path, config
     state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
     assert loaded.method == method and state.keys() == loaded.state_dict().keys()
     assert all(torch.equal(v, state[k]) for k, v in loaded.state_dict().items())
-    assert loaded.function_class == ("linear" if "linear" in config else "combination")
+    assert loaded.function_class == ("linear" if linear else "combination")
     main(["test", *args, "--ckpt_path", str(ckpt)])
     out = tmp_path / "runs/tiny/version_1"
     rows = json.loads((out / "results.json").read_text())["rows"]
     mse = [r for r in rows if r["metric"] == "mse"]
-    shifts = ["id", *PAPER_SHIFTS] if "linear" in config else ["id"]
+    shifts = ["id", *PAPER_SHIFTS] if linear else ["id"]
     methods = {"coqe": [method, "least_squares", "averaging", "3-nn"],
                "transformer": [method, "least_squares", "3-nn"]}[method]
     assert {(r["shift"], r["method"], r["n_context"]) for r in mse} == {
@@ -55,10 +56,10 @@ def test_fit_then_test_writes_curves_for_every_shift_and_method(tmp_path, config
     for s in shifts:  # every baseline predicts 0 from an empty context: the same error y_q^2 / d
         first = {r["value"] for r in mse if r["shift"] == s and r["n_context"] == 0 and r["method"] != method}
         assert len(first) == 1 and first.pop() > 0
-    assert {r["method"] for r in mse if r["optimal"]} == ({"least_squares"} if "linear" in config else set())
+    assert {r["method"] for r in mse if r["optimal"]} == ({"least_squares"} if linear else set())
     for s in shifts:
         assert (out / f"mse_{s.replace('=', '_')}.png").is_file()
-    if "combination" in config:
+    if not linear:
         probe = [r for r in rows if r["metric"] == "probe_r2"]
         assert sorted(r["feature"] for r in probe) == [0, 1, 2, 3, 4] and all(r["value"] <= 1 for r in probe)
         (mnn,) = [r for r in rows if r["metric"] == "mnn"]
@@ -68,7 +69,7 @@ def test_fit_then_test_writes_curves_for_every_shift_and_method(tmp_path, config
 
 def test_least_squares_curve_through_the_cli_equals_the_direct_computation(tmp_path) -> None:
     """`test` of a parameter-free net: the written ID curve equals the solver's MSE on the same prompts."""
-    args = reg_args(tmp_path, "configs/coqe_regression_linear.yaml", "--data.init_args.shifts", "[id]",
+    args = reg_args(tmp_path, BASE, "--data.init_args.shifts", "[id]",
                     "--model.init_args.net", "lit_icl.coqe.LeastSquares", "--model.init_args.baselines", "[]")
     args = [a for i, a in enumerate(args) if not (a.startswith("--model.init_args.net.init_args") or
                                                   (i and args[i - 1].startswith("--model.init_args.net.init_args")))]
@@ -107,7 +108,7 @@ BAD = [
 
 @pytest.mark.parametrize(("pre", "arg", "needle"), BAD, ids=[b[2][:30] for b in BAD])
 def test_bad_input_is_rejected_before_anything_is_written(tmp_path, capsys, pre, arg, needle) -> None:
-    args = ["fit", "--config", "configs/coqe_regression_linear.yaml",
+    args = ["fit", "--config", BASE,
             "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), *pre]
     if arg is not None:
         args.append(arg)
@@ -115,7 +116,7 @@ def test_bad_input_is_rejected_before_anything_is_written(tmp_path, capsys, pre,
 
 
 def test_fit_refuses_a_parameter_free_net(tmp_path, capsys) -> None:
-    args = ["fit", "--config", "configs/coqe_regression_sparse.yaml", "--trainer.logger.init_args.save_dir",
+    args = ["fit", "--config", BASE, "--config", overlay("sparse")[1], "--trainer.logger.init_args.save_dir",
             str(tmp_path / "runs"), "--model.init_args.net", "lit_icl.coqe.LeastSquares", "--model.init_args.baselines=[]"]
     assert_rejected(tmp_path, capsys, args, "has no trainable parameters")
 
