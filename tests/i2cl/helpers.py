@@ -3,7 +3,6 @@ weights, seconds), a small synthetic data module, and the CLI arguments of a tin
 
 from __future__ import annotations
 
-import glob
 from pathlib import Path
 
 import pytest
@@ -15,24 +14,6 @@ pytest.importorskip("tokenizers")
 from lit_icl.i2cl.data import I2CLDataModule
 
 OFFLINE = "configs/i2cl/offline.yaml"
-#: The experiments of configs/i2cl/: Table 1's hub tasks (a base and one overlay per task) and the offline demo.
-EXPERIMENTS = ("table1", "offline")
-
-
-def experiment_configs(experiment: str) -> list[list[str]]:
-    """``[[base], [base, overlay], ...]`` for ``configs/i2cl/<experiment>.yaml`` and its overlays."""
-    base = f"configs/i2cl/{experiment}.yaml"
-    return [[base]] + [[base, path] for path in sorted(glob.glob(f"configs/i2cl/{experiment}/*.yaml"))]
-
-
-def all_configs() -> list[list[str]]:
-    """Every shipped I2CL run: each base alone and each overlay on its base."""
-    return [files for experiment in EXPERIMENTS for files in experiment_configs(experiment)]
-
-
-def config_id(files: list[str]) -> str:
-    """``table1`` for a base alone, ``table1+agnews`` for a base with an overlay."""
-    return "+".join(Path(f).stem for f in files)
 
 
 def config_args(files: list[str]) -> list[str]:
