@@ -35,8 +35,6 @@ def config_files(config: str) -> list[str]:
 
 def run_config(config: str, out: Path, overrides: list[str]) -> list[dict]:
     args = [
-        # lit_icl.cli.main's trainer_defaults give the logger class that configs only name
-        "--trainer.logger=lightning.pytorch.loggers.TensorBoardLogger",
         *(arg for path in config_files(config) for arg in ("--config", path)),
         "--trainer.logger.init_args.save_dir",
         str(out / "runs"),
@@ -48,14 +46,7 @@ def run_config(config: str, out: Path, overrides: list[str]) -> list[dict]:
     for item in overrides:
         key, value = item.split("=", 1)
         args += [f"--{key}", value]
-    cli = LitICLCLI(
-        LightningModule,
-        LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        run=False,
-        args=args,
-    )
+    cli = LitICLCLI(LightningModule, LightningDataModule, run=False, args=args)  # the defaults of python -m lit_icl
     t0 = time.perf_counter()
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     fit_s = time.perf_counter() - t0

@@ -105,14 +105,7 @@ def main() -> None:
     deterministic = args.deterministic == "true"
     torch.utils.deterministic.fill_uninitialized_memory = False  # as lit_icl.cli.main does
 
-    cli = LitICLCLI(
-        LightningModule,
-        LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        run=False,
-        args=["--config", args.config, "--trainer.logger", "false"],
-    )
+    cli = LitICLCLI(LightningModule, LightningDataModule, run=False, args=["--config", args.config, "--trainer.logger", "false"])
     template = cli.model
     dm = cli.datamodule
     dm.hparams.train_batches_per_epoch = max(dm.hparams.train_batches_per_epoch, args.steps + 1)

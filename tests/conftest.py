@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,7 @@ class CrashAtEpoch(Callback):
     def __init__(self, epoch: int = 1):
         self.epoch = epoch
 
-    def on_train_epoch_start(self, trainer, pl_module) -> None:  # noqa: ANN001
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
         if trainer.current_epoch == self.epoch:
             raise RuntimeError("simulated crash")
 
@@ -44,7 +45,7 @@ class RecordBatches(Callback):
     def __init__(self, path: str):
         self.path = path
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: ANN001
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         lr = trainer.optimizers[0].param_groups[0]["lr"]
         with open(self.path, "a") as fh:
             fh.write(f"{trainer.current_epoch} {trainer.global_step} {float(batch['x'].sum()):.6f} {lr:.8f}\n")
@@ -60,3 +61,21 @@ def tb_scalars(run_dir: Path) -> dict[str, list[float]]:
         for tag in ea.Tags()["scalars"]:
             out.setdefault(tag, []).extend(e.value for e in ea.Scalars(tag))
     return out
+
+
+def config_args(config: str | Sequence[str]) -> list[str]:
+    """``--config`` once per file, base first, overlays after it in order (LightningCLI merges them)."""
+    return [arg for path in ((config,) if isinstance(config, str) else config) for arg in ("--config", path)]
+
+
+def quiet_run_args(tmp_path: Path, config: str | Sequence[str], name: str = "tiny") -> list[str]:
+    """The configs, logging under ``tmp_path / "runs" / name``, without progress bar, summary or sanity check."""
+    return [
+        *config_args(config),
+        "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
+        "--trainer.logger.init_args.name", name,
+        "--trainer.enable_progress_bar", "false",
+        "--trainer.enable_model_summary", "false",
+        "--trainer.num_sanity_val_steps", "0",
+    ]
+

@@ -19,7 +19,7 @@ class KillAtStep(Callback):
     def __init__(self, step: int):
         self.step = step
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step == self.step:
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -30,7 +30,7 @@ class TraceSteps(Callback):
     def __init__(self, path: str):
         self.path = path
 
-    def on_after_backward(self, trainer, pl_module) -> None:  # noqa: ANN001
+    def on_after_backward(self, trainer, pl_module) -> None:
         g = sum(float(p.grad.double().sum()) for p in pl_module.parameters() if p.grad is not None)
         w = sum(float(p.double().sum()) for p in pl_module.parameters())
         with open(self.path, "a") as fh:

@@ -101,7 +101,7 @@ class _Recorder:
     def __init__(self, log: list, name: str, fail: bool = False):
         self.log, self.name, self.fail = log, name, fail
 
-    def check_config(self, *, trainer, model, datamodule) -> None:  # noqa: ANN001
+    def check_config(self, *, trainer, model, datamodule) -> None:
         self.log.append((self.name, trainer, model, datamodule))
         if self.fail:
             raise ConfigError(f"{self.name} refuses")
@@ -113,7 +113,7 @@ class _Net(nn.Module):
         self.rec = _Recorder(log, name)
         self.lin = nn.Linear(1, 1)
 
-    def check_config(self, **kwargs) -> None:  # noqa: ANN003
+    def check_config(self, **kwargs) -> None:
         self.rec.check_config(**kwargs)
 
 

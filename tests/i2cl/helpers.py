@@ -16,11 +16,6 @@ from lit_icl.i2cl.data import I2CLDataModule
 OFFLINE = "configs/i2cl/offline.yaml"
 
 
-def config_args(files: list[str]) -> list[str]:
-    """``--config`` once per file, in order (LightningCLI merges them)."""
-    return [arg for path in files for arg in ("--config", path)]
-
-
 CORPUS = [
     "Review: a great film , truly moving .\nSentiment: positive\n",
     "Review: dull and boring , a waste .\nSentiment: negative\n",

@@ -6,15 +6,14 @@ import glob
 from collections.abc import Sequence
 from pathlib import Path
 
+from conftest import config_args
+
 #: The experiments of configs/icssl/: a base ``<experiment>.yaml`` each, some with overlays in ``<experiment>/``.
 EXPERIMENTS = ("manifolds", "product", "image_manifolds", "features")
 MANIFOLDS = "configs/icssl/manifolds.yaml"
 PRODUCT = "configs/icssl/product.yaml"
 
 
-#: ``lit_icl.cli.main`` gives the trainer its TensorBoard logger (``trainer_defaults``), which configs only name;
-#: a test that builds ``LitICLCLI`` itself passes the logger's class first, then the configs.
-LOGGER_ARG = "--trainer.logger=lightning.pytorch.loggers.TensorBoardLogger"
 
 
 def overlay(experiment: str, variant: str) -> list[str]:
@@ -36,12 +35,6 @@ def all_configs() -> list[list[str]]:
 def config_id(files: Sequence[str]) -> str:
     """``manifolds`` for a base alone, ``manifolds+ood`` for a base with an overlay."""
     return "+".join(Path(f).stem for f in files)
-
-
-def config_args(config: str | Sequence[str]) -> list[str]:
-    """``--config`` once per file, in order (LightningCLI merges them)."""
-    files = [config] if isinstance(config, str) else list(config)
-    return [arg for path in files for arg in ("--config", path)]
 
 
 def tiny_args(

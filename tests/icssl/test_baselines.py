@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 from badinput import assert_rejected
-from icssl.helpers import config_args, overlay, tiny_args
+from conftest import quiet_run_args
+from icssl.helpers import overlay, tiny_args
 
 from lit_icl.cli import main
 from lit_icl.core.errors import ConfigError
@@ -172,13 +173,8 @@ def test_method_names_follow_the_paper() -> None:
 # ---------------------------------------------------------------------------------------------------------
 def _args(tmp_path, config: list[str], *extra: str) -> list[str]:
     return [
-        *config_args(config),
-        "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
-        "--trainer.logger.init_args.name", "tiny",
+        *quiet_run_args(tmp_path, config),
         "--trainer.max_epochs", "1",
-        "--trainer.enable_progress_bar", "false",
-        "--trainer.enable_model_summary", "false",
-        "--trainer.num_sanity_val_steps", "0",
         "--trainer.callbacks", "[]",
         "--data.init_args.n_points", "20",
         "--data.init_args.batch_size", "16",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import tb_scalars
-from icssl.helpers import LOGGER_ARG, MANIFOLDS, all_configs, config_id, tiny_args
+from icssl.helpers import MANIFOLDS, all_configs, config_id, tiny_args
 from lightning.pytorch import LightningDataModule, LightningModule
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -71,8 +71,8 @@ def test_test_writes_tidy_results_with_provenance_and_figure(tmp_path) -> None:
     ea.Reload()
     assert "test/accuracy_vs_label_ratio" in ea.Tags()["images"]
     # predict: per-point probabilities at every ratio, rows summing to one.
-    cli = LitICLCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-                    run=False, args=[LOGGER_ARG, *tiny_args(tmp_path)])
+    cli = LitICLCLI(LightningModule, LightningDataModule,
+                    run=False, args=tiny_args(tmp_path))
     outputs = cli.trainer.predict(cli.model, datamodule=cli.datamodule, ckpt_path=str(ckpt))
     probs = torch.cat([o["probs"] for o in outputs], dim=1)
     assert probs.shape == (3, 16, 20, 2)
@@ -272,9 +272,9 @@ def test_every_config_trains_tests_and_reloads(tmp_path, config: list[str], repr
     assert model.state_dict().keys() == state.keys()
     assert all(torch.equal(model.state_dict()[k], state[k]) for k in state)
     assert isinstance(LightningModule.load_from_checkpoint(last), ICSSLModule)
-    cli = LitICLCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+    cli = LitICLCLI(LightningModule, LightningDataModule,
                     run=False, save_config_callback=None,
-                    args=[LOGGER_ARG, *args, "--trainer.logger", "false",
+                    args=[*args, "--trainer.logger", "false",
                           "--trainer.default_root_dir", str(tmp_path / "py")])
     cli.trainer.test(model, datamodule=cli.datamodule)
     assert model.test_rows == cli_rows

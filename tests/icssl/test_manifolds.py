@@ -98,7 +98,7 @@ def phi_spiral(t: Tensor) -> Tensor:
 # enough that a grid path overshoots a straight line by < 1.5 % in a flat metric (an 8-neighbourhood: ~8 %).
 STEPS = [
     (di, dj)
-    for di in range(0, 4)
+    for di in range(4)
     for dj in range(-3, 4)
     if math.gcd(di, abs(dj)) == 1 and (di > 0 or dj > 0)
 ]
@@ -338,7 +338,7 @@ def _independent_distance(name: str, u1: Tensor, u2: Tensor) -> Tensor:
         ang = torch.sin(alpha) * unwrapped(u1[..., 1], u2[..., 1])
         return torch.sqrt((s1**2 + s2**2 - 2 * s1 * s2 * torch.cos(ang)).clamp(min=0))
     if name == "spiral":
-        f = lambda t: (1 + 4 * math.pi**2 * t**2) ** 1.5  # noqa: E731
+        f = lambda t: (1 + 4 * math.pi**2 * t**2) ** 1.5
         return (f(u1[..., 0]) - f(u2[..., 0])).abs() / (6 * math.pi**2)
     if name == "torus":
         return torch.sqrt(unwrapped(u1[..., 0], u2[..., 0]) ** 2 + unwrapped(u1[..., 1], u2[..., 1]) ** 2)

@@ -22,14 +22,6 @@ def config_id(files: list[str]) -> str:
     return "+".join(Path(f).stem for f in files)
 
 
-def config_args(files: list[str]) -> list[str]:
-    """``--config`` once per file, in order (LightningCLI merges them)."""
-    return [arg for path in files for arg in ("--config", path)]
-
-
-#: ``lit_icl.cli.main`` gives the trainer its TensorBoard logger (``trainer_defaults``), which configs only name;
-#: a test that builds ``LitICLCLI`` itself passes the logger's class first, then the configs.
-LOGGER_ARG = "--trainer.logger=lightning.pytorch.loggers.TensorBoardLogger"
 
 
 class SaveStateDict(Callback):

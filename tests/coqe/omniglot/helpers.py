@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from conftest import quiet_run_args
 from PIL import Image
 
 
@@ -40,11 +41,6 @@ SHIPPED: list[tuple[str, ...]] = [
 ]
 
 
-def config_args(config: str | tuple[str, ...]) -> list[str]:
-    """``--config`` for a base config and its overlays, in order."""
-    return [arg for path in ((config,) if isinstance(config, str) else config) for arg in ("--config", path)]
-
-
 def coqe_args(tmp_path: Path, *extra: str, config: str | tuple[str, ...] = BASE) -> list[str]:
     """A seconds-long run: 24 classes x 4 drawings of 16x16 pixels, a tiny ResNet, 1-layer Transformer.
 
@@ -53,15 +49,10 @@ def coqe_args(tmp_path: Path, *extra: str, config: str | tuple[str, ...] = BASE)
     if not folder.exists():
         write_omniglot_fixture(folder)
     return [
-        *config_args(config),
-        "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
-        "--trainer.logger.init_args.name", "tiny",
+        *quiet_run_args(tmp_path, config),
         "--trainer.accelerator", "cpu",
         "--trainer.max_steps", "4",
-        "--trainer.enable_progress_bar", "false",
-        "--trainer.enable_model_summary", "false",
         "--trainer.log_every_n_steps", "1",
-        "--trainer.num_sanity_val_steps", "0",
         "--data.init_args.source", "omniglot",
         "--data.init_args.folder", str(folder),
         "--data.init_args.image_size", "16",

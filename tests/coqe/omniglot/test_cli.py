@@ -36,7 +36,7 @@ def test_fit_then_test_gives_icl_iwl_curves_rows_and_figure(tmp_path, config, me
     assert "n_classes: null" in (run / "hparams.yaml").read_text() and loaded.net.n_classes == 20  # from the data
     state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
     assert all(torch.equal(v, state[k]) for k, v in loaded.state_dict().items())
-    cli = LitICLCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+    cli = LitICLCLI(LightningModule, LightningDataModule,
                     run=False, args=coqe_args(tmp_path, config=config))
     cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=str(ckpt))
     rows = [r for r in cli.model.test_rows if r["metric"] == "accuracy"]
@@ -66,7 +66,7 @@ def test_test_accuracy_matches_an_independent_evaluation(tmp_path) -> None:
     """The logged test accuracy equals a hand loop over the evaluators' batches with the trained net."""
     main(["fit", *coqe_args(tmp_path)])
     ckpt = tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt"
-    cli = LitICLCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+    cli = LitICLCLI(LightningModule, LightningDataModule,
                     run=False, args=coqe_args(tmp_path))
     cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=str(ckpt))
     model, dm = cli.model.eval(), cli.datamodule
@@ -99,7 +99,7 @@ def test_test_accuracy_matches_an_independent_evaluation(tmp_path) -> None:
 
 def test_noise_reaches_the_net_in_training_only(tmp_path) -> None:
     """Training steps pass the scheduled noise; validation and test pass none."""
-    cli = LitICLCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+    cli = LitICLCLI(LightningModule, LightningDataModule,
                     run=False, args=coqe_args(tmp_path))
     seen: list[tuple[bool, bool]] = []  # (net in training mode, noise given)
     net = cli.model.net

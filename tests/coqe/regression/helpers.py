@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from conftest import quiet_run_args
 
 BASE = "configs/coqe/regression.yaml"
 
@@ -15,15 +16,10 @@ def overlay(*names: str) -> tuple[str, ...]:
 
 def reg_args(tmp_path: Path, config: str | tuple[str, ...] = BASE, *extra: str, n: int = 8) -> list[str]:
     return [
-        *(arg for path in ((config,) if isinstance(config, str) else config) for arg in ("--config", path)),
-        "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
-        "--trainer.logger.init_args.name", "tiny",
+        *quiet_run_args(tmp_path, config),
         "--trainer.accelerator", "cpu",
         "--trainer.max_steps", "4",
-        "--trainer.enable_progress_bar", "false",
-        "--trainer.enable_model_summary", "false",
         "--trainer.log_every_n_steps", "1",
-        "--trainer.num_sanity_val_steps", "0",
         "--model.init_args.net.init_args.width", "16",
         "--model.init_args.net.init_args.depth", "1",
         "--model.init_args.net.init_args.max_points", str(n),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from mmca.helpers import config_args
+from conftest import quiet_run_args
 
 
 def write_layout(
@@ -32,13 +32,8 @@ def avmnist_args(
 ) -> list[str]:
     """A seconds-long run on the layout under ``root``: depth 1, batch 16, 2 epochs."""
     return [
-        *config_args([config] if isinstance(config, str) else config),
-        "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
-        "--trainer.logger.init_args.name", "tiny",
+        *quiet_run_args(tmp_path, config),
         "--trainer.max_epochs", "2",
-        "--trainer.enable_progress_bar", "false",
-        "--trainer.enable_model_summary", "false",
-        "--trainer.num_sanity_val_steps", "0",
         "--model.init_args.net.init_args.depth", "1",
         "--data.init_args.root", str(root),
         "--data.init_args.val_size", "8",

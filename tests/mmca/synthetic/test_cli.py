@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from badinput import assert_rejected
+from conftest import config_args
 from lightning.pytorch import Trainer
-from mmca.helpers import LOGGER_ARG, config_args, config_id, experiment_configs
+from mmca.helpers import config_id, experiment_configs
 from mmca.synthetic.helpers import mmca_args
-from mmca.test_configs import print_config
+from test_configs import print_config
 
 from lit_icl.cli import main
 from lit_icl.core.results import collect_test_rows
@@ -181,7 +181,6 @@ def test_every_shipped_config_fits_and_tests_at_tiny_size(tmp_path, config: list
     from lit_icl.cli import LitICLCLI
 
     args = [
-        LOGGER_ARG,
         *config_args(config),
         "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
         "--trainer.max_epochs", "1",
@@ -201,7 +200,7 @@ def test_every_shipped_config_fits_and_tests_at_tiny_size(tmp_path, config: list
         "--data.init_args.eval_batch_size", "16",
         "--data.init_args.test_context_lengths", "[6, 12]",
     ]  # fmt: skip
-    merged = yaml.safe_load(print_config(config))
+    merged = print_config(tuple(config))
     if merged["data"]["init_args"]["train_prompts"] is not None:  # a fixed training set (N = 2000)
         args += ["--data.init_args.train_prompts", "32"]
     cli = LitICLCLI(
