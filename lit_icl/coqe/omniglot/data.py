@@ -46,6 +46,7 @@ from lit_icl.coqe.omniglot.images import OMNIGLOT_HELP, SPLIT_FOLDERS, index_fol
 from lit_icl.core.data import EpochSampler, SeededChunks, collate_chunks
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
+from lit_icl.core.validation import check_literal
 
 SEQ_LEN = 9  # 8 image-label pairs and the query
 BURSTY_SHOTS = 3  # context items of the query's class (and of the distractor) in a bursty sequence
@@ -250,11 +251,10 @@ class SequenceChunks(SeededChunks):
 
 
 # ------------------------------------------------------------------------------------------ data module
-def resolve_source(source: str, root: str | os.PathLike[str], folder: str | None) -> tuple[str, Path]:
+def resolve_source(source: Source, root: str | os.PathLike[str], folder: str | None) -> tuple[str, Path]:
     """``(source name, folder)``: ``auto`` is Omniglot if ``<root>/omniglot-py`` exists, else ``glyphs``."""
     root = Path(root)
-    if source not in ("auto", "omniglot", "glyphs"):
-        raise ConfigError(f"source={source!r}; choose auto, omniglot or glyphs (the offline stand-in)")
+    check_literal("source", source, Source)
     if source == "auto":
         source = "omniglot" if (root / "omniglot-py").is_dir() else "glyphs"
     if folder is not None:

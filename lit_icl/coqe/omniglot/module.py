@@ -31,6 +31,7 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
+from lit_icl.coqe.contracts import SequenceData, SequenceNet
 from lit_icl.coqe.omniglot.data import EVALUATORS
 from lit_icl.coqe.omniglot.nets import CoQEClassifier
 from lit_icl.core.errors import ConfigError
@@ -39,6 +40,10 @@ from lit_icl.core.module import ICLModule
 from lit_icl.core.nets import count_parameters
 from lit_icl.core.results import result_row
 from lit_icl.core.seeding import make_generator
+from lit_icl.core.validation import check_int, check_literal, check_nonnegative, check_positive, check_range
+
+#: Learning-rate schedules: the paper's constant rate, or Chan et al.'s linear warm-up then 1/sqrt(step).
+LRSchedule = Literal["constant", "warmup_rsqrt"]
 
 
 def noise_schedule(
@@ -72,7 +77,7 @@ class CoQEClassificationModule(ICLModule):
         self,
         net: nn.Module | None = None,
         lr: float = 1e-4,
-        lr_schedule: Literal["constant", "warmup_rsqrt"] = "constant",
+        lr_schedule: LRSchedule = "constant",
         warmup_steps: int = 4000,
         noise_mean0: float | None = 5.0,
         noise_std0: float = 1.0,
@@ -84,26 +89,7 @@ class CoQEClassificationModule(ICLModule):
         super().__init__()
         self.save_reloadable_hparams()
         self.net = net if net is not None else CoQEClassifier()
-        if not hasattr(self.net, "n_classes") or getattr(self.net, "method", None) not in ("coqe", "transformer"):
-            raise ConfigError(
-                f"net {type(self.net).__name__} is not a sequence classifier; use lit_icl.coqe.omniglot.nets.CoQEClassifier "
-                "or lit_icl.coqe.omniglot.nets.SequenceTransformer"
-            )
-        if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
-            raise ConfigError(f"lr={lr!r} must be a positive number (1e-4 in App. C.2)")
-        if lr_schedule not in ("constant", "warmup_rsqrt"):
-            raise ConfigError(f"lr_schedule={lr_schedule!r}; choose 'constant' (paper) or 'warmup_rsqrt' (Chan et al.)")
-        if warmup_steps < 1:
-            raise ConfigError(f"warmup_steps={warmup_steps} must be >= 1")
-        if noise_mean0 is not None:
-            if noise_std0 < 0 or not math.isfinite(noise_std0):
-                raise ConfigError(f"noise_std0={noise_std0} must be a finite number >= 0")
-            if noise_increment < 0:
-                raise ConfigError(f"noise_increment={noise_increment} must be >= 0")
-            if noise_interval < 1:
-                raise ConfigError(f"noise_interval={noise_interval} must be >= 1 step")
-            if noise_delay < 0:
-                raise ConfigError(f"noise_delay={noise_delay} must be >= 0")
+        self._validate(lr, lr_schedule, warmup_steps, noise_mean0, noise_std0, noise_increment, noise_interval, noise_delay)
         self.method: str = self.net.method
         self.uses_noise = self.method == "coqe" and noise_mean0 is not None
         #: Accuracies reported: the two evaluators, plus CoQE's static head on the IWL sequences.
@@ -116,15 +102,38 @@ class CoQEClassificationModule(ICLModule):
         self.data_source: str | None = None
         self._data_coords: dict[str, Any] = {}
 
+    def _validate(
+        self, lr: float, lr_schedule: str, warmup_steps: int, noise_mean0: float | None, noise_std0: float,
+        noise_increment: float, noise_interval: int, noise_delay: int,
+    ) -> None:
+        """Every argument check of the constructor, one ConfigError naming the option and the fix."""
+        if not isinstance(self.net, SequenceNet) or self.net.method not in ("coqe", "transformer"):
+            raise ConfigError(
+                f"net {type(self.net).__name__} is not a sequence classifier; use lit_icl.coqe.CoQEClassifier "
+                "or lit_icl.coqe.SequenceTransformer"
+            )
+        check_positive("lr", lr, hint="1e-4 in App. C.2")
+        check_literal("lr_schedule", lr_schedule, LRSchedule)
+        check_int("warmup_steps", warmup_steps, minimum=1)
+        if noise_mean0 is not None:
+            check_range("noise_mean0", noise_mean0)  # any finite mean; null turns the noise off
+            check_nonnegative("noise_std0", noise_std0)
+            check_nonnegative("noise_increment", noise_increment)
+            check_int("noise_interval", noise_interval, minimum=1, hint="steps between noise increases")
+            check_int("noise_delay", noise_delay, minimum=0)
+
     # ---------------------------------------------------------------- data binding
     def bind_datamodule(self, datamodule: LightningDataModule) -> None:
         """The net takes its output size from the data's training classes (a different explicit count is an
         error); record the source and the data axes."""
-        n_labels = getattr(datamodule, "n_labels", None)
-        if n_labels is not None:
-            self.net.set_n_classes(int(n_labels))
-        self.data_source = getattr(datamodule, "source", self.data_source)
-        hp = getattr(datamodule, "hparams", {})
+        if not isinstance(datamodule, SequenceData):
+            raise ConfigError(
+                f"{type(datamodule).__name__} lacks what a sequence classifier reads (n_labels, source, hparams: "
+                "lit_icl.coqe.contracts.SequenceData); use lit_icl.coqe.OmniglotSequenceDataModule"
+            )
+        self.net.set_n_classes(int(datamodule.n_labels))
+        self.data_source = datamodule.source
+        hp = datamodule.hparams
         self._data_coords = {k: float(hp[k]) for k in ("p_bursty", "zipf_alpha") if k in hp}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -25,8 +25,12 @@ from torch import Tensor, nn
 
 from lit_icl.coqe.layers import TOKEN_WIDTH, CausalTransformer, sinusoidal_positions
 from lit_icl.core.errors import ConfigError
-from lit_icl.core.validation import check_int
+from lit_icl.core.validation import check_int, check_literal
 
+#: How a context class's logit meets its static one: ``replace`` it (the paper) or ``add`` to it (public code).
+ContextLogit = Literal["replace", "add"]
+#: Which modified query logits get the training noise: ``all`` (Sec. 4.2) or ``non_context`` classes only.
+NoiseOn = Literal["all", "non_context"]
 #: Group widths of the ResNet for each embedding size E in App. C.2.
 RESNET_CHANNELS: dict[int, tuple[int, int, int, int]] = {
     64: (16, 32, 32, 64),
@@ -313,19 +317,17 @@ class CoQEClassifier(_SequenceClassifier):
         emb_dim: int = 512,
         depth: int = 4,
         heads: int = 8,
-        context_logit: Literal["replace", "add"] = "replace",
+        context_logit: ContextLogit = "replace",
         detach_static: bool = False,
-        noise_on: Literal["all", "non_context"] = "all",
+        noise_on: NoiseOn = "all",
         noise_k: int | None = None,
         resnet_channels: Sequence[int] | None = None,
         stem_channels: int = 64,
         max_time: float = 30.0,
     ):
         super().__init__()
-        if context_logit not in ("replace", "add"):
-            raise ConfigError(f"context_logit={context_logit!r}; choose 'replace' (paper) or 'add' (public code)")
-        if noise_on not in ("all", "non_context"):
-            raise ConfigError(f"noise_on={noise_on!r}; choose 'all' (every class) or 'non_context'")
+        check_literal("context_logit", context_logit, ContextLogit)
+        check_literal("noise_on", noise_on, NoiseOn)
         if noise_k is not None:
             check_int("noise_k", noise_k, minimum=1)
         self.context_logit = context_logit

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from lightning.pytorch import LightningDataModule
@@ -47,10 +47,16 @@ from torch.utils.data import DataLoader, Dataset
 from lit_icl.core.data import EpochSampler, SeededChunks, collate_chunks
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
-from lit_icl.core.validation import check_choice, check_int, check_nonempty, check_positive, check_unique
+from lit_icl.core.validation import (
+    check_int,
+    check_literal,
+    check_nonempty,
+    check_positive,
+    check_unique,
+)
 
 FunctionClass = Literal["linear", "sparse", "relu", "combination"]
-FUNCTION_CLASSES: tuple[str, ...] = ("linear", "sparse", "relu", "combination")
+FUNCTION_CLASSES: tuple[str, ...] = get_args(FunctionClass)
 #: App. C.1's dimension per function class (``n_dims: null`` picks it).
 DEFAULT_DIMS: dict[str, int] = {"linear": 10, "sparse": 10, "relu": 5, "combination": 5}
 #: The four OOD cases of App. C.1 (with both scales where the paper gives two).
@@ -315,7 +321,7 @@ class RegressionDataModule(LightningDataModule):
     ):
         super().__init__()
         self.save_hyperparameters()
-        self.function_class = check_choice("function_class", function_class, FUNCTION_CLASSES)
+        self.function_class = check_literal("function_class", function_class, FunctionClass)
         self.n_dims = DEFAULT_DIMS[function_class] if n_dims is None else check_positive("n_dims", n_dims, True)
         if function_class == "combination" and self.n_dims != 5:
             raise ConfigError(f"combination functions are defined on 5 dimensions; set n_dims: 5 (got {n_dims})")

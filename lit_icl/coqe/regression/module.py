@@ -17,7 +17,6 @@ scores their mNN alignment.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -25,6 +24,7 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor, nn
 from torchmetrics import MeanMetric, Metric
 
+from lit_icl.coqe.contracts import PromptData, PromptNet, SizedPromptNet
 from lit_icl.coqe.regression.nets import CoQERegressor
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.figures import line_figure, new_figure
@@ -32,7 +32,7 @@ from lit_icl.core.module import ICLModule
 from lit_icl.core.nets import count_parameters
 from lit_icl.core.precision import float32_region
 from lit_icl.core.results import result_row
-from lit_icl.core.validation import check_int
+from lit_icl.core.validation import check_int, check_positive
 
 #: Fig. 3's optimal baseline per function class (method-name prefix; the best alpha among Lasso nets).
 OPTIMAL: dict[str, str | None] = {
@@ -85,8 +85,11 @@ class CoQERegressionModule(ICLModule):
         self.net = net if net is not None else CoQERegressor()
         self.baselines = nn.ModuleList(baselines or [])
         for m in [self.net, *self.baselines]:
-            if not callable(getattr(m, "forward", None)) or not isinstance(getattr(m, "method", None), str):
-                raise ConfigError(f"{type(m).__name__} is not a regression net; use one of lit_icl.coqe.regression.nets")
+            if not isinstance(m, PromptNet) or not isinstance(m.method, str):
+                raise ConfigError(
+                    f"{type(m).__name__} is not a regression net (lit_icl.coqe.contracts.PromptNet); use "
+                    "lit_icl.coqe.CoQERegressor, RegressionTransformer or a baseline such as LeastSquares"
+                )
         for b in self.baselines:
             if any(p.requires_grad for p in b.parameters()):
                 raise ConfigError(f"baseline {type(b).__name__} has trainable parameters; give it as `net` instead")
@@ -94,8 +97,7 @@ class CoQERegressionModule(ICLModule):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ConfigError(f"methods {dup} appear twice among net and baselines; list each once")
-        if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
-            raise ConfigError(f"lr={lr!r} must be a positive number (5e-5 in App. C.1)")
+        check_positive("lr", lr, hint="5e-5 in App. C.1")
         check_int("probe_points", probe_points, 0)
         self.method: str = self.net.method
         self.methods = names
@@ -111,26 +113,32 @@ class CoQERegressionModule(ICLModule):
     # ---------------------------------------------------------------- data binding
     def bind_datamodule(self, datamodule: LightningDataModule) -> None:
         """The nets' input dimension and prompt length must fit the data; record class and shifts."""
-        n_dims = getattr(datamodule, "n_dims", None)
-        n_points = getattr(datamodule, "n_points", None)
+        if not isinstance(datamodule, PromptData):
+            raise ConfigError(
+                f"{type(datamodule).__name__} lacks what the regression module reads (n_dims, n_points, "
+                "function_class, shift_names, features: lit_icl.coqe.contracts.PromptData); use "
+                "lit_icl.coqe.RegressionDataModule"
+            )
+        n_dims, n_points = datamodule.n_dims, datamodule.n_points
         for m in [self.net, *self.baselines]:
-            want = getattr(m, "n_dims", None)
-            if n_dims is not None and want is not None and want != n_dims:
+            if not isinstance(m, SizedPromptNet):
+                continue  # parameter-free baselines take any dimension and length
+            if m.n_dims != n_dims:
                 raise ConfigError(
-                    f"{type(m).__name__} has n_dims={want} but the data has {n_dims}; "
+                    f"{type(m).__name__} has n_dims={m.n_dims} but the data has {n_dims}; "
                     f"set model.init_args.net.init_args.n_dims: {n_dims}"
                 )
-            most = getattr(m, "max_points", None)
-            if n_points is not None and most is not None and n_points > most:
-                raise ConfigError(f"{type(m).__name__} has max_points={most} < the data's n_points={n_points}; raise max_points")
-        self.function_class = getattr(datamodule, "function_class", self.function_class)
-        self.n_dims = n_dims if n_dims is not None else self.n_dims
-        self.shift_names = list(getattr(datamodule, "shift_names", self.shift_names))
-        self._features = getattr(datamodule, "features", None)
-        if n_points is not None:
-            self.errors = nn.ModuleDict(
-                {self._key(s, m): PrefixSquaredError(n_points) for s in self.shift_names for m in self.methods}
-            )
+            if n_points > m.max_points:
+                raise ConfigError(
+                    f"{type(m).__name__} has max_points={m.max_points} < the data's n_points={n_points}; raise max_points"
+                )
+        self.function_class = datamodule.function_class
+        self.n_dims = n_dims
+        self.shift_names = list(datamodule.shift_names)
+        self._features = datamodule.features
+        self.errors = nn.ModuleDict(
+            {self._key(s, m): PrefixSquaredError(n_points) for s in self.shift_names for m in self.methods}
+        )
 
     @staticmethod
     def _key(shift: str, method: str) -> str:

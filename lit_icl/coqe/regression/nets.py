@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from lit_icl.coqe.layers import CausalTransformer
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.precision import float32_region
-from lit_icl.core.validation import check_choice, check_int, check_positive
+from lit_icl.core.validation import check_int, check_literal, check_positive
 
 __all__ = [
     "Averaging", "CoQERegressor", "Lasso", "LeastSquares", "NearestNeighbours", "RegressionTransformer",
@@ -198,7 +198,7 @@ class CoQERegressor(nn.Module):
     ):
         super().__init__()
         _check_sizes(n_dims, width, depth, heads, max_points)
-        check_choice("task_head", task_head, ("none", "mlp"))
+        check_literal("task_head", task_head, Literal["none", "mlp"])
         #: Multiplies ``<t, s(x_q)>``; ``None`` = ``1 / sqrt(width)`` (see the class docstring).
         self.output_scale = (
             1 / math.sqrt(width) if output_scale is None else check_positive("output_scale", output_scale)
