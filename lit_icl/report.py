@@ -24,7 +24,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from lit_icl.core.figures import _sort_key, aggregate, bar_figure, line_figure
+from lit_icl.core.figures import sort_key, aggregate, bar_figure, line_figure
 from lit_icl.core.results import ROW_KEYS, load_results
 
 #: Config entries that do not change what an experiment is.
@@ -110,14 +110,14 @@ def markdown_table(rows: Sequence[Mapping[str, Any]], metric: str, x: str | None
         # A coordinate fixed by x (IC-SSL's n_labeled by label_ratio) is a second name for the column, not a line.
         keys = [k for k in keys if k in ("method", "experiment") or not _function_of(chosen, k, x)]
     keys.sort(key=lambda k: k != "experiment")  # the experiment first, then the row's own keys
-    xs = sorted({r.get(x) for r in chosen}, key=_sort_key) if x else [None]
+    xs = sorted({r.get(x) for r in chosen}, key=sort_key) if x else [None]
     stats = aggregate(chosen, [*keys, x] if x else keys)
     runs_per_cell = {v[2] for v in stats.values()}
     n_note = f"n = {min(runs_per_cell)}" if len(runs_per_cell) == 1 else f"n = {min(runs_per_cell)}-{max(runs_per_cell)}"
     header = [*keys, *([f"{x}={_fmt_x(v)}" for v in xs] if x else [metric])]
     lines = [f"**{metric}** ({n_note} runs per cell)", "", "| " + " | ".join(header) + " |",
              "|" + "---|" * len(header)]
-    line_keys = sorted({k[: len(keys)] for k in stats}, key=lambda t: tuple(_sort_key(v) for v in t))
+    line_keys = sorted({k[: len(keys)] for k in stats}, key=lambda t: tuple(sort_key(v) for v in t))
     for lk in line_keys:
         cells = []
         for v in xs:

@@ -59,7 +59,7 @@ def aggregate(rows: Iterable[Row], keys: Sequence[str]) -> dict[tuple, tuple[flo
     return {k: mean_sd(v) for k, v in groups.items()}
 
 
-def _sort_key(value: Any) -> tuple:
+def sort_key(value: Any) -> tuple:
     # Numbers before strings, each in natural order; None last.
     if isinstance(value, bool) or value is None:
         return (2, str(value))
@@ -101,9 +101,9 @@ def line_figure(
     else:
         fig = ax.figure
     stats = aggregate(chosen, [series, x])
-    names = sorted({k[0] for k in stats}, key=_sort_key)
+    names = sorted({k[0] for k in stats}, key=sort_key)
     for i, name in enumerate(names):
-        pts = sorted(((k[1], v) for k, v in stats.items() if k[0] == name), key=lambda p: _sort_key(p[0]))
+        pts = sorted(((k[1], v) for k, v in stats.items() if k[0] == name), key=lambda p: sort_key(p[0]))
         xs = [x_transform(p[0]) if x_transform else p[0] for p in pts]
         means = [p[1][0] for p in pts]
         sds = [p[1][1] for p in pts]
@@ -135,8 +135,8 @@ def bar_figure(
     if not chosen:
         raise ValueError(f"no rows with coordinate {category!r} match {where}")
     stats = aggregate(chosen, [series, category])
-    names = sorted({k[0] for k in stats}, key=_sort_key)
-    cats = sorted({k[1] for k in stats}, key=_sort_key)
+    names = sorted({k[0] for k in stats}, key=sort_key)
+    cats = sorted({k[1] for k in stats}, key=sort_key)
     fig, ax = new_figure()
     width = 0.8 / max(len(names), 1)
     for i, name in enumerate(names):

@@ -1,0 +1,66 @@
+"""The report command: averages runs that differ only in seed, pools a seed coordinate."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from lit_icl.core.results import load_results, result_row, write_results
+from lit_icl.report import experiment_fingerprint, label_runs
+from lit_icl.report import main as report
+
+
+def _fake_run(path, seed: int, name: str, accs: list[float], lr: float = 0.003) -> None:
+    rows = [result_row("accuracy", a, method="E2E", label_ratio=r, n_labeled=round(100 * r))
+            for r, a in zip([0.03, 0.25], accs)]
+    rows.append(result_row("parameters", 11433, method="E2E"))
+    config = {
+        "seed_everything": seed,
+        "model": {"class_path": "M", "init_args": {"lr": lr}},
+        "data": {"class_path": "D", "init_args": {"data_seed": seed}},
+        "trainer": {"max_epochs": 1, "logger": {"class_path": "TB", "init_args": {"name": name, "version": seed}}},
+    }
+    write_results(path, rows, {"config": config})
+
+
+def test_report_averages_runs_that_differ_only_in_seed(tmp_path, capsys) -> None:
+    _fake_run(tmp_path / "s0", 0, "exp", [0.70, 0.90])
+    _fake_run(tmp_path / "s1", 1, "exp", [0.80, 0.92])
+    _fake_run(tmp_path / "other", 0, "exp2", [0.5, 0.6], lr=0.1)
+    runs = [load_results(tmp_path / p) for p in ("s0", "s1", "other")]
+    assert experiment_fingerprint(runs[0]["meta"]) == experiment_fingerprint(runs[1]["meta"])
+    assert experiment_fingerprint(runs[0]["meta"]) != experiment_fingerprint(runs[2]["meta"])
+    assert label_runs(runs) == ["exp", "exp", "exp2"]
+    out = tmp_path / "cmp.png"
+    report([str(tmp_path / p) for p in ("s0", "s1", "other")] + ["--out", str(out)])
+    table = capsys.readouterr().out.splitlines()
+    assert table[2] == "| experiment | method | label_ratio=0.03 | label_ratio=0.25 |"
+    sd = statistics.stdev([0.70, 0.80])
+    assert table[4] == f"| exp | E2E | 0.750 ± {sd:.3f} | 0.910 ± {statistics.stdev([0.90, 0.92]):.3f} |"
+    assert table[5] == "| exp2 | E2E | 0.500 | 0.600 |"  # n_labeled follows label_ratio: no column of its own
+    assert "| exp | E2E | 11433 |" in table  # a count, identical over seeds
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(SystemExit):
+        report([str(tmp_path / "missing")])
+
+
+def test_report_pools_a_seed_coordinate_like_runs(tmp_path, capsys) -> None:
+    """I2CL's rows carry ``seed``: the report's cells are mean ± sd over it (Table 1's "over 5 seeds"), and
+    ``--x seed`` still gives one column per seed."""
+    accs = {"i2cl": [0.70, 0.75, 0.80], "zero_shot": [0.77, 0.77, 0.77]}
+    for s in range(3):
+        rows = [result_row("accuracy", accs[m][s], method=m, task="sst2", seed=s) for m in accs]
+        config = {"data": {"init_args": {"data_seed": s}}, "trainer": {"logger": {"init_args": {"name": f"s{s}"}}}}
+        write_results(tmp_path / f"s{s}", rows, {"config": config})
+    runs = [str(tmp_path / f"s{s}") for s in range(3)]
+    report(runs + ["--metric", "accuracy"])
+    table = capsys.readouterr().out.splitlines()
+    assert table[0] == "**accuracy** (n = 3 runs per cell)"
+    assert table[2] == "| method | accuracy |"  # one task: no column coordinate
+    assert table[4] == f"| i2cl | 0.750 ± {statistics.stdev(accs['i2cl']):.3f} |"
+    assert table[5] == "| zero_shot | 0.770 ± 0.000 |"
+    report(runs + ["--metric", "accuracy", "--x", "seed"])
+    table = capsys.readouterr().out.splitlines()
+    assert table[2] == "| method | seed=0 | seed=1 | seed=2 |"
+    assert table[4] == "| i2cl | 0.700 | 0.750 | 0.800 |"
