@@ -2,9 +2,10 @@
 
 Model and data are chosen by ``class_path`` in the YAML (subclass mode), e.g.::
 
-    python -m lit_icl fit  --config configs/icssl_manifolds.yaml
-    python -m lit_icl test --config configs/icssl_manifolds.yaml --ckpt_path runs/icssl_manifolds/version_0/checkpoints/last.ckpt
-    python -m lit_icl fit  --config configs/icssl_manifolds.yaml --ckpt_path last      # resume in place
+    python -m lit_icl fit  --config configs/coqe/omniglot.yaml
+    python -m lit_icl fit  --config configs/coqe/omniglot.yaml --config configs/coqe/omniglot/cpu.yaml  # + an overlay
+    python -m lit_icl test --config configs/coqe/omniglot.yaml --ckpt_path runs/coqe_omniglot/version_0/checkpoints/last.ckpt
+    python -m lit_icl fit  --config configs/coqe/omniglot.yaml --ckpt_path last      # resume in place
 
 The CLI names no paper: configs give full class paths, and values that data and model share are read by the
 module from its data module (:meth:`lit_icl.core.module.ICLModule.bind_datamodule`), not linked here.
@@ -14,7 +15,8 @@ What this adds to a plain LightningCLI:
 - reproducible runs by default (``trainer.deterministic: warn``): the same config and seed give bit-identical
   weights on CPU at any thread count, and a run killed and resumed with ``--ckpt_path last`` ends where the
   uninterrupted run ends;
-- TensorBoard logging under ``runs/`` and a checkpoint callback (``--checkpoint.*``) that keeps ``last.ckpt``;
+- TensorBoard logging under ``runs/<name>/``, the name taken from the config files unless a config gives one
+  (:func:`run_name`), and a checkpoint callback (``--checkpoint.*``) that keeps ``last.ckpt``;
 - :class:`lit_icl.core.results.ResultsWriter` on every run, which writes a ``test`` run's ``results.json``,
   ``results.csv`` and figures;
 - ``--ckpt_path last`` resumes the newest run of the same logger name *in its own folder* (Lightning alone

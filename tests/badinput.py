@@ -1,7 +1,8 @@
 """Shared assertion for bad-input tables: every paper's test file imports :func:`assert_rejected`.
 
 A paper adds its own table of rows ``(config, extra CLI args, expected message substring)`` in its own test
-file (``tests/test_bad_input.py`` holds IC-SSL's and the paper-agnostic ones) and runs each row through
+file (``tests/icssl/test_bad_input.py``, ``tests/coqe/omniglot/test_cli.py`` ...; the paper-agnostic rows are in
+``tests/test_cli.py``) and runs each row through
 ``assert_rejected``. Rows must fail while parsing or constructing (no training), so a table stays fast.
 """
 
