@@ -106,8 +106,7 @@ class LitICLCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         sub = self.subcommand
-        if sub:
-            name_run_from_configs(self.config[sub])
+        name_run_from_configs(self.config[sub] if sub else self.config)
         if sub == "fit" and self.config[sub].get("ckpt_path") == "last":
             pin_logger_version_for_resume(self.config[sub])
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from badinput import assert_rejected
 from icssl.helpers import tiny_args
@@ -28,3 +30,30 @@ def test_ckpt_path_that_is_not_a_checkpoint(tmp_path, capsys) -> None:
         tmp_path, capsys, ["fit", *tiny_args(tmp_path), "--ckpt_path", str(bogus)], "is not a PyTorch checkpoint"
     )
     assert line.startswith(f"lit_icl: error: --ckpt_path {bogus} is not a PyTorch checkpoint")
+
+
+def test_run_is_named_after_its_config_files() -> None:
+    from lit_icl.cli import run_name
+
+    assert run_name(["configs/coqe/omniglot.yaml"]) == "coqe_omniglot"
+    assert run_name(["configs/coqe/omniglot.yaml", "configs/coqe/omniglot/cpu.yaml",
+                     "configs/coqe/omniglot/transformer.yaml"]) == "coqe_omniglot_cpu_transformer"
+    assert run_name(["/elsewhere/my_experiment.yaml", "/tmp/lr.yaml"]) == "my_experiment_lr"
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--config", "configs/coqe/regression/cpu.yaml"], "coqe_regression_cpu"),  # derived from the files
+        (["--config", "configs/coqe/regression/cpu.yaml", "--trainer.logger.init_args.name", "mine"], "mine"),
+    ],
+)
+def test_the_logger_of_a_built_run_uses_the_derived_name_unless_one_is_given(tmp_path, extra, expected) -> None:
+    from lightning.pytorch import LightningDataModule, LightningModule
+
+    from lit_icl.cli import LitICLCLI
+
+    cli = LitICLCLI(LightningModule, LightningDataModule, run=False, args=[
+        "--config", "configs/coqe/regression.yaml", *extra, "--trainer.logger.init_args.save_dir", str(tmp_path)])
+    assert cli.trainer.logger.name == expected
+    assert Path(cli.trainer.logger.log_dir).parent == tmp_path / expected
