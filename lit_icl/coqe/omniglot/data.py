@@ -46,7 +46,7 @@ from lit_icl.coqe.omniglot.images import OMNIGLOT_HELP, SPLIT_FOLDERS, index_fol
 from lit_icl.core.data import EpochSampler, SeededChunks, collate_chunks
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
-from lit_icl.core.validation import check_literal
+from lit_icl.core.validation import check_int, check_literal, check_range
 
 SEQ_LEN = 9  # 8 image-label pairs and the query
 BURSTY_SHOTS = 3  # context items of the query's class (and of the distractor) in a bursty sequence
@@ -319,31 +319,12 @@ class OmniglotSequenceDataModule(LightningDataModule):
     ):
         super().__init__()
         self.save_hyperparameters()
-        if not 0.0 <= p_bursty <= 1.0:
-            raise ConfigError(f"p_bursty={p_bursty} must lie in [0, 1]")
-        if isinstance(image_size, bool) or not isinstance(image_size, int) or not 8 <= image_size <= 512:
-            raise ConfigError(f"image_size={image_size!r} must be an integer in [8, 512] (105 native, 28 downsampled)")
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-            raise ConfigError(f"chunk_size={chunk_size!r} must be a positive integer")
-        for name, value in (
-            ("batch_size", batch_size), ("eval_batch_size", eval_batch_size),
-            ("val_sequences", val_sequences), ("test_sequences", test_sequences),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value % chunk_size:
-                raise ConfigError(
-                    f"{name}={value!r} must be a positive multiple of chunk_size={chunk_size}; change one of them"
-                )
-        if train_batches_per_epoch < 1:
-            raise ConfigError(f"train_batches_per_epoch={train_batches_per_epoch} must be >= 1")
-        if num_workers < 0:
-            raise ConfigError(f"num_workers={num_workers} must be >= 0")
+        self._validate()
         self.source, self.folder = resolve_source(source, root, folder)
         rank_zero_info(f"lit_icl.coqe: image source = {self.source} ({self.folder})")
         self._check_folder(download, build_glyphs)
         self.n_base = self._count_classes()
         if max_classes is not None:
-            if isinstance(max_classes, bool) or not isinstance(max_classes, int) or max_classes < 1:
-                raise ConfigError(f"max_classes={max_classes!r} must be a positive integer or null (all classes)")
             if max_classes > self.n_base:
                 raise ConfigError(
                     f"max_classes={max_classes} exceeds the {self.n_base} classes of {self.folder}; use at most "
@@ -354,6 +335,26 @@ class OmniglotSequenceDataModule(LightningDataModule):
         #: Output classes of the nets: the training classes (labels 0 .. n_labels - 1).
         self.n_labels = len(self.split.train)
         self.bank: Tensor | None = None
+
+    def _validate(self) -> None:
+        """The argument checks that need no image folder, one ConfigError each (the folder's are in setup)."""
+        hp = self.hparams
+        if not 0.0 <= hp.p_bursty <= 1.0:
+            raise ConfigError(f"p_bursty={hp.p_bursty} must lie in [0, 1]")
+        check_range("image_size", hp.image_size, 8, 512, integer=True, hint="105 native, 28 downsampled")
+        check_int("chunk_size", hp.chunk_size, minimum=1)
+        for name in ("batch_size", "eval_batch_size", "val_sequences", "test_sequences"):
+            value = hp[name]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value % hp.chunk_size:
+                raise ConfigError(
+                    f"{name}={value!r} must be a positive multiple of chunk_size={hp.chunk_size}; change one of them"
+                )
+        check_int("train_batches_per_epoch", hp.train_batches_per_epoch, minimum=1)
+        check_int("num_workers", hp.num_workers, minimum=0)
+        if hp.max_classes is not None and (
+            isinstance(hp.max_classes, bool) or not isinstance(hp.max_classes, int) or hp.max_classes < 1
+        ):
+            raise ConfigError(f"max_classes={hp.max_classes!r} must be a positive integer or null (all classes)")
 
     # -------------------------------------------------------------- source
     def _check_folder(self, download: bool, build_glyphs: bool) -> None:

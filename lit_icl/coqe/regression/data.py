@@ -323,38 +323,11 @@ class RegressionDataModule(LightningDataModule):
         self.save_hyperparameters()
         self.function_class = check_literal("function_class", function_class, FunctionClass)
         self.n_dims = DEFAULT_DIMS[function_class] if n_dims is None else check_positive("n_dims", n_dims, True)
-        if function_class == "combination" and self.n_dims != 5:
-            raise ConfigError(f"combination functions are defined on 5 dimensions; set n_dims: 5 (got {n_dims})")
-        check_int("n_points", n_points, 2, hint="a prompt needs at least one example and one query")
-        if function_class == "sparse":
-            check_positive("sparsity", sparsity, True)
-            if sparsity > self.n_dims:
-                raise ConfigError(f"sparsity={sparsity} exceeds n_dims={self.n_dims}; choose s <= d")
-        if function_class == "relu":
-            check_positive("hidden", hidden, True)
         names = check_unique("shifts", check_nonempty("shifts", ["id"] if shifts is None else shifts, "[id, orthant]"))
-        if names[0] != "id":
-            raise ConfigError(f"shifts={names} must start with id (dataloader 0 is the in-distribution test)")
         self.shifts = [parse_shift(s) for s in names]
         self.dims_curriculum = parse_curriculum("curriculum_dims", curriculum_dims)
         self.points_curriculum = parse_curriculum("curriculum_points", curriculum_points)
-        if self.dims_curriculum is not None and self.dims_curriculum.end != self.n_dims:
-            raise ConfigError(f"curriculum_dims ends at {self.dims_curriculum.end}; its end must equal n_dims={self.n_dims}")
-        if self.points_curriculum is not None:
-            if self.points_curriculum.end != n_points:
-                raise ConfigError(f"curriculum_points ends at {self.points_curriculum.end}; its end must equal n_points={n_points}")
-            if self.points_curriculum.start < 2:
-                raise ConfigError("curriculum_points must start at >= 2 points")
-        check_positive("chunk_size", chunk_size, True)
-        for name, value in (
-            ("batch_size", batch_size), ("eval_batch_size", eval_batch_size),
-            ("val_prompts", val_prompts), ("test_prompts", test_prompts),
-        ):
-            check_positive(name, value, True)
-            if value % chunk_size:
-                raise ConfigError(f"{name}={value} must be a multiple of chunk_size={chunk_size}; change one of them")
-        check_positive("train_batches_per_epoch", train_batches_per_epoch, True)
-        check_int("num_workers", num_workers, 0)
+        self._validate()
         #: Points per evaluation prompt (read by nets' checks and the RepresentationMetrics callback).
         self.n_points = n_points
         #: The ReLU class's first layer, shared by all prompts (None for the other classes).
@@ -363,6 +336,38 @@ class RegressionDataModule(LightningDataModule):
             self.function_class, self.n_dims, n_points, chunk_size, sparsity, tuple(self.shifts), self.first_layer,
             self.dims_curriculum, self.points_curriculum, data_seed, generate_on_device,
         )
+
+    def _validate(self) -> None:
+        """The checks between arguments (each single value is checked where it is parsed), one ConfigError each."""
+        hp = self.hparams
+        if self.function_class == "combination" and self.n_dims != 5:
+            raise ConfigError(f"combination functions are defined on 5 dimensions; set n_dims: 5 (got {hp.n_dims})")
+        check_int("n_points", hp.n_points, 2, hint="a prompt needs at least one example and one query")
+        if self.function_class == "sparse":
+            check_positive("sparsity", hp.sparsity, True)
+            if hp.sparsity > self.n_dims:
+                raise ConfigError(f"sparsity={hp.sparsity} exceeds n_dims={self.n_dims}; choose s <= d")
+        if self.function_class == "relu":
+            check_positive("hidden", hp.hidden, True)
+        if self.shifts[0].name != "id":
+            names = [s.name for s in self.shifts]
+            raise ConfigError(f"shifts={names} must start with id (dataloader 0 is the in-distribution test)")
+        if self.dims_curriculum is not None and self.dims_curriculum.end != self.n_dims:
+            raise ConfigError(f"curriculum_dims ends at {self.dims_curriculum.end}; its end must equal n_dims={self.n_dims}")
+        if self.points_curriculum is not None:
+            if self.points_curriculum.end != hp.n_points:
+                raise ConfigError(
+                    f"curriculum_points ends at {self.points_curriculum.end}; its end must equal n_points={hp.n_points}"
+                )
+            if self.points_curriculum.start < 2:
+                raise ConfigError("curriculum_points must start at >= 2 points")
+        check_positive("chunk_size", hp.chunk_size, True)
+        for name in ("batch_size", "eval_batch_size", "val_prompts", "test_prompts"):
+            check_positive(name, hp[name], True)
+            if hp[name] % hp.chunk_size:
+                raise ConfigError(f"{name}={hp[name]} must be a multiple of chunk_size={hp.chunk_size}; change one of them")
+        check_positive("train_batches_per_epoch", hp.train_batches_per_epoch, True)
+        check_int("num_workers", hp.num_workers, 0)
 
     # -------------------------------------------------------------- generation
     @property
