@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-from lit_icl.core.data import EpochSampler, chunk_loader
+from lit_icl.core.data import EpochSampler, SeededChunks, chunk_loader
 from lit_icl.core.errors import ConfigError, run_command
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import (
@@ -189,27 +189,26 @@ def build_standin(out: str | Path, per_class: int = 300, size: int = 112, root: 
 # ----------------------------------------------------------------------------------------------------------
 # Episodes
 # ----------------------------------------------------------------------------------------------------------
-class FeatureEpisodes(Dataset):
+class FeatureEpisodes(SeededChunks):
     """Item ``i``: an episode of ``per_class`` images from each of 2 distinct classes, seeded by
     ``(data_seed, split, i mod pool)``; ``pool`` fixes the number of distinct episodes (the dataset size)."""
 
     def __init__(self, features: Tensor, by_class: list[Tensor], split: str, per_class: int, pool: int,
                  data_seed: int, feature_scale: float, labeled_range: tuple[int, int] | None = None):
+        super().__init__(pool, data_seed, stream=(split,))
         self.features = features
         self.by_class = by_class
         self.split = split
         self.per_class = per_class
         self.pool = pool
-        self.data_seed = data_seed
         self.feature_scale = feature_scale
         self.labeled_range = labeled_range
 
-    def __len__(self) -> int:
-        return self.pool
+    def keys(self, index: int) -> tuple[object, ...]:
+        return super().keys(index % self.pool)  # training indices grow every epoch; the episodes repeat
 
-    def __getitem__(self, index: int) -> dict[str, Tensor]:
-        episode = int(index) % self.pool
-        g = make_generator(self.data_seed, self.split, episode)
+    def make_chunk(self, index: int) -> dict[str, Tensor]:
+        g = self.generator(index)
         pair = torch.randperm(len(self.by_class), generator=g)[:2]
         picks = [self.by_class[int(c)][torch.randperm(len(self.by_class[int(c)]), generator=g)[: self.per_class]]
                  for c in pair]
@@ -220,7 +219,7 @@ class FeatureEpisodes(Dataset):
         if self.labeled_range is not None:
             # A fresh label count each time an episode is revisited (seeded by the global index).
             lo, hi = self.labeled_range
-            item["n_labeled"] = torch.randint(lo, hi + 1, (1,), generator=make_generator(self.data_seed, "m", int(index)))
+            item["n_labeled"] = torch.randint(lo, hi + 1, (1,), generator=make_generator(self.data_seed, "m", index))
         return item
 
 

@@ -39,9 +39,9 @@ import torch
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-from lit_icl.core.data import EpochSampler, chunk_loader
+from lit_icl.core.data import EpochSampler, SeededChunks, chunk_loader
 from lit_icl.core.errors import ConfigError, run_command
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import (
@@ -135,7 +135,7 @@ def load_sequences(root: str | Path, image_size: int = 32) -> Tensor:
 # ----------------------------------------------------------------------------------------------------------
 # Episodes
 # ----------------------------------------------------------------------------------------------------------
-class ImageEpisodes(Dataset):
+class ImageEpisodes(SeededChunks):
     """Item ``i``: one sequence as an episode of ``n_points`` frames in a random order, seeded by
     ``(data_seed, split, i)``; training items use global indices (``EpochSampler``), so every epoch shows
     each sequence in a new order and with a new number of labeled points.
@@ -153,21 +153,18 @@ class ImageEpisodes(Dataset):
         data_seed: int,
         labeled_range: tuple[int, int] | None = None,
     ):
+        super().__init__(frames.shape[0], data_seed, stream=(split,))
         self.frames = frames
         self.split = split
         self.n_points = n_points
         self.pixel_scale = pixel_scale
-        self.data_seed = data_seed
         self.labeled_range = labeled_range
         n_frames = frames.shape[1]
         self.frame_labels = (torch.arange(n_frames) >= n_frames // 2).long()
 
-    def __len__(self) -> int:
-        return self.frames.shape[0]
-
-    def __getitem__(self, index: int) -> dict[str, Tensor]:
-        g = make_generator(self.data_seed, self.split, int(index))
-        seq = int(index) % self.frames.shape[0]
+    def make_chunk(self, index: int) -> dict[str, Tensor]:
+        g = self.generator(index)
+        seq = index % self.frames.shape[0]
         order = torch.randperm(self.frames.shape[1], generator=g)[: self.n_points]
         item = {
             "x": (self.frames[seq, order] * self.pixel_scale).unsqueeze(0),
