@@ -87,14 +87,21 @@ def index_folder(root: str | os.PathLike[str]) -> FolderIndex:
 
 
 def _png_to_tensor(path: Path, size: int) -> Tensor:
-    from PIL import Image  # Pillow comes with torchvision
+    """One image as uint8 ``(size, size)``; an unreadable file is one ConfigError naming it."""
+    from PIL import Image, UnidentifiedImageError  # Pillow comes with torchvision
 
-    with Image.open(path) as im:
-        im = im.convert("L")
-        if im.size != (size, size):
-            # Area-averaging keeps thin strokes visible when downsampling (e.g. to 28x28).
-            im = im.resize((size, size), Image.Resampling.BOX)
-        return torch.frombuffer(bytearray(im.tobytes()), dtype=torch.uint8).view(size, size)
+    try:
+        with Image.open(path) as im:
+            im = im.convert("L")
+            if im.size != (size, size):
+                # Area-averaging keeps thin strokes visible when downsampling (e.g. to 28x28).
+                im = im.resize((size, size), Image.Resampling.BOX)
+            return torch.frombuffer(bytearray(im.tobytes()), dtype=torch.uint8).view(size, size)
+    except (OSError, UnidentifiedImageError, ValueError) as err:  # truncated, empty or not an image
+        raise ConfigError(
+            f"cannot read image '{path}' ({type(err).__name__}: {err}); replace or delete the file "
+            "(every character folder needs the same number of drawings)"
+        ) from None
 
 
 def load_bank(root: str | os.PathLike[str], image_size: int = 105) -> Tensor:

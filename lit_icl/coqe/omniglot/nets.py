@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from lit_icl.coqe.layers import TOKEN_WIDTH, CausalTransformer, sinusoidal_positions
 from lit_icl.core.errors import ConfigError
-from lit_icl.core.validation import check_int, check_literal
+from lit_icl.core.validation import check_int, check_literal, check_positive
 
 #: How a context class's logit meets its static one: ``replace`` it (the paper) or ``add`` to it (public code).
 ContextLogit = Literal["replace", "add"]
@@ -149,6 +149,7 @@ class SequenceEmbedder(nn.Module):
     """
 
     def __init__(self, resnet: ResNetEmbedder, n_classes: int | None, max_time: float = 30.0):
+        check_positive("max_time", max_time, hint="the base of the positional encoding, 30 in Chan et al.")
         super().__init__()
         self.resnet = resnet
         self.label_embedding: nn.Embedding | None = None

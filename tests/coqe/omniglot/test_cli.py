@@ -154,6 +154,7 @@ COQE_ROWS: list[tuple[str | tuple[str, ...], list[str], str]] = [
     (C, [N + "noise_k", "50"], "noise_k=50 exceeds n_classes=20"),
     (C, [N + "noise_on", "context"], "noise_on"),
     (C, [N + "stem_channels", "0"], "stem_channels=0"),
+    (C, [N + "max_time", "0"], "max_time=0"),  # would make NaN positional encodings
     (C, [D + "max_classes", "0"], "max_classes=0 must be a positive integer"),
     (C, [D + "max_classes", "500"], "max_classes=500 exceeds the 24 classes"),
     (T, [N + "heads", "5"], "not divisible by heads=5"),
@@ -166,6 +167,16 @@ COQE_ROWS: list[tuple[str | tuple[str, ...], list[str], str]] = [
 @pytest.mark.parametrize(("config", "extra", "needle"), COQE_ROWS)
 def test_bad_input_fails_early_with_one_line(tmp_path, capsys, config, extra: list[str], needle: str) -> None:
     assert_rejected(tmp_path, capsys, ["fit", *coqe_args(tmp_path, config=config), *extra], needle)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "empty", "text"])
+def test_an_unreadable_image_is_one_line_naming_it(tmp_path, capsys, damage: str) -> None:
+    args = coqe_args(tmp_path)  # writes the fixture folder
+    png = sorted((tmp_path / "omniglot-py").rglob("*.png"))[5]
+    data = png.read_bytes()
+    png.write_bytes({"truncate": data[: len(data) // 2], "empty": b"", "text": b"not an image"}[damage])
+    line = assert_rejected(tmp_path, capsys, ["fit", *args], "cannot read image")
+    assert str(png) in line
 
 
 @pytest.mark.parametrize("config", SHIPPED, ids=lambda c: "+".join(Path(p).stem for p in c))
