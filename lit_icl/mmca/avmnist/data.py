@@ -79,33 +79,78 @@ def _resize_audio(audio: np.ndarray, size: int, chunk: int = 2048) -> Tensor:
     return out
 
 
-def load_split(root: str | os.PathLike[str], split: str, audio_size: int | None = 28) -> dict[str, Tensor]:
-    """``{"image": (N, 1, 28, 28), "audio": (N, 1, S, S), "label": (N,)}`` of one file split, images and
-    spectrograms divided by 255 (MultiBench's scaling); ``audio_size`` None keeps the stored size.
+def open_array(path: Path) -> np.ndarray:
+    """``path`` memory-mapped (only the header is read), or one line naming the file and what is wrong with it.
 
-    Raises :class:`ConfigError` (one line) when a file is missing or the shapes do not fit the layout.
+    An empty, truncated or non-``.npy`` file, or one holding Python objects, would otherwise end in numpy's own
+    ``EOFError`` / ``ValueError`` traceback; a non-numeric array would fail later, in the middle of a run.
+    """
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as err:
+        why = "it is empty" if path.stat().st_size == 0 else f"{type(err).__name__}: {err}"
+        raise ConfigError(
+            f"cannot read {path} as a .npy array ({why}); rebuild the layout (the stand-in: "
+            f"`{BUILD_COMMAND.format(root=path.parent if path.name.endswith('_labels.npy') else path.parent.parent)}`)"
+        ) from None
+    if not isinstance(arr, np.ndarray) or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+        raise ConfigError(f"{path} holds {getattr(arr, 'dtype', type(arr).__name__)} values; the avMNIST layout "
+                          "needs a numeric array")
+    return arr
+
+
+def check_split(root: str | os.PathLike[str], split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The image, audio and label arrays of one file split (images and audio memory-mapped), checked against
+    the layout: readable files, matching row counts, flat 28x28 images, square spectrograms, digits 0..9.
+
+    Cheap (headers and the label file only), so the data module runs it at construction, before the logger
+    creates anything. Raises :class:`ConfigError` (one line naming the file) otherwise.
     """
     files = layout_files(root)
     if not all(p.is_file() for p in files.values()):
         raise ConfigError(missing_data_message(root))
-    image = np.load(files[f"image/{split}"], mmap_mode="r")
-    audio = np.load(files[f"audio/{split}"], mmap_mode="r")
-    labels = np.load(files[f"labels/{split}"])
+    image = open_array(files[f"image/{split}"])
+    audio = open_array(files[f"audio/{split}"])
+    labels_file = files[f"labels/{split}"]
+    labels = np.asarray(open_array(labels_file))
+    if labels.ndim != 1 or labels.shape[0] == 0:
+        raise ConfigError(f"{labels_file} has shape {labels.shape}; it must hold a non-empty 1-d array of digits 0..9")
     n = labels.shape[0]
+    bad = ~np.isin(labels, np.arange(10))
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise ConfigError(
+            f"{labels_file} must hold digits 0..9; row {row} is {labels[row].item()!r} ({int(bad.sum())} of {n} rows "
+            "outside 0..9)"
+        )
     if image.ndim != 2 or image.shape != (n, 784):
         raise ConfigError(
             f"{files[f'image/{split}']} has shape {image.shape}; the avMNIST layout needs ({n}, 784), one flat 28x28 "
             "image per label"
         )
-    if audio.ndim != 3 or audio.shape[0] != n or audio.shape[1] != audio.shape[2]:
+    if audio.ndim != 3 or audio.shape[0] != n or audio.shape[1] != audio.shape[2] or audio.shape[1] == 0:
         raise ConfigError(
             f"{files[f'audio/{split}']} has shape {audio.shape}; the avMNIST layout needs ({n}, S, S) square "
             "spectrograms, one per label"
         )
-    if labels.ndim != 1 or n == 0 or labels.min() < 0 or labels.max() > 9:
-        raise ConfigError(f"{files[f'labels/{split}']} must hold a non-empty 1-d array of digits 0..9")
+    return image, audio, labels
+
+
+def load_split(root: str | os.PathLike[str], split: str, audio_size: int | None = 28) -> dict[str, Tensor]:
+    """``{"image": (N, 1, 28, 28), "audio": (N, 1, S, S), "label": (N,)}`` of one file split, images and
+    spectrograms divided by 255 (MultiBench's scaling); ``audio_size`` None keeps the stored size.
+
+    Raises :class:`ConfigError` (one line) when a file is missing, unreadable, or does not fit the layout
+    (:func:`check_split`), or holds NaN or infinite values.
+    """
+    image, audio, labels = check_split(root, split)
+    files = layout_files(root)
+    n = labels.shape[0]
     img = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).view(n, 1, 28, 28)
     aud = _resize_audio(audio, audio_size if audio_size is not None else audio.shape[1])
+    for name, values in (("image", img), ("audio", aud)):
+        if not torch.isfinite(values).all():
+            raise ConfigError(f"{files[f'{name}/{split}']} holds NaN or infinite values; rebuild or clean the file")
     return {"image": img, "audio": aud[:, None], "label": torch.from_numpy(labels.astype(np.int64))}
 
 
@@ -221,12 +266,12 @@ class AVMNISTDataModule(LightningDataModule):
         self._data: dict[str, dict[str, Tensor]] | None = None
 
     def _check_layout(self) -> None:
-        """The data is there and its split sizes fit ``val_size`` and ``batch_size`` (before the run starts)."""
-        files = layout_files(self.root)
-        if not all(p.is_file() for p in files.values()):
-            raise ConfigError(missing_data_message(self.root))
-        # Split sizes from the label files alone (memory-mapped), so a bad size stops the run before it starts.
-        n_train = int(np.load(files["labels/train"], mmap_mode="r").shape[0])
+        """The data is there, readable and shaped as the layout says, with digit labels, and its split sizes fit
+        ``val_size`` and ``batch_size`` (before the run starts)."""
+        # Every file's header, shape and labels (images and audio memory-mapped, so this is cheap), so a broken
+        # or ill-shaped file stops the run before the logger creates anything.
+        n_train = int(check_split(self.root, "train")[2].shape[0])
+        check_split(self.root, "test")
         if self.val_size >= n_train:
             raise ConfigError(
                 f"val_size={self.val_size} leaves no training rows ({n_train} rows in train_data.npy); "

@@ -7,6 +7,7 @@ import glob
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from badinput import assert_rejected
@@ -60,6 +61,43 @@ def test_bad_input_is_one_line_before_anything_is_written(tmp_path: Path, capsys
     root = tmp_path / "data"
     write_layout(root, n_train=40, n_test=20, audio_side=28)
     assert_rejected(tmp_path, capsys, ["fit", *avmnist_args(tmp_path, root, *extra)], needle)
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+#: (file under the layout root, how it is broken, needle): each a data file a user might hand over damaged.
+BAD_FILES = [
+    ("train_labels.npy", lambda p: p.write_bytes(b""), "train_labels.npy as a .npy array (it is empty)"),
+    ("image/train_data.npy", _truncate, "cannot read"),
+    ("audio/test_data.npy", _truncate, "audio/test_data.npy as a .npy array"),
+    ("test_labels.npy", lambda p: p.write_text("0,1,2\n"), "test_labels.npy as a .npy array"),
+    ("train_labels.npy", lambda p: np.save(p, np.array([object()] * 40)), "train_labels.npy as a .npy array"),
+    ("image/train_data.npy", lambda p: np.save(p, np.zeros((40, 783))), "has shape (40, 783)"),
+    ("image/test_data.npy", lambda p: np.save(p, np.zeros((19, 784))), "needs (20, 784)"),
+    ("audio/train_data.npy", lambda p: np.save(p, np.zeros((40, 28, 27))), "square spectrograms"),
+    ("audio/test_data.npy", lambda p: np.save(p, np.zeros((20, 784))), "has shape (20, 784)"),
+    ("train_labels.npy", lambda p: np.save(p, np.r_[np.zeros(39, int), 10]), "row 39 is 10"),
+    ("test_labels.npy", lambda p: np.save(p, np.full(20, -1)), "(20 of 20 rows outside 0..9)"),
+    ("train_labels.npy", lambda p: np.save(p, np.full(40, 2.5)), "must hold digits 0..9"),
+    ("train_labels.npy", lambda p: np.save(p, np.zeros((40, 1), int)), "non-empty 1-d array"),
+    ("image/train_data.npy", lambda p: np.save(p, np.array(["x"] * 40)), "holds <U1 values"),
+]
+
+
+@pytest.mark.parametrize(("name", "damage", "needle"), BAD_FILES, ids=[f"{r[0]}:{r[2][:30]}" for r in BAD_FILES])
+def test_a_broken_data_file_is_one_line_naming_it_before_anything_is_written(
+    tmp_path: Path, capsys, name, damage, needle
+) -> None:
+    root = tmp_path / "data"
+    write_layout(root, n_train=40, n_test=20, audio_side=28)
+    damage(root / name)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    line = assert_rejected(tmp_path, capsys, ["fit", *avmnist_args(tmp_path, root)], needle)
+    assert str(root / name) in line
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before, "nothing written anywhere"
 
 
 def test_missing_data_is_one_cli_line(tmp_path: Path, capsys) -> None:

@@ -107,3 +107,13 @@ def test_training_batches_are_a_fresh_permutation_and_noise_per_epoch(tmp_path: 
     pos = {int(x): (k, i) for k, b in enumerate(epoch1) for i, x in enumerate(b["row"])}
     k, i = pos[r]
     assert not torch.equal(epoch0[0]["image"][0], epoch1[k]["image"][i])
+
+
+def test_non_finite_pixels_are_refused_naming_the_file(tmp_path: Path) -> None:
+    arrays = write_layout(tmp_path, n_train=12, n_test=6, audio_side=28)
+    image = arrays["image/test_data.npy"]
+    image[2, 5] = np.nan
+    np.save(tmp_path / "image/test_data.npy", image)
+    load_split(tmp_path, "train")  # the other split is unaffected
+    with pytest.raises(ConfigError, match=r"image/test_data\.npy holds NaN or infinite values"):
+        load_split(tmp_path, "test")
