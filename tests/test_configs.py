@@ -2,7 +2,7 @@
 ``--print_config``, resolves every class path, names classes by the papers' public names, carries no logger block
 but a run name, says in its header how to run it, and gets a run folder of its own.
 
-Layout (README, "Adding an experiment"): ``configs/<paper>/<experiment>.yaml`` is a complete base;
+Layout (docs/development.md, "Adding an experiment"): ``configs/<paper>/<experiment>.yaml`` is a complete base;
 ``configs/<paper>/<experiment>/<variant>.yaml`` holds only what a variant changes and is stacked after its base.
 """
 

@@ -175,7 +175,7 @@ def test_gd_head_normalised_linear_kernel_divides_by_absolute_mass() -> None:
 def test_one_step_linear_head_normalisation_rescales_logit_margins_only() -> None:
     """With one GD step from f_0 = 0, normalising a kernel row multiplies that point's logits' margins by the
     positive factor (m / sum_j |k_ij|): the tuned and the faithful (Eq. 6) linear heads express the same decision
-    rules on the same features (README, "Linear kernel, faithful"), so a faithful model stuck at the class
+    rules on the same features (docs/icssl.md and experiments/results/icssl_cpu.md), so a faithful model stuck at the class
     prior is a training outcome, not a limit of what the head can represent."""
     torch.manual_seed(3)
     normed = GDICLHead(num_classes=2, embed_dim=6, mlp_hidden=8, num_layers=1, kernel="linear")

@@ -47,7 +47,7 @@ MIN_DISTANCE = 0.5  # between 16x16 thumbnails of two classes (about the 10 % qu
 
 
 def font_path() -> Path:
-    """DejaVu Sans from matplotlib's package data (Bitstream Vera licence; see the README's data section)."""
+    """DejaVu Sans from matplotlib's package data (Bitstream Vera licence; see data/README.md)."""
     import matplotlib
 
     path = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"

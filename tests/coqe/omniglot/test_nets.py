@@ -46,7 +46,7 @@ def test_resnet_shapes_and_model_sizes() -> None:
     net = ResNetEmbedder(64).eval()
     assert net(torch.rand(2, 105, 105)).shape == (2, 64)
     # The paper's sizes (App. C.2): Transformer E=64/L=12 "approximately 0.9M", CoQE E=256/L=4 "1.0M",
-    # E=512/L=4 "2.0M". This implementation: 0.83M, 0.71M, 1.33M (see the README for the difference).
+    # E=512/L=4 "2.0M". This implementation: 0.83M, 0.71M, 1.33M (docs/coqe_omniglot.md, "Parameter counts", explains the difference).
     assert round(count_parameters(SequenceTransformer(1613, 64, 12)) / 1e6, 2) == 0.83
     assert round(count_parameters(CoQEClassifier(1613, 256, 4)) / 1e6, 2) == 0.71
     assert round(count_parameters(CoQEClassifier(1613, 512, 4)) / 1e6, 2) == 1.33
