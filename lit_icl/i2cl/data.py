@@ -140,21 +140,48 @@ def synthetic_example(data_seed: int, split: str, index: int) -> Example:
 
 # ---------------------------------------------------------------------- readers
 def read_table(path: str | Path, text_field: str, label_field: str, label_words: list[str]) -> list[Example]:
-    """Rows of a local ``.jsonl`` / ``.csv``; labels are ints ``0..C-1`` or the label words themselves."""
+    """Rows of a local ``.jsonl`` / ``.csv``; labels are ints ``0..C-1`` or the label words themselves.
+
+    A file that is not UTF-8, a ``.jsonl`` line that is not a JSON object, or a row without the text or label
+    field is one :class:`ConfigError` naming the file and the line (1-based, as an editor shows it).
+    """
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"data file {str(p)!r} does not exist; give a .jsonl or .csv of (text, label) rows")
-    if p.suffix == ".csv":
-        with open(p, newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
-    else:
-        with open(p, encoding="utf-8") as f:
-            rows = [json.loads(line) for line in f if line.strip()]
+    rows: list[tuple[int, Any]] = []  # (line number, row)
+    try:
+        with open(p, newline="" if p.suffix == ".csv" else None, encoding="utf-8") as f:
+            if p.suffix == ".csv":
+                reader = csv.DictReader(f)
+                rows = [(reader.line_num, row) for row in reader]
+            else:
+                for number, line in enumerate(f, start=1):
+                    if not line.strip():
+                        continue
+                    try:
+                        rows.append((number, json.loads(line)))
+                    except json.JSONDecodeError as err:
+                        raise ConfigError(
+                            f"{p}: line {number} is not valid JSON ({err.msg} at column {err.colno}); each line of "
+                            f"a .jsonl holds one object such as {{\"{text_field}\": \"...\", \"{label_field}\": 0}}"
+                        ) from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{p} is not UTF-8 text (byte {err.start}: {err.reason}); save it as UTF-8") from None
+    except csv.Error as err:
+        raise ConfigError(f"{p}: unreadable CSV ({err}); give a .csv with a header row naming the columns") from None
+    if not rows:
+        raise ConfigError(f"{p} holds no rows; give a .{p.suffix.lstrip('.') or 'jsonl'} of (text, label) rows")
     out = []
-    for i, row in enumerate(rows):
-        if text_field not in row or label_field not in row:
-            raise ConfigError(f"{p}: row {i} lacks {text_field!r} or {label_field!r}; set text_field/label_field")
-        out.append((str(row[text_field]), _label_id(row[label_field], label_words, f"{p}: row {i}")))
+    for number, row in rows:
+        where = f"{p}: line {number}"
+        if not isinstance(row, dict):
+            raise ConfigError(f"{where} holds a JSON {type(row).__name__}, not an object with {text_field!r} and "
+                              f"{label_field!r}")
+        missing = [k for k in (text_field, label_field) if row.get(k) is None]
+        if missing:
+            raise ConfigError(f"{where} lacks {' and '.join(map(repr, missing))} (its fields: {sorted(map(str, row))}); "
+                              "set text_field/label_field or fix the row")
+        out.append((str(row[text_field]), _label_id(row[label_field], label_words, where)))
     return out
 
 

@@ -105,6 +105,63 @@ def test_bad_input_is_refused_with_one_line(tmp_path, capsys, llama_dir, extra, 
     assert_rejected(tmp_path, capsys, ["fit", *cli_args(tmp_path, llama_dir, *extra)], needle)
 
 
+def _jsonl(rows: list[dict]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+#: YAML-quoted, so the CLI does not parse "Input: {text}" as a mapping.
+TEMPLATE = '"Input: {text}\\nLabel:"'
+GOOD_ROWS = [{"text": f"item {i}", "label": "ABC"[i % 3]} for i in range(30)]
+#: (broken train file's name, its content, needle): the test file stays valid, so the error is the train file's.
+BAD_FILES = [
+    ("train.jsonl", _jsonl(GOOD_ROWS[:4]) + '{"text": "cut off", "lab\n' + _jsonl(GOOD_ROWS[4:]),
+     "train.jsonl: line 5 is not valid JSON"),
+    ("train.jsonl", _jsonl(GOOD_ROWS[:2]) + "\n" + _jsonl([{"text": "no label"}]) + _jsonl(GOOD_ROWS[2:]),
+     "train.jsonl: line 4 lacks 'label'"),
+    ("train.jsonl", _jsonl([{"sentence": "x", "label": 0}]) + _jsonl(GOOD_ROWS), "line 1 lacks 'text' (its fields"),
+    ("train.jsonl", _jsonl(GOOD_ROWS) + "[1, 2]\n", "train.jsonl: line 31 holds a JSON list"),
+    ("train.jsonl", _jsonl(GOOD_ROWS[:3] + [{"text": "bad", "label": 7}] + GOOD_ROWS[3:]),
+     "train.jsonl: line 4: label 7 outside 0..2"),
+    ("train.jsonl", "", "train.jsonl holds no rows"),
+    ("train.csv", "text,label\n" + "".join(f"item {i},{i % 3}\n" for i in range(30)) + "short row\n",
+     "train.csv: line 32 lacks 'label'"),
+]
+
+
+@pytest.mark.parametrize(("name", "content", "needle"), BAD_FILES, ids=[r[2][:40] for r in BAD_FILES])
+def test_a_broken_data_file_is_one_line_naming_file_and_line(tmp_path, capsys, llama_dir, name, content, needle) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    suffix = Path(name).suffix
+    (data / name).write_text(content, encoding="utf-8")
+    test_rows = "text,label\n" + "".join(f"q {i},{i % 3}\n" for i in range(30)) if suffix == ".csv" \
+        else _jsonl(GOOD_ROWS)
+    (data / f"test{suffix}").write_text(test_rows, encoding="utf-8")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    args = cli_args(tmp_path, llama_dir, "--data.init_args.task", suffix[1:],
+                    "--data.init_args.train_file", str(data / name),
+                    "--data.init_args.test_file", str(data / f"test{suffix}"),
+                    "--data.init_args.template", TEMPLATE, "--data.init_args.label_words", "[A, B, C]")
+    line = assert_rejected(tmp_path, capsys, ["fit", *args], needle)
+    assert str(data / name) in line
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before, "nothing written anywhere"
+
+
+def test_the_same_files_mended_run(tmp_path, llama_dir) -> None:
+    """The fixture of the table above is valid once mended: the rows fail for the damage, not the setup."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "test"):
+        (data / f"{split}.jsonl").write_text(_jsonl(GOOD_ROWS), encoding="utf-8")
+    args = cli_args(tmp_path, llama_dir, "--data.init_args.task", "jsonl",
+                    "--data.init_args.train_file", str(data / "train.jsonl"),
+                    "--data.init_args.test_file", str(data / "test.jsonl"),
+                    "--data.init_args.template", TEMPLATE, "--data.init_args.label_words", "[A, B, C]",
+                    "--trainer.max_epochs", "1", "--model.init_args.methods", "[i2cl]")
+    main(["fit", *args])
+    assert glob.glob(str(tmp_path / "runs" / "tiny" / "version_0" / "checkpoints" / "*.ckpt"))
+
+
 def test_unfitted_calibrated_method_is_refused_at_test(tmp_path, llama_dir, capsys) -> None:
     with pytest.raises(SystemExit) as info:
         main(["test", *cli_args(tmp_path, llama_dir, "--model.init_args.methods", "[zero_shot, i2cl]")])
