@@ -21,14 +21,23 @@ What this adds to a plain LightningCLI:
   ``results.csv`` and figures;
 - ``--ckpt_path last`` resumes the newest run of the same logger name *in its own folder* (Lightning alone
   would look into a new, empty ``version_N+1``);
+- :class:`lit_icl.callbacks.finite.FiniteGuard` on every run, which stops a run whose training loss (or
+  weights) stop being finite, naming the step, before a checkpoint of non-finite weights is saved;
+- ``--ckpt_path best`` is the best checkpoint recorded by the newest run of the same config; ``last`` and
+  ``best`` with no such run are an error that says where the CLI looked (:func:`resolve_ckpt_path`);
 - bad input stops the program before anything is written, with one line ``lit_icl: error: ...`` and exit
-  status 2: unknown keys and class paths (jsonargparse), invalid values (:class:`ConfigError`, raised by
-  constructors and by ``bind_datamodule``), and a ``--ckpt_path`` that does not exist or is not a Lightning
-  checkpoint.
+  status 2: a ``--config`` file that is not YAML (file, line and column) or is empty; unknown keys and class
+  paths (jsonargparse); a non-finite float anywhere in the config (YAML's ``.nan``/``.inf`` included); invalid
+  values (:class:`ConfigError`, raised by constructors and by ``bind_datamodule``); trainer flags Lightning
+  refuses (devices, strategy, limits, an accelerator this machine lacks); an output folder that cannot be
+  written; a ``--ckpt_path`` that does not exist, is a folder, is not a Lightning checkpoint, or was written by
+  another experiment (its module or data class differs from the config's).
 """
 
 from __future__ import annotations
 
+import importlib
+import os
 import re
 import sys
 from argparse import ArgumentError
@@ -39,16 +48,20 @@ import torch
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
+from lit_icl.callbacks.finite import FiniteGuard
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.module import ICLModule
 from lit_icl.core.results import ResultsWriter
-from lit_icl.core.validation import check_run_config
+from lit_icl.core.validation import check_finite_tree, check_run_config
 
 #: The logger name the CLI sets; a run that keeps it is named after its config files.
 DEFAULT_RUN_NAME = "lit_icl"
-#: ``ckpt_path`` values that Lightning resolves itself.
+#: ``ckpt_path`` values that Lightning resolves itself (``last`` and ``best`` are resolved by :func:`resolve_ckpt_path`).
 SPECIAL_CKPT_PATHS = ("last", "best", "hpc")
+#: The parts of a parsed config that build objects; each is checked for non-finite floats.
+BUILT_KEYS = ("model", "data", "trainer", "checkpoint", "optimizer", "lr_scheduler")
 
 
 #: Trainer defaults of every lit_icl run; a config or the command line overrides any of them.
@@ -93,11 +106,23 @@ class LitICLCLI(LightningCLI):
         parser.set_defaults({"checkpoint.save_last": True, "checkpoint.save_top_k": 1})
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
+        if args is None or isinstance(args, (list, tuple)):
+            # jsonargparse reports a YAML syntax error without the file's name, and an empty file as
+            # "Unexpected config"; read the --config files first so the error names the file and line.
+            check_config_files(sys.argv[1:] if args is None else list(args))
         super().parse_arguments(parser, args)
-        # Runs before Lightning reads the checkpoint's hyper-parameters, so a bad path fails cleanly here.
         sub = self.config.get("subcommand")
+        config = self.config[sub] if sub else self.config
+        for key in BUILT_KEYS:
+            if config.get(key) is not None:
+                check_finite_tree(config[key], key)
+        # Runs before Lightning reads the checkpoint's hyper-parameters, so a bad path fails cleanly here.
         if sub:
-            check_ckpt_path(self.config[sub].get("ckpt_path"))
+            name_run_from_configs(config)
+            config.ckpt_path = resolve_ckpt_path(sub, config)
+            ckpt = check_ckpt_path(config.get("ckpt_path"))
+            if ckpt is not None:
+                check_ckpt_classes(config.ckpt_path, ckpt, config)
 
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
@@ -121,9 +146,18 @@ class LitICLCLI(LightningCLI):
             self.model.check_trainable()
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        trainer = super().instantiate_trainer(**kwargs)
-        if not any(isinstance(cb, ResultsWriter) for cb in trainer.callbacks):
-            trainer.callbacks.append(ResultsWriter())
+        try:
+            trainer = super().instantiate_trainer(**kwargs)
+        except ConfigError:
+            raise
+        except (MisconfigurationException, ValueError, RuntimeError, TypeError) as err:
+            # Lightning checks its flags (devices, strategy, max_steps, limits, accelerator) in Trainer.__init__,
+            # before it writes anything; its message names the flag, often over several lines.
+            raise ConfigError(trainer_error_message(err)) from err
+        for callback in (ResultsWriter, FiniteGuard):
+            if not any(isinstance(cb, callback) for cb in trainer.callbacks):
+                trainer.callbacks.append(callback())
+        check_output_writable(trainer)
         return trainer
 
 
@@ -158,11 +192,64 @@ def name_run_from_configs(config: Any) -> None:
     init_args.name = run_name(list(paths))
 
 
-def check_ckpt_path(ckpt_path: str | None) -> None:
-    """Refuse a ``ckpt_path`` that is neither a special value nor an existing Lightning checkpoint."""
+def check_config_files(args: list[Any]) -> None:
+    """Refuse a ``--config`` file that is not valid YAML (naming the file, line and problem) or that is empty.
+
+    Only the YAML syntax is read here (``yaml.compose``); what the values mean is the parser's business. A file
+    that does not exist is left to the parser, whose message already says so.
+    """
+    import yaml
+
+    paths: list[str] = []
+    for i, arg in enumerate(args):
+        if not isinstance(arg, str):
+            continue
+        if arg == "--config" and i + 1 < len(args) and isinstance(args[i + 1], str):
+            paths.append(args[i + 1])
+        elif arg.startswith("--config="):
+            paths.append(arg.split("=", 1)[1])
+    for raw in paths:
+        path = Path(raw)
+        if not path.is_file():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"--config {raw} cannot be read ({type(err).__name__}: {err}); pass a UTF-8 YAML file")
+        try:
+            node = yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.MarkedYAMLError as err:
+            mark = err.problem_mark or err.context_mark
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = " ".join(str(err.problem or err.context or "invalid syntax").split())
+            raise ConfigError(f"--config {raw} is not valid YAML{where}: {problem}; fix that line") from None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"--config {raw} is not valid YAML: {' '.join(str(err).split())}") from None
+        if node is None:
+            raise ConfigError(
+                f"--config {raw} is empty; give it the keys of a config (e.g. copy configs/coqe/regression.yaml) "
+                "or drop it"
+            )
+        if not isinstance(node, yaml.MappingNode):
+            raise ConfigError(
+                f"--config {raw} holds a YAML {node.id} at its top level, not a mapping of keys "
+                "(model:, data:, trainer: ...); see configs/ for examples"
+            )
+
+
+def check_ckpt_path(ckpt_path: str | None) -> dict[str, Any] | None:
+    """Refuse a ``ckpt_path`` that is neither a special value nor an existing Lightning checkpoint.
+
+    Returns the loaded checkpoint (on the CPU, tensors only) for a file, ``None`` for a special value.
+    """
     if ckpt_path is None or ckpt_path in SPECIAL_CKPT_PATHS or str(ckpt_path).startswith("registry"):
-        return
+        return None
     path = Path(ckpt_path)
+    if path.is_dir():
+        raise ConfigError(
+            f"--ckpt_path {ckpt_path} is a folder, not a checkpoint file; pass a .ckpt file inside it "
+            f"(e.g. {path / 'checkpoints' / 'last.ckpt'} for a run folder)"
+        )
     if not path.is_file():
         raise ConfigError(
             f"--ckpt_path {ckpt_path} does not exist; pass an existing .ckpt file, or 'last' to resume the "
@@ -181,6 +268,186 @@ def check_ckpt_path(ckpt_path: str | None) -> None:
             f"--ckpt_path {ckpt_path} is a torch file but not a Lightning checkpoint (no 'state_dict'); "
             "pass a .ckpt written by `python -m lit_icl fit`"
         )
+    return ckpt
+
+
+def _import_class(path: Any) -> Any:
+    """The object a dotted class path names (old paths resolve through their aliases), or ``None``."""
+    if not isinstance(path, str) or "." not in path:
+        return None
+    module, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+
+
+def check_ckpt_classes(ckpt_path: Any, ckpt: dict[str, Any], config: Any) -> None:
+    """Refuse a checkpoint that another experiment wrote: its module or data class is not the config's.
+
+    LightningCLI records the classes in the checkpoint (``hyper_parameters._class_path``,
+    ``datamodule_hyper_parameters._class_path``) and would replace the config's model with the checkpoint's,
+    ending in an unrelated error much later (or, worse, running). Paths are compared as the classes they name,
+    so a checkpoint written before a module moved (an aliased old path) still loads.
+    """
+    pairs = []
+    for what, ckpt_key, config_key in (("module", "hyper_parameters", "model"), ("data", "datamodule_hyper_parameters", "data")):
+        saved = (ckpt.get(ckpt_key) or {}).get("_class_path") if isinstance(ckpt.get(ckpt_key), dict) else None
+        wanted = getattr(config.get(config_key), "class_path", None) if config.get(config_key) is not None else None
+        if saved is None or wanted is None:
+            continue
+        saved_cls, wanted_cls = _import_class(saved), _import_class(wanted)
+        same = saved_cls is wanted_cls if saved_cls is not None and wanted_cls is not None else saved == wanted
+        pairs.append((what, saved, wanted, same))
+    if all(same for *_, same in pairs):
+        return
+    written = " with ".join(saved for _, saved, _, _ in pairs)
+    built = " with ".join(wanted for _, _, wanted, _ in pairs)
+    run_config = Path(ckpt_path).resolve().parent.parent / "config.yaml"
+    fix = (f"test it with --config {quote(run_config)}" if run_config.is_file()
+           else "pass the config of the experiment that wrote it")
+    raise ConfigError(
+        f"--ckpt_path {ckpt_path} was written by another experiment ({written}), but this config builds {built}; "
+        f"{fix}, or a checkpoint of this config"
+    )
+
+
+def quote(path: Any) -> str:
+    """A path as it can be pasted into a shell."""
+    import shlex
+
+    return shlex.quote(str(path))
+
+
+def _logger_root(config: Any) -> Path | None:
+    """``save_dir/name`` of the run's (first) logger, or ``None`` when there is none to read."""
+    logger = config.trainer.get("logger") if config.get("trainer") is not None else None
+    if isinstance(logger, list):
+        logger = logger[0] if logger else None
+    if logger is None or isinstance(logger, bool) or not hasattr(logger, "init_args"):
+        return None
+    init = logger.init_args
+    return Path(init.get("save_dir") or ".") / (init.get("name") or "lightning_logs")
+
+
+def _newest_run_with_last(root: Path) -> Path | None:
+    """The ``version_N`` folder under ``root`` with the largest N that holds ``checkpoints/last.ckpt``."""
+    candidates = []
+    for run in root.glob("version_*"):
+        match = re.fullmatch(r"version_(\d+)", run.name)
+        if match and (run / "checkpoints" / "last.ckpt").is_file():
+            candidates.append((int(match.group(1)), run))
+    return max(candidates)[1] if candidates else None
+
+
+def _where_last(config: Any) -> tuple[Path | None, str]:
+    """The ``last.ckpt`` a ``--ckpt_path last`` of this config means (``None`` if there is none), and where
+    it was looked for (for the error). ``(None, "")`` when the CLI cannot tell (no logger to read)."""
+    dirpath = config.checkpoint.get("dirpath") if config.get("checkpoint") is not None else None
+    if dirpath:
+        path = Path(dirpath) / "last.ckpt"
+        return (path if path.is_file() else None), str(path)
+    root = _logger_root(config)
+    if root is None:
+        return None, ""
+    version = config.trainer.logger.init_args.get("version") if not isinstance(config.trainer.logger, list) else None
+    if version is not None:
+        run = root / (version if isinstance(version, str) else f"version_{version}")
+        path = run / "checkpoints" / "last.ckpt"
+        return (path if path.is_file() else None), str(path)
+    run = _newest_run_with_last(root)
+    return (run / "checkpoints" / "last.ckpt" if run is not None else None), str(root / "version_*/checkpoints/last.ckpt")
+
+
+def resolve_ckpt_path(subcommand: str, config: Any) -> Any:
+    """``--ckpt_path last`` / ``best`` of a fresh CLI process, resolved against this config's earlier runs.
+
+    Lightning resolves both from the checkpoint callback of the *running* trainer, which in a new process has
+    saved nothing: ``last`` would silently start from scratch (and ``test`` score an untrained model), ``best``
+    fails with an unrelated error. Here:
+
+    - ``last`` with no earlier run is an error that says where it looked; ``fit`` keeps ``last`` (the logger is
+      pinned to that run's folder, :func:`pin_logger_version_for_resume`, so it resumes in place), other
+      subcommands get the file's path (their results go to a new folder, as with an explicit path);
+    - ``best`` is the best checkpoint that the newest run's checkpoint callback recorded in its ``last.ckpt``,
+      an error when there is none.
+    """
+    ckpt_path = config.get("ckpt_path")
+    if ckpt_path not in ("last", "best"):
+        return ckpt_path
+    last, looked = _where_last(config)
+    if not looked:  # no logger and no checkpoint dirpath: leave it to Lightning
+        return ckpt_path
+    if ckpt_path == "last":
+        if last is None:
+            fix = ("drop --ckpt_path to start a fresh run" if subcommand == "fit"
+                   else "run `python -m lit_icl fit` with this config first")
+            raise ConfigError(
+                f"--ckpt_path last: no earlier run of this config (looked for {looked}); {fix}, or pass a .ckpt file"
+            )
+        return ckpt_path if subcommand == "fit" else str(last)
+    best = _best_recorded(last) if last is not None else None
+    if best is None:
+        raise ConfigError(
+            f"--ckpt_path best: no best checkpoint of this config (looked for the checkpoint callback's best path "
+            f"in {looked}); run fit first, or pass a .ckpt file"
+        )
+    return str(best)
+
+
+def _best_recorded(last: Path) -> Path | None:
+    """The existing ``best_model_path`` a ``ModelCheckpoint`` recorded in the checkpoint ``last``, if any."""
+    try:
+        ckpt = torch.load(last, map_location="cpu", weights_only=True)
+    except Exception:  # noqa: BLE001 - an unreadable last.ckpt has no best path to offer
+        return None
+    states = ckpt.get("callbacks") if isinstance(ckpt, dict) else None
+    for key, state in (states or {}).items():
+        if str(key).startswith("ModelCheckpoint") and isinstance(state, dict) and state.get("best_model_path"):
+            path = Path(state["best_model_path"])
+            for candidate in (path, last.parent / path.name):  # the run folder may have moved since
+                if candidate.is_file():
+                    return candidate
+    return None
+
+
+def trainer_error_message(err: BaseException) -> str:
+    """One line from Lightning's error about a trainer flag, with a pointer to the flags."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    text = re.sub(r" Find a complete list of options in our documentation at \S+", "", text)
+    hint = "fix that --trainer option (python -m lit_icl fit --help lists them)"
+    if re.search(r"backend|can ?not run|not available|no (gpu|cuda|mps|tpu)", text, re.IGNORECASE):
+        hint = "use --trainer.accelerator auto (what this machine has) or cpu"
+    if text.endswith(".") and not text.endswith(".."):
+        text = text[:-1]
+    return f"invalid trainer configuration: {text}; {hint}"
+
+
+def check_output_writable(trainer: Trainer) -> None:
+    """Refuse output folders that cannot be created or written (read-only, or under a file), before the run
+    creates them; Lightning would fail with a ``PermissionError`` after it has started."""
+    folders: list[tuple[str, Any]] = []
+    for logger in trainer.loggers:
+        folders.append(("--trainer.logger.init_args.save_dir", getattr(logger, "save_dir", None)))
+    for cb in trainer.callbacks:
+        if isinstance(cb, ModelCheckpoint):
+            folders.append(("--checkpoint.dirpath", cb.dirpath))
+    if not trainer.loggers:  # with a logger, Lightning writes under the logger's folder instead
+        folders.append(("--trainer.default_root_dir", trainer.default_root_dir))
+    for option, folder in folders:
+        if not folder or "://" in str(folder):  # remote file systems are checked by their own client
+            continue
+        path = Path(folder).absolute()
+        existing = path
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            raise ConfigError(f"{option} {folder}: {existing} is a file, not a folder; choose another folder")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise ConfigError(
+                f"{option} {folder}: {existing} is not writable; choose a folder you can write to "
+                f"(e.g. {option} runs)"
+            )
 
 
 def pin_logger_version_for_resume(config: Any) -> None:
@@ -192,22 +459,16 @@ def pin_logger_version_for_resume(config: Any) -> None:
     """
     if config.get("checkpoint") is not None and config.checkpoint.get("dirpath"):
         return
-    logger = config.trainer.get("logger")
-    if isinstance(logger, list):
-        logger = logger[0] if logger else None
-    if logger is None or isinstance(logger, bool) or not hasattr(logger, "init_args"):
+    root = _logger_root(config)
+    if root is None:
         return
-    init = logger.init_args
+    logger = config.trainer.logger
+    init = (logger[0] if isinstance(logger, list) else logger).init_args
     if init.get("version") is not None:
         return
-    root = Path(init.get("save_dir") or ".") / (init.get("name") or "lightning_logs")
-    candidates = []
-    for run in root.glob("version_*"):
-        match = re.fullmatch(r"version_(\d+)", run.name)
-        if match and (run / "checkpoints" / "last.ckpt").is_file():
-            candidates.append((int(match.group(1)), run.name))
-    if candidates:
-        init.version = max(candidates)[1]
+    run = _newest_run_with_last(root)
+    if run is not None:
+        init.version = run.name
 
 
 def main(args: ArgsType = None) -> None:

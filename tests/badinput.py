@@ -2,7 +2,7 @@
 
 A paper adds its own table of rows ``(config, extra CLI args, expected message substring)`` in its own test
 file (``tests/icssl/test_bad_input.py``, ``tests/coqe/omniglot/test_cli.py`` ...; the paper-agnostic rows are in
-``tests/test_cli.py``) and runs each row through
+``tests/test_cli.py`` and ``tests/test_bad_input_cli.py``) and runs each row through
 ``assert_rejected``. Rows must fail while parsing or constructing (no training), so a table stays fast.
 """
 
@@ -21,8 +21,10 @@ def assert_rejected(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: li
     """``lit_icl.cli.main(args)`` exits with status 2 and one ``lit_icl: error:`` line containing ``needle``.
 
     ``args`` is the full command line after ``python -m lit_icl`` (subcommand first) and must log under
-    ``tmp_path / "runs"``; nothing may be written there. Returns the error line.
+    ``tmp_path / "runs"``; nothing may be written anywhere under ``tmp_path`` (inputs a test put there before
+    the call stay as they were). Returns the error line.
     """
+    before = _tree(tmp_path)
     with pytest.raises(SystemExit) as info:
         main(args)
     assert info.value.code == 2, f"exit status {info.value.code}, expected 2"
@@ -31,4 +33,12 @@ def assert_rejected(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: li
     assert len(lines) == 1, f"expected exactly one '{ERROR_PREFIX}' line, got:\n{err}"
     assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
     assert not (tmp_path / "runs").exists(), "nothing may be written before the input is checked"
+    assert "Traceback" not in err, f"a traceback was printed:\n{err}"
+    created = sorted(set(_tree(tmp_path)) - set(before))
+    assert not created, f"files or folders were created before the input was refused: {created}"
     return lines[0]
+
+
+def _tree(root: Path) -> list[str]:
+    """Every path under ``root`` (files and folders), relative to it."""
+    return [str(p.relative_to(root)) for p in root.rglob("*")] if root.exists() else []

@@ -1,5 +1,7 @@
 """Paper-agnostic CLI behaviour: bad command lines (parser, ``--config``, ``--ckpt_path``) are one
-``lit_icl: error:`` line, exit status 2, and write nothing. A paper's own CLI tests are in tests/<paper>/."""
+``lit_icl: error:`` line, exit status 2, and write nothing. Non-finite values, trainer flags, output folders,
+malformed YAML, ``--ckpt_path last|best`` and checkpoints of another experiment are in
+tests/test_bad_input_cli.py; a paper's own CLI tests are in tests/<paper>/."""
 
 from __future__ import annotations
 

@@ -25,3 +25,13 @@ def run_command(body: Callable[[], Path]) -> int:
         return 2
     print(f"wrote {path}")
     return 0
+
+
+class TrainingDiverged(ConfigError):
+    """A training run whose loss or weights stopped being finite (``lit_icl.callbacks.finite.FiniteGuard``).
+
+    Unlike other :class:`ConfigError` s it is raised during training, after the run folder exists; it is one
+    so that the CLI prints it the same way (one line, exit status 2). The guard raises it before a checkpoint
+    with non-finite weights is written; its message names the step and what to change (usually the learning
+    rate).
+    """

@@ -26,6 +26,7 @@ from lit_icl.core.errors import ConfigError
 
 __all__ = [
     "check_choice",
+    "check_finite_tree",
     "check_fraction",
     "check_int",
     "check_nonempty",
@@ -187,6 +188,43 @@ def check_pair_ordered(
         ):
             raise ConfigError(f"{name}=({a}, {b}): both ends must lie in {bounds}")
     return float(a), float(b)
+
+
+def non_finite_entries(tree: Any, prefix: str = "") -> list[tuple[str, float]]:
+    """Every float in a nested config that is ``nan`` or ``±inf``, as ``(dotted key, value)`` in tree order.
+
+    ``tree`` is what a parser returns: mappings (dicts, jsonargparse ``Namespace`` s, read through ``vars``),
+    lists and tuples (an index becomes ``key[i]``), and scalars. Keys are joined with dots as on the command
+    line (``model.init_args.net.init_args.width``).
+    """
+    out: list[tuple[str, float]] = []
+    if isinstance(tree, float):
+        if not math.isfinite(tree):
+            out.append((prefix, tree))
+    elif isinstance(tree, dict) or type(tree).__name__ == "Namespace":  # jsonargparse's, without importing it
+        items = tree.items() if isinstance(tree, dict) else vars(tree).items()
+        for key, value in items:
+            out.extend(non_finite_entries(value, f"{prefix}.{key}" if prefix else str(key)))
+    elif isinstance(tree, (list, tuple)):
+        for i, value in enumerate(tree):
+            out.extend(non_finite_entries(value, f"{prefix}[{i}]"))
+    return out
+
+
+def check_finite_tree(tree: Any, prefix: str = "") -> None:
+    """Refuse a config that holds a non-finite float anywhere (``.nan`` / ``.inf`` in YAML, ``nan`` in a list).
+
+    One shared check after parsing, so no constructor's range check has to remember that ``nan`` compares false
+    with everything (``nan <= 1`` and ``nan >= 0`` are both false, and ``not (x > 0)`` style checks let it pass).
+    """
+    bad = non_finite_entries(tree, prefix)
+    if bad:
+        key, value = bad[0]
+        more = f" (and {len(bad) - 1} more: {', '.join(k for k, _ in bad[1:4])})" if len(bad) > 1 else ""
+        raise ConfigError(
+            f"{key}={value} is not a finite number{more}; give a finite value (YAML's .nan/.inf and nan/inf are "
+            "refused in every config)"
+        )
 
 
 def check_run_config(trainer: Any, model: Any, datamodule: Any) -> None:

@@ -1,0 +1,216 @@
+"""Paper-agnostic bad input of issue 30, through ``python -m lit_icl``: non-finite config values, trainer flags
+Lightning refuses, output folders that cannot be written, malformed or empty YAML, ``--ckpt_path last|best``
+with nothing to resume, checkpoints of another experiment, and a run whose loss stops being finite.
+
+Every row of the table is one ``lit_icl: error:`` line, exit status 2, no traceback and no file created
+(:func:`badinput.assert_rejected`); the rows fail before training, on a tiny CoQE regression config. The
+training tests at the end run a few steps each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from badinput import ERROR_PREFIX, assert_rejected
+from coqe.regression.helpers import overlay, reg_args
+
+from lit_icl.callbacks.finite import FiniteGuard
+from lit_icl.cli import main
+from lit_icl.core.errors import TrainingDiverged
+
+CONFIG = overlay("cpu")
+
+#: YAML files a row may pass with ``--config {inputs}/<name>``.
+YAML_INPUTS = {
+    "nan_lr.yaml": "model:\n  init_args:\n    lr: .nan\n",
+    "inf_clip.yaml": "trainer:\n  gradient_clip_val: .inf\n",
+    "nan_in_list.yaml": "trainer:\n  limit_train_batches: -.inf\n",
+    "malformed.yaml": "trainer:\n  max_steps: 3\n model: [\n",
+    "tab.yaml": "trainer:\n\tmax_steps: 3\n",
+    "empty.yaml": "",
+    "comments_only.yaml": "# nothing but a comment\n",
+    "list.yaml": "- model\n- data\n",
+}
+
+#: (subcommand, extra args, needle); ``{inputs}`` becomes the folder holding YAML_INPUTS, ``{tmp}`` tmp_path.
+ROWS: list[tuple[str, list[str], str]] = [
+    # non-finite config values (YAML and command line)
+    ("fit", ["--config", "{inputs}/nan_lr.yaml"], "model.init_args.lr=nan is not a finite number"),
+    ("test", ["--config", "{inputs}/nan_lr.yaml"], "model.init_args.lr=nan is not a finite number"),
+    ("fit", ["--config", "{inputs}/inf_clip.yaml"], "trainer.gradient_clip_val=inf is not a finite number"),
+    ("fit", ["--config", "{inputs}/nan_in_list.yaml"], "trainer.limit_train_batches=-inf is not a finite number"),
+    ("fit", ["--model.init_args.lr", "nan"], "--model.init_args.lr: Expected a <class 'float'>. Got value: nan"),
+    ("fit", ["--model.init_args.lr", "inf"], "--model.init_args.lr: Expected a <class 'float'>. Got value: inf"),
+    # trainer flags Lightning refuses
+    ("fit", ["--trainer.devices", "0"], "invalid trainer configuration: `Trainer(devices='0')`"),
+    ("fit", ["--trainer.num_nodes", "0"], "`num_nodes` must be a positive integer, but got 0"),
+    ("fit", ["--trainer.strategy", "nonsense"], "invalid strategy name: `strategy='nonsense'`"),
+    ("fit", ["--trainer.max_steps", "-5"], "`max_steps` must be a non-negative integer or -1"),
+    ("fit", ["--trainer.limit_val_batches", "-1"], "invalid value -1 for limit_val_batches"),
+    ("test", ["--trainer.limit_test_batches", "-1"], "invalid value -1 for limit_test_batches"),
+    # output folders that cannot be created
+    ("fit", ["--trainer.logger.init_args.save_dir", "{inputs}/empty.yaml/runs"], "is a file, not a folder"),
+    ("test", ["--trainer.logger.init_args.save_dir", "{inputs}/empty.yaml/runs"], "is a file, not a folder"),
+    # malformed, empty and non-mapping config files: named, with the line
+    ("fit", ["--config", "{inputs}/malformed.yaml"], "malformed.yaml is not valid YAML at line 3, column 2"),
+    ("fit", ["--config", "{inputs}/tab.yaml"], "tab.yaml is not valid YAML at line 2"),
+    ("fit", ["--config", "{inputs}/empty.yaml"], "empty.yaml is empty"),
+    ("test", ["--config", "{inputs}/comments_only.yaml"], "comments_only.yaml is empty"),
+    ("fit", ["--config={inputs}/list.yaml"], "list.yaml holds a YAML sequence at its top level"),
+    # --ckpt_path with nothing behind it
+    ("fit", ["--ckpt_path", "last"], "--ckpt_path last: no earlier run of this config (looked for {tmp}/runs/tiny"),
+    ("test", ["--ckpt_path", "last"], "--ckpt_path last: no earlier run of this config"),
+    ("validate", ["--ckpt_path", "last"], "--ckpt_path last: no earlier run of this config"),
+    ("fit", ["--ckpt_path", "best"], "--ckpt_path best: no best checkpoint of this config"),
+    ("test", ["--ckpt_path", "best"], "--ckpt_path best: no best checkpoint of this config"),
+    ("fit", ["--ckpt_path", "last", "--trainer.logger.init_args.version", "3"], "looked for {tmp}/runs/tiny/version_3"),
+    ("fit", ["--ckpt_path", "last", "--checkpoint.dirpath", "{tmp}/ck"], "looked for {tmp}/ck/last.ckpt"),
+    ("test", ["--ckpt_path", "{inputs}"], "is a folder, not a checkpoint file"),
+    ("test", ["--ckpt_path", "{inputs}/other_experiment.ckpt"], "was written by another experiment"),
+    ("fit", ["--ckpt_path", "{inputs}/other_data.ckpt"], "lit_icl.mmca.LatentFactorDataModule"),
+]
+if not torch.cuda.is_available():
+    ROWS.append(("fit", ["--trainer.accelerator", "gpu"], "use --trainer.accelerator auto"))
+
+
+def _fake_ckpt(path: Path, module: str, data: str) -> None:
+    """A Lightning-shaped checkpoint whose recorded classes are ``module`` and ``data`` (no weights needed:
+    the class check comes first)."""
+    torch.save({"state_dict": {}, "hyper_parameters": {"_class_path": module, "lr": 1e-3},
+                "datamodule_hyper_parameters": {"_class_path": data}}, path)
+
+
+@pytest.fixture
+def inputs(tmp_path: Path) -> Path:
+    folder = tmp_path / "inputs"
+    folder.mkdir()
+    for name, text in YAML_INPUTS.items():
+        (folder / name).write_text(text)
+    _fake_ckpt(folder / "other_experiment.ckpt", "lit_icl.mmca.LatentFactorICLModule", "lit_icl.mmca.LatentFactorDataModule")
+    _fake_ckpt(folder / "other_data.ckpt", "lit_icl.coqe.CoQERegressionModule", "lit_icl.mmca.LatentFactorDataModule")
+    return folder
+
+
+def _fill(items: list[str], inputs: Path, tmp_path: Path) -> list[str]:
+    return [a.replace("{inputs}", str(inputs)).replace("{tmp}", str(tmp_path)) for a in items]
+
+
+@pytest.mark.parametrize(("sub", "extra", "needle"), ROWS, ids=[f"{r[0]}:{' '.join(r[1])[:50]}" for r in ROWS])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, inputs, sub, extra, needle) -> None:
+    args = [sub, *reg_args(tmp_path, CONFIG), *_fill(extra, inputs, tmp_path)]
+    assert_rejected(tmp_path, capsys, args, _fill([needle], inputs, tmp_path)[0])
+
+
+def test_a_read_only_output_folder_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch) -> None:
+    """``os.access`` says what a non-root user would hear (the tests may run as root, who may write anywhere)."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p) == locked else real_access(p, mode, **kw))
+    line = assert_rejected(tmp_path, capsys, ["fit", *reg_args(tmp_path, CONFIG),
+                                              "--trainer.logger.init_args.save_dir", str(locked / "runs")],
+                           f"--trainer.logger.init_args.save_dir {locked / 'runs'}: {locked} is not writable")
+    assert "choose a folder you can write to" in line
+
+
+def test_a_checkpoint_of_another_experiment_names_both_and_the_config_that_wrote_it(tmp_path, capsys, inputs) -> None:
+    run = tmp_path / "old" / "version_0"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("# the config of the run that wrote it\n")
+    _fake_ckpt(run / "checkpoints" / "last.ckpt", "lit_icl.mmca.LatentFactorICLModule",
+               "lit_icl.mmca.LatentFactorDataModule")
+    line = assert_rejected(tmp_path, capsys, ["test", *reg_args(tmp_path, CONFIG), "--ckpt_path",
+                                              str(run / "checkpoints" / "last.ckpt")], "another experiment")
+    assert "(lit_icl.mmca.LatentFactorICLModule with lit_icl.mmca.LatentFactorDataModule)" in line
+    assert "this config builds lit_icl.coqe.CoQERegressionModule with lit_icl.coqe.RegressionDataModule" in line
+    assert f"--config {run / 'config.yaml'}" in line
+
+
+def test_an_old_class_path_of_the_same_class_is_not_another_experiment(tmp_path) -> None:
+    """Checkpoints written before a module moved record its old (aliased) path; the check compares classes."""
+    from jsonargparse import Namespace
+
+    from lit_icl.cli import check_ckpt_classes
+
+    ckpt = {"hyper_parameters": {"_class_path": "lit_icl.coqe.regression_module.CoQERegressionModule"},
+            "datamodule_hyper_parameters": {"_class_path": "lit_icl.coqe.regression_data.RegressionDataModule"}}
+    config = Namespace(model=Namespace(class_path="lit_icl.coqe.CoQERegressionModule"),
+                       data=Namespace(class_path="lit_icl.coqe.RegressionDataModule"))
+    check_ckpt_classes(tmp_path / "x.ckpt", ckpt, config)  # no error
+
+
+# ------------------------------------------------------------------ runs that train
+def test_a_non_finite_loss_stops_the_run_naming_the_step_before_any_checkpoint(tmp_path, capsys) -> None:
+    """Adam with lr 1e30 moves every weight by ~1e30 in the first step; the second loss overflows to inf/nan.
+    The guard stops the run there, before the end of the first epoch (2 batches) saves a checkpoint."""
+    with pytest.raises(SystemExit) as info:
+        main(["fit", *reg_args(tmp_path, CONFIG), "--model.init_args.lr", "1e30"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith(ERROR_PREFIX)]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"{ERROR_PREFIX} training loss is ") and " at step 1 (epoch 0, batch 1)" in lines[0]
+    assert "--model.init_args.lr" in lines[0]
+    assert not list((tmp_path / "runs").rglob("*.ckpt")), "no checkpoint may be written after a non-finite loss"
+
+
+def test_a_deferred_loss_check_names_the_first_non_finite_step_before_the_epoch_checkpoint(tmp_path, capsys,
+                                                                                          monkeypatch) -> None:
+    """On an accelerator the guard reads the losses every ``sync_every`` batches and before every checkpoint;
+    forced onto that path on the CPU, it still names step 1 and stops before the epoch's checkpoint."""
+    monkeypatch.setattr(FiniteGuard, "_defers", staticmethod(lambda device: True))
+    with pytest.raises(SystemExit):
+        main(["fit", *reg_args(tmp_path, CONFIG), "--model.init_args.lr", "1e30"])
+    (line,) = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith(ERROR_PREFIX)]
+    assert " at step 1 (epoch 0, batch 1)" in line
+    assert not list((tmp_path / "runs").rglob("*.ckpt"))
+
+
+def test_non_finite_weights_stop_the_run_before_a_checkpoint_is_saved(tmp_path) -> None:
+    """A finite loss with non-finite gradients (so non-finite weights) is caught before the checkpoint."""
+    from lightning.pytorch import LightningModule, Trainer
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    class PoisonedGrads(LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).pow(2).mean()
+
+        def on_after_backward(self) -> None:
+            if self.trainer.global_step == 1:  # the epoch's last batch: the next loss would come after the save
+                self.layer.weight.grad.fill_(float("nan"))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(4, 2)), batch_size=2)
+    trainer = Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, default_root_dir=tmp_path,
+                      callbacks=[FiniteGuard(), ModelCheckpoint(dirpath=tmp_path / "ck", save_last=True)])
+    with pytest.raises(TrainingDiverged, match=r"weights became non-finite by step 2 \(layer.weight\)"):
+        trainer.fit(PoisonedGrads(), data)
+    assert not (tmp_path / "ck").exists() or not list((tmp_path / "ck").iterdir())
+
+
+def test_last_and_best_resolve_to_the_newest_run_of_the_config(tmp_path) -> None:
+    """After a fit, ``test --ckpt_path last|best`` test that run's checkpoints (a fresh process's Lightning
+    would find neither); every run has the guard, which adds nothing to the checkpoint."""
+    args = reg_args(tmp_path, CONFIG)
+    main(["fit", *args])
+    ckpts = tmp_path / "runs/tiny/version_0/checkpoints"
+    saved = torch.load(ckpts / "last.ckpt", map_location="cpu", weights_only=True)
+    assert not any("FiniteGuard" in key for key in saved["callbacks"])
+    main(["test", *args, "--ckpt_path", "last"])
+    meta = json.loads((tmp_path / "runs/tiny/version_1/results.json").read_text())["meta"]
+    assert Path(meta["checkpoint"]) == ckpts / "last.ckpt"
+    main(["test", *args, "--ckpt_path", "best"])
+    meta = json.loads((tmp_path / "runs/tiny/version_2/results.json").read_text())["meta"]
+    (best,) = [p for p in ckpts.iterdir() if p.name != "last.ckpt"]
+    assert Path(meta["checkpoint"]) == best
