@@ -44,8 +44,10 @@ def main(argv: list[str] | None = None) -> None:
     runs = {label: curves(Path(folder)) for label, _, folder in (r.partition("=") for r in args.runs)}
     for label, by_tag in runs.items():
         for tag, points in by_tag.items():
-            shown = [(s, v) for i, (s, v) in enumerate(points) if i == len(points) - 1 or (s + 1) % args.every == 0]
-            print(f"{label:>20} {tag:12} " + "  ".join(f"{s + 1}:{v:.3f}" for s, v in shown))
+            # the last validation in each block of `every` steps, and the final one
+            shown = [(s, v) for i, (s, v) in enumerate(points)
+                     if i == len(points) - 1 or s // args.every < points[i + 1][0] // args.every]
+            print(f"{label:>20} {tag:12} " + "  ".join(f"{s}:{v:.3f}" for s, v in shown))
     if args.fig:
         fig = Figure(figsize=(9, 3.2), layout="constrained")
         axes = fig.subplots(1, len(TAGS))

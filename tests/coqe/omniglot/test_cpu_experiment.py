@@ -47,3 +47,23 @@ def test_collect_and_table_average_over_seeds(driver, tmp_path) -> None:
     assert "CoQE seed 1 (0.800, 0.700): not dominated" in text
     driver.figure(found, tmp_path / "fig.png")  # no curves in the fake runs: empty panels, still a figure
     assert (tmp_path / "fig.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_transformer_curves_reads_tensorboard_and_draws(tmp_path, capsys) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    spec = importlib.util.spec_from_file_location("coqe_transformer_curves", SCRIPT.with_name("coqe_transformer_curves.py"))
+    curves = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(curves)
+    run = tmp_path / "run"
+    with SummaryWriter(run) as w:
+        for step in (249, 499, 999, 1999):
+            w.add_scalar("val/acc/icl", 0.5 + step / 10_000, step)
+            w.add_scalar("val/acc/iwl", 0.1, step)
+    got = curves.curves(run)
+    assert [s for s, _ in got["val/acc/icl"]] == [249, 499, 999, 1999]
+    assert abs(got["val/acc/icl"][-1][1] - 0.6999) < 1e-6
+    curves.main([f"tiny={run}", "--every", "1000", "--fig", str(tmp_path / "f.png")])
+    out = capsys.readouterr().out
+    assert "999:0.600" in out and "1999:0.700" in out and "499:" not in out  # the last of each block of 1000
+    assert (tmp_path / "f.png").stat().st_size > 1000
