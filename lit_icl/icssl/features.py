@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import pickle
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,8 +44,10 @@ from lit_icl.core.validation import (
     check_fraction,
     check_int,
     check_literal,
+    check_nonempty,
     check_nonnegative,
     check_pair_ordered,
+    check_unique,
 )
 from lit_icl.icssl.data import LabeledSubset, check_label_ratios, labeled_count
 
@@ -62,16 +65,62 @@ FeatureNormalization = Literal["l2", "standard", "none"]
 
 
 def load_features(path: str | Path) -> dict:
-    """Read a feature file, or stop with one line saying how to make one."""
+    """Read and check a feature file, or stop with one line naming it and what is wrong (or how to make one).
+
+    Checked before anything uses it, so a broken file never reaches training: readable by ``torch.load`` (an
+    empty, truncated or foreign file otherwise ends in ``EOFError`` / ``RuntimeError`` / ``KeyError``
+    tracebacks), a dict of tensors, ``features`` a non-empty ``(N, D)`` tensor of finite numbers (a NaN row
+    would train NaN weights) and ``labels`` ``(N,)`` integers.
+    """
     path = Path(path)
     if not path.is_file():
         raise ConfigError(
             f"no feature file at {path}: extract one from an ImageFolder with `python -m lit_icl.icssl.features "
             f"extract --images DIR --out {path}`, or build the offline stand-in with `{STANDIN_COMMAND.format(path=path)}`"
         )
-    data = torch.load(path, weights_only=True)
-    if not {"features", "labels"} <= set(data) or data["features"].shape[0] != data["labels"].shape[0]:
-        raise ConfigError(f"{path} is not a feature file (needs matching 'features' (N, D) and 'labels' (N,))")
+    remake = f"re-extract it, or rebuild the stand-in with `{STANDIN_COMMAND.format(path=path)}`"
+    if path.stat().st_size == 0:
+        raise ConfigError(f"feature file {path} is empty; {remake}")
+    try:
+        data = torch.load(path, weights_only=True)
+    except Exception as err:  # noqa: BLE001 - a corrupt file raises EOFError, RuntimeError, KeyError, ...
+        if isinstance(err, pickle.UnpicklingError) and "Unsupported global" in str(err):
+            global_name = str(err).split("Unsupported global: GLOBAL ", 1)[-1].split(" ", 1)[0]
+            raise ConfigError(
+                f"feature file {path} holds a {global_name} object, not only tensors, numbers, strings, lists and "
+                f"dicts (numpy arrays?); save torch tensors, or {remake}"
+            ) from None
+        # The first sentence of torch's message; for the weights-only unpickler the line that says what it met
+        # (its first lines are advice on ``weights_only``, which does not apply to a broken file).
+        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+        why = next((ln for ln in lines if ln.startswith("Unsupported")), lines[0] if lines else "")
+        why = why.split(". ", 1)[0][:120]
+        raise ConfigError(
+            f"cannot read feature file {path} (truncated or not a torch.save file: {type(err).__name__}"
+            f"{': ' + why if why else ''}); {remake}"
+        ) from None
+    shape = "a dict with 'features' (N, D) and 'labels' (N,) tensors"
+    if not isinstance(data, dict) or not {"features", "labels"} <= set(data):
+        got = sorted(map(str, data)) if isinstance(data, dict) else type(data).__name__
+        raise ConfigError(f"{path} is not a feature file: it holds {got}, not {shape}")
+    feats, labels = data["features"], data["labels"]
+    if not isinstance(feats, Tensor) or not isinstance(labels, Tensor):
+        raise ConfigError(f"{path} is not a feature file: 'features' is {type(feats).__name__} and 'labels' "
+                          f"{type(labels).__name__}, not {shape}")
+    if feats.dim() != 2 or labels.dim() != 1 or feats.shape[0] != labels.shape[0] or feats.numel() == 0:
+        raise ConfigError(f"{path} is not a feature file: 'features' {tuple(feats.shape)} and 'labels' "
+                          f"{tuple(labels.shape)}, not matching non-empty (N, D) and (N,)")
+    if feats.is_complex() or feats.dtype == torch.bool:
+        raise ConfigError(f"{path}: 'features' are {feats.dtype}; they must be real numbers")
+    if labels.is_floating_point() and not (torch.isfinite(labels).all() and (labels == labels.round()).all()):
+        raise ConfigError(f"{path}: 'labels' must be integer class ids, not {labels.dtype} fractions or NaN")
+    bad = ~torch.isfinite(feats.float()).all(dim=1)
+    if bad.any():
+        rows = bad.nonzero().flatten()
+        raise ConfigError(
+            f"{path}: {rows.numel()} of {feats.shape[0]} feature rows hold NaN or inf (first: row {int(rows[0])}); "
+            "drop those rows or re-extract the features"
+        )
     return data
 
 
@@ -304,6 +353,9 @@ class FeatureEpisodeDataModule(LightningDataModule):
         check_literal("labeled_subset", labeled_subset, LabeledSubset)
         lo, hi = check_pair_ordered("train_label_ratio", train_label_ratio)
         check_label_ratios([lo, hi], 2 * per_class)
+        # As ManifoldDataModule: an empty list would leave the module to fall back to its default ratios.
+        eval_label_ratios = check_nonempty("eval_label_ratios", eval_label_ratios, example="[0.1, 0.25, 0.5]")
+        check_unique("eval_label_ratios", eval_label_ratios)
         check_label_ratios(eval_label_ratios, 2 * per_class)
         check_int("data_seed", data_seed)
         check_nonnegative("num_workers", num_workers, integer=True)

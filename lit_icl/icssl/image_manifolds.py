@@ -23,13 +23,16 @@ Two ways to fill ``ROOT``:
   decoded without classifier guidance at 512 x 512.
 
 The decoded frames are cached beside the folders (``ROOT/.frames_32px.pt``), rebuilt when the folder list
-changes.
+changes. The data module writes that cache only once a run has passed every check (in ``setup``), so a refused
+run leaves the data folder as it was; a read-only data folder is read as usual and its frames kept in memory.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
 import pickle
 import sys
 from collections.abc import Sequence
@@ -47,9 +50,11 @@ from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import (
     check_int,
     check_literal,
+    check_nonempty,
     check_nonnegative,
     check_pair_ordered,
     check_positive,
+    check_unique,
 )
 from lit_icl.icssl.data import DEFAULT_LABEL_RATIOS, LabeledSubset, check_label_ratios, labeled_count
 
@@ -75,16 +80,24 @@ def load_frame(path: Path, image_size: int) -> Tensor:
     """App. E.3.2: ``(image_size^2,)`` grayscale intensities in [0, 1] (the pixel scale is applied later).
 
     As the paper's code: Lanczos downsampling of the RGB image, then grayscale (ITU-R 601 luma), then / 255.
-    Pillow (a matplotlib dependency) decodes; torchvision's image I/O is deprecated since 0.29.
+    Pillow (a matplotlib dependency) decodes; torchvision's image I/O is deprecated since 0.29. A file Pillow
+    cannot decode (empty, truncated, not an image) is one :class:`ConfigError` naming it.
     """
     from PIL import Image
 
-    with Image.open(path) as img:
-        img = img.convert("RGB")
-        if img.size != (image_size, image_size):
-            img = img.resize((image_size, image_size), Image.LANCZOS)
-        gray = img.convert("L")
-        pixels = torch.frombuffer(bytearray(gray.tobytes()), dtype=torch.uint8)
+    try:
+        with Image.open(path) as img:
+            img = img.convert("RGB")
+            if img.size != (image_size, image_size):
+                img = img.resize((image_size, image_size), Image.LANCZOS)
+            gray = img.convert("L")
+            pixels = torch.frombuffer(bytearray(gray.tobytes()), dtype=torch.uint8)
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+        # Pillow: UnidentifiedImageError (an OSError) for a non-image, OSError for a truncated one, SyntaxError
+        # or ValueError from some decoders for corrupt chunks.
+        why = "it is empty" if path.stat().st_size == 0 else f"{type(err).__name__}: {err}"
+        raise ConfigError(f"cannot read image-manifold frame {path} ({why}); replace the frame or remove its "
+                          "sequence folder") from None
     return pixels.float() / 255.0
 
 
@@ -96,8 +109,8 @@ def write_frame(image: Tensor, path: Path) -> None:
     Image.frombytes("L", (w, h), image.contiguous().numpy().tobytes()).save(path)
 
 
-def load_sequences(root: str | Path, image_size: int = 32) -> Tensor:
-    """All sequences as ``(S, F, image_size^2)`` float32 in [0, 1], cached in ``root/.frames_<size>px.pt``.
+def sequence_shape(root: str | Path) -> tuple[int, int]:
+    """``(sequences, frames per sequence)`` under ``root`` from the folder listing alone (no image decoded).
 
     Raises:
         ConfigError: no sequence folder, or sequences of different lengths.
@@ -110,25 +123,84 @@ def load_sequences(root: str | Path, image_size: int = 32) -> Tensor:
             f"there (ROOT/seq_0001/frame_000.png ...), or build the offline stand-in with "
             f"`{STANDIN_COMMAND.format(root=root)}`"
         )
-    names = [f"{f.name}:{len(_frames(f))}" for f in folders]
-    cache = root / f".frames_{image_size}px.pt"
-    if cache.exists():
-        try:
-            stored = torch.load(cache, weights_only=True)
-        except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as err:
-            rank_zero_info(f"lit_icl.icssl: rebuilding the unreadable frame cache {cache} ({type(err).__name__})")
-        else:
-            if isinstance(stored, dict) and stored.get("names") == names:
-                return stored["frames"]
-            rank_zero_info(f"lit_icl.icssl: the sequences under {root} changed; rebuilding {cache.name}")
     lengths = {len(_frames(f)) for f in folders}
     if len(lengths) != 1:
         raise ConfigError(
             f"image-manifold sequences under {root} have different frame counts {sorted(lengths)}; "
             "every folder must hold the same number of frames (100 in App. E.3)"
         )
-    frames = torch.stack([torch.stack([load_frame(p, image_size) for p in _frames(f)]) for f in folders])
-    torch.save({"names": names, "frames": frames}, cache)
+    return len(folders), lengths.pop()
+
+
+def _cache_path(root: Path, image_size: int) -> Path:
+    return root / f".frames_{image_size}px.pt"
+
+
+def _names(root: Path) -> list[str]:
+    """What the cache is keyed by: each sequence folder's name and frame count."""
+    return [f"{f.name}:{len(_frames(f))}" for f in sequence_folders(root)]
+
+
+def read_sequences(root: str | Path, image_size: int = 32) -> tuple[Tensor, bool]:
+    """``(frames, from_cache)``: all sequences as ``(S, F, image_size^2)`` float32 in [0, 1], from the cache in
+    ``root`` when it matches the folders, else decoded (nothing is written; see :func:`write_cache`).
+
+    Raises:
+        ConfigError: no sequence folder, sequences of different lengths, or a frame that cannot be decoded.
+    """
+    root = Path(root)
+    sequence_shape(root)
+    names = _names(root)
+    cache = _cache_path(root, image_size)
+    if cache.exists():
+        try:
+            stored = torch.load(cache, weights_only=True)
+        except (RuntimeError, EOFError, OSError, KeyError, pickle.UnpicklingError) as err:
+            rank_zero_info(f"lit_icl.icssl: rebuilding the unreadable frame cache {cache} ({type(err).__name__})")
+        else:
+            if isinstance(stored, dict) and stored.get("names") == names and isinstance(stored.get("frames"), Tensor):
+                return stored["frames"], True
+            rank_zero_info(f"lit_icl.icssl: the sequences under {root} changed; rebuilding {cache.name}")
+    frames = torch.stack([torch.stack([load_frame(p, image_size) for p in _frames(f)])
+                          for f in sequence_folders(root)])
+    return frames, False
+
+
+def write_cache(root: str | Path, image_size: int, frames: Tensor) -> Path | None:
+    """Cache decoded ``frames`` as ``root/.frames_<size>px.pt``; returns its path, or None when ``root`` is not
+    writable (read-only data: the frames stay in memory and are decoded again next run).
+
+    Written to a temporary file and renamed, so an interrupted write never leaves a truncated cache.
+    """
+    root = Path(root)
+    cache = _cache_path(root, image_size)
+    tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+    try:
+        # Opened here, not by torch.save, so a read-only folder is an OSError (PermissionError, EROFS) rather
+        # than the RuntimeError of torch's C++ file writer.
+        with open(tmp, "wb") as f:
+            torch.save({"names": _names(root), "frames": frames}, f)
+        os.replace(tmp, cache)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        rank_zero_info(f"lit_icl.icssl: not caching frames in {root} ({type(err).__name__}: {err.strerror or err}); "
+                       "they are decoded again next run")
+        return None
+    return cache
+
+
+def load_sequences(root: str | Path, image_size: int = 32) -> Tensor:
+    """All sequences as ``(S, F, image_size^2)`` float32 in [0, 1], cached in ``root/.frames_<size>px.pt``
+    (when ``root`` is writable). The data module uses :func:`read_sequences` and :func:`write_cache` instead, so
+    it can check the sizes before anything is written.
+
+    Raises:
+        ConfigError: no sequence folder, sequences of different lengths, or a frame that cannot be decoded.
+    """
+    frames, from_cache = read_sequences(root, image_size)
+    if not from_cache:
+        write_cache(root, image_size, frames)
     return frames
 
 
@@ -227,6 +299,7 @@ class ImageManifoldDataModule(LightningDataModule):
         self.labeled_range = (labeled_count(lo, n_points), labeled_count(hi, n_points))
         self.ambient_dim = image_size * image_size
         self._frames: Tensor | None = None
+        self._from_cache = False
 
     @staticmethod
     def _validate(
@@ -262,28 +335,40 @@ class ImageManifoldDataModule(LightningDataModule):
         check_int("train_batches_per_epoch", train_batches_per_epoch, minimum=1)
         lo, hi = check_pair_ordered("train_label_ratio", train_label_ratio)
         check_label_ratios([lo, hi], n_points)
+        # As ManifoldDataModule: an empty list would leave the module to fall back to its default ratios.
+        eval_label_ratios = check_nonempty("eval_label_ratios", eval_label_ratios, example="[0.1, 0.25, 0.5]")
+        check_unique("eval_label_ratios", eval_label_ratios)
         check_label_ratios(eval_label_ratios, n_points)
         check_int("data_seed", data_seed)
         check_nonnegative("num_workers", num_workers, integer=True)
         check_literal("labeled_subset", labeled_subset, LabeledSubset)
 
     def check_config(self, **_: object) -> None:
-        """Before a run: the data must be there (one line saying where it goes and how to build the stand-in)."""
+        """Before a run: the data must be there (one line saying where it goes and how to build the stand-in),
+        fit ``n_points`` and ``train_sequences``, and decode. Nothing is written here (see :meth:`setup`)."""
         self.frames()
+
+    def setup(self, stage: str) -> None:
+        """The run has passed every check: cache freshly decoded frames in the data folder (if writable)."""
+        self.frames()
+        if not self._from_cache:
+            write_cache(self.root, self.hparams.image_size, self._frames)
+            self._from_cache = True  # written, or not writable: either way not tried again
 
     def frames(self) -> Tensor:
         if self._frames is None:
-            frames = load_sequences(self.root, self.hparams.image_size)
-            if frames.shape[1] < self.n_points:
+            # Sizes from the folder listing first, so a refused run decodes nothing and writes nothing.
+            sequences, n_frames = sequence_shape(self.root)
+            if n_frames < self.n_points:
                 raise ConfigError(
-                    f"sequences under {self.root} have {frames.shape[1]} frames, fewer than n_points={self.n_points}"
+                    f"sequences under {self.root} have {n_frames} frames, fewer than n_points={self.n_points}"
                 )
-            if frames.shape[0] <= self.hparams.train_sequences:
+            if sequences <= self.hparams.train_sequences:
                 raise ConfigError(
-                    f"{self.root} holds {frames.shape[0]} sequences but train_sequences={self.hparams.train_sequences}"
+                    f"{self.root} holds {sequences} sequences but train_sequences={self.hparams.train_sequences}"
                     " leaves none to test on; lower train_sequences or add sequences"
                 )
-            self._frames = frames
+            self._frames, self._from_cache = read_sequences(self.root, self.hparams.image_size)
         return self._frames
 
     def _split(self, split: str) -> Tensor:

@@ -8,9 +8,12 @@ seconds. The paper-agnostic rows (parser, ``--ckpt_path``) are in ``tests/test_c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from badinput import assert_rejected
 from icssl.helpers import MANIFOLDS, PRODUCT, overlay, tiny_args
 
@@ -133,6 +136,10 @@ ICSSL_ROWS: list[tuple[list[str], list[str], str]] = [
     (IMAGES, [D + "pixel_scale", "0"], "pixel_scale=0.0 must be > 0"),
     (FEATURES, [D + "features", "no/such.pt"], "no feature file at no/such.pt"),
     (FEATURES, [D + "per_class", "0"], "per_class=0 must be >= 1"),
+    (IMAGES, [D + "eval_label_ratios", "[]"], "eval_label_ratios is empty"),
+    (IMAGES, [D + "eval_label_ratios", "[0.1, 0.1]"], "repeats 0.1"),
+    (FEATURES, [D + "eval_label_ratios", "[]"], "eval_label_ratios is empty"),
+    (FEATURES, [D + "eval_label_ratios", "[0.03, 0.03]"], "repeats 0.03"),
     (FEATURES, [D + "normalize", "pca"], "normalize: Expected a typing.Literal['l2', 'standard', 'none']"),
 ]
 
@@ -153,3 +160,61 @@ def _fit_args(tmp_path, config: list[str], extra: list[str]) -> list[str]:
 @pytest.mark.parametrize(("config", "extra", "needle"), ICSSL_ROWS, ids=[r[2][:40] for r in ICSSL_ROWS])
 def test_icssl_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, config, extra, needle) -> None:
     assert_rejected(tmp_path, capsys, _fit_args(tmp_path, config, extra), needle)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Broken data files: a feature file and image-manifold frames, written into tmp_path / "data"
+# ----------------------------------------------------------------------------------------------------------
+def _features(n: int = 80, dim: int = 6, classes: int = 4) -> dict:
+    labels = torch.arange(classes).repeat_interleave(n // classes)
+    return {"features": torch.randn(n, dim, generator=torch.Generator().manual_seed(0)), "labels": labels}
+
+
+def _with(**changes) -> dict:
+    return {**_features(), **changes}
+
+
+def _nan_rows() -> dict:
+    data = _features()
+    data["features"][[3, 40]] = float("nan")
+    return data
+
+
+def _truncated(path: Path) -> None:
+    torch.save(_features(), path)
+    path.write_bytes(path.read_bytes()[:300])
+
+
+#: (how the feature file is written, needle of the one error line).
+BAD_FEATURE_FILES: list[tuple[Callable[[Path], object], str]] = [
+    (lambda p: p.write_bytes(b""), "is empty"),
+    (_truncated, "truncated or not a torch.save file: RuntimeError"),
+    (lambda p: p.write_text("features,labels\n1,0\n"), "truncated or not a torch.save file"),
+    (lambda p: torch.save({"features": np.zeros((8, 2)), "labels": np.zeros(8)}, p), "(numpy arrays?)"),
+    (lambda p: torch.save([torch.zeros(8, 2)], p), "it holds list, not a dict"),
+    (lambda p: torch.save({"features": torch.zeros(8, 2)}, p), "it holds ['features'], not a dict"),
+    (lambda p: torch.save(_with(labels=[0, 1] * 40), p), "'labels' list, not a dict"),
+    (lambda p: torch.save(_with(features=torch.zeros(80)), p), "'features' (80,) and 'labels' (80,), not matching"),
+    (lambda p: torch.save(_with(labels=torch.zeros(79, dtype=torch.long)), p), "'labels' (79,), not matching"),
+    (lambda p: torch.save({"features": torch.zeros(0, 6), "labels": torch.zeros(0)}, p), "not matching non-empty"),
+    (lambda p: torch.save(_nan_rows(), p), "2 of 80 feature rows hold NaN or inf (first: row 3)"),
+    (lambda p: torch.save(_with(features=_features()["features"].index_fill(0, torch.tensor([7]), float("inf"))), p),
+     "1 of 80 feature rows hold NaN or inf (first: row 7)"),
+    (lambda p: torch.save(_with(labels=torch.full((80,), 0.5)), p), "'labels' must be integer class ids"),
+    (lambda p: torch.save(_with(features=torch.zeros(80, 6, dtype=torch.complex64)), p), "must be real numbers"),
+]
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p.relative_to(root) for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize(("write", "needle"), BAD_FEATURE_FILES, ids=[r[1][:40] for r in BAD_FEATURE_FILES])
+def test_a_broken_feature_file_is_one_line_naming_it(tmp_path, capsys, write, needle) -> None:
+    (tmp_path / "data").mkdir()
+    path = tmp_path / "data" / "features.pt"
+    write(path)
+    before = _files(tmp_path)
+    line = assert_rejected(tmp_path, capsys, _fit_args(tmp_path, FEATURES, [D + "features", str(path)]), needle)
+    assert str(path) in line
+    assert _files(tmp_path) == before, "nothing written anywhere"

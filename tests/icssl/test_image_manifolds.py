@@ -4,6 +4,7 @@ the offline stand-in builder, and a CLI run on a miniature."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,121 @@ def test_stale_or_broken_cache_is_rebuilt(tmp_path) -> None:
     Image.new("RGB", (8, 8), (9, 9, 9)).save(tmp_path / "seq_0003" / "frame_000.png")
     with pytest.raises(ConfigError, match="different frame counts"):
         load_sequences(tmp_path, image_size=4)  # the folder list changed, so the cache is not reused
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Broken frames, sizes checked before anything is written, read-only data folders
+# ----------------------------------------------------------------------------------------------------------
+def _image_args(tmp_path: Path, root: Path, *extra: str, command: str = "fit") -> list[str]:
+    """A seconds-long run on a ``_write_fixture(root, frames=10)`` folder (4 sequences: 2 train, 1 val, 1 test)."""
+    return [
+        command, "--config", "configs/icssl/image_manifolds.yaml",
+        "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
+        "--trainer.logger.init_args.name", "img",
+        "--trainer.enable_progress_bar", "false",
+        "--trainer.enable_model_summary", "false",
+        "--trainer.max_epochs", "1",
+        "--trainer.num_sanity_val_steps", "0",
+        "--trainer.callbacks", "[]",
+        "--model.init_args.net.init_args.representation.init_args.n_points", "10",
+        "--model.init_args.net.init_args.representation.init_args.n_components", "4",
+        "--model.init_args.net.init_args.representation.init_args.stack_repeats", "1",
+        "--data.init_args.root", str(root),
+        "--data.init_args.n_points", "10",
+        "--data.init_args.image_size", "4",
+        "--data.init_args.train_sequences", "3",
+        "--data.init_args.val_sequences", "1",
+        "--data.init_args.batch_size", "2",
+        "--data.init_args.eval_batch_size", "2",
+        "--data.init_args.train_batches_per_epoch", "2",
+        "--data.init_args.eval_label_ratios", "[0.2, 0.5]",
+        "--data.init_args.train_label_ratio", "[0.2, 0.5]",
+        *extra,
+    ]  # fmt: skip
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p.relative_to(root) for p in root.rglob("*"))
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:40])
+
+
+#: (how the fixture is damaged, extra CLI args, needle): broken frames, and sizes that do not fit the data.
+BAD_FRAMES = [
+    (lambda r: _truncate(r / "seq_0002" / "frame_003.png"), [], "cannot read image-manifold frame"),
+    (lambda r: (r / "seq_0001" / "frame_000.png").write_bytes(b""), [], "frame_000.png (it is empty)"),
+    (lambda r: (r / "seq_0004" / "frame_009.png").write_text("not a picture"), [], "UnidentifiedImageError"),
+    (lambda r: (r / "seq_0003" / "frame_002.png").unlink(), [], "different frame counts [9, 10]"),
+    (lambda r: None, ["--data.init_args.n_points", "12",
+                      "--model.init_args.net.init_args.representation.init_args.n_points", "12"],
+     "have 10 frames, fewer than n_points=12"),
+    (lambda r: None, ["--data.init_args.train_sequences", "4"], "holds 4 sequences but train_sequences=4"),
+]
+
+
+@pytest.mark.parametrize(("damage", "extra", "needle"), BAD_FRAMES, ids=[r[2][:40] for r in BAD_FRAMES])
+def test_broken_frames_and_unfit_sizes_are_one_line_and_write_no_cache(tmp_path, capsys, damage, extra, needle) -> None:
+    from badinput import assert_rejected
+
+    root = tmp_path / "data"
+    _write_fixture(root, frames=10)
+    damage(root)
+    before = _files(tmp_path)
+    line = assert_rejected(tmp_path, capsys, _image_args(tmp_path, root, *extra), needle)
+    assert str(root) in line
+    assert _files(tmp_path) == before, "no frame cache (or anything else) written before the input is checked"
+
+
+def test_valid_frames_are_cached_only_once_the_run_starts(tmp_path) -> None:
+    root = tmp_path / "data"
+    _write_fixture(root, frames=10)
+    dm = ImageManifoldDataModule(root=str(root), n_points=10, image_size=4, train_sequences=3, val_sequences=1,
+                                 eval_label_ratios=[0.5], train_label_ratio=(0.2, 0.5))
+    dm.check_config()
+    assert not (root / ".frames_4px.pt").exists(), "checks decode in memory only"
+    dm.setup("fit")
+    assert (root / ".frames_4px.pt").exists() and not list(root.glob("*.tmp"))
+    again = ImageManifoldDataModule(root=str(root), n_points=10, image_size=4, train_sequences=3, val_sequences=1,
+                                    eval_label_ratios=[0.5], train_label_ratio=(0.2, 0.5))
+    torch.testing.assert_close(again.frames(), dm.frames())
+    assert again._from_cache
+
+
+def test_a_read_only_data_folder_still_runs_with_frames_in_memory(tmp_path, monkeypatch) -> None:
+    """Writes into the data folder fail as on a read-only mount (EACCES; tests may run as root, where chmod does
+    not stop writes); the run trains and tests on frames decoded in memory and leaves the folder untouched."""
+    import lit_icl.icssl.image_manifolds as im
+
+    root = tmp_path / "data"
+    _write_fixture(root, frames=10)
+    before = _files(root)
+
+    def read_only_open(path, mode="r", *args, **kwargs):
+        if any(m in mode for m in "wax+") and Path(path).resolve().is_relative_to(root.resolve()):
+            raise PermissionError(13, "Permission denied", str(path))
+        return open(path, mode, *args, **kwargs)
+
+    said: list[str] = []
+    monkeypatch.setattr(im, "open", read_only_open, raising=False)
+    monkeypatch.setattr(im, "rank_zero_info", said.append)
+    main(_image_args(tmp_path, root))
+    assert list((tmp_path / "runs" / "img" / "version_0" / "checkpoints").glob("*.ckpt"))
+    assert _files(root) == before
+    assert len(said) == 1 and "not caching frames in" in said[0] and "PermissionError" in said[0], said
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes through chmod")
+def test_a_chmod_read_only_data_folder_still_loads(tmp_path) -> None:
+    root = tmp_path / "data"
+    _write_fixture(root, frames=10)
+    os.chmod(root, 0o555)
+    try:
+        dm = ImageManifoldDataModule(root=str(root), n_points=10, image_size=4, train_sequences=3, val_sequences=1,
+                                     eval_label_ratios=[0.5], train_label_ratio=(0.2, 0.5))
+        dm.check_config()
+        dm.setup("fit")
+        assert dm.frames().shape == (4, 10, 16) and not (root / ".frames_4px.pt").exists()
+    finally:
+        os.chmod(root, 0o755)
