@@ -97,7 +97,8 @@ def _png_to_tensor(path: Path, size: int) -> Tensor:
                 # Area-averaging keeps thin strokes visible when downsampling (e.g. to 28x28).
                 im = im.resize((size, size), Image.Resampling.BOX)
             return torch.frombuffer(bytearray(im.tobytes()), dtype=torch.uint8).view(size, size)
-    except (OSError, UnidentifiedImageError, ValueError) as err:  # truncated, empty or not an image
+    except (OSError, UnidentifiedImageError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+        # truncated, empty, corrupt or not an image (some Pillow decoders raise SyntaxError on a bad chunk)
         raise ConfigError(
             f"cannot read image '{path}' ({type(err).__name__}: {err}); replace or delete the file "
             "(every character folder needs the same number of drawings)"
@@ -125,7 +126,10 @@ def load_bank(root: str | os.PathLike[str], image_size: int = 105) -> Tensor:
     images = torch.stack(
         [torch.stack([_png_to_tensor(p, image_size) for p in cls]) for cls in index.files]
     )
-    save_bank(index, images, fingerprint)
+    try:
+        save_bank(index, images, fingerprint)
+    except OSError as err:  # a read-only data folder still trains; the PNGs are read again next time
+        rank_zero_info(f"lit_icl.coqe: cannot write the image cache {cache} ({err.strerror or err}); keeping the images in memory")
     return images
 
 
@@ -134,6 +138,10 @@ def save_bank(index: FolderIndex, images: Tensor, fingerprint: tuple[int, int] |
     cache = index.root / f"lit_icl_bank_{images.shape[-1]}.pt"
     tmp = cache.with_suffix(f".tmp-{os.getpid()}")  # one per process: two runs may write at once
     fp = list(fingerprint if fingerprint is not None else index.fingerprint())
-    torch.save({"images": images, "fingerprint": fp, "class_names": index.class_names}, tmp)
-    os.replace(tmp, cache)  # a concurrent reader never sees half a file
+    try:
+        with open(tmp, "wb") as fh:  # a Python file object, so a read-only folder is an OSError, not a RuntimeError
+            torch.save({"images": images, "fingerprint": fp, "class_names": index.class_names}, fh)
+        os.replace(tmp, cache)  # a concurrent reader never sees half a file
+    finally:
+        tmp.unlink(missing_ok=True)
     return cache

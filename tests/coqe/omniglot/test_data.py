@@ -247,3 +247,29 @@ def test_datamodule_bad_input(tmp_path, kwargs, needle) -> None:
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")) as info:
         OmniglotSequenceDataModule(**args)
     assert "\n" not in str(info.value)
+
+
+def test_a_read_only_folder_still_loads_and_writes_nothing(tmp_path, monkeypatch) -> None:
+    """The bank cache cannot be written (a read-only mount): the images come from the PNGs, kept in memory.
+
+    Tests run as root, where chmod does not stop writes, so opening a file for writing in the folder is made to
+    fail as a read-only file system makes it fail."""
+    import builtins
+
+    from lit_icl.coqe.omniglot.images import load_bank
+
+    root = write_omniglot_fixture(tmp_path / "omniglot-py")
+    before = sorted(p.name for p in root.iterdir())
+    real_open = builtins.open
+
+    def read_only_open(file, mode="r", *args, **kwargs):  # noqa: ANN001, ANN202
+        if any(c in mode for c in "wax") and str(file).startswith(str(root)):
+            raise OSError(30, "Read-only file system", str(file))
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", read_only_open)
+    bank = load_bank(root, 16)
+    monkeypatch.undo()
+    assert bank.shape == (24, 4, 16, 16)
+    assert sorted(p.name for p in root.iterdir()) == before, "nothing written into the data folder"
+    assert torch.equal(bank, load_bank(root, 16))  # the same images once the folder is writable (and cached)
