@@ -45,7 +45,7 @@ def test_tiny_fit_then_test_end_to_end(tmp_path) -> None:
     model = LatentFactorICLModule.load_from_checkpoint(ckpts[0])
     assert isinstance(model.net, DeepCrossAttention) and model.net.d == 4 and model.test_depths == [1, 3]
     trained_alpha = float(torch.load(ckpts[0], weights_only=True)["state_dict"]["net.alpha"])
-    assert float(model.net.alpha) == trained_alpha != pytest.approx(2 / 27, abs=1e-6)  # training moved alpha
+    assert float(model.net.alpha.detach()) == trained_alpha != pytest.approx(2 / 27, abs=1e-6)  # training moved alpha
     dm = LatentFactorDataModule(
         d1=2,
         d2=2,
