@@ -6,7 +6,7 @@ import glob
 from collections.abc import Sequence
 from pathlib import Path
 
-from conftest import config_args
+from conftest import quiet_run_args
 
 #: The experiments of configs/icssl/: a base ``<experiment>.yaml`` each, some with overlays in ``<experiment>/``.
 EXPERIMENTS = ("manifolds", "product", "image_manifolds", "features")
@@ -45,14 +45,9 @@ def tiny_args(
     ``config``: one config file or the files of a base and its overlay (``overlay("manifolds", "ood")``).
     """
     return [
-        *config_args(config),
-        "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
-        "--trainer.logger.init_args.name", name,
+        *quiet_run_args(tmp_path, config, name),
         "--trainer.max_epochs", "2",
-        "--trainer.enable_progress_bar", "false",
-        "--trainer.enable_model_summary", "false",
         "--trainer.log_every_n_steps", "1",
-        "--trainer.num_sanity_val_steps", "0",
         "--model.init_args.net.init_args.representation.init_args.n_points", "20",
         "--model.init_args.net.init_args.representation.init_args.stack_repeats", "1",
         "--data.init_args.n_points", "20",
