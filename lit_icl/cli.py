@@ -30,8 +30,9 @@ What this adds to a plain LightningCLI:
   paths (jsonargparse); a non-finite float anywhere in the config (YAML's ``.nan``/``.inf`` included); invalid
   values (:class:`ConfigError`, raised by constructors and by ``bind_datamodule``); trainer flags Lightning
   refuses (devices, strategy, limits, an accelerator this machine lacks); an output folder that cannot be
-  written; a ``--ckpt_path`` that does not exist, is a folder, is not a Lightning checkpoint, or was written by
-  another experiment (its module or data class differs from the config's).
+  written; a ``--ckpt_path`` that does not exist, is a folder, is not a Lightning checkpoint, was written by
+  another experiment (its module or data class differs from the config's), or holds module settings that would
+  silently replace the config's (:func:`check_ckpt_hparams`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
+from lit_icl.callbacks.checkpoint import RunCheckpoint
 from lit_icl.callbacks.finite import FiniteGuard
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.module import ICLModule
@@ -100,7 +102,8 @@ class LitICLCLI(LightningCLI):
         super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        # RunCheckpoint: ModelCheckpoint that still knows its last.ckpt after the run folder is moved.
+        parser.add_lightning_class_args(RunCheckpoint, "checkpoint")
         # No monitor: Lightning refreshes last.ckpt only when this callback saves, which an unmonitored one
         # does every epoch; a monitored one would leave last.ckpt behind after the best epoch.
         parser.set_defaults({"checkpoint.save_last": True, "checkpoint.save_top_k": 1})
@@ -120,9 +123,13 @@ class LitICLCLI(LightningCLI):
         if sub:
             name_run_from_configs(config)
             config.ckpt_path = resolve_ckpt_path(sub, config)
-            ckpt = check_ckpt_path(config.get("ckpt_path"))
+            path = config.get("ckpt_path")
+            if sub == "fit" and path == "last":  # resumed in place; check the file it will resume from
+                path = _where_last(config)[0]
+            ckpt = check_ckpt_path(None if path is None else str(path))
             if ckpt is not None:
-                check_ckpt_classes(config.ckpt_path, ckpt, config)
+                check_ckpt_classes(path, ckpt, config)
+                check_ckpt_hparams(path, ckpt, config)
 
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
@@ -309,6 +316,63 @@ def check_ckpt_classes(ckpt_path: Any, ckpt: dict[str, Any], config: Any) -> Non
     raise ConfigError(
         f"--ckpt_path {ckpt_path} was written by another experiment ({written}), but this config builds {built}; "
         f"{fix}, or a checkpoint of this config"
+    )
+
+
+def _differences(saved: Any, wanted: Any, key: str) -> list[tuple[str, Any, Any]]:
+    """``(key, saved, wanted)`` for every leaf where a checkpoint's hyper-parameters and the config disagree.
+
+    Only keys present on both sides are compared: a checkpoint of older code lacks today's new options (the
+    config's default then applies) and the config spells out defaults the checkpoint may omit. ``class_path``
+    values are compared as the classes they name, so aliased old module paths match.
+    """
+    if hasattr(wanted, "as_dict"):  # a jsonargparse Namespace
+        wanted = wanted.as_dict()
+    if isinstance(saved, dict) and isinstance(wanted, dict):
+        if "class_path" in saved and "class_path" in wanted:
+            a, b = _import_class(saved["class_path"]), _import_class(wanted["class_path"])
+            if (a is not b) if a is not None and b is not None else saved["class_path"] != wanted["class_path"]:
+                return [(f"{key}.class_path", saved["class_path"], wanted["class_path"])]
+        found = []
+        for name in saved:
+            if name in wanted and name != "class_path" and not str(name).startswith("_"):
+                found += _differences(saved[name], wanted[name], f"{key}.{name}")
+        return found
+    if isinstance(saved, (list, tuple)) and isinstance(wanted, (list, tuple)):
+        if len(saved) != len(wanted):
+            return [(key, saved, wanted)]
+        return [d for i, (a, b) in enumerate(zip(saved, wanted)) for d in _differences(a, b, f"{key}[{i}]")]
+    if isinstance(saved, float) or isinstance(wanted, float):
+        try:
+            return [] if float(saved) == float(wanted) else [(key, saved, wanted)]
+        except (TypeError, ValueError):
+            pass
+    return [] if saved == wanted else [(key, saved, wanted)]
+
+
+def check_ckpt_hparams(ckpt_path: Any, ckpt: dict[str, Any], config: Any) -> None:
+    """Refuse a config whose module hyper-parameters disagree with the checkpoint's.
+
+    LightningCLI re-parses the model from the checkpoint's ``hyper_parameters`` (``_parse_ckpt_path``), so a
+    value the config or the command line sets (``--model.init_args.net.init_args.width 128`` on a width-64
+    checkpoint) would be silently replaced by the checkpoint's; on ``fit --ckpt_path last`` the weights would
+    not fit. The error names each disagreement and the config that wrote the checkpoint.
+    """
+    saved = ckpt.get("hyper_parameters")
+    wanted = config.get("model")
+    if not isinstance(saved, dict) or wanted is None or not hasattr(wanted, "init_args"):
+        return
+    found = _differences(saved, wanted.init_args, "model.init_args")
+    if not found:
+        return
+    shown = "; ".join(f"--{key} is {value!r} here but {old!r} in the checkpoint" for key, old, value in found[:3])
+    more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+    run_config = Path(ckpt_path).resolve().parent.parent / "config.yaml"
+    fix = (f"use the config that wrote it (--config {quote(run_config)})" if run_config.is_file()
+           else "use the config that wrote it")
+    raise ConfigError(
+        f"--ckpt_path {ckpt_path} was trained with other model settings, which would silently replace the config's: "
+        f"{shown}{more}; {fix}, or drop those settings"
     )
 
 
@@ -556,6 +620,10 @@ def one_line_parser_error(message: str) -> str:
     problem = problems[-1]
     if problem.startswith("Expected a") and "Got value" not in problem and len(problems) - 1 in given:
         problem += f". Got value: {given[len(problems) - 1]}"
+    non_finite = re.fullmatch(r"Expected a <class 'float'>(?: \| None)?\. Got value: ([+-]?(?:nan|inf|infinity))", problem,
+                              re.IGNORECASE)
+    if non_finite:  # jsonargparse refuses nan/inf as "not a float", which they are; say what is wrong
+        problem = f"{non_finite.group(1)} is not a finite number; give a finite value"
     path = ".init_args.".join(keys)
     where = f" (in {classes[-1]})" if classes and classes[-1].rsplit(".", 1)[-1] not in problem else ""
     return f"{'--' + path + ': ' if path else ''}{problem}{where}"

@@ -17,12 +17,14 @@ from lit_icl.cli import main
 ERROR_PREFIX = "lit_icl: error:"
 
 
-def assert_rejected(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], needle: str) -> str:
+def assert_rejected(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], needle: str,
+                    *, runs_exist: bool = False) -> str:
     """``lit_icl.cli.main(args)`` exits with status 2 and one ``lit_icl: error:`` line containing ``needle``.
 
     ``args`` is the full command line after ``python -m lit_icl`` (subcommand first) and must log under
     ``tmp_path / "runs"``; nothing may be written anywhere under ``tmp_path`` (inputs a test put there before
-    the call stay as they were). Returns the error line.
+    the call stay as they were; with ``runs_exist`` a ``runs/`` folder from an earlier run may be there too).
+    Returns the error line.
     """
     before = _tree(tmp_path)
     with pytest.raises(SystemExit) as info:
@@ -32,7 +34,8 @@ def assert_rejected(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: li
     lines = [ln for ln in err.splitlines() if ln.startswith(ERROR_PREFIX)]
     assert len(lines) == 1, f"expected exactly one '{ERROR_PREFIX}' line, got:\n{err}"
     assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
-    assert not (tmp_path / "runs").exists(), "nothing may be written before the input is checked"
+    if not runs_exist:
+        assert not (tmp_path / "runs").exists(), "nothing may be written before the input is checked"
     assert "Traceback" not in err, f"a traceback was printed:\n{err}"
     created = sorted(set(_tree(tmp_path)) - set(before))
     assert not created, f"files or folders were created before the input was refused: {created}"

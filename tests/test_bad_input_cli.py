@@ -43,8 +43,11 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("test", ["--config", "{inputs}/nan_lr.yaml"], "model.init_args.lr=nan is not a finite number"),
     ("fit", ["--config", "{inputs}/inf_clip.yaml"], "trainer.gradient_clip_val=inf is not a finite number"),
     ("fit", ["--config", "{inputs}/nan_in_list.yaml"], "trainer.limit_train_batches=-inf is not a finite number"),
-    ("fit", ["--model.init_args.lr", "nan"], "--model.init_args.lr: Expected a <class 'float'>. Got value: nan"),
-    ("fit", ["--model.init_args.lr", "inf"], "--model.init_args.lr: Expected a <class 'float'>. Got value: inf"),
+    ("fit", ["--model.init_args.lr", "nan"], "--model.init_args.lr: nan is not a finite number; give a finite value"),
+    ("fit", ["--model.init_args.lr=-inf"], "--model.init_args.lr: -inf is not a finite number"),
+    ("test", ["--model.init_args.net.init_args.output_scale", "NaN"],
+     "--model.init_args.net.init_args.output_scale: NaN is not a finite number"),
+    ("fit", ["--model.init_args.lr", "inf"], "--model.init_args.lr: inf is not a finite number; give a finite value"),
     # trainer flags Lightning refuses
     ("fit", ["--trainer.devices", "0"], "invalid trainer configuration: `Trainer(devices='0')`"),
     ("fit", ["--trainer.num_nodes", "0"], "`num_nodes` must be a positive integer, but got 0"),
@@ -141,6 +144,67 @@ def test_an_old_class_path_of_the_same_class_is_not_another_experiment(tmp_path)
     config = Namespace(model=Namespace(class_path="lit_icl.coqe.CoQERegressionModule"),
                        data=Namespace(class_path="lit_icl.coqe.RegressionDataModule"))
     check_ckpt_classes(tmp_path / "x.ckpt", ckpt, config)  # no error
+
+
+# ------------------------------------------------------------------ a checkpoint against the config
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A tiny fitted regression run (width 16, lr 3e-4) under ``<folder>/runs/tiny/version_0``."""
+    folder = tmp_path_factory.mktemp("trained")
+    main(["fit", *reg_args(folder, CONFIG)])
+    return folder
+
+
+def _copy_runs(trained: Path, tmp_path: Path) -> None:
+    import shutil
+
+    shutil.copytree(trained / "runs", tmp_path / "runs")
+
+
+@pytest.mark.parametrize(("sub", "ckpt"), [("test", "last"), ("test", "file"), ("fit", "last")])
+def test_a_setting_the_checkpoint_would_silently_replace_is_refused(tmp_path, capsys, trained, sub, ckpt) -> None:
+    """LightningCLI rebuilds the model from the checkpoint's hyper-parameters, so ``--...width 32`` on a width-16
+    checkpoint would be ignored (``test``) or fail to load (``fit --ckpt_path last``): refused, naming both."""
+    _copy_runs(trained, tmp_path)
+    path = "last" if ckpt == "last" else str(tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt")
+    args = [sub, *reg_args(tmp_path, CONFIG, "--model.init_args.net.init_args.width", "32"), "--ckpt_path", path]
+    line = assert_rejected(tmp_path, capsys, args, "was trained with other model settings", runs_exist=True)
+    assert "--model.init_args.net.init_args.width is 32 here but 16 in the checkpoint" in line
+    assert f"--config {tmp_path / 'runs/tiny/version_0/config.yaml'}" in line
+
+
+def test_every_disagreeing_setting_is_counted(tmp_path, capsys, trained) -> None:
+    _copy_runs(trained, tmp_path)
+    extra = ["--model.init_args.lr", "0.01", "--model.init_args.net.init_args.heads", "4",
+             "--model.init_args.net.init_args.depth", "2", "--model.init_args.probe_points", "64"]
+    line = assert_rejected(tmp_path, capsys, ["test", *reg_args(tmp_path, CONFIG, *extra), "--ckpt_path", "last"],
+                           "(and 1 more)", runs_exist=True)
+    assert "--model.init_args.lr is 0.01 here but 0.001 in the checkpoint" in line
+
+
+def test_the_same_settings_resume_and_test(tmp_path, trained) -> None:
+    """The check passes the config that wrote the checkpoint: resume to more steps, then test."""
+    _copy_runs(trained, tmp_path)
+    main(["fit", *reg_args(tmp_path, CONFIG, "--trainer.max_steps", "6"), "--ckpt_path", "last"])
+    ckpts = tmp_path / "runs/tiny/version_0/checkpoints"
+    saved = torch.load(ckpts / "last.ckpt", map_location="cpu", weights_only=True)
+    # The run folder was copied from elsewhere: it still updates its own last.ckpt (not a new last-v1.ckpt)
+    # and replaces its kept top-1 file.
+    assert saved["global_step"] == 6
+    assert sorted(p.name for p in ckpts.iterdir()) == ["epoch=2-step=6.ckpt", "last.ckpt"]
+    main(["test", *reg_args(tmp_path, CONFIG), "--ckpt_path", "last"])
+    assert (tmp_path / "runs/tiny/version_1/results.json").is_file()
+
+
+def test_resuming_a_run_of_another_experiment_in_place_is_refused(tmp_path, capsys) -> None:
+    """``fit --ckpt_path last`` checks the file it would resume from, as an explicit path is checked."""
+    run = tmp_path / "runs" / "tiny" / "version_0"
+    (run / "checkpoints").mkdir(parents=True)
+    _fake_ckpt(run / "checkpoints" / "last.ckpt", "lit_icl.mmca.LatentFactorICLModule",
+               "lit_icl.mmca.LatentFactorDataModule")
+    line = assert_rejected(tmp_path, capsys, ["fit", *reg_args(tmp_path, CONFIG), "--ckpt_path", "last"],
+                           "another experiment", runs_exist=True)
+    assert str(run / "checkpoints" / "last.ckpt") in line
 
 
 # ------------------------------------------------------------------ runs that train

@@ -1,0 +1,61 @@
+"""``RunCheckpoint``: Lightning's ``ModelCheckpoint`` that keeps a run resumable after its folder is moved.
+
+A checkpoint records the absolute folder it was saved to (``dirpath``) and the paths of ``last.ckpt`` and the
+kept top-k files. ``ModelCheckpoint.load_state_dict`` restores that bookkeeping only when the folder is still
+the same path; a run folder copied to another disk (or a results tree renamed) and resumed in place with
+``--ckpt_path last`` therefore forgets its own files: ``last.ckpt`` looks like a stranger's, so the run writes
+``last-v1.ckpt`` beside it and leaves ``last.ckpt`` at the old step, and the old top-k file is never deleted.
+A later ``--ckpt_path last`` would then resume from the stale file.
+
+Here, when the recorded files are present *by name* in this callback's folder (the folder was moved, not
+replaced), their paths are rewritten to it and restored; otherwise Lightning's rule applies unchanged.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+
+class RunCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` whose state survives moving the run folder (same arguments as Lightning's)."""
+
+    @property
+    def state_key(self) -> str:
+        # Saved under ModelCheckpoint's key, so checkpoints written before this class existed (and after) resume
+        # with their bookkeeping: Lightning matches a callback's saved state by this key.
+        return "ModelCheckpoint" + super().state_key.removeprefix(type(self).__qualname__)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        old = state_dict.get("dirpath")
+        if old and self.dirpath and old != self.dirpath and self._moved_here(state_dict):
+            state_dict = self._relocated(state_dict, Path(old), Path(self.dirpath))
+        super().load_state_dict(state_dict)
+
+    def _moved_here(self, state: dict[str, Any]) -> bool:
+        """Whether the files the checkpoint recorded under its folder all exist under this callback's folder."""
+        names = [Path(p).name for p in self._recorded_paths(state)]
+        return bool(names) and all((Path(self.dirpath) / name).is_file() for name in names)
+
+    @staticmethod
+    def _recorded_paths(state: dict[str, Any]) -> list[str]:
+        old = Path(state["dirpath"])
+        paths = [state.get("last_model_path"), state.get("best_model_path"), state.get("kth_best_model_path"),
+                 *(state.get("best_k_models") or {})]
+        return [p for p in paths if p and Path(p).parent == old]
+
+    @staticmethod
+    def _relocated(state: dict[str, Any], old: Path, new: Path) -> dict[str, Any]:
+        def move(path: Any) -> Any:
+            return str(new / Path(path).name) if path and Path(path).parent == old else path
+
+        state = dict(state)
+        for key in ("last_model_path", "best_model_path", "kth_best_model_path"):
+            if key in state:
+                state[key] = move(state[key])
+        if state.get("best_k_models"):
+            state["best_k_models"] = {move(path): score for path, score in state["best_k_models"].items()}
+        state["dirpath"] = str(new)
+        return state
