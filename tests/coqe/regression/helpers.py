@@ -30,8 +30,5 @@ def reg_args(tmp_path: Path, config: str | tuple[str, ...] = BASE, *extra: str, 
         "--data.init_args.val_prompts", "8",
         "--data.init_args.test_prompts", "8",
         "--data.init_args.eval_batch_size", "8",
-        # cpu.yaml's curriculum ends at its 11 points; a tiny run has n (a test of the curriculum sets its own).
-        "--data.init_args.curriculum_dims", "null",
-        "--data.init_args.curriculum_points", "null",
         *extra,
     ]

@@ -1,0 +1,197 @@
+"""Every GPU number the project promises, in one command, written to ``experiments/results/gpu_<date>.md``.
+
+    python benchmarks/gpu_suite.py                       # on a machine with one CUDA GPU (about 20-30 minutes)
+    python benchmarks/gpu_suite.py --dry-run --out /tmp/gpu_dry.md    # the same steps on the CPU, tiny, seconds
+
+Steps (each a subprocess of a script in ``benchmarks/``, so each can be rerun alone with the command shown in
+the report):
+
+- IC-SSL: Lightning vs a bare loop over the same net and data, deterministic kernels on and off (what
+  reproducibility costs on CUDA);
+- CoQE Omniglot at the paper's size (105x105 images, CoQE E = 512 / L = 4, Transformer E = 64 / L = 12, batch
+  24): Lightning vs bare, fp32 and bf16-mixed, and the projected time to the paper's 10^5 steps;
+- CoQE regression (App. C.1 sizes): Lightning vs bare, and our Transformer vs HuggingFace GPT-2 when
+  ``transformers`` is installed;
+- I2CL: latency per query of zero-shot, I2CL, task vector and few-shot ICL in bf16 on the offline model
+  (skipped, with the reason, when the model is not installed: ``docs/i2cl.md``).
+
+The report names the device, torch version, date, commit and every command, and keeps each script's output
+verbatim; a step that fails or times out is reported as such (with its last lines) and the suite goes on. The
+per-step time limits add up to 35 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+PAPER_STEPS = 100_000  # CoQE App. C.2: 10^5 training steps
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    measures: str
+    gpu: list[str]  # arguments of the script on a GPU
+    dry: list[str]  # arguments of a seconds-long CPU run of the same code path
+    timeout_s: int
+    needs: str | None = None  # a path (relative to the repo) without which the step is skipped
+
+    @property
+    def script(self) -> str:
+        return self.gpu[0]
+
+
+STEPS = [
+    Step("icssl_deterministic", "IC-SSL steps/s, Lightning vs bare loop, deterministic kernels on (the CLI default)",
+         ["benchmarks/train_throughput.py", "--config", "configs/icssl/manifolds.yaml", "--accelerator", "cuda",
+          "--deterministic", "true", "--steps", "400", "--warmup", "50", "--repeats", "3"],
+         ["benchmarks/train_throughput.py", "--config", "configs/icssl/manifolds.yaml", "--accelerator", "cpu",
+          "--deterministic", "true", "--steps", "3", "--warmup", "1", "--repeats", "1"], 300),
+    Step("icssl_nondeterministic", "the same with deterministic kernels off",
+         ["benchmarks/train_throughput.py", "--config", "configs/icssl/manifolds.yaml", "--accelerator", "cuda",
+          "--deterministic", "false", "--steps", "400", "--warmup", "50", "--repeats", "3"],
+         ["benchmarks/train_throughput.py", "--config", "configs/icssl/manifolds.yaml", "--accelerator", "cpu",
+          "--deterministic", "false", "--steps", "3", "--warmup", "1", "--repeats", "1"], 300),
+    Step("coqe_omniglot_fp32", "CoQE / Transformer steps/s at the paper's size, fp32 (and the sequence generator)",
+         ["benchmarks/coqe_throughput.py", "--device", "cuda", "--steps", "100", "--precision", "32-true"],
+         ["benchmarks/coqe_throughput.py", "--device", "cpu", "--steps", "2", "--image-size", "28", "--only",
+          "train", "--nets", "coqe"], 480),
+    Step("coqe_omniglot_bf16", "the same training steps in bf16-mixed",
+         ["benchmarks/coqe_throughput.py", "--device", "cuda", "--steps", "100", "--precision", "bf16-mixed",
+          "--only", "train"],
+         ["benchmarks/coqe_throughput.py", "--device", "cpu", "--steps", "2", "--image-size", "28", "--only",
+          "train", "--nets", "coqe", "--precision", "bf16-mixed"], 360),
+    Step("coqe_regression", "CoQE regression steps/s, Lightning vs bare; ours vs HuggingFace GPT-2",
+         ["benchmarks/coqe_regression_throughput.py", "--device", "cuda", "--steps", "200", "--warmup", "20"],
+         ["benchmarks/coqe_regression_throughput.py", "--device", "cpu", "--steps", "2", "--warmup", "1",
+          "--repeats", "1", "--only", "train", "--points", "11", "--dims", "5"], 420),
+    Step("i2cl_latency_bf16", "I2CL latency per query vs zero-shot and few-shot ICL (bf16 on a GPU)",
+         ["benchmarks/i2cl_latency.py", "--queries", "100"],
+         ["benchmarks/i2cl_latency.py", "--queries", "2"], 240,
+         needs="data/i2cl/smollm2-135m-instruct"),
+]
+assert sum(step.timeout_s for step in STEPS) <= 35 * 60
+
+
+def headline(step: Step, output: str) -> str:
+    """The numbers a reader wants from one step's output, or '' when its lines are not found."""
+    if step.script.endswith("train_throughput.py"):
+        found = re.findall(r"^(lightning|bare loop|ratio lightning/bare): ([\d.]+)", output, re.MULTILINE)
+        return ", ".join(f"{k} {v}" for k, v in found)
+    if step.script.endswith("i2cl_latency.py"):
+        rows = re.findall(r"^\| (\w+) \| ([\d.]+) \| [\d.]+ \| ([\d.]+) \|$", output, re.MULTILINE)
+        return ", ".join(f"{m} {ms} ms ({ratio} x zero-shot)" for m, ms, ratio in rows)
+    # The two CoQE scripts print a block per net: "<net>: ...parameters" then indented timing lines.
+    parts = []
+    for net, body in re.findall(r"^(\S.*?): [\d.]+M parameters\n((?:  .*\n?)+)", output, re.MULTILINE):
+        lit = re.search(r"Lightning :\s+([\d.]+) steps/s \(([\d.]+) x bare\)", body)
+        if lit:
+            text = f"{net}: Lightning {lit.group(1)} steps/s ({lit.group(2)} x bare)"
+            if step.name.startswith("coqe_omniglot") and float(lit.group(1)) > 0:
+                text += f", 10^5 steps in {PAPER_STEPS / float(lit.group(1)) / 3600:.1f} h"
+            parts.append(text)
+    parts += [" ".join(ln.split()) for ln in output.splitlines() if ln.strip().startswith("ours / HF")]
+    return "; ".join(parts)
+
+
+def run_step(step: Step, dry: bool) -> dict[str, object]:
+    if step.needs and not (ROOT / step.needs).exists():
+        return {"status": f"skipped: {step.needs} is not installed", "seconds": 0.0, "output": "", "cmd": ""}
+    argv = [sys.executable, *(step.dry if dry else step.gpu)]
+    cmd = " ".join(["python", *argv[1:]])
+    # The scripts import lit_icl; this checkout's copy, whether or not it is the one installed.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    start = time.time()
+    try:
+        done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=step.timeout_s,
+                              check=False)
+        ok = done.returncode == 0
+        # stdout holds the numbers; stderr (Lightning's banners, warnings) is kept only to explain a failure.
+        output, status = done.stdout if ok else done.stdout + done.stderr, "ok" if ok else f"failed (exit {done.returncode})"
+    except subprocess.TimeoutExpired as err:
+        output = (err.stdout or b"").decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
+        status = f"timed out after {step.timeout_s} s"
+    return {"status": status, "seconds": time.time() - start, "output": output, "cmd": cmd}
+
+
+def device_line(dry: bool) -> str:
+    if not dry and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        return f"{torch.cuda.get_device_name(0)} ({props.total_memory / 2**30:.0f} GiB), CUDA {torch.version.cuda}"
+    return f"CPU only ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
+def commit() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                             check=False).stdout
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=False).stdout
+    except OSError:
+        return "unknown (no git)"
+    return sha.strip() + (" (with uncommitted changes)" if dirty.strip() else "") if sha.strip() else "unknown"
+
+
+def report(results: list[tuple[Step, dict[str, object]]], dry: bool, started: dt.datetime) -> str:
+    title = "GPU suite (CPU dry run: code paths only, the numbers mean nothing)" if dry else "GPU suite"
+    lines = [
+        f"# {title}", "",
+        (f"Device: {device_line(dry)}. torch {torch.__version__}, Python {platform.python_version()}. "
+         f"Date: {started:%Y-%m-%d %H:%M} UTC. Commit: {commit()}."),
+        f"Command: `python benchmarks/gpu_suite.py{' --dry-run' if dry else ''}`.", "",
+        "| step | measures | status | wall (s) | headline |", "|---|---|---|---|---|",
+    ]
+    for step, res in results:
+        lines.append(f"| {step.name} | {step.measures} | {res['status']} | {res['seconds']:.0f} | "
+                     f"{headline(step, str(res['output'])) or '-'} |")
+    for step, res in results:
+        lines += ["", f"## {step.name}", "", f"{step.measures}. Status: {res['status']}."]
+        if res["cmd"]:
+            output = str(res["output"]).rstrip().splitlines()
+            kept = output if res["status"] == "ok" else output[-40:]
+            lines += ["", "```", f"$ {res['cmd']}", *kept, "```"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dry-run", action="store_true", help="tiny runs of every step on the CPU (seconds)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="report file (default experiments/results/gpu_<date>.md)")
+    parser.add_argument("--only", default=None, help="comma-separated step names (default: all)")
+    args = parser.parse_args(argv)
+    if not args.dry_run and not torch.cuda.is_available():
+        parser.error("no CUDA GPU is visible; run on a machine with one, or pass --dry-run to check the code paths")
+    names = {step.name for step in STEPS}
+    chosen = args.only.split(",") if args.only else [step.name for step in STEPS]
+    unknown = sorted(set(chosen) - names)
+    if unknown:
+        parser.error(f"unknown step(s) {', '.join(unknown)}; choose from {', '.join(sorted(names))}")
+    started = dt.datetime.now(dt.timezone.utc)
+    out = args.out or ROOT / f"experiments/results/gpu_{started:%Y-%m-%d}.md"
+    results = []
+    for step in STEPS:
+        if step.name in chosen:
+            print(f"[gpu_suite] {step.name} ...", flush=True)
+            results.append((step, run_step(step, args.dry_run)))
+            print(f"[gpu_suite] {step.name}: {results[-1][1]['status']} ({results[-1][1]['seconds']:.0f} s)", flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(report(results, args.dry_run, started))
+    print(f"[gpu_suite] wrote {out}")
+    return 0 if all(res["status"] == "ok" or str(res["status"]).startswith("skipped") for _, res in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""``benchmarks/gpu_suite.py``: its CPU dry run reaches every step's code path and writes the report; its
+parsers read the numbers the benchmark scripts print."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _suite():
+    spec = importlib.util.spec_from_file_location("gpu_suite", ROOT / "benchmarks/gpu_suite.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_suite"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_dry_run_runs_a_step_and_reports_it_with_device_and_command(tmp_path: Path) -> None:
+    suite = _suite()
+    out = tmp_path / "gpu.md"
+    assert suite.main(["--dry-run", "--out", str(out), "--only", "coqe_regression"]) == 0
+    text = out.read_text()
+    assert text.startswith("# GPU suite (CPU dry run")
+    assert "Device: CPU only" in text and "Commit: " in text
+    (row,) = [ln for ln in text.splitlines() if ln.startswith("| coqe_regression |")]
+    assert "| ok |" in row
+    assert "transformer: Lightning " in row and "coqe: Lightning " in row and " x bare)" in row
+    assert "$ python benchmarks/coqe_regression_throughput.py --device cpu" in text
+
+
+def test_without_a_gpu_the_full_suite_refuses_and_names_the_dry_run(capsys) -> None:
+    suite = _suite()
+    if suite.torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    with pytest.raises(SystemExit) as info:
+        suite.main([])
+    assert info.value.code == 2
+    assert "no CUDA GPU is visible" in capsys.readouterr().err
+
+
+def test_unknown_step_names_are_refused_with_the_choices(capsys) -> None:
+    with pytest.raises(SystemExit):
+        _suite().main(["--dry-run", "--only", "coqe_regresion"])
+    assert "unknown step(s) coqe_regresion; choose from coqe_omniglot_bf16" in capsys.readouterr().err
+
+
+def test_headlines_read_each_scripts_output() -> None:
+    suite = _suite()
+    steps = {step.name: step for step in suite.STEPS}
+    omniglot = ("device cuda\ncoqe E=512 L=4: 2.05M parameters\n  bare loop :  20.000 steps/s (data 3.0 % of the step)\n"
+                "  Lightning :  25.000 steps/s (1.25 x bare)\n")
+    # 10^5 steps at 25 steps/s: 4,000 s = 1.1 h.
+    assert suite.headline(steps["coqe_omniglot_fp32"], omniglot) == (
+        "coqe E=512 L=4: Lightning 25.000 steps/s (1.25 x bare), 10^5 steps in 1.1 h")
+    latency = "| method | median ms/query | mean ms/query | median / zero-shot |\n|---|---|---|---|\n" \
+              "| zero_shot | 10.0 | 11.0 | 1.00 |\n| few_shot | 35.5 | 36.0 | 3.55 |\n"
+    assert suite.headline(steps["i2cl_latency_bf16"], latency) == (
+        "zero_shot 10.0 ms (1.00 x zero-shot), few_shot 35.5 ms (3.55 x zero-shot)")
+    icssl = "config: x\nlightning: 9.50 steps/s  (runs: 9.50)\nbare loop: 10.00 steps/s  (runs: 10.00)\nratio lightning/bare: 0.950\n"
+    assert suite.headline(steps["icssl_deterministic"], icssl) == "lightning 9.50, bare loop 10.00, ratio lightning/bare 0.950"
+    assert suite.headline(steps["coqe_regression"], "  ours / HF           :    1.700\n") == "ours / HF : 1.700"
+
+
+def test_the_step_time_limits_fit_the_35_minutes() -> None:
+    assert sum(step.timeout_s for step in _suite().STEPS) <= 35 * 60
