@@ -266,8 +266,8 @@ def small_standin(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(im, "STANDIN_SEQUENCES", 12)
     monkeypatch.setattr(im, "STANDIN_FRAMES", 10)
-    return dict(n_points=10, train_sequences=8, val_sequences=2, batch_size=2, eval_batch_size=2,
-                train_label_ratio=(0.1, 0.5), eval_label_ratios=[0.2])
+    return {"n_points": 10, "train_sequences": 8, "val_sequences": 2, "batch_size": 2, "eval_batch_size": 2,
+            "train_label_ratio": (0.1, 0.5), "eval_label_ratios": [0.2]}
 
 
 def test_only_the_stand_ins_own_missing_folder_is_built(tmp_path, small_standin) -> None:
