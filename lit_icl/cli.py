@@ -119,6 +119,8 @@ class LitICLCLI(LightningCLI):
         for key in BUILT_KEYS:
             if config.get(key) is not None:
                 check_finite_tree(config[key], key)
+        if config.get("trainer") is not None:
+            check_trainer_counts(config.trainer)
         # Runs before Lightning reads the checkpoint's hyper-parameters, so a bad path fails cleanly here.
         if sub:
             name_run_from_configs(config)
@@ -132,7 +134,11 @@ class LitICLCLI(LightningCLI):
                 check_ckpt_hparams(path, ckpt, config)
 
     def instantiate_classes(self) -> None:
-        super().instantiate_classes()
+        try:
+            super().instantiate_classes()
+        except MisconfigurationException as err:
+            # The checkpoint callback (--checkpoint.*) checks its arguments in __init__, before anything is written.
+            raise ConfigError(trainer_error_message(err, "--checkpoint")) from err
         # Checks between objects (net vs data sizes, callback vs data) run here, before the run writes anything.
         check_run_config(self.trainer, self.model, self.datamodule)
 
@@ -475,16 +481,42 @@ def _best_recorded(last: Path) -> Path | None:
     return None
 
 
-def trainer_error_message(err: BaseException) -> str:
-    """One line from Lightning's error about a trainer flag, with a pointer to the flags."""
+#: Trainer flags that Lightning divides by (a 0 ends in ZeroDivisionError after the run folder exists) or that
+#: accept out-of-range values silently: flag -> (smallest value, what it means).
+TRAINER_COUNTS: dict[str, tuple[int, str]] = {
+    "accumulate_grad_batches": (1, "batches per optimizer step"),
+    "check_val_every_n_epoch": (1, "epochs between validations; null validates by steps only"),
+    "log_every_n_steps": (0, "steps between logged training metrics; 0 logs none"),
+    "num_sanity_val_steps": (-1, "validation batches before training; -1 runs them all, 0 none"),
+}
+
+
+def check_trainer_counts(trainer: Any) -> None:
+    """Refuse counts Lightning would divide by zero or take silently (see :data:`TRAINER_COUNTS`), and a zero
+    ``val_check_interval``, before the trainer is built."""
+    for flag, (minimum, meaning) in TRAINER_COUNTS.items():
+        value = trainer.get(flag)
+        if value is not None and not isinstance(value, bool) and isinstance(value, int) and value < minimum:
+            raise ConfigError(f"--trainer.{flag}={value} must be >= {minimum} ({meaning})")
+    interval = trainer.get("val_check_interval")
+    if interval is not None and not isinstance(interval, (bool, str)) and interval <= 0:
+        raise ConfigError(
+            f"--trainer.val_check_interval={interval} must be > 0 (an int: training batches between validations; "
+            "a float in (0, 1]: that fraction of an epoch)"
+        )
+
+
+def trainer_error_message(err: BaseException, option: str = "--trainer") -> str:
+    """One line from Lightning's error about a trainer (or checkpoint) flag, with a pointer to the flags."""
     text = " ".join(str(err).split()) or type(err).__name__
     text = re.sub(r" Find a complete list of options in our documentation at \S+", "", text)
-    hint = "fix that --trainer option (python -m lit_icl fit --help lists them)"
+    hint = f"fix that {option} option (python -m lit_icl fit --help lists them)"
     if re.search(r"backend|can ?not run|not available|no (gpu|cuda|mps|tpu)", text, re.IGNORECASE):
         hint = "use --trainer.accelerator auto (what this machine has) or cpu"
     if text.endswith(".") and not text.endswith(".."):
         text = text[:-1]
-    return f"invalid trainer configuration: {text}; {hint}"
+    what = "checkpoint" if option == "--checkpoint" else "trainer"
+    return f"invalid {what} configuration: {text}; {hint}"
 
 
 def check_output_writable(trainer: Trainer) -> None:
@@ -555,12 +587,25 @@ def main(args: ArgsType = None) -> None:
     except ArgumentError as err:
         print(f"lit_icl: error: {one_line_parser_error(str(err))}", file=sys.stderr)
         sys.exit(2)
-    except Exception as err:  # noqa: BLE001 - re-raised unless it is (or wraps) a ConfigError
+    except Exception as err:
         config_error = find_config_error(err)
         if config_error is None:
             raise
         print(f"lit_icl: error: {config_error}", file=sys.stderr)
         sys.exit(2)
+
+
+def precisions() -> list[str]:
+    """Every ``--trainer.precision`` value Lightning accepts, as typed on the command line."""
+    import typing
+
+    from lightning.fabric.connector import _PRECISION_INPUT
+
+    def flat(t: Any) -> list[Any]:
+        args = typing.get_args(t)
+        return [x for a in args for x in (flat(a) if typing.get_args(a) else [a])] if args else [t]
+
+    return list(dict.fromkeys(str(v) for v in flat(_PRECISION_INPUT)))
 
 
 def find_config_error(err: BaseException) -> ConfigError | None:
@@ -624,6 +669,8 @@ def one_line_parser_error(message: str) -> str:
                               re.IGNORECASE)
     if non_finite:  # jsonargparse refuses nan/inf as "not a float", which they are; say what is wrong
         problem = f"{non_finite.group(1)} is not a finite number; give a finite value"
+    if keys == ["trainer.precision"] and "Got value" in problem:
+        problem = f"{problem.rsplit('Got value: ', 1)[1]} is not a precision; use one of {', '.join(precisions())}"
     path = ".init_args.".join(keys)
     where = f" (in {classes[-1]})" if classes and classes[-1].rsplit(".", 1)[-1] not in problem else ""
     return f"{'--' + path + ': ' if path else ''}{problem}{where}"
