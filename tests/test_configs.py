@@ -28,6 +28,8 @@ COMBINATIONS: list[tuple[str, ...]] = [
     *((str(Path(o).parent) + ".yaml", o) for o in OVERLAYS),
     ("configs/coqe/omniglot.yaml", "configs/coqe/omniglot/cpu.yaml", "configs/coqe/omniglot/transformer.yaml"),
     ("configs/coqe/regression.yaml", "configs/coqe/regression/cpu.yaml", "configs/coqe/regression/transformer.yaml"),
+    ("configs/coqe/regression.yaml", "configs/coqe/regression/cpu.yaml", "configs/coqe/regression/transformer.yaml",
+     "configs/coqe/regression/curriculum.yaml"),
 ]
 
 

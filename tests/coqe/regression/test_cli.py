@@ -97,7 +97,7 @@ BAD = [
     ([], "--model.init_args.net.init_args.task_head=linear", "task_head: Expected a typing.Literal"),
     ([], "--model.init_args.net.init_args.output_scale=0", "output_scale=0"),
     ([], "--model.init_args.net.init_args.output_scale=-1", "output_scale=-1"),
-    ([], "--model.init_args.net.init_args.output_scale=nan", "output_scale: Expected a"),
+    ([], "--model.init_args.net.init_args.output_scale=nan", "output_scale: nan is not a finite number"),
     ([], "--model.init_args.lr=-1", "lr=-1"),
     (["--model.init_args.baselines+=lit_icl.coqe.LeastSquares"], None, "appear twice"),
     (["--model.init_args.baselines+=lit_icl.coqe.Lasso", "--model.init_args.baselines.init_args.alpha=0"], None,
