@@ -8,6 +8,8 @@ Runs are paired by position (the i-th run of ``--a`` with the i-th of ``--b``); 
 the same prompts, which the script checks through least squares' rows (equal within 1e-6). Prints, per test set,
 mean ± sd over the runs of each net and of least squares at k = 0, d/2, d and 2d in-context examples, then the
 paired difference a - b at the same k (negative: ``a`` lower), then each run's error at the largest k.
+``--fig FILE`` also draws Fig. 3 in small: error against k per test set, both nets (mean ± sd over runs) and
+the parameter-free baselines.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--a", nargs="+", required=True, metavar=("NAME", "RUN"), help="method name, then its runs")
     p.add_argument("--b", nargs="+", required=True, metavar=("NAME", "RUN"), help="method name, then its runs")
+    p.add_argument("--fig", type=Path, default=None, help="also draw error vs k per test set into this PNG")
+    p.add_argument("--label-b", default=None, help="legend label of --b (default its name)")
     args = p.parse_args()
     (name_a, *runs_a), (name_b, *runs_b) = args.a, args.b
     if len(runs_a) != len(runs_b) or not runs_a:
@@ -56,11 +60,50 @@ def main() -> None:
     for shift in shifts:
         cells = " | ".join(mean_sd([ra[(name_a, shift, k)] - rb[(name_b, shift, k)] for ra, rb in zip(a, b)]) for k in ks)
         print(f"| {shift} | {cells} |")
+    if args.fig is not None:
+        draw(args.fig, shifts, (name_a, a, name_a), (name_b, b, args.label_b or name_b))
     print(f"\nPer run, error at k = {top}:\n")
     print(f"| run | {' | '.join(shifts)} |\n|---|{'---|' * len(shifts)}")
     for label, runs, paths in ((name_a, a, runs_a), (name_b, b, runs_b)):
         for r, path in zip(runs, paths):
             print(f"| {label} `{path}` | {' | '.join(f'{r[(label, s, top)]:.3f}' for s in shifts)} |")
+
+
+def draw(path: Path, shifts: list[str], *nets: tuple[str, list[dict], str]) -> None:
+    """One panel per test set: each net's mean ± sd over its runs against k, and the baselines of the first
+    net's runs (they do not depend on the net)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs_a = nets[0][1]
+    ks = sorted({k[2] for k in runs_a[0]})
+    baselines = sorted({k[0] for k in runs_a[0]} - {name for name, _, _ in nets})
+    cols = 4
+    rows = -(-len(shifts) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows), squeeze=False)
+    for ax, shift in zip(axes.flat, shifts):
+        for method, runs, label, style in [*((n, r, lbl, "-") for n, r, lbl in nets),
+                                            *((m, runs_a, m.replace("_", " "), ":") for m in baselines)]:
+            values = [[r[(method, shift, k)] for r in runs] for k in ks]
+            mean = [statistics.fmean(v) for v in values]
+            ax.plot(ks, mean, style, marker="o" if style == "-" else None, markersize=3, label=label)
+            if style == "-" and len(runs) > 1:
+                sd = [statistics.stdev(v) for v in values]
+                ax.fill_between(ks, [m - s for m, s in zip(mean, sd)], [m + s for m, s in zip(mean, sd)], alpha=0.2)
+        ax.set_title(shift, fontsize=9)
+        ax.set_yscale("symlog", linthresh=0.1)
+        ax.set_xlabel("in-context examples k", fontsize=8)
+        ax.set_ylabel("squared error / d", fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(shifts):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
