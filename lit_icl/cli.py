@@ -41,6 +41,7 @@ import importlib
 import os
 import re
 import sys
+import warnings
 from argparse import ArgumentError
 from pathlib import Path
 from typing import Any
@@ -147,6 +148,8 @@ class LitICLCLI(LightningCLI):
         name_run_from_configs(self.config[sub] if sub else self.config)
         if sub == "fit" and self.config[sub].get("ckpt_path") == "last":
             pin_logger_version_for_resume(self.config[sub])
+            # Resuming in place writes into the run's own, non-empty checkpoint folder on purpose.
+            warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
 
     def after_instantiate_classes(self) -> None:
         # The module checks the values it shares with the data module now, before any run folder exists;
