@@ -32,7 +32,8 @@ What this adds to a plain LightningCLI:
   refuses (devices, strategy, limits, an accelerator this machine lacks); an output folder that cannot be
   written; a ``--ckpt_path`` that does not exist, is a folder, is not a Lightning checkpoint, was written by
   another experiment (its module or data class differs from the config's), or holds module settings that would
-  silently replace the config's (:func:`check_ckpt_hparams`).
+  silently replace the config's (:func:`check_ckpt_hparams`); a ModelCheckpoint or EarlyStopping that monitors a
+  ``val/`` metric the model does not log (:func:`check_monitors`).
 """
 
 from __future__ import annotations
@@ -156,6 +157,7 @@ class LitICLCLI(LightningCLI):
         # Lightning would otherwise do it only in `setup`, after the logger has created the folder.
         if isinstance(self.model, ICLModule):
             self.model.attach_datamodule(self.datamodule)
+            check_monitors(self.trainer, self.model)
 
     def before_fit(self) -> None:
         if isinstance(self.model, ICLModule):
@@ -492,6 +494,25 @@ TRAINER_COUNTS: dict[str, tuple[int, str]] = {
     "log_every_n_steps": (0, "steps between logged training metrics; 0 logs none"),
     "num_sanity_val_steps": (-1, "validation batches before training; -1 runs them all, 0 none"),
 }
+
+
+def check_monitors(trainer: Trainer, model: ICLModule) -> None:
+    """Refuse a callback that monitors a ``val/...`` metric the model does not log.
+
+    ModelCheckpoint and EarlyStopping look their ``monitor`` up only at the end of the first validation, after
+    the run folder exists and an epoch has been trained, and then stop the run with a traceback.
+    """
+    keys = model.validation_keys()
+    if keys is None:
+        return
+    for callback in getattr(trainer, "callbacks", None) or []:
+        monitor = getattr(callback, "monitor", None)
+        if isinstance(monitor, str) and monitor.startswith("val/") and monitor not in keys:
+            logged = ", ".join(sorted(keys)) if keys else "none (this model has no validation loop)"
+            raise ConfigError(
+                f"{type(callback).__name__} monitors {monitor!r}, which {type(model).__name__} does not log; "
+                f"it logs {logged}"
+            )
 
 
 def check_trainer_counts(trainer: Any) -> None:

@@ -71,6 +71,12 @@ class ICLModule(LightningModule):
         self.bind_datamodule(datamodule)
         self._bound_datamodule = datamodule
 
+    def validation_keys(self) -> set[str] | None:
+        """The ``val/...`` metric names this module logs in validation (after :meth:`bind_datamodule`), or
+        ``None`` when not declared. The CLI checks a callback's ``monitor`` (ModelCheckpoint, EarlyStopping)
+        against it before the run starts; Lightning would stop the run only at the first validation end."""
+        return None
+
     def setup(self, stage: str) -> None:
         trainer = self._trainer
         self.attach_datamodule(getattr(trainer, "datamodule", None) if trainer is not None else None)

@@ -286,6 +286,9 @@ class I2CLModule(ICLModule):
         return getattr(self, f"ctx_{method}")
 
     # ---------------------------------------------------------------- data
+    def validation_keys(self) -> set[str]:
+        return set()  # no validation loop: calibration has its own data, and test scores the methods
+
     def bind_datamodule(self, datamodule: LightningDataModule) -> None:
         """Tokenise the label words (collisions refused) and check that every prompt fits the context."""
         if not isinstance(datamodule, I2CLData):

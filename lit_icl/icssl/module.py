@@ -199,6 +199,9 @@ class ICSSLModule(ICLModule):
             for i in range(len(self.test_sets)) for r in self.label_ratios
         })
 
+    def validation_keys(self) -> set[str]:
+        return {f"val/acc/{ratio_key(r)}" for r in self.label_ratios} | {"val/loss"}
+
     def bind_datamodule(self, datamodule: LightningDataModule) -> None:
         """Take ``n_points`` and ``eval_label_ratios`` from the data (and check the model's own ratios, if set)."""
         if not isinstance(datamodule, ICSSLDataModule):

@@ -123,6 +123,11 @@ class CoQEClassificationModule(ICLModule):
             check_int("noise_delay", noise_delay, minimum=0)
 
     # ---------------------------------------------------------------- data binding
+    def validation_keys(self) -> set[str]:
+        # The static head's accuracy exists only for a net with one (CoQE, not the Transformer).
+        static = {"val/acc/iwl_static"} if getattr(self.net, "method", None) == "coqe" else set()
+        return {"val/acc/icl", "val/acc/iwl", "val/iwl_context_wins"} | static
+
     def bind_datamodule(self, datamodule: LightningDataModule) -> None:
         """The net takes its output size from the data's training classes (a different explicit count is an
         error); record the source and the data axes."""

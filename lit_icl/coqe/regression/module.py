@@ -111,6 +111,9 @@ class CoQERegressionModule(ICLModule):
         self._probe_result: dict[str, Any] | None = None
 
     # ---------------------------------------------------------------- data binding
+    def validation_keys(self) -> set[str]:
+        return {"val/mse"}
+
     def bind_datamodule(self, datamodule: LightningDataModule) -> None:
         """The nets' input dimension and prompt length must fit the data; record class and shifts."""
         if not isinstance(datamodule, PromptData):

@@ -69,6 +69,10 @@ class AVMNISTModule(ICLModule):
         self._rng_base = 0
 
     # ---------------------------------------------------------------- wiring with the data
+    def validation_keys(self) -> set[str]:
+        # Each evaluated split is logged as "<split>/acc" at the end of validation ("val/acc" among them).
+        return {f"{split}/acc" for split in self.eval_splits if split == "val"}
+
     def bind_datamodule(self, datamodule: LightningDataModule) -> None:
         """Which split each validation loader scores, the corruption level and the data folder's name."""
         if not isinstance(datamodule, AVMNISTData):

@@ -108,6 +108,9 @@ class LatentFactorICLModule(ICLModule):
         return sorted(set(depths))
 
     # ---------------------------------------------------------------- wiring with the data
+    def validation_keys(self) -> set[str]:
+        return {"val/icl_error", "val/mse"}
+
     def bind_datamodule(self, datamodule: LightningDataModule) -> None:
         """Check the net against the data's ``d`` and ``norm_range``; take the test context lengths from it."""
         dm = datamodule
