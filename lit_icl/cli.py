@@ -300,6 +300,18 @@ def _import_class(path: Any) -> Any:
         return None
 
 
+def _same_class(a: str, b: str) -> bool:
+    """Whether two class paths name the same class (an aliased old module path included)."""
+    cls_a, cls_b = _import_class(a), _import_class(b)
+    return cls_a is cls_b if cls_a is not None and cls_b is not None else a == b
+
+
+def _run_config(ckpt_path: Any) -> Path | None:
+    """The ``config.yaml`` of the run that wrote ``<run>/checkpoints/<file>.ckpt``, if it is there."""
+    path = Path(ckpt_path).resolve().parent.parent / "config.yaml"
+    return path if path.is_file() else None
+
+
 def check_ckpt_classes(ckpt_path: Any, ckpt: dict[str, Any], config: Any) -> None:
     """Refuse a checkpoint that another experiment wrote: its module or data class is not the config's.
 
@@ -314,16 +326,13 @@ def check_ckpt_classes(ckpt_path: Any, ckpt: dict[str, Any], config: Any) -> Non
         wanted = getattr(config.get(config_key), "class_path", None) if config.get(config_key) is not None else None
         if saved is None or wanted is None:
             continue
-        saved_cls, wanted_cls = _import_class(saved), _import_class(wanted)
-        same = saved_cls is wanted_cls if saved_cls is not None and wanted_cls is not None else saved == wanted
-        pairs.append((what, saved, wanted, same))
+        pairs.append((what, saved, wanted, _same_class(saved, wanted)))
     if all(same for *_, same in pairs):
         return
     written = " with ".join(saved for _, saved, _, _ in pairs)
     built = " with ".join(wanted for _, _, wanted, _ in pairs)
-    run_config = Path(ckpt_path).resolve().parent.parent / "config.yaml"
-    fix = (f"test it with --config {quote(run_config)}" if run_config.is_file()
-           else "pass the config of the experiment that wrote it")
+    run_config = _run_config(ckpt_path)
+    fix = f"test it with --config {quote(run_config)}" if run_config else "pass the config of the experiment that wrote it"
     raise ConfigError(
         f"--ckpt_path {ckpt_path} was written by another experiment ({written}), but this config builds {built}; "
         f"{fix}, or a checkpoint of this config"
@@ -340,10 +349,8 @@ def _differences(saved: Any, wanted: Any, key: str) -> list[tuple[str, Any, Any]
     if hasattr(wanted, "as_dict"):  # a jsonargparse Namespace
         wanted = wanted.as_dict()
     if isinstance(saved, dict) and isinstance(wanted, dict):
-        if "class_path" in saved and "class_path" in wanted:
-            a, b = _import_class(saved["class_path"]), _import_class(wanted["class_path"])
-            if (a is not b) if a is not None and b is not None else saved["class_path"] != wanted["class_path"]:
-                return [(f"{key}.class_path", saved["class_path"], wanted["class_path"])]
+        if "class_path" in saved and "class_path" in wanted and not _same_class(saved["class_path"], wanted["class_path"]):
+            return [(f"{key}.class_path", saved["class_path"], wanted["class_path"])]
         found = []
         for name in saved:
             if name in wanted and name != "class_path" and not str(name).startswith("_"):
@@ -378,9 +385,8 @@ def check_ckpt_hparams(ckpt_path: Any, ckpt: dict[str, Any], config: Any) -> Non
         return
     shown = "; ".join(f"--{key} is {value!r} here but {old!r} in the checkpoint" for key, old, value in found[:3])
     more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
-    run_config = Path(ckpt_path).resolve().parent.parent / "config.yaml"
-    fix = (f"use the config that wrote it (--config {quote(run_config)})" if run_config.is_file()
-           else "use the config that wrote it")
+    run_config = _run_config(ckpt_path)
+    fix = f"use the config that wrote it (--config {quote(run_config)})" if run_config else "use the config that wrote it"
     raise ConfigError(
         f"--ckpt_path {ckpt_path} was trained with other model settings, which would silently replace the config's: "
         f"{shown}{more}; {fix}, or drop those settings"
