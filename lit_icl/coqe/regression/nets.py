@@ -346,7 +346,7 @@ class NearestNeighbours(_Baseline):
 
     def __init__(self, k: int = 3):
         super().__init__()
-        self.k = check_positive("k", k, integer=True)
+        self.k = check_positive("k", k, integer=True, hint="the neighbours the NearestNeighbours baseline averages")
         self.method = f"{k}-nn"
 
     def solve(self, xs: Tensor, ys: Tensor, xq: Tensor) -> Tensor:

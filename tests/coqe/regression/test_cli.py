@@ -100,6 +100,8 @@ BAD = [
     ([], "--model.init_args.net.init_args.output_scale=nan", "output_scale: nan is not a finite number"),
     ([], "--model.init_args.lr=-1", "lr=-1"),
     (["--model.init_args.baselines+=lit_icl.coqe.LeastSquares"], None, "appear twice"),
+    (["--model.init_args.baselines+=lit_icl.coqe.NearestNeighbours", "--model.init_args.baselines.init_args.k=0"], None,
+     "k=0 must be >= 1; the neighbours the NearestNeighbours baseline averages"),
     (["--model.init_args.baselines+=lit_icl.coqe.Lasso", "--model.init_args.baselines.init_args.alpha=0"], None,
      "alpha=0"),
 ]
