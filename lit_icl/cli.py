@@ -38,6 +38,7 @@ What this adds to a plain LightningCLI:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import re
@@ -361,10 +362,9 @@ def _differences(saved: Any, wanted: Any, key: str) -> list[tuple[str, Any, Any]
             return [(key, saved, wanted)]
         return [d for i, (a, b) in enumerate(zip(saved, wanted)) for d in _differences(a, b, f"{key}[{i}]")]
     if isinstance(saved, float) or isinstance(wanted, float):
-        try:
+        # 3e-4 and 0.0003 are the same setting; a float against a non-number falls through to ==.
+        with contextlib.suppress(TypeError, ValueError):
             return [] if float(saved) == float(wanted) else [(key, saved, wanted)]
-        except (TypeError, ValueError):
-            pass
     return [] if saved == wanted else [(key, saved, wanted)]
 
 
