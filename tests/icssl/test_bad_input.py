@@ -141,6 +141,10 @@ ICSSL_ROWS: list[tuple[list[str], list[str], str]] = [
     (FEATURES, [D + "eval_label_ratios", "[]"], "eval_label_ratios is empty"),
     (FEATURES, [D + "eval_label_ratios", "[0.03, 0.03]"], "repeats 0.03"),
     (FEATURES, [D + "normalize", "pca"], "normalize: Expected a typing.Literal['l2', 'standard', 'none']"),
+    (FEATURES, [D + "build_standin", "maybe"], "build_standin: Expected a <class 'bool'>"),
+    (IMAGES, [D + "build_standin", "maybe"], "build_standin: Expected a <class 'bool'>"),
+    # A missing path that is not the stand-in's own is an error, never a silent stand-in build.
+    (IMAGES, [D + "root", "data/my_images"], "no image-manifold sequences under data/my_images"),
 ]
 
 
