@@ -9,12 +9,14 @@
   to the sub-layer's output is the same thing because the residual add is linear.
 - :meth:`CausalLM.replace_hidden` writes a vector into one block's output at the last real token (task vector).
 
-Supported layouts (anything else is refused with one line naming the model type):
-
-- Llama-style decoders ``model.layers[l].{self_attn, mlp}`` with ``r = r + attn(norm(r)); r = r + mlp(norm(r))``:
-  ``llama`` (also SmolLM2, Llama-2/3), ``mistral``, ``qwen2``, ``qwen3``, ``gemma``. Gemma-2/3 are *not* in the
-  list: their extra post-sub-layer norms mean the hooked outputs are not what enters the residual stream.
-- GPT-2-style ``transformer.h[l].{attn, mlp}``: ``gpt2`` and ``gptj`` (parallel attention/MLP; Eq. 1 holds as is).
+Which modules are hooked is read from the model, not from a list of model types (:func:`decoder_layout`): the
+decoder blocks are the model's ``nn.ModuleList`` of ``num_hidden_layers`` identical blocks, each with one attention
+and one MLP child; a probe forward then follows each sub-layer's output through the block to the module whose
+output is added to the residual stream. In pre-norm blocks (Llama, Mistral, Qwen, Gemma 1, Phi-3, GPT-2, GPT-J,
+GPT-NeoX) that is the sub-layer itself (or its residual dropout); in blocks with post-sub-layer norms (Gemma-2/3,
+OLMo-2) it is that norm, so ``v``, ``lambda`` and ``beta`` act on what enters the stream, as Eq. 1 and 4 define
+them. The probe checks ``block out = block in + attention write + MLP write`` at every layer (sequential and
+parallel blocks alike) and refuses, in one line naming what it found, a layout where that does not hold.
 """
 
 from __future__ import annotations
@@ -30,24 +32,112 @@ from torch import Tensor, nn
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.validation import check_literal
 
-LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "gemma")
-GPT2_LIKE = ("gpt2", "gptj")
 #: Index of each hooked sub-layer in the ``(L, 2, ...)`` context-vector and coefficient tensors.
 ATTN, MLP = 0, 1
+#: Child names of a decoder block that hold its attention / MLP (HuggingFace's spellings across families).
+ATTN_NAMES = ("self_attn", "attn", "attention", "self_attention")
+MLP_NAMES = ("mlp", "feed_forward", "ffn")
 
 
+def _blocks(model: nn.Module) -> tuple[str, nn.ModuleList]:
+    """The decoder's ``ModuleList`` of blocks: ``num_hidden_layers`` (or ``n_layer``) blocks of one class."""
+    cfg = getattr(model, "config", None)
+    n = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer", None)
+    found = [(name, m) for name, m in model.named_modules()
+             if isinstance(m, nn.ModuleList) and len(m) > 0 and all(type(b) is type(m[0]) for b in m)]
+    matching = [(name, m) for name, m in found if n is None or len(m) == n]
+    if len(matching) != 1:
+        seen = ", ".join(f"{name or '<root>'}[{len(m)}]" for name, m in found) or "none"
+        raise ConfigError(
+            f"I2CL cannot hook {type(model).__name__}: expected one ModuleList of {n} decoder blocks, found {seen}"
+        )
+    return matching[0]
+
+
+def _sub_layer(block: nn.Module, names: Sequence[str], what: str, where: str) -> tuple[str, nn.Module]:
+    hits = [(name, m) for name, m in block.named_children() if name in names]
+    if len(hits) != 1:
+        children = ", ".join(name for name, _ in block.named_children())
+        raise ConfigError(
+            f"I2CL cannot hook {where} ({type(block).__name__}): it needs exactly one {what} child named one of "
+            f"{'/'.join(names)}; its children are {children}"
+        )
+    return hits[0]
+
+
+@torch.no_grad()
 def decoder_layout(model: nn.Module) -> list[tuple[nn.Module, nn.Module, nn.Module]]:
-    """``[(block, attention, mlp)]`` per layer, or a one-line ConfigError naming what is unsupported."""
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type in LLAMA_LIKE:
-        return [(b, b.self_attn, b.mlp) for b in model.model.layers]
-    if model_type in GPT2_LIKE:
-        return [(b, b.attn, b.mlp) for b in model.transformer.h]
-    raise ConfigError(
-        f"I2CL cannot hook model_type={model_type!r} ({type(model).__name__}); supported: Llama-style "
-        f"{', '.join(LLAMA_LIKE)} (model.layers[l].self_attn/.mlp) and GPT-2-style {', '.join(GPT2_LIKE)} "
-        "(transformer.h[l].attn/.mlp)"
-    )
+    """``[(block, attention write, MLP write)]`` per layer: the modules whose outputs enter the residual stream.
+
+    One probe forward (8 tokens) records every block's input and output and the input and output of each of its
+    children. Starting from the attention (resp. MLP) output, the module that consumes exactly that tensor (a
+    post-sub-layer norm, a residual dropout) is followed until none does; its output is the sub-layer's write. The
+    layout is accepted only if ``block out - block in == attention write + MLP write`` at every layer, which is
+    what Eq. 1 needs; anything else is a one-line :class:`ConfigError` saying what was found.
+    """
+    where, blocks = _blocks(model)
+    names = [(_sub_layer(b, ATTN_NAMES, "attention", f"{where}[{i}]"), _sub_layer(b, MLP_NAMES, "MLP", f"{where}[{i}]"))
+             for i, b in enumerate(blocks)]
+    records: dict[nn.Module, list[tuple[Any, Any]]] = {}  # module -> [(first input, first output)] per call
+    block_io: dict[int, list[Tensor]] = {}
+    handles = []
+
+    def record(module: nn.Module, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+        first_in = args[0] if args else kwargs.get("hidden_states")
+        records.setdefault(module, []).append((first_in, _first(out)))
+
+    for i, block in enumerate(blocks):
+        for child in block.children():
+            handles.append(child.register_forward_hook(record, with_kwargs=True))
+
+        def block_hook(module: nn.Module, args: Any, kwargs: dict[str, Any], out: Any, i: int = i) -> None:
+            block_io[i] = [args[0] if args else kwargs["hidden_states"], _first(out)]
+
+        handles.append(block.register_forward_hook(block_hook, with_kwargs=True))
+    was_training = model.training
+    model.eval()
+    try:
+        device = next(model.parameters()).device
+        vocab = int(getattr(model.config, "vocab_size", 0) or 2)
+        ids = (torch.arange(1, 9, device=device) % vocab)[None]
+        model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+
+    layout = []
+    for i, block in enumerate(blocks):
+        writes = []
+        for (name, sub) in names[i]:
+            calls = records.get(sub, [])
+            if len(calls) != 1:
+                raise ConfigError(f"I2CL cannot hook {where}[{i}].{name}: it ran {len(calls)} times in one forward")
+            module, out = sub, calls[0][1]
+            while True:  # follow the tensor to the module whose output the residual add reads
+                consumers = [c for c in block.children() if c is not module and len(records.get(c, [])) == 1
+                             and isinstance(records[c][0][0], Tensor) and records[c][0][0].shape == out.shape
+                             and torch.equal(records[c][0][0], out)]
+                if len(consumers) != 1:
+                    break
+                module, out = consumers[0], records[consumers[0]][0][1]
+            writes.append((module, out))
+        if i not in block_io:
+            raise ConfigError(f"I2CL cannot hook {where}[{i}]: the probe forward never ran it")
+        inp, out = (t.float() for t in block_io[i])
+        err = (out - inp - writes[ATTN][1].float() - writes[MLP][1].float()).norm()
+        # float32 sums agree to rounding; in 16-bit the residual adds round at the scale of the stream itself
+        exact = block_io[i][1].dtype == torch.float32
+        scale, tol = ((out - inp).norm(), 1e-3) if exact else (out.norm(), 2e-2)
+        if not err <= tol * scale:
+            child = {m: n for n, m in block.named_children()}
+            raise ConfigError(
+                f"I2CL cannot hook {where}[{i}] ({type(block).__name__}): block output minus input is not attention "
+                f"plus MLP write (relative error {float(err / scale):.2g}; writes found: {child[writes[ATTN][0]]}, "
+                f"{child[writes[MLP][0]]})"
+            )
+        layout.append((block, writes[ATTN][0], writes[MLP][0]))
+    return layout
 
 
 def _first(out: Any) -> Tensor:
@@ -147,6 +237,8 @@ class CausalLM(nn.Module):
         #: Width of one layer's key (or value) cache per token, for the cached-parameter count of few-shot ICL.
         self.kv_width = kv_heads * head_dim
         self.model_type = cfg.model_type
+        #: ``final_logit_softcapping`` of Gemma-2/3 (``None`` elsewhere), applied as the model's own head does.
+        self.softcap = getattr(cfg, "final_logit_softcapping", None)
 
     def train(self, mode: bool = True) -> CausalLM:
         """The LM stays in eval mode (no dropout) even while the coefficients calibrate."""
@@ -207,7 +299,10 @@ class CausalLM(nn.Module):
         hidden = self.lm.base_model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
         last = mask.sum(1) - 1
         h = hidden[torch.arange(ids.shape[0], device=ids.device), last]
-        return self.lm.get_output_embeddings()(h).float()
+        logits = self.lm.get_output_embeddings()(h).float()
+        if self.softcap:  # Gemma-2/3 squash the final logits (monotone, but it changes the calibration loss)
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
 
     # ------------------------------------------------------------------ hooks
     @contextmanager

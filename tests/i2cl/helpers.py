@@ -51,6 +51,43 @@ def tiny_model(kind: str, vocab: int, max_positions: int = 256, init_range: floa
     return transformers.AutoModelForCausalLM.from_config(cfg).float()
 
 
+#: Decoder families the I2CL hooks are tested on, with what their blocks add to the residual stream:
+#: (attention write, MLP write). Pre-norm blocks write the sub-layer output itself (or its residual dropout, which
+#: is the identity in eval mode); Gemma-2/3 and OLMo-2 write the output of a post-sub-layer norm.
+FAMILIES = {
+    "llama": ("self_attn", "mlp"), "mistral": ("self_attn", "mlp"), "qwen2": ("self_attn", "mlp"),
+    "qwen3": ("self_attn", "mlp"), "gemma": ("self_attn", "mlp"),
+    "gemma2": ("post_attention_layernorm", "post_feedforward_layernorm"),
+    "gemma3_text": ("post_attention_layernorm", "post_feedforward_layernorm"),
+    "olmo2": ("post_attention_layernorm", "post_feedforward_layernorm"),
+    "phi3": ("resid_attn_dropout", "resid_mlp_dropout"),
+    "gpt2": ("attn", "mlp"), "gptj": ("attn", "mlp"),
+    "gpt_neox": ("post_attention_dropout", "post_mlp_dropout"),  # parallel residual (the default)
+    "gpt_neox_sequential": ("post_attention_dropout", "post_mlp_dropout"),
+}
+
+
+def tiny_family(kind: str, vocab: int):
+    """A 2-layer random model of one of :data:`FAMILIES` (width 32, eager attention, float32)."""
+    torch.manual_seed(0)
+    ids = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+    if kind in ("gpt2", "gptj"):
+        cfg = transformers.AutoConfig.for_model(kind, vocab_size=vocab, n_embd=32, n_layer=2, n_head=4,
+                                                n_positions=256, **({"rotary_dim": 4} if kind == "gptj" else {}),
+                                                bos_token_id=1, eos_token_id=2)
+    else:
+        model_type = "gpt_neox" if kind.startswith("gpt_neox") else kind
+        extra = {"use_parallel_residual": False} if kind == "gpt_neox_sequential" else {}
+        if model_type != "gpt_neox":
+            extra.update(num_key_value_heads=2, head_dim=8)
+        cfg = transformers.AutoConfig.for_model(
+            model_type, vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, max_position_embeddings=256, **extra, **ids,
+        )
+    cfg._attn_implementation = "eager"
+    return transformers.AutoModelForCausalLM.from_config(cfg).float()
+
+
 def synthetic_dm(**kw) -> I2CLDataModule:
     args = {"task": "synthetic", "eval_samples": 12, "holdout_samples": 6, "shots_per_class": 2, "synthetic_train": 60,
                 "synthetic_test": 30}

@@ -205,12 +205,3 @@ def test_label_words_sharing_a_first_token_are_refused(net: CausalLM) -> None:
     # the label token is the one the model would emit next: the query + " A" tokenises to query + [id]
     q = net.tokenizer("Input: abc\nLabel:")["input_ids"]
     assert net.tokenizer("Input: abc\nLabel: A")["input_ids"] == [*q, ids[0]]
-
-
-def test_unsupported_family_is_refused_with_one_line(tokenizer) -> None:
-    cfg = transformers.GPTNeoXConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1,
-                                     num_attention_heads=4, intermediate_size=64)
-    model = transformers.AutoModelForCausalLM.from_config(cfg)
-    with pytest.raises(ConfigError, match="cannot hook model_type='gpt_neox'") as info:
-        CausalLM.from_objects(model, tokenizer)
-    assert "\n" not in str(info.value)
