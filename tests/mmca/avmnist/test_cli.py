@@ -162,3 +162,33 @@ def test_every_shipped_config_fits_and_tests_at_tiny_size(tmp_path: Path, config
     assert {"params", "best_test_accuracy", "best_epoch", "accuracy", "test_accuracy"} <= {
         r["metric"] for r in rows
     }
+
+
+#: The base config by absolute path: these runs start from an empty working folder.
+CONFIG = str(Path(__file__).resolve().parents[3] / "configs/mmca/avmnist.yaml")
+
+
+def test_a_stand_in_that_cannot_be_built_is_one_cli_line_naming_the_installs(tmp_path: Path, capsys,
+                                                                              monkeypatch) -> None:
+    from lit_icl.mmca.avmnist import build
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(build, "standin_needs", lambda: ["`pip install -e '.[standins]'`",
+                                                         "`apt-get install -y espeak-ng flite`"])
+    line = assert_rejected(tmp_path, capsys, ["fit", *avmnist_args(tmp_path, Path("data/avmnist_lite"), config=CONFIG)],
+                           "needs `pip install -e '.[standins]'` and `apt-get install -y espeak-ng flite`")
+    assert "avMNIST not found under data/avmnist_lite" in line
+
+
+def test_build_standin_false_keeps_the_missing_data_line(tmp_path: Path, capsys, monkeypatch) -> None:
+    from lit_icl.mmca.avmnist import build
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(build, "build_standin", lambda out: pytest.fail("nothing may be built"))
+    line = assert_rejected(
+        tmp_path, capsys,
+        ["fit", *avmnist_args(tmp_path, Path("data/avmnist_lite"), "--data.init_args.build_standin", "false",
+                              config=CONFIG)],
+        "lit_icl.mmca.avmnist.build --out data/avmnist_lite",
+    )
+    assert "avMNIST not found" in line

