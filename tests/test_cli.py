@@ -59,3 +59,16 @@ def test_the_logger_of_a_built_run_uses_the_derived_name_unless_one_is_given(tmp
         "--config", "configs/coqe/regression.yaml", *extra, "--trainer.logger.init_args.save_dir", str(tmp_path)])
     assert cli.trainer.logger.name == expected
     assert Path(cli.trainer.logger.log_dir).parent == tmp_path / expected
+
+
+def test_fast_dev_run_from_an_empty_folder_writes_no_checkpoint_there(tmp_path, monkeypatch) -> None:
+    """fast_dev_run turns the logger and checkpoints off; Lightning's save-last at the end of training used to
+    write ./checkpoints/last.ckpt into the working folder anyway."""
+    from mmca.synthetic.helpers import mmca_args
+
+    from lit_icl.cli import main
+
+    config = str(Path(__file__).resolve().parents[1] / "configs/mmca/synthetic.yaml")
+    monkeypatch.chdir(tmp_path)
+    main(["fit", *mmca_args(tmp_path, "--trainer.fast_dev_run", "true", config=config)])
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "runs").exists()

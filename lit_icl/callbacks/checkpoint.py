@@ -28,6 +28,13 @@ class RunCheckpoint(ModelCheckpoint):
         # with their bookkeeping: Lightning matches a callback's saved state by this key.
         return "ModelCheckpoint" + super().state_key.removeprefix(type(self).__qualname__)
 
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        # Lightning 2.6 writes last.ckpt at the end of training even under fast_dev_run, which promises no
+        # checkpoint; there the logger is off, so the file landed in ./checkpoints/ of the working folder.
+        if trainer.fast_dev_run:
+            return
+        super().on_train_end(trainer, pl_module)
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         old = state_dict.get("dirpath")
         if old and self.dirpath and old != self.dirpath and self._moved_here(state_dict):
