@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_info
 
 #: Keys every row has, in CSV column order; any other key is a coordinate.
 ROW_KEYS = ("metric", "value", "split", "method")
@@ -185,6 +186,11 @@ class ResultsWriter(Callback):
             return
         figure_fn = getattr(pl_module, "test_figures", None)
         figures = dict(figure_fn(rows)) if callable(figure_fn) else {}
+        if trainer.fast_dev_run and self.dirpath is None:
+            # fast_dev_run turns logging off: the rows and figures are made (so the check covers them) but not
+            # written into the working folder, which is where they would land without a run folder.
+            rank_zero_info(f"fast_dev_run: {len(rows)} result rows and {len(figures)} figures made, not written")
+            return
         out_dir = self.dirpath or log_dir or trainer.default_root_dir
         self.last_path = write_results(out_dir, rows, run_meta(trainer, pl_module, log_dir), figures)
         for logger in trainer.loggers:

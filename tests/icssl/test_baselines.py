@@ -4,6 +4,7 @@ baseline's size and equivariances, and the baselines behind the CLI."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -252,3 +253,13 @@ def test_compare_checkpoint_names_cannot_shadow_own_embeddings(tmp_path) -> None
         RepresentationMetrics(compare_checkpoints={"eig": str(tmp_path / "x.ckpt")}).check_config(model=ICSSLModule())
     with pytest.raises(ConfigError, match="no checkpoint file at"):
         RepresentationMetrics(compare_checkpoints={"tf": str(tmp_path / "y.ckpt")}).check_config(model=ICSSLModule())
+
+
+def test_fast_dev_run_of_test_makes_the_results_but_writes_none_into_the_working_folder(tmp_path,
+                                                                                       monkeypatch) -> None:
+    """fast_dev_run turns the logger off, so results used to land in the working folder (results.json, PNGs)."""
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(tmp_path)
+    main(["test", *_args(tmp_path, [str(repo / c) for c in overlay("manifolds", "eig_lr")],
+                         "--trainer.fast_dev_run", "true")])
+    assert list(tmp_path.iterdir()) == []
