@@ -10,7 +10,8 @@ One sub-package per experiment, each with ``data.py``, ``nets.py`` and ``module.
   module :class:`LatentFactorICLModule` and the callback :class:`WhiteningDiagnostic`
   (configs ``configs/mmca/synthetic.yaml`` + ``configs/mmca/synthetic/*.yaml``).
 - :mod:`lit_icl.mmca.avmnist`: corrupted avMNIST (Sec. 7, Table 1, App. I): :class:`AVMNISTDataModule`
-  (MultiBench layout; the offline stand-in ``avmnist_lite`` is built by ``python -m lit_icl.mmca.avmnist.build``),
+  (MultiBench layout; the offline stand-in ``avmnist_lite`` is built on first use, or by
+  ``python -m lit_icl.mmca.avmnist.build``),
   the nets :class:`MultimodalCrossAttention`, :class:`BidirectionalCrossAttention` and :class:`AVMNISTModule`
   (configs ``configs/mmca/avmnist.yaml`` + ``configs/mmca/avmnist/*.yaml``).
 
