@@ -1,0 +1,32 @@
+"""``benchmarks/configs_smoke.py`` runs each config the way the README says: overlays stacked on their base,
+parameter-free baselines with ``test``, I2CL's configs only when asked."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+
+
+def _smoke():
+    spec = importlib.util.spec_from_file_location("configs_smoke", ROOT / "benchmarks/configs_smoke.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_config_is_listed_once_with_its_base_and_subcommand() -> None:
+    smoke = _smoke()
+    configs = smoke.list_configs()
+    assert len(configs) == len({str(c) for c in configs}) > 40
+    assert not any(c.parts[1] == "i2cl" for c in configs)
+    assert any(c.parts[1] == "i2cl" for c in smoke.list_configs(include_i2cl=True))
+    assert smoke.command(Path("configs/mmca/avmnist/no_injection.yaml")) == [
+        "python", "-m", "lit_icl", "fit", "--config", "configs/mmca/avmnist.yaml",
+        "--config", "configs/mmca/avmnist/no_injection.yaml", "--trainer.fast_dev_run", "true"]
+    assert smoke.command(Path("configs/icssl/manifolds/eig_lr.yaml"))[3] == "test"
+    assert smoke.command(Path("configs/coqe/regression.yaml"))[3] == "fit"  # its `test` line needs a checkpoint
+    assert smoke.stack(Path("configs/coqe_omniglot.yaml")) == [Path("configs/coqe_omniglot.yaml")]
+    bases = [c for c in configs if len(c.parts) == 3]
+    assert all(smoke.stack(c) == [c] for c in bases)
