@@ -37,6 +37,7 @@ from lit_icl.core.data import EpochSampler
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import check_int, check_literal, check_nonempty, check_positive
+from lit_icl.i2cl.prepare import ensure_offline, offline_hint
 
 
 @dataclass(frozen=True)
@@ -390,8 +391,10 @@ class I2CLDataModule(LightningDataModule):
         check_positive("batch_size", batch_size, integer=True)
         check_positive("eval_batch_size", eval_batch_size, integer=True)
         for name, f in (("train_file", train_file), ("test_file", test_file)):
-            if f is not None and not Path(f).is_file():
-                raise ConfigError(f"{name}={f!r} does not exist (offline movie reviews: python -m lit_icl.i2cl.prepare)")
+            # the offline sentiment tasks are written on first use, as `python -m lit_icl.i2cl.prepare` would
+            if f is not None and not Path(f).is_file() and not ensure_offline(f):
+                hint = offline_hint(f, "offline movie reviews: python -m lit_icl.i2cl.prepare")
+                raise ConfigError(f"{name}={f!r} does not exist ({hint})")
 
     @property
     def data_seed(self) -> int:

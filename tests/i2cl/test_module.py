@@ -77,7 +77,7 @@ def test_bf16_model_injects_and_calibrates_float32_coefficients(tokenizer) -> No
     f32 = tiny_model("llama", len(tokenizer), init_range=0.2)
     net = CausalLM.from_objects(copy.deepcopy(f32).to(torch.bfloat16), tokenizer)  # the same weights, rounded
     ref = CausalLM.from_objects(f32, tokenizer)
-    L, D = net.n_layers, net.hidden_size
+    L = net.n_layers
     ids, mask = net.encode(["Review: a great film\nSentiment:", "Input: 12 345\nLabel:"])
     base = net.last_logits(ids, mask)
     assert base.dtype == torch.float32  # logits come back in float32 for the loss and the argmax
