@@ -4,14 +4,15 @@
     python benchmarks/configs_smoke.py --only mmca/avmnist   # configs whose path contains one of these
     python benchmarks/configs_smoke.py --include-i2cl        # I2CL's configs too
 
-For each YAML under ``configs/`` (a base ``configs/<paper>/<experiment>.yaml`` alone, an overlay
-``configs/<paper>/<experiment>/<variant>.yaml`` stacked on its base, as the README says) it runs, in a fresh
-empty temporary folder as the working directory and with ``OMP_NUM_THREADS=1``::
+For each YAML under ``configs/`` it runs, in a fresh empty temporary folder as the working directory and with
+``OMP_NUM_THREADS=1``::
 
-    python -m lit_icl fit --config <base> [--config <overlay>] --trainer.fast_dev_run true
+    python -m lit_icl fit --config <base> [--config <overlay> ...] --trainer.fast_dev_run true
 
-(``test`` instead of ``fit`` where the config's own header runs it with ``test`` and no checkpoint: the
-parameter-free baselines). Config paths are absolute, so relative paths in a config (``data/...``, ``runs/``)
+with the configs and the subcommand of the first command in the config's own header comment that runs it
+without a checkpoint (so ``test`` for the parameter-free baselines, and an overlay that stacks after another
+one, such as ``coqe/regression/curriculum.yaml`` after ``cpu.yaml``, gets both); a config whose header has no
+such command runs alone if a base, stacked on its base if an overlay, as the README says. Config paths are absolute, so relative paths in a config (``data/...``, ``runs/``)
 resolve against that empty folder, as they would for a user who cloned elsewhere.
 
 Stand-ins: building each from scratch in every folder costs minutes, so every temporary folder's ``data`` is a
@@ -42,8 +43,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 ERROR_PREFIX = "lit_icl: error:"
-#: A header line that runs the config itself with ``test`` and no checkpoint (a parameter-free baseline).
-TEST_LINE = re.compile(r"python -m lit_icl test (?!.*--ckpt_path)")
+#: A command in a config's header comment.
+COMMAND_LINE = re.compile(r"python -m lit_icl (fit|test)\b")
 
 
 def list_configs(include_i2cl: bool = False) -> list[Path]:
@@ -52,9 +53,35 @@ def list_configs(include_i2cl: bool = False) -> list[Path]:
     return [p for p in found if include_i2cl or p.parts[1] != "i2cl"]
 
 
+def header_command(config: Path) -> tuple[str, list[Path]] | None:
+    """``(subcommand, configs)`` of the first command in ``config``'s leading comment lines that runs it
+    (``python -m lit_icl fit|test ... --config <config>``, continuation lines joined), without a checkpoint;
+    ``None`` when the header has none. Only the ``--config`` arguments are kept."""
+    header = []
+    for line in (REPO / config).read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        header.append(line.lstrip("#").strip())
+    joined = "\n".join(header).replace("\\\n", " ")
+    for line in joined.splitlines():
+        match = COMMAND_LINE.search(line)
+        if match is None or "--ckpt_path" in line:
+            continue
+        words = line[match.end():].split()
+        configs = [Path(words[i + 1]) for i, w in enumerate(words[:-1]) if w == "--config"]
+        if config in configs:
+            return match.group(1), configs
+    return None
+
+
 def stack(config: Path) -> list[Path]:
-    """The configs to pass, in order: an overlay ``configs/<paper>/<experiment>/<variant>.yaml`` comes after its
-    base ``configs/<paper>/<experiment>.yaml``; anything else runs alone."""
+    """The configs to pass, in order: as the config's own header runs it when it says (an overlay that stacks
+    after another overlay, e.g. ``curriculum.yaml`` after ``cpu.yaml``); otherwise an overlay
+    ``configs/<paper>/<experiment>/<variant>.yaml`` comes after its base ``configs/<paper>/<experiment>.yaml``
+    and anything else runs alone."""
+    found = header_command(config)
+    if found is not None:
+        return found[1]
     base = config.parent.with_suffix(".yaml")
     if len(config.parts) == 4 and (REPO / base).is_file():
         return [base, config]
@@ -62,13 +89,10 @@ def stack(config: Path) -> list[Path]:
 
 
 def subcommand(config: Path) -> str:
-    """``test`` when the config's leading comment lines run it with ``test`` and no checkpoint, else ``fit``."""
-    for line in (REPO / config).read_text().splitlines():
-        if not line.startswith("#"):
-            break
-        if TEST_LINE.search(line):
-            return "test"
-    return "fit"
+    """``test`` when the config's header runs it with ``test`` and no checkpoint (a parameter-free baseline),
+    else ``fit``."""
+    found = header_command(config)
+    return found[0] if found is not None else "fit"
 
 
 def command(config: Path) -> list[str]:
@@ -203,18 +227,19 @@ def main(argv: list[str] | None = None) -> int:
     head = commit(args.include_i2cl)
     started = dt.datetime.now(dt.timezone.utc)
     rows = []
+    out = REPO / args.out
     try:
         for config in configs:
             row = run_one(config, data, args.timeout, Path(args.logs) if args.logs else None)
             print(f"{row['seconds']:7.1f} s  {row['outcome'][:100]}  {config}", flush=True)
             rows.append(row)
+        finished = dt.datetime.now(dt.timezone.utc)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(report(rows, argv, data_note, started, finished, head))
+        print(f"wrote {out}", flush=True)
     finally:
-        if own_data:
+        if own_data:  # tens of thousands of small files (glyphs, image frames): can take a minute
             shutil.rmtree(data, ignore_errors=True)
-    out = REPO / args.out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(report(rows, argv, data_note, started, dt.datetime.now(dt.timezone.utc), head))
-    print(f"wrote {out}")
     return int(any(str(r["outcome"]).startswith("FAILED") for r in rows))
 
 

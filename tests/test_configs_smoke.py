@@ -27,6 +27,9 @@ def test_every_config_is_listed_once_with_its_base_and_subcommand() -> None:
         "--config", "configs/mmca/avmnist/no_injection.yaml", "--trainer.fast_dev_run", "true"]
     assert smoke.command(Path("configs/icssl/manifolds/eig_lr.yaml"))[3] == "test"
     assert smoke.command(Path("configs/coqe/regression.yaml"))[3] == "fit"  # its `test` line needs a checkpoint
+    # An overlay whose header stacks it after another overlay runs as its header says.
+    assert smoke.stack(Path("configs/coqe/regression/curriculum.yaml")) == [
+        Path(f"configs/coqe/regression{v}.yaml") for v in ("", "/cpu", "/transformer", "/curriculum")]
     assert smoke.stack(Path("configs/coqe_omniglot.yaml")) == [Path("configs/coqe_omniglot.yaml")]
     bases = [c for c in configs if len(c.parts) == 3]
     assert all(smoke.stack(c) == [c] for c in bases)
