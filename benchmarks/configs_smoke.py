@@ -43,6 +43,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 ERROR_PREFIX = "lit_icl: error:"
+#: Everything from this line on in an existing results file is kept when the table is rewritten.
+NOTES_MARKER = "<!-- notes: kept when benchmarks/configs_smoke.py rewrites the table above -->"
 #: A command in a config's header comment.
 COMMAND_LINE = re.compile(r"python -m lit_icl (fit|test)\b")
 
@@ -199,6 +201,14 @@ def report(rows: list[dict[str, object]], argv: list[str], data_note: str, start
     return "\n".join(lines) + "\n"
 
 
+def kept_notes(out: Path) -> str:
+    """The hand-written notes of an existing results file (from :data:`NOTES_MARKER` on), to append to a new
+    table; empty when there are none."""
+    if not out.is_file() or NOTES_MARKER not in out.read_text():
+        return ""
+    return "\n" + NOTES_MARKER + out.read_text().split(NOTES_MARKER, 1)[1]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", default=None, help="run configs whose path contains one of these")
@@ -235,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
         finished = dt.datetime.now(dt.timezone.utc)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(report(rows, argv, data_note, started, finished, head))
+        out.write_text(report(rows, argv, data_note, started, finished, head) + kept_notes(out))
         print(f"wrote {out}", flush=True)
     finally:
         if own_data:  # tens of thousands of small files (glyphs, image frames): can take a minute

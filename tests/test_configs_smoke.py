@@ -33,3 +33,13 @@ def test_every_config_is_listed_once_with_its_base_and_subcommand() -> None:
     assert smoke.stack(Path("configs/coqe_omniglot.yaml")) == [Path("configs/coqe_omniglot.yaml")]
     bases = [c for c in configs if len(c.parts) == 3]
     assert all(smoke.stack(c) == [c] for c in bases)
+
+
+def test_a_rerun_keeps_the_notes_below_the_marker(tmp_path: Path) -> None:
+    smoke = _smoke()
+    out = tmp_path / "table.md"
+    assert smoke.kept_notes(out) == ""
+    out.write_text(f"old table\n\n{smoke.NOTES_MARKER}\n## Found\n- a fix\n")
+    assert smoke.kept_notes(out) == f"\n{smoke.NOTES_MARKER}\n## Found\n- a fix\n"
+    out.write_text("old table only\n")
+    assert smoke.kept_notes(out) == ""
