@@ -61,6 +61,7 @@ from lit_icl.core.validation import (
 )
 from lit_icl.i2cl.contracts import I2CLData, I2CLNet
 from lit_icl.i2cl.data import TaskData
+from lit_icl.i2cl.nets import NoiseNorm
 
 CALIBRATED = ("i2cl", "noise_vector", "icl_i2cl", "i2cl_transfer")
 BASELINES = ("zero_shot", "few_shot", "task_vector")
@@ -80,11 +81,12 @@ def cosine_lambda(step: int, total: int, lr: float, lr_min: float, warmup: int) 
 
 
 def calibration_loss(
-    net: I2CLNet, context: Tensor, coef: Tensor, prompts: Sequence[str], targets: Tensor, gamma: float
+    net: I2CLNet, context: Tensor, coef: Tensor, prompts: Sequence[str], targets: Tensor, gamma: float,
+    noise_norm: NoiseNorm = "stream",
 ) -> Tensor:
     """Eq. 5 on one batch: CE of the label's first token at each prompt's last position, under Eq. 4 (+ Eq. 6)."""
     ids, mask = net.encode(prompts)
-    with net.inject(context, coef, gamma=gamma):
+    with net.inject(context, coef, gamma=gamma, noise_norm=noise_norm):
         logits = net.last_logits(ids, mask)
     return F.cross_entropy(logits, targets.to(logits.device))
 
@@ -104,6 +106,7 @@ def calibrate(
     gamma: float = 1e-3,
     warmup_fraction: float = 0.0,
     seed: int = 0,
+    noise_norm: NoiseNorm = "stream",
 ) -> tuple[Tensor, list[float]]:
     """Noisy self-calibration as a plain loop (Algorithm 1's first calibration, and for use outside Lightning).
 
@@ -127,7 +130,7 @@ def calibrate(
             opt.zero_grad()
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(int(torch.randint(2**62, (1,), generator=noise)))
-                loss = calibration_loss(net, context, coef, [prompts[i] for i in idx], targets[idx], gamma)
+                loss = calibration_loss(net, context, coef, [prompts[i] for i in idx], targets[idx], gamma, noise_norm)
             loss.backward()
             opt.step()
             sched.step()
@@ -178,6 +181,8 @@ class I2CLModule(ICLModule):
         net: the frozen LM, e.g. ``CausalLM(model_name_or_path="meta-llama/Llama-2-7b-hf")``.
         methods: which of :data:`METHODS` to calibrate (``fit``) and evaluate (``test``).
         gamma: relative noise of Eq. 6 during calibration.
+        noise_norm: what that noise is relative to: ``stream``, the residual stream (Eq. 6 as written), or
+            ``sublayer``, the injected sub-layer output (the public code); see ``CausalLM.inject``.
         lr / lr_min: AdamW learning rate, annealed by a cosine to ``lr_min``; weight_decay: AdamW's.
         warmup_fraction: linear warm-up share of the calibration steps (0 as the paper; the public code 0.05).
         init_lambda / init_beta: initial coefficients.
@@ -196,6 +201,7 @@ class I2CLModule(ICLModule):
         net: nn.Module | None = None,
         methods: list[Method] | None = None,
         gamma: float = 0.001,
+        noise_norm: NoiseNorm = "stream",
         lr: float = 0.01,
         lr_min: float = 1e-5,
         weight_decay: float = 1e-3,
@@ -247,6 +253,7 @@ class I2CLModule(ICLModule):
         net: nn.Module | None,
         methods: list[str],
         gamma: float,
+        noise_norm: str,
         lr: float,
         lr_min: float,
         weight_decay: float,
@@ -269,6 +276,7 @@ class I2CLModule(ICLModule):
         for m in methods:
             check_literal("methods entry", m, Method)
         check_nonnegative("gamma", gamma)
+        check_literal("noise_norm", noise_norm, NoiseNorm)
         check_positive("lr", lr)
         check_range("lr_min", lr_min, 0.0, lr, hint="it is where the cosine ends, at most lr")
         check_nonnegative("weight_decay", weight_decay)
@@ -363,6 +371,7 @@ class I2CLModule(ICLModule):
             self.net, v_new.to(self.device), self.coefs["i2cl_transfer"].detach(), prompts, targets,
             epochs=int(trainer.max_epochs or 1), batch_size=2, lr=hp.lr, lr_min=hp.lr_min,
             weight_decay=hp.weight_decay, gamma=hp.gamma, warmup_fraction=hp.warmup_fraction, seed=self.data_seed,
+            noise_norm=hp.noise_norm,
         )
         out = transfer_init(c_new.cpu(), self.src_coef.cpu(), self.src_ctx.cpu(), hp.transfer_threshold,
                             hp.transfer_temperature)
@@ -392,7 +401,8 @@ class I2CLModule(ICLModule):
             t0 = time.perf_counter()
             opt.zero_grad()
             loss = calibration_loss(
-                self.net, self.context(m), self.coefs[m], self._prompts(m, batch["text"]), targets, self.hparams.gamma
+                self.net, self.context(m), self.coefs[m], self._prompts(m, batch["text"]), targets, self.hparams.gamma,
+                self.hparams.noise_norm,
             )
             self.manual_backward(loss)
             opt.step()

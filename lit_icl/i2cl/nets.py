@@ -149,6 +149,8 @@ def _replace_first(out: Any, new: Tensor) -> Any:
     return (new, *out[1:]) if isinstance(out, tuple) else new
 
 
+#: What Eq. 6's calibration noise is relative to (see :meth:`CausalLM.inject`).
+NoiseNorm = Literal["stream", "sublayer"]
 #: The LM's weight dtype: ``auto`` is bfloat16 on a GPU, float32 on CPU.
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 
@@ -342,14 +344,20 @@ class CausalLM(nn.Module):
         return out
 
     @contextmanager
-    def inject(self, context: Tensor, coef: Tensor, gamma: float = 0.0) -> Iterator[None]:
+    def inject(self, context: Tensor, coef: Tensor, gamma: float = 0.0,
+               noise_norm: NoiseNorm = "stream") -> Iterator[None]:
         """Eq. 4 (and Eq. 6's noise when ``gamma > 0``) at every layer and token while the context is open.
 
         Args:
             context: ``(L, 2, D)`` context vectors ``v`` (index 0 attention, 1 MLP).
             coef: ``(L, 2, 2)`` coefficients; ``coef[l, k, 0] = lambda``, ``coef[l, k, 1] = beta``.
             gamma: relative noise level of Eq. 6 (0 at evaluation).
+            noise_norm: what the noise scales with: ``stream``, the residual stream after the sub-layer (Eq. 6 as
+                the paper writes it), or ``sublayer``, the injected sub-layer output itself (the public code's
+                ``out += gamma ||out|| eta``). They differ by the ratio of the two norms, large in models whose
+                residual stream carries a few huge coordinates (Gemma's grows to ~40,000 while a write is ~3,000).
         """
+        check_literal("noise_norm", noise_norm, NoiseNorm)
         if context.shape != (self.n_layers, 2, self.hidden_size) or coef.shape != (self.n_layers, 2, 2):
             raise ValueError(
                 f"context {tuple(context.shape)} / coef {tuple(coef.shape)} do not fit "
@@ -359,9 +367,10 @@ class CausalLM(nn.Module):
         handles = []
 
         def noisy(new: Tensor, residual: Tensor) -> Tensor:
-            stream = residual.float() + new
-            # eta ~ N(0, I) scaled by the (detached) L2 norm of the residual stream it perturbs (Eq. 6)
-            return new + gamma * stream.detach().norm(dim=-1, keepdim=True) * torch.randn_like(new)
+            # eta ~ N(0, I) scaled by the (detached) L2 norm of the residual stream it perturbs (Eq. 6), or of the
+            # sub-layer output (public code)
+            scale = new if noise_norm == "sublayer" else residual.float() + new
+            return new + gamma * scale.detach().norm(dim=-1, keepdim=True) * torch.randn_like(new)
 
         def make_pre(layer: int):
             def pre(module: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:

@@ -84,6 +84,7 @@ BAD_ROWS = [
     (["--model.init_args.lr", "-1"], "lr=-1"),
     (["--model.init_args.lr_min", "0.5"], "lr_min=0.5"),
     (["--model.init_args.gamma", "-0.1"], "gamma=-0.1"),
+    (["--model.init_args.noise_norm", "code"], "noise_norm: Expected a typing.Literal['stream', 'sublayer']"),
     (["--model.init_args.methods", "[i2cl_transfer]"], "needs transfer_from"),
     (["--model.init_args.methods", "[i2cl_transfer]", "--model.init_args.transfer_from", "[no/such/task_id.ckpt]"],
      "cannot read task-id checkpoint 'no/such/task_id.ckpt'"),

@@ -164,6 +164,34 @@ def test_noise_is_relative_to_the_residual_stream(net: CausalLM) -> None:
     assert 0 < diff < 1.0
 
 
+@pytest.mark.parametrize("noise_norm", ["stream", "sublayer"])
+@torch.no_grad()
+def test_noise_scales_with_the_norm_it_is_told(net: CausalLM, noise_norm: str) -> None:
+    """Layer 0's attention write gets gamma * ||x|| * eta, x the stream after it (Eq. 6) or the write itself
+    (public code); eta is the first standard-normal draw after seeding."""
+    ids, mask = net.encode(["Input: abc def\nLabel:"])
+    L, D = net.n_layers, net.hidden_size
+    coef = torch.stack([torch.zeros(L, 2), torch.ones(L, 2)], dim=-1)
+    ctx = torch.zeros(L, 2, D)
+    inputs: dict[int, torch.Tensor] = {}
+    block = net.layout[0][0]
+    handle = block.register_forward_pre_hook(
+        lambda mod, args, kw: inputs.__setitem__(0, args[0] if args else kw["hidden_states"]), with_kwargs=True)
+    try:
+        with net.capture() as clean:
+            net.lm.base_model(input_ids=ids, attention_mask=mask)
+        torch.manual_seed(0)
+        with net.inject(ctx, coef, gamma=0.1, noise_norm=noise_norm), net.capture() as noisy:
+            net.lm.base_model(input_ids=ids, attention_mask=mask)
+    finally:
+        handle.remove()
+    a = clean["attn"][0]
+    torch.manual_seed(0)
+    eta = torch.randn_like(a)
+    x = a if noise_norm == "sublayer" else inputs[0] + a
+    torch.testing.assert_close(noisy["attn"][0], a + 0.1 * x.norm(dim=-1, keepdim=True) * eta, rtol=1e-5, atol=1e-5)
+
+
 def test_injected_forward_attends_over_no_demonstration_tokens(net: CausalLM) -> None:
     dm = synthetic_dm()
     module = I2CLModule(net=net, methods=["zero_shot", "few_shot", "i2cl"])
