@@ -12,8 +12,8 @@ the report):
   24): Lightning vs bare, fp32 and bf16-mixed, and the projected time to the paper's 10^5 steps;
 - CoQE regression (App. C.1 sizes): Lightning vs bare, and our Transformer vs HuggingFace GPT-2 when
   ``transformers`` is installed;
-- I2CL: latency per query of zero-shot, I2CL, task vector and few-shot ICL in bf16 on the offline model
-  (skipped, with the reason, when the model is not installed: ``docs/i2cl.md``).
+- I2CL: latency per query of zero-shot, I2CL, task vector and few-shot ICL in bf16 on both offline models,
+  SmolLM2-135M and Gemma 3 270M (each skipped, with the reason, when not installed: ``docs/i2cl.md``).
 
 The report names the device, torch version, date, commit and every command, and keeps each script's output
 verbatim; a step that fails or times out is reported as such (with its last lines) and the suite goes on. The
@@ -77,10 +77,15 @@ STEPS = [
          ["benchmarks/coqe_regression_throughput.py", "--device", "cuda", "--steps", "200", "--warmup", "20"],
          ["benchmarks/coqe_regression_throughput.py", "--device", "cpu", "--steps", "2", "--warmup", "1",
           "--repeats", "1", "--only", "train", "--points", "11", "--dims", "5"], 420),
-    Step("i2cl_latency_bf16", "I2CL latency per query vs zero-shot and few-shot ICL (bf16 on a GPU)",
+    # 100 queries per method take seconds on a GPU; the limits cover loading each model
+    Step("i2cl_latency_bf16", "I2CL latency per query vs zero-shot and few-shot ICL (bf16 on a GPU), SmolLM2-135M",
          ["benchmarks/i2cl_latency.py", "--queries", "100"],
-         ["benchmarks/i2cl_latency.py", "--queries", "2"], 240,
+         ["benchmarks/i2cl_latency.py", "--queries", "2"], 120,
          needs="data/i2cl/smollm2-135m-instruct"),
+    Step("i2cl_latency_bf16_gemma", "the same on Gemma 3 270M (post-norm blocks)",
+         ["benchmarks/i2cl_latency.py", "--queries", "100", "--model", "data/i2cl/gemma-3-270m"],
+         ["benchmarks/i2cl_latency.py", "--queries", "2", "--model", "data/i2cl/gemma-3-270m"], 120,
+         needs="data/i2cl/gemma-3-270m"),
 ]
 assert sum(step.timeout_s for step in STEPS) <= 35 * 60
 
