@@ -202,8 +202,9 @@ class CausalLM(nn.Module):
         except OSError as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ConfigError(
-                f"cannot load model {model_name_or_path!r}: {first} (offline? run `python -m lit_icl.i2cl.prepare` "
-                "and use data/i2cl/smollm2-135m-instruct)"
+                f"cannot load model {model_name_or_path!r}: {first} (offline? use an offline model, "
+                "--model.init_args.net.init_args.model_name_or_path data/i2cl/smollm2-135m-instruct or "
+                "data/i2cl/gemma-3-270m: docs/i2cl.md)"
             ) from None
         self._setup(model, tokenizer)
 
