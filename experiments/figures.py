@@ -4,6 +4,7 @@
     python experiments/figures.py icssl               # docs/figures/icssl_cpu.png
     python experiments/figures.py mmca_synthetic      # docs/figures/mmca_synthetic_cpu.png
     python experiments/figures.py mmca_avmnist        # docs/figures/mmca_avmnist_cpu.png
+    python experiments/figures.py i2cl                # docs/figures/i2cl_cpu.png
 
 Each CSV holds, value for value, a table of the Markdown results file of the same name (which names the
 command, machine, date and commit that measured it); nothing here is re-measured. ``--results DIR`` and
@@ -16,6 +17,9 @@ command, machine, date and commit that measured it); nothing here is re-measured
   = the table of ``mmca_synthetic_cpu.md``; the closed forms are that file's, Theorem 4.1 and Lemma D.1).
 - ``mmca_avmnist``: best test accuracy of the five Table 1 models at noise sd 0.2 and 1.0, mean ± sd over three
   seeds with each seed's point (``mmca_avmnist_cpu.csv`` = the per-seed columns of ``mmca_avmnist_cpu.md``).
+- ``i2cl``: accuracy of each method on the two offline models, mean ± sd over the seeds with each seed's point,
+  zero-shot as a line (``i2cl_offline_cpu.csv`` = the per-seed columns of ``i2cl_offline_cpu.md`` and
+  ``i2cl_offline_gemma_cpu.md``; a row's ``setting`` names the calibration noise).
 """
 
 from __future__ import annotations
@@ -146,8 +150,38 @@ def mmca_avmnist(results: Path) -> Figure:
     return fig
 
 
+def i2cl(results: Path) -> Figure:
+    rows = read_csv(results / "i2cl_offline_cpu.csv")
+    models = list(grouped(rows, "model"))
+    fig = Figure(figsize=(10.0, 4.6), layout="constrained")
+    axes = fig.subplots(1, len(models), sharey=True, squeeze=False)[0]
+    for ax, model in zip(axes, models):
+        mine = [r for r in rows if r["model"] == model]
+        # one column per (method, setting); the paper's setting keeps the method's name alone
+        columns = list(dict.fromkeys((r["method"], r["setting"]) for r in mine))
+        for i, (method, setting) in enumerate(columns):
+            seeds = [float(r["accuracy"]) for r in mine if (r["method"], r["setting"]) == (method, setting)]
+            mean = statistics.mean(seeds)
+            spread = statistics.stdev(seeds) if len(seeds) > 1 else 0.0
+            ax.errorbar(i, mean, yerr=spread, fmt="o", ms=8, capsize=4, color=f"C{i}",
+                        label="mean ± sd over seeds" if i == 0 else None)
+            ax.scatter([i + 0.2] * len(seeds), seeds, color="0.3", s=12, zorder=3, label="one seed" if i == 0 else None)
+            if method == "zero-shot":
+                ax.axhline(mean, color="0.5", ls="--", lw=1, label="zero-shot")
+        labels = [m if s.startswith("paper") else f"{m}\n({s})" for m, s in columns]
+        ax.set_xticks(range(len(columns)), labels, fontsize=8, rotation=20)
+        ax.set_title(model, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_ylabel("accuracy, 500 movie-review queries")
+    handles = {h.get_label(): h for ax in axes for h in ax.get_legend_handles_labels()[0]}
+    fig.legend(handles.values(), handles.keys(), fontsize=8, loc="outside lower center", ncols=3)
+    fig.suptitle("I2CL and its baselines on the two offline models (CPU; calibration noise gamma 0.001 unless named)",
+                 fontsize=10)
+    return fig
+
+
 FIGURES_BY_NAME: dict[str, Callable[[Path], Figure]] = {
-    "icssl": icssl, "mmca_synthetic": mmca_synthetic, "mmca_avmnist": mmca_avmnist,
+    "icssl": icssl, "mmca_synthetic": mmca_synthetic, "mmca_avmnist": mmca_avmnist, "i2cl": i2cl,
 }
 
 
