@@ -41,7 +41,7 @@ def _csv(name: str) -> list[dict[str, str]]:
 
 def test_every_figure_is_drawn_from_the_committed_results(tmp_path: Path) -> None:
     assert _script().main(["all", "--out", str(tmp_path)]) == 0
-    for name in ("icssl", "mmca_synthetic", "mmca_avmnist"):
+    for name in ("icssl", "mmca_synthetic", "mmca_avmnist", "i2cl"):
         png = tmp_path / f"{name}_cpu.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
         assert (ROOT / "docs/figures" / png.name).is_file(), f"docs/figures/{png.name} is not committed"
@@ -74,3 +74,15 @@ def test_avmnist_csv_holds_the_per_seed_columns() -> None:
     assert len(rows) == 30
     for r in rows:
         assert tables[r["noise_std"]][r["model"]][2].split(" / ")[int(r["seed"])] == r["best_test_accuracy_pct"], r
+
+
+def test_i2cl_csv_holds_the_per_seed_lists_of_its_results_files() -> None:
+    """Each (model, setting, method) group of i2cl_offline_cpu.csv is a per-seed list written, in seed order, in
+    that model's results file."""
+    files = {"SmolLM2-135M-Instruct": "i2cl_offline_cpu.md", "Gemma 3 270M": "i2cl_offline_gemma_cpu.md"}
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    for r in _csv("i2cl_offline_cpu.csv"):
+        groups.setdefault((r["model"], r["setting"], r["method"]), []).append(r["accuracy"])
+    assert {model for model, _, _ in groups} == set(files)
+    for (model, setting, method), values in groups.items():
+        assert ", ".join(values) in (RESULTS / files[model]).read_text(), (model, setting, method)
