@@ -118,16 +118,16 @@ def write_sentiment_task(
     return {k: len(v) for k, v in splits.items()}
 
 
-def find_gguf(model: str = "smollm2", workdir: Path | None = None) -> Path:
+def find_gguf(model: str, workdir: Path) -> Path:
     """The GGUF of an offline model, from its installed package (found without importing SmolLM2's, which would
-    import llama-cpp); Gemma's four chunks are joined and checked into ``workdir``."""
+    import llama-cpp); Gemma's four chunks are joined and checked into ``workdir`` (the caller removes it)."""
     spec_ = OFFLINE_MODELS[model]
     spec = importlib.util.find_spec(spec_.package)
     if spec is None or spec.origin is None:
         raise SystemExit(f"{spec_.package} is not installed; run `{spec_.install}`")
     if model == "gemma3-270m":
         gemma = importlib.import_module(spec_.package)
-        return Path(gemma.assemble(Path(workdir or tempfile.mkdtemp()) / spec_.gguf))
+        return Path(gemma.assemble(workdir / spec_.gguf))
     path = Path(spec.origin).parent / spec_.gguf
     if not path.exists():
         raise SystemExit(f"{path} is missing; reinstall with `{spec_.install}`")
