@@ -46,7 +46,7 @@ import sys
 import warnings
 from argparse import ArgumentError
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
@@ -56,10 +56,11 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lit_icl.callbacks.checkpoint import RunCheckpoint
 from lit_icl.callbacks.finite import FiniteGuard
+from lit_icl.callbacks.stopping import StopWhenConverged
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.module import ICLModule
 from lit_icl.core.results import ResultsWriter
-from lit_icl.core.validation import check_finite_tree, check_run_config
+from lit_icl.core.validation import check_finite_tree, check_int, check_nonnegative, check_run_config
 
 #: The logger name the CLI sets; a run that keeps it is named after its config files.
 DEFAULT_RUN_NAME = "lit_icl"
@@ -110,6 +111,16 @@ class LitICLCLI(LightningCLI):
         # No monitor: Lightning refreshes last.ckpt only when this callback saves, which an unmonitored one
         # does every epoch; a monitored one would leave last.ckpt behind after the best epoch.
         parser.set_defaults({"checkpoint.save_last": True, "checkpoint.save_top_k": 1})
+        # The shared early-stopping rule (off unless a patience is given); see add_early_stopping.
+        parser.add_argument("--early_stopping.patience", type=int | None, default=None,
+                            help="stop after this many validation rounds without improvement (default: off); "
+                                 "trainer.max_steps / max_epochs stay the cap")
+        parser.add_argument("--early_stopping.monitor", type=str | None, default=None,
+                            help="the validation metric (default: the one the config's ModelCheckpoint monitors)")
+        parser.add_argument("--early_stopping.mode", type=Literal["max", "min"] | None, default=None,
+                            help="max or min (default: the mode of the ModelCheckpoint on the same metric)")
+        parser.add_argument("--early_stopping.min_delta", type=float, default=0.0,
+                            help="the smallest change of the metric that counts as an improvement")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         if args is None or isinstance(args, (list, tuple)):
@@ -176,8 +187,48 @@ class LitICLCLI(LightningCLI):
         for callback in (ResultsWriter, FiniteGuard):
             if not any(isinstance(cb, callback) for cb in trainer.callbacks):
                 trainer.callbacks.append(callback())
+        sub = self.subcommand
+        add_early_stopping(trainer, (self.config[sub] if sub else self.config).get("early_stopping"))
         check_output_writable(trainer)
         return trainer
+
+
+def add_early_stopping(trainer: Trainer, options: Any) -> StopWhenConverged | None:
+    """Add :class:`StopWhenConverged` for ``--early_stopping.*`` (nothing when ``patience`` is unset).
+
+    The metric is ``--early_stopping.monitor`` or, by default, the config's own monitored metric: the
+    ``monitor`` of its (first) monitored ModelCheckpoint, with that callback's mode. A config that monitors
+    nothing needs ``--early_stopping.monitor`` and ``--early_stopping.mode``.
+    """
+    patience = None if options is None else options.get("patience")
+    if patience is None:
+        return None
+    check_int("--early_stopping.patience", patience, minimum=1, hint="the number of validation rounds to wait")
+    min_delta = options.get("min_delta", 0.0)
+    check_nonnegative("--early_stopping.min_delta", min_delta)
+    monitored = [cb for cb in trainer.callbacks if isinstance(cb, ModelCheckpoint) and cb.monitor]
+    monitor, mode = options.get("monitor"), options.get("mode")
+    if monitor is None:
+        if not monitored:
+            raise ConfigError(
+                "--early_stopping.patience needs a validation metric, and this config's checkpoints monitor none; "
+                "pass --early_stopping.monitor <metric> --early_stopping.mode max|min (e.g. val/acc max)"
+            )
+        monitor = monitored[0].monitor
+    if mode is None:
+        same = [cb.mode for cb in monitored if cb.monitor == monitor]
+        if not same:
+            raise ConfigError(f"--early_stopping.monitor {monitor}: no checkpoint monitors it, so its direction is "
+                              "unknown; pass --early_stopping.mode max (accuracies) or min (losses)")
+        mode = same[0]
+    callback = StopWhenConverged(monitor=monitor, patience=patience, mode=mode, min_delta=float(min_delta))
+    # Before the checkpoint callbacks: when they save at validation end (several rounds per epoch), a round's
+    # decision must already be in the checkpoint of that round, or a run resumed from it would wait one round
+    # longer than the uninterrupted run. (With one round per epoch they save later, at the epoch's end.)
+    first_ckpt = next((i for i, cb in enumerate(trainer.callbacks) if isinstance(cb, ModelCheckpoint)),
+                      len(trainer.callbacks))
+    trainer.callbacks.insert(first_ckpt, callback)
+    return callback
 
 
 def run_name(config_paths: list[Any]) -> str:

@@ -105,6 +105,8 @@ def run_meta(trainer: Trainer, module: LightningModule, log_dir: str | Path | No
         "config": _jsonable(config),
         "checkpoint": str(trainer.ckpt_path) if trainer.ckpt_path else None,
         "trained_steps": int(getattr(module, "trained_steps", module.global_step)),
+        # How the checkpoint's run ended (early-stopping rule, best step, stopped step), when it recorded that.
+        "stopping": stopping_record(trainer.ckpt_path),
         "seeds": {
             "seed_everything": int(seed) if seed is not None else None,
             "data_seed": dm_hparams.get("data_seed"),
@@ -112,6 +114,22 @@ def run_meta(trainer: Trainer, module: LightningModule, log_dir: str | Path | No
         "versions": versions(),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+#: What :class:`lit_icl.callbacks.StopWhenConverged` writes into a run folder at the end of ``fit``.
+STOPPING_FILE = "stopping.json"
+
+
+def stopping_record(ckpt_path: str | Path | None) -> dict[str, Any] | None:
+    """The ``stopping.json`` of the run that wrote ``<run>/checkpoints/<file>.ckpt`` (``None`` if it has none):
+    how that run's training ended under the early-stopping rule."""
+    if not ckpt_path:
+        return None
+    path = Path(ckpt_path).resolve().parent.parent / STOPPING_FILE
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
 
 
 def write_results(

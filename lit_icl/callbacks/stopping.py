@@ -1,0 +1,88 @@
+"""``StopWhenConverged``: the early-stopping rule every paper shares ("train until validation stops improving").
+
+A run stops when its monitored validation metric has not improved by more than ``min_delta`` for ``patience``
+validation rounds in a row; ``trainer.max_steps`` (or ``max_epochs``) stays the cap. It is Lightning's
+``EarlyStopping`` plus two things a results table needs:
+
+- it remembers the step of the best validation round (``best_step``), through checkpoints, so a run that is
+  killed and resumed with ``--ckpt_path last`` stops where the uninterrupted run stops and reports the same
+  best step;
+- at the end of ``fit`` it writes ``stopping.json`` into the run folder: monitor, mode, patience, the best
+  score and its step, the step at which training ended and whether the rule (not the cap) ended it.
+  :func:`lit_icl.core.results.run_meta` copies that record into the ``meta`` of every ``test`` run of one of
+  the run's checkpoints, so a table built from ``results.json`` files can say how long each model trained.
+
+The CLI adds it with ``--early_stopping.patience N`` (see :mod:`lit_icl.cli`), monitoring the config's own
+monitored metric (its ``ModelCheckpoint(monitor=...)``) unless ``--early_stopping.monitor`` names another.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import EarlyStopping
+from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
+
+from lit_icl.core.results import STOPPING_FILE
+
+
+class StopWhenConverged(EarlyStopping):
+    """Stop when ``monitor`` has not improved for ``patience`` validation rounds; record where and why.
+
+    Args:
+        monitor: the logged validation metric, e.g. ``"val/acc/label_ratio=0.25"``.
+        patience: validation rounds without improvement before the run stops (at least 1).
+        mode: ``"max"`` for accuracies, ``"min"`` for losses.
+        min_delta: the smallest change that counts as an improvement.
+    """
+
+    def __init__(self, monitor: str, patience: int, mode: str = "max", min_delta: float = 0.0) -> None:
+        # Checked after every validation round (not at training-epoch ends): a round is the unit of patience.
+        super().__init__(monitor=monitor, patience=patience, mode=mode, min_delta=min_delta,
+                         check_on_train_epoch_end=False, strict=True, check_finite=True)
+        #: Global step of the best validation round so far (``None`` before the first round).
+        self.best_step: int | None = None
+
+    def _run_early_stopping_check(self, trainer: Trainer) -> None:
+        before = self.best_score.clone()
+        super()._run_early_stopping_check(trainer)
+        if not torch.equal(before, self.best_score):  # this round improved on the best
+            self.best_step = int(trainer.global_step)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "best_step": self.best_step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self.best_step = state_dict.get("best_step")
+
+    def record(self, trainer: Trainer) -> dict[str, Any]:
+        """What ``stopping.json`` holds: the rule, the best round and where training ended."""
+        best = float(self.best_score)
+        return {
+            "monitor": self.monitor,
+            "mode": self.mode,
+            "patience": self.patience,
+            "min_delta": abs(float(self.min_delta)),
+            "best_score": best if torch.isfinite(self.best_score) else None,
+            "best_step": self.best_step,
+            "stopped_step": int(trainer.global_step),
+            "stopped_early": self.stopping_reason != EarlyStoppingReason.NOT_STOPPED,
+            "reason": self.stopping_reason_message,
+            "max_steps": int(trainer.max_steps),
+            "max_epochs": trainer.max_epochs,
+        }
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)
+        log_dir = trainer.log_dir
+        if trainer.fast_dev_run or not trainer.is_global_zero or not log_dir:
+            return
+        path = Path(log_dir) / STOPPING_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.record(trainer), indent=2) + "\n")
+

@@ -1,0 +1,125 @@
+"""The shared early-stopping rule (``--early_stopping.patience``, :class:`lit_icl.callbacks.StopWhenConverged`).
+
+A tiny IC-SSL run validates every 3 steps. With ``--early_stopping.min_delta 1`` no accuracy can improve on the
+first round, so the rule must stop after exactly ``1 + patience`` rounds: the stopping step is known in advance.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from badinput import assert_rejected
+from icssl.helpers import tiny_args
+
+from lit_icl.cli import main
+
+TESTS_DIR = Path(__file__).resolve().parent
+REPO = TESTS_DIR.parent
+STEPS_PER_ROUND = 3  # tiny_args: 3 training batches per epoch, one validation round per epoch
+METRIC = "val/acc/label_ratio=0.25"
+#: A monitored best-checkpoint callback, as the shipped IC-SSL configs have (tiny_args drops the config's).
+BEST = json.dumps([{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                    "init_args": {"monitor": METRIC, "mode": "max", "save_top_k": 1,
+                                  "filename": "best-{epoch}-{step}"}}])
+
+
+def run_dir(root: Path, name: str = "es") -> Path:
+    return root / "runs" / name / "version_0"
+
+
+def fit_args(root: Path, *extra: str, epochs: int = 20) -> list[str]:
+    return ["fit", *tiny_args(root, "--trainer.max_epochs", str(epochs), "--trainer.callbacks", BEST, *extra,
+                              name="es")]
+
+
+def test_stops_after_patience_rounds_without_improvement_and_records_where(tmp_path: Path) -> None:
+    main(fit_args(tmp_path, "--early_stopping.patience", "2", "--early_stopping.min_delta", "1.0"))
+    record = json.loads((run_dir(tmp_path) / "stopping.json").read_text())
+    assert record["monitor"] == METRIC and record["mode"] == "max"  # taken from the config's checkpoint
+    assert record["best_step"] == STEPS_PER_ROUND  # the first round is the only improvement
+    assert record["stopped_step"] == 3 * STEPS_PER_ROUND  # 1 + patience rounds, far below the 20-epoch cap
+    assert record["stopped_early"] is True
+    last = torch.load(run_dir(tmp_path) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert last["global_step"] == record["stopped_step"]
+    best = list((run_dir(tmp_path) / "checkpoints").glob("best-*.ckpt"))
+    assert [p.name for p in best] == [f"best-epoch=0-step={STEPS_PER_ROUND}.ckpt"]
+    assert record["best_score"] == pytest.approx(float(last["callbacks"][next(
+        k for k in last["callbacks"] if k.startswith("StopWhenConverged"))]["best_score"]))
+
+
+def test_the_step_cap_ends_a_run_that_keeps_improving(tmp_path: Path) -> None:
+    main(fit_args(tmp_path, "--early_stopping.patience", "50", epochs=3))
+    record = json.loads((run_dir(tmp_path) / "stopping.json").read_text())
+    assert record["stopped_early"] is False
+    assert record["stopped_step"] == 3 * STEPS_PER_ROUND
+    assert record["best_step"] in (3, 6, 9)
+
+
+def test_a_test_run_reports_how_its_checkpoint_was_trained(tmp_path: Path) -> None:
+    main(fit_args(tmp_path, "--early_stopping.patience", "1", "--early_stopping.min_delta", "1.0"))
+    record = json.loads((run_dir(tmp_path) / "stopping.json").read_text())
+    best = next((run_dir(tmp_path) / "checkpoints").glob("best-*.ckpt"))
+    main(["test", *tiny_args(tmp_path, name="es_test"), "--ckpt_path", str(best)])
+    meta = json.loads((run_dir(tmp_path, "es_test") / "results.json").read_text())["meta"]
+    assert meta["stopping"] == record
+    assert meta["trained_steps"] == record["best_step"] == STEPS_PER_ROUND
+    assert record["stopped_step"] == 2 * STEPS_PER_ROUND
+
+
+def test_runs_without_the_rule_record_nothing(tmp_path: Path) -> None:
+    main(fit_args(tmp_path, epochs=1))
+    assert not (run_dir(tmp_path) / "stopping.json").exists()
+
+
+BAD_ROWS = [
+    (["--early_stopping.patience", "0"], "--early_stopping.patience=0 must be >= 1"),
+    (["--early_stopping.patience", "2", "--early_stopping.min_delta", "-0.1"], "--early_stopping.min_delta"),
+    (["--early_stopping.patience", "2", "--trainer.callbacks", "[]"],
+     "checkpoints monitor none; pass --early_stopping.monitor"),
+    (["--early_stopping.patience", "2", "--early_stopping.monitor", "val/loss"],
+     "pass --early_stopping.mode max (accuracies) or min (losses)"),
+    (["--early_stopping.patience", "2", "--early_stopping.monitor", "val/no_such_metric",
+      "--early_stopping.mode", "max"], "StopWhenConverged monitors 'val/no_such_metric'"),
+]
+
+
+@pytest.mark.parametrize(("extra", "needle"), BAD_ROWS, ids=[r[1][:40] for r in BAD_ROWS])
+def test_bad_early_stopping_options_are_refused_before_anything_is_written(tmp_path, capsys, extra, needle) -> None:
+    assert_rejected(tmp_path, capsys, fit_args(tmp_path, *extra), needle)
+
+
+def _fit_subprocess(root: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), env.get("PYTHONPATH", "")])
+    args = fit_args(root, "--early_stopping.patience", "2", "--early_stopping.min_delta", "1.0", *extra)
+    return subprocess.run([sys.executable, "-m", "lit_icl", *args], check=False, cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_sigkill_while_waiting_then_resume_stops_where_the_uninterrupted_run_stops(tmp_path: Path) -> None:
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    proc = _fit_subprocess(straight)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # Rounds end at steps 3 (best), 6 (one round without improvement) and 9 (two: stop). Killed at step 8, the
+    # run keeps the checkpoint of step 6, which must already count the round at step 6.
+    kill = [{"class_path": "subprocess_callbacks.KillAtStep", "init_args": {"step": 8}},
+            json.loads(BEST)[0]]
+    proc = _fit_subprocess(killed, "--trainer.callbacks", json.dumps(kill))
+    assert proc.returncode == -signal.SIGKILL, (proc.returncode, proc.stderr[-3000:])
+    assert not (run_dir(killed) / "stopping.json").exists()
+    proc = _fit_subprocess(killed, "--ckpt_path", "last")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = (json.loads((run_dir(r) / "stopping.json").read_text()) for r in (straight, killed))
+    assert a == b and a["stopped_step"] == 3 * STEPS_PER_ROUND
+    wa, wb = (torch.load(run_dir(r) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+              for r in (straight, killed))
+    assert wa["global_step"] == wb["global_step"] == a["stopped_step"]
+    for key in wa["state_dict"]:
+        assert torch.equal(wa["state_dict"][key], wb["state_dict"][key]), f"weights differ in {key}"
