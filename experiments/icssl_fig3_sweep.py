@@ -20,7 +20,7 @@ Transformer and EIG on the same episodes. ``report`` pools the tests with ``pyth
 (``sweep.png`` and ``results.json`` in ``<out>/sweep``: accuracy and separation vs dataset size, mean ± sd over
 seeds, each method's steepest rise) and prints Table 1.
 
-Jobs, resumption and logs work as in ``experiments/icssl_paper_tables.py``, whose runner this script shares.
+Jobs, resumption and logs work as in ``experiments/icssl_paper_tables.py``; both use the runner in ``experiments/runner.py``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared runner beside this file
-from icssl_paper_tables import CONFIGS, REPO, Job, _budget, _logger, _mean_sd, _table, run_all  # noqa: E402
+from icssl_paper_tables import CONFIGS, _budget, tested_checkpoint
+from runner import REPO, Job, logger_args, markdown_table, mean_sd, run_all, select
 
 CONFIG = CONFIGS / "icssl" / "features.yaml"
 NET = "--model.init_args.net"
@@ -80,7 +81,7 @@ def fit_jobs(args: argparse.Namespace) -> list[Job]:
                         "--data.init_args.train_episodes", str(size),
                         "--data.init_args.val_episodes", str(args.val_episodes),
                         "--seed_everything", str(seed), "--data.init_args.data_seed", str(seed),
-                        *_budget(args.steps, args.epochs), *_logger(args.out, name, f"s{seed}")]
+                        *_budget(args.steps, args), *logger_args(args.out, name, f"s{seed}")]
                 jobs.append(Job(f"fit {name} s{seed}", argv, args.out / name / f"s{seed}"))
     return jobs
 
@@ -94,19 +95,19 @@ def test_jobs(args: argparse.Namespace) -> list[Job]:
         name, seed = fit.folder.parent.name, fit.folder.name
         argv = ["test", "--config", str(fit.folder / "config.yaml"), *common,
                 "--trainer.callbacks", json.dumps([CALLBACK]),
-                "--ckpt_path", str(fit.folder / "checkpoints" / "last.ckpt")]
+                "--ckpt_path", str(tested_checkpoint(fit.folder, args))]
         folder = fit.folder.parent / f"{seed}_test"
-        jobs.append(Job(f"test {name} {seed}", [*argv, *_logger(args.out, name, folder.name)], folder,
+        jobs.append(Job(f"test {name} {seed}", [*argv, *logger_args(args.out, name, folder.name)], folder,
                         after=[fit.folder]))
         if name == _name("e2e", max(args.sizes)):  # Table 1: our model, the Transformer and EIG, aligned
             other = args.out / _name("transformer", max(args.sizes)) / seed
             table1 = {**CALLBACK, "init_args": {
                 **CALLBACK["init_args"],
-                "compare_checkpoints": {"transformer": str(other / "checkpoints" / "last.ckpt")}}}
+                "compare_checkpoints": {"transformer": str(tested_checkpoint(other, args))}}}
             argv[argv.index("--trainer.callbacks") + 1] = json.dumps([table1])
             folder = fit.folder.parent / f"{seed}_test_table1"
             jobs.append(Job(f"test {name} {seed} with the transformer (Table 1)",
-                            [*argv, *_logger(args.out, name, folder.name)], folder, after=[fit.folder, other]))
+                            [*argv, *logger_args(args.out, name, folder.name)], folder, after=[fit.folder, other]))
     return jobs
 
 
@@ -127,10 +128,10 @@ def table1(args: argparse.Namespace) -> str:
         cells = []
         for metric in ("mnn", "cycle_knn", "lcs_knn"):
             values = found.get((pair, metric))
-            cells.append("--" if not values else "{:.3f} ± {:.3f}".format(*_mean_sd(values)))
+            cells.append("--" if not values else "{:.3f} ± {:.3f}".format(*mean_sd(values)))
         rows.append([pair, *cells])
     return (f"Table 1 (dataset size {max(args.sizes)}, {args.test_episodes} test episodes, k = 10)\n\n"
-            + _table(["embeddings", "mNN", "cycle-kNN", "LCS"], rows))
+            + markdown_table(["embeddings", "mNN", "cycle-kNN", "LCS"], rows))
 
 
 def report(args: argparse.Namespace) -> int:
@@ -160,7 +161,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--label-ratio", type=float, default=0.03, help="the accuracy curve's label ratio")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
-    parser.add_argument("--only", default="", help="only jobs whose name contains this")
+    parser.add_argument("--only", nargs="+", default=[""], help="only jobs whose name contains one of these")
+    parser.add_argument("--patience", type=int, default=None,
+                        help="train to convergence: stop after this many validation rounds without improvement "
+                             "(the shared early-stopping rule); --steps becomes the cap")
+    parser.add_argument("--val-every", type=int, default=100, help="steps between validation rounds (--patience)")
+    parser.add_argument("--min-delta", type=float, default=0.001,
+                        help="the smallest rise of the monitored accuracy that counts as an improvement (--patience)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = parser.parse_args(argv)
     args.out, args.features = args.out.resolve(), args.features.resolve()
@@ -176,8 +183,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(report(args))
     args.input_dim = feature_dim(args.features)
     jobs = fit_jobs(args) if args.stage == "fit" else test_jobs(args)
-    jobs = [j for j in jobs if args.only in j.name]
-    sys.exit(1 if run_all(jobs, args) else 0)
+    sys.exit(1 if run_all(select(jobs, args.only), args) else 0)
 
 
 if __name__ == "__main__":

@@ -29,16 +29,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
-import shlex
-import subprocess
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared runner beside this file
+from runner import REPO, Job, logger_args, markdown_table, mean_sd, run_all, select
+
 CONFIGS = REPO / "configs"
 MANIFOLDS = ("cone", "cylinder", "sphere", "torus", "spiral")  # App. E.1; "spiral" is the Swiss roll
 TABLE_RATIOS = "[0.03, 0.21, 0.39]"  # 3, 21 and 39 labeled points of 100: Tables 2-5's context sizes
@@ -70,31 +67,32 @@ def _configs(files: tuple[str, ...]) -> list[str]:
     return [arg for f in files for arg in ("--config", str(CONFIGS / f))]
 
 
-@dataclass
-class Job:
-    """One ``python -m lit_icl`` call; ``folder`` is its run folder, where ``done`` marks success."""
+def _budget(steps: int, args: argparse.Namespace) -> list[str]:
+    """The training budget of one run.
 
-    name: str
-    argv: list[str]
-    folder: Path
-    after: list[Path] = field(default_factory=list)  # folders whose ``done`` this job needs
-
-    @property
-    def done(self) -> bool:
-        return (self.folder / "done").is_file()
-
-
-def _logger(out: Path, name: str, version: str) -> list[str]:
-    return [
-        "--trainer.logger.init_args.save_dir", str(out),
-        "--trainer.logger.init_args.name", name,
-        "--trainer.logger.init_args.version", version,
-    ]
+    Fixed length (no ``--patience``): ``steps`` steps in ``--epochs`` epochs, one validation round per epoch.
+    At convergence (``--patience P``): a validation round every ``--val-every`` steps, and the shared
+    early-stopping rule (``--early_stopping.patience P`` on the config's monitored validation metric) ends the run
+    after P rounds without a rise of more than ``--min-delta``; ``steps`` is the cap (``--trainer.max_steps``), over which the cosine
+    learning-rate schedule is laid out.
+    """
+    if args.patience is None:
+        per_epoch = max(steps // args.epochs, 1)
+        return ["--trainer.max_epochs", str(args.epochs), "--data.init_args.train_batches_per_epoch", str(per_epoch)]
+    rounds = -(-steps // args.val_every)
+    return ["--trainer.max_steps", str(steps), "--trainer.max_epochs", str(rounds),
+            "--data.init_args.train_batches_per_epoch", str(args.val_every),
+            "--early_stopping.patience", str(args.patience), "--early_stopping.min_delta", str(args.min_delta)]
 
 
-def _budget(steps: int, epochs: int) -> list[str]:
-    per_epoch = max(steps // epochs, 1)
-    return ["--trainer.max_epochs", str(epochs), "--data.init_args.train_batches_per_epoch", str(per_epoch)]
+def tested_checkpoint(fit_folder: Path, args: argparse.Namespace) -> Path:
+    """The checkpoint a model is tested from: at convergence its best validation round (what early stopping
+    selects; ``best-*.ckpt`` of the config's monitored checkpoint), otherwise its last step."""
+    if args.patience is not None:
+        best = sorted((fit_folder / "checkpoints").glob("best-*.ckpt"))
+        if best:
+            return best[-1]
+    return fit_folder / "checkpoints" / "last.ckpt"
 
 
 def _model_section(config: tuple[str, ...], out: Path) -> Path:
@@ -122,7 +120,7 @@ def fit_jobs(args: argparse.Namespace) -> list[Job]:
     def add(name: str, seed: int, argv: list[str]) -> None:
         folder = out / name / f"s{seed}"
         seeds = ["--seed_everything", str(seed), "--data.init_args.data_seed", str(seed)]
-        jobs.append(Job(f"fit {name} s{seed}", ["fit", *argv, *seeds, *_logger(out, name, f"s{seed}")], folder))
+        jobs.append(Job(f"fit {name} s{seed}", ["fit", *argv, *seeds, *logger_args(out, name, f"s{seed}")], folder))
 
     for kernel in ("rbf", "linear"):
         for seed in args.seeds:
@@ -138,14 +136,14 @@ def fit_jobs(args: argparse.Namespace) -> list[Job]:
                         "--data.init_args.train_manifolds", str(train),
                         "--data.init_args.val_manifolds", str(train),
                         "--data.init_args.val_episodes", str(args.val_episodes),
-                        *_budget(steps, args.epochs),
+                        *_budget(steps, args),
                     ])
         if kernel == "rbf":
             for seed in args.seeds:
                 for name, config in PRODUCT_MODELS.items():
                     add(name, seed, [*_configs(config),
                                      "--data.init_args.val_episodes", str(args.val_episodes),
-                                     *_budget(args.steps, args.epochs)])
+                                     *_budget(args.steps, args)])
                 for model, (config, extra) in MODELS.items():
                     steps = args.eig_steps if model.startswith("eig") else args.steps
                     # The image data module with this model's net: the net comes from the manifold config.
@@ -154,7 +152,7 @@ def fit_jobs(args: argparse.Namespace) -> list[Job]:
                         "--model", str(_model_section(config, out)), *extra,
                         *([f"{REP}.init_args.n_neighbors", "4"] if model.startswith("eig") else []),
                         "--data.init_args.root", str(args.image_root),
-                        *_budget(steps, args.epochs),
+                        *_budget(steps, args),
                     ])
     return jobs
 
@@ -166,12 +164,12 @@ def test_jobs(args: argparse.Namespace) -> list[Job]:
     common = ["--trainer.callbacks", "[]", "--trainer.enable_progress_bar", "false"]
     for fit in fit_jobs(args):
         name, seed = fit.folder.parent.name, fit.folder.name
-        ckpt = ["--ckpt_path", str(fit.folder / "checkpoints" / "last.ckpt")]
+        ckpt = ["--ckpt_path", str(tested_checkpoint(fit.folder, args))]
 
         def add(what: str, argv: list[str], fit: Job = fit, name: str = name, seed: str = seed,
                 ckpt: list[str] = ckpt) -> None:
             folder = out / name / f"{seed}_test_{what}"
-            argv = ["test", *argv, *ckpt, *common, *_logger(out, name, folder.name)]
+            argv = ["test", *argv, *ckpt, *common, *logger_args(out, name, folder.name)]
             jobs.append(Job(f"test {name} {seed} on {what}", argv, folder, after=[fit.folder]))
 
         own = ["--config", str(fit.folder / "config.yaml")]
@@ -192,14 +190,14 @@ def test_jobs(args: argparse.Namespace) -> list[Job]:
     return jobs
 
 
-def _accuracies(out: Path, name: str, what: str, seeds: list[int]) -> dict[tuple, list[float]]:
-    """``{(method kind, manifold, n_labeled): [accuracy per seed]}`` from the test runs of one model.
+def _by_seed(out: Path, name: str, what: str, seeds: list[int]) -> dict[tuple, dict[int, float]]:
+    """``{(method kind, manifold, n_labeled): {seed: accuracy}}`` from the test runs of one model.
 
     ``method kind`` is ``model`` for the trained model and ``class_prior`` for the constant-class floor.
     """
     import json
 
-    found: dict[tuple, list[float]] = {}
+    found: dict[tuple, dict[int, float]] = {}
     for seed in seeds:
         path = out / name / f"s{seed}_test_{what}" / "results.json"
         if not path.is_file():
@@ -208,28 +206,153 @@ def _accuracies(out: Path, name: str, what: str, seeds: list[int]) -> dict[tuple
             if row["metric"] != "accuracy" or row["method"] == "labeled_majority":
                 continue
             kind = "class_prior" if row["method"] == "class_prior" else "model"
-            found.setdefault((kind, row.get("manifold"), row.get("n_labeled")), []).append(row["value"])
+            found.setdefault((kind, row.get("manifold"), row.get("n_labeled")), {})[seed] = row["value"]
     return found
 
 
-def _mean_sd(values: list[float]) -> tuple[float, float]:
-    m = sum(values) / len(values)
-    sd = (sum((v - m) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
-    return m, sd
+def _accuracies(out: Path, name: str, what: str, seeds: list[int]) -> dict[tuple, list[float]]:
+    """:func:`_by_seed` as ``{key: [accuracy per seed, in seed order]}``."""
+    return {key: [v[s] for s in seeds if s in v] for key, v in _by_seed(out, name, what, seeds).items()}
+
+
+def _stopping(out: Path, name: str, what: str, seeds: list[int]) -> list[dict]:
+    """The early-stopping records (``meta.stopping``) of one model's test runs, one per seed that has one."""
+    import json
+
+    found = []
+    for seed in seeds:
+        path = out / name / f"s{seed}_test_{what}" / "results.json"
+        if path.is_file():
+            meta = json.loads(path.read_text())["meta"]
+            if meta.get("stopping"):
+                found.append({**meta["stopping"], "tested_step": meta.get("trained_steps")})
+    return found
+
+
+def verdict(ours: float, ours_sd: float, n_seeds: int, paper: float | None, spread: float) -> str:
+    """Whether a margin (E2E minus EIG+ICL, in points) reproduces the paper's.
+
+    *reproduced*: same sign and within the paper's spread (``spread``, the sd of the paper's margin);
+    *not resolved*: our margin is within one sd over seeds of zero, so its sign is not measured;
+    *same sign, outside the paper's spread*; *opposite sign*.
+    """
+    if paper is None:
+        return "no paper value"
+    if n_seeds < 2:
+        return "one seed: no sd"
+    if ours * paper > 0 and abs(ours - paper) <= spread:
+        return "reproduced"
+    if abs(ours) <= ours_sd:
+        return "not resolved (|margin| <= sd over seeds)"
+    return "same sign, outside the paper's spread" if ours * paper > 0 else "opposite sign"
 
 
 def _cell(values: list[float] | None, paper: list[float] | None = None, seeds: int = 3) -> str:
     if not values:
         text = "--"
     else:
-        m, sd = _mean_sd(values)
+        m, sd = mean_sd(values)
         text = f"{m:.3f} ± {sd:.3f}" + ("" if len(values) == seeds else f" (n={len(values)})")
     return text if paper is None else f"{text} ({paper[0]:.3f})"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+@dataclass
+class Margin:
+    """E2E ICL minus EIG+ICL on one manifold: our accuracies per seed and the paper's (mean, sd) pairs."""
+
+    config: str
+    kernel: str
+    ctx: int
+    split: str
+    manifold: str
+    e2e: dict[int, float]
+    eig: dict[int, float]
+    paper_e2e: list[float] | None
+    paper_eig: list[float] | None
+
+    @property
+    def paper(self) -> float | None:
+        return None if not self.paper_e2e or not self.paper_eig else self.paper_e2e[0] - self.paper_eig[0]
+
+    @property
+    def paper_spread(self) -> float:
+        """The sd of the paper's margin: its two sds combined as independent."""
+        return 0.0 if self.paper is None else (self.paper_e2e[1] ** 2 + self.paper_eig[1] ** 2) ** 0.5
+
+
+SPLITS = {"id": "ID", "id5": "ID, five", "ood": "OOD"}
+
+
+def margin_tables(margins: list[Margin]) -> list[str]:
+    """The E2E-minus-EIG margins, in points: mean over the manifolds (paired by seed) with its sd over seeds and
+    a verdict against the paper, then each manifold's margin."""
+    rows, verdicts = [], []
+    for config, kernel, split in itertools.product(("tuned", "faithful"), ("linear", "rbf"), SPLITS):
+        cells = []
+        for ctx in (3, 21, 39):
+            sel = [x for x in margins if (x.config, x.kernel, x.ctx, x.split) == (config, kernel, ctx, split)]
+            common = sorted(set.intersection(*(set(x.e2e) & set(x.eig) for x in sel))) if sel else []
+            if not common:
+                cells.append("--")
+                continue
+            per_seed = [100 * sum(x.e2e[s] - x.eig[s] for x in sel) / len(sel) for s in common]
+            ours, sd = mean_sd(per_seed)
+            papers = [x.paper for x in sel if x.paper is not None]
+            theirs = 100 * sum(papers) / len(papers) if len(papers) == len(sel) else None
+            spread = 100 * sum(x.paper_spread for x in sel) / len(sel)
+            cells.append(f"{ours:+.1f} ± {sd:.1f}" + (f" ({theirs:+.1f})" if theirs is not None else ""))
+            if theirs is not None:
+                verdicts.append([config, kernel, SPLITS[split], str(ctx), f"{len(sel)}", f"{len(common)}",
+                                 f"{ours:+.1f} ± {sd:.1f}", f"{theirs:+.1f} ± {spread:.1f}",
+                                 verdict(ours, sd, len(common), theirs, spread)])
+        if any(c != "--" for c in cells):
+            rows.append([config, kernel, SPLITS[split], *cells])
+    parts = ["### E2E ICL minus EIG+ICL, accuracy points: mean over the manifolds with both, ± sd over seeds "
+             "(paper)\n\n" + markdown_table(["config", "kernel", "split", "3 labels", "21 labels", "39 labels"], rows)]
+    if verdicts:
+        parts.append("### Margins against the paper (reproduced: same sign and within the paper's spread, the sd of "
+                     "its margin)\n\n" + markdown_table(["config", "kernel", "split", "labels", "manifolds", "seeds", "ours",
+                                                  "paper", "verdict"], verdicts))
+    rows = []
+    for x in margins:
+        common = sorted(set(x.e2e) & set(x.eig))
+        if x.split != "id" or not common:
+            continue
+        ours, sd = mean_sd([100 * (x.e2e[s] - x.eig[s]) for s in common])
+        paper = "--" if x.paper is None else f"{100 * x.paper:+.1f} ± {100 * x.paper_spread:.1f}"
+        rows.append([x.config, f"{x.kernel}-{x.manifold}", str(x.ctx), f"{ours:+.1f} ± {sd:.1f}", paper,
+                     verdict(ours, sd, len(common), None if x.paper is None else 100 * x.paper,
+                             100 * x.paper_spread)])
+    if rows:
+        parts.append("### ID margin per manifold (E2E ICL minus EIG+ICL, points, ± sd over seeds; paper ± its "
+                     "spread)\n\n" + markdown_table(["config", "kernel-target", "labels", "ours", "paper", "verdict"], rows))
+    return parts
+
+
+def steps_table(out: Path, seeds: list[int]) -> str:
+    """How long each group of models trained, from the early-stopping records in their test results."""
+    groups: dict[str, list[dict]] = {}
+    for folder in sorted(p for p in out.iterdir() if p.is_dir() and not p.name.startswith("_")) if out.is_dir() else []:
+        what = "product" if folder.name.startswith("product_") else (
+            "images" if folder.name.endswith("_images") else "manifolds")
+        group = folder.name.split("_only_")[0] + "_only" if "_only_" in folder.name else (
+            folder.name.split("_no_")[0] + "_no" if "_no_" in folder.name else folder.name)
+        groups.setdefault(group, []).extend(_stopping(out, folder.name, what, seeds))
+    rows = []
+    for group, records in groups.items():
+        if not records:
+            continue
+        best = sorted(r["best_step"] for r in records if r.get("best_step") is not None)
+        stopped = sorted(r["stopped_step"] for r in records)
+        capped = sum(not r["stopped_early"] for r in records)
+        rows.append([group, str(len(records)), f"{best[len(best) // 2]} ({best[0]}-{best[-1]})" if best else "--",
+                     f"{stopped[len(stopped) // 2]} ({stopped[0]}-{stopped[-1]})", f"{capped} of {len(records)}",
+                     str(records[0]["patience"]), str(records[0]["max_steps"])])
+    if not rows:
+        return "(no run recorded an early stop: trained at fixed length)"
+    return ("### Training length (early stopping on the config's monitored validation metric; tested at the best "
+            "round)\n\n" + markdown_table(["models", "runs", "best step: median (range)", "stopped at: median (range)",
+                                    "reached the cap", "patience (rounds)", "cap (steps)"], rows))
 
 
 def report(args: argparse.Namespace) -> str:
@@ -238,9 +361,11 @@ def report(args: argparse.Namespace) -> str:
 
     paper = json.loads((Path(__file__).with_name("icssl_paper_numbers.json")).read_text())
     out, seeds, n = args.out, args.seeds, len(args.seeds)
+    length = (f"E2E models trained {args.steps} steps, EIG+ICL heads {args.eig_steps}" if args.patience is None else
+              f"trained until the validation metric rose by no more than {args.min_delta} for {args.patience} rounds of "
+              f"{args.val_every} steps (cap {args.steps} steps for E2E, {args.eig_steps} for EIG+ICL heads), tested at the best round")
     parts = [(f"Accuracy on the unlabeled points, mean ± sd over seeds {seeds} (paper's mean in parentheses); "
-              f"E2E models trained {args.steps} steps, EIG+ICL heads {args.eig_steps}; {args.test_episodes} "
-              "test episodes per manifold.")]
+              f"{length}; {args.test_episodes} test episodes per manifold.")]
     margins = []
     for config, eig in (("tuned", "eig"), ("faithful", "eig_faithful")):
         for ctx in (3, 21, 39):
@@ -248,15 +373,17 @@ def report(args: argparse.Namespace) -> str:
             for kernel in ("linear", "rbf"):
                 for m in MANIFOLDS:
                     ref = paper["tables_2_4"][f"{kernel}/{m}/{ctx}"]
-                    cells, got, priors = [], {}, []
+                    cells, got, seeded, priors = [], {}, {}, []
                     # ID as the paper (trained on this manifold alone), ID on all five, OOD (the other four).
                     for col, model, train in (
                         ("eig_id", eig, f"only_{m}"), ("eig_id5", eig, "five"), ("eig_ood", eig, f"no_{m}"),
                         ("e2e_id", config, f"only_{m}"), ("e2e_id5", config, "five"), ("e2e_ood", config, f"no_{m}"),
                     ):
-                        acc = _accuracies(out, f"{model}_{kernel}_{train}", "manifolds", seeds)
+                        by_seed = _by_seed(out, f"{model}_{kernel}_{train}", "manifolds", seeds)
+                        acc = {k: [v[s] for s in seeds if s in v] for k, v in by_seed.items()}
                         where = m if train == "five" else None
                         got[col] = acc.get(("model", where, ctx))
+                        seeded[col] = by_seed.get(("model", where, ctx), {})
                         priors.append(acc.get(("class_prior", where, ctx)))
                         cells.append(_cell(got[col], ref.get(col), n))
                     # The floor of a constant class (any run's test set of this manifold; most seeds wins).
@@ -264,27 +391,15 @@ def report(args: argparse.Namespace) -> str:
                     rows.append([f"{kernel}-{m}", *cells, _cell(prior, None, n)])
                     for split in ("id", "id5", "ood"):
                         if got[f"e2e_{split}"] and got[f"eig_{split}"]:
-                            ours = _mean_sd(got[f"e2e_{split}"])[0] - _mean_sd(got[f"eig_{split}"])[0]
-                            paper_e2e = ref.get(f"e2e_{split}")
-                            theirs = paper_e2e[0] - ref[f"eig_{split}"][0] if paper_e2e else None
-                            margins.append((config, kernel, ctx, split, ours, theirs))
-            parts.append(f"### Tables 2-4, {ctx} labeled points, {config} configuration\n\n" + _table(
+                            paper_e2e, paper_eig = ref.get(f"e2e_{split}"), ref.get(f"eig_{split}")
+                            margins.append(Margin(config, kernel, ctx, split, m, seeded[f"e2e_{split}"],
+                                                  seeded[f"eig_{split}"], paper_e2e, paper_eig))
+            parts.append(f"### Tables 2-4, {ctx} labeled points, {config} configuration\n\n" + markdown_table(
                 ["kernel-target", "EIG+ICL (ID)", "EIG+ICL (ID, five)", "EIG+ICL (OOD)", "E2E ICL (ID)",
                  "E2E ICL (ID, five)", "E2E ICL (OOD)", "class prior"], rows))
-    if margins:  # (config, kernel, ctx, split, ours, paper or None), one per manifold
-        rows = []
-        names = {"id": "ID", "id5": "ID, five", "ood": "OOD"}
-        for config, kernel, split in itertools.product(("tuned", "faithful"), ("linear", "rbf"), names):
-            cells = []
-            for ctx in (3, 21, 39):
-                sel = [x for x in margins if x[:4] == (config, kernel, ctx, split)]
-                ours = f"{100 * sum(x[4] for x in sel) / len(sel):+.1f}" if sel else "--"
-                theirs = [x[5] for x in sel if x[5] is not None]
-                cells.append(ours + (f" ({100 * sum(theirs) / len(theirs):+.1f})" if theirs else ""))
-            if any(c != "--" for c in cells):
-                rows.append([config, kernel, names[split], *cells])
-        parts.append("### E2E ICL minus EIG+ICL, accuracy points, mean over the manifolds with both (paper)\n\n"
-                     + _table(["config", "kernel", "split", "3 labels", "21 labels", "39 labels"], rows))
+    if margins:
+        parts.extend(margin_tables(margins))
+    parts.append(steps_table(out, seeds))
     for config, eig in (("tuned", "eig"), ("faithful", "eig_faithful")):
         rows = []
         for ctx in (3, 21, 39):
@@ -298,7 +413,7 @@ def report(args: argparse.Namespace) -> str:
                              _cell(id_eig, ref["eig_id"], n), _cell(ood_eig, ref["eig_ood"], n),
                              _cell(id_e2e, ref["e2e_id"], n), _cell(ood_e2e, ref["e2e_ood"], n)])
         parts.append(f"### Table 5 (RBF, image manifolds: {args.image_root.name}), {config} configuration\n\n"
-                     + _table(["labels", "training manifolds (OOD)", "EIG+ICL (ID)", "EIG+ICL (OOD)",
+                     + markdown_table(["labels", "training manifolds (OOD)", "EIG+ICL (ID)", "EIG+ICL (OOD)",
                                "E2E ICL (ID)", "E2E ICL (OOD)"], rows))
     rows = []
     for ctx in (3, 5, 10, 15, 20, 40, 80):
@@ -306,97 +421,10 @@ def report(args: argparse.Namespace) -> str:
         rows.append([str(ctx), *(
             _cell(_accuracies(out, model, "product", seeds).get(("model", None, ctx)), ref[model], n)
             for model in PRODUCT_MODELS)])
-    parts.append("### Table 6 (product manifold, 5 factors)\n\n" + _table(
+    parts.append("### Table 6 (product manifold, 5 factors)\n\n" + markdown_table(
         ["labels", "Lap+PE (1 layer)", "our model", "Lap (linear)"],
         [[r[0], r[2], r[1], r[3]] for r in rows]))
     return "\n\n".join(parts)
-
-
-def run_job(job: Job, threads: int, dry: bool) -> tuple[Job, int, float]:
-    cmd = [sys.executable, "-m", "lit_icl", *job.argv]
-    if job.argv[0] == "fit" and (job.folder / "checkpoints" / "last.ckpt").is_file():
-        cmd += ["--ckpt_path", "last"]  # an interrupted fit resumes where its last checkpoint left it
-    line = " ".join(shlex.quote(c) for c in cmd)
-    if dry:
-        print(line, flush=True)
-        return job, 0, 0.0
-    job.folder.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    start = time.perf_counter()
-    with open(job.folder / f"{job.argv[0]}.log", "a") as log:
-        log.write(f"$ {line}\n")
-        log.flush()
-        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    if rc == 0:
-        (job.folder / "done").write_text(f"{time.perf_counter() - start:.1f} s\n")
-    return job, rc, time.perf_counter() - start
-
-
-def run_job_in_process(job: Job, threads: int) -> tuple[Job, int, float]:
-    """A ``test`` job inside a forked worker that imported Lightning once (saves ~10 s of imports per job)."""
-    import contextlib
-    import traceback
-
-    import torch
-
-    from lit_icl.cli import main as cli_main
-
-    torch.set_num_threads(threads)
-    job.folder.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    with open(job.folder / f"{job.argv[0]}.log", "a") as log, contextlib.redirect_stdout(log), \
-            contextlib.redirect_stderr(log):
-        print("$ python -m lit_icl " + " ".join(shlex.quote(c) for c in job.argv), flush=True)
-        import logging
-
-        for name in ("lightning.pytorch", "lightning.fabric", "lit_icl"):  # their handlers hold the old stderr
-            logging.getLogger(name).handlers = [logging.StreamHandler(log)]
-        try:
-            cli_main(job.argv)
-            rc = 0
-        except SystemExit as stop:
-            rc = stop.code if isinstance(stop.code, int) else 1
-        except Exception:  # noqa: BLE001 - reported in the job's log, counted as a failure
-            traceback.print_exc()
-            rc = 1
-    if rc == 0:
-        (job.folder / "done").write_text(f"{time.perf_counter() - start:.1f} s\n")
-    return job, rc, time.perf_counter() - start
-
-
-def _in_process_star(item: tuple[Job, int]) -> tuple[Job, int, float]:
-    return run_job_in_process(*item)
-
-
-def run_all(jobs: list[Job], args: argparse.Namespace) -> int:
-    todo = [j for j in jobs if not j.done]
-    blocked = [j for j in todo if not all((f / "done").is_file() for f in j.after)]
-    print(f"{len(jobs)} jobs, {len(jobs) - len(todo)} done, {len(todo) - len(blocked)} to run with {args.jobs} "
-          "at a time", flush=True)
-    if blocked:
-        print(f"{len(blocked)} wait for runs that have not finished (run `fit` first), e.g. {blocked[0].name}")
-        todo = [j for j in todo if j not in blocked]
-    failed = 0
-    if args.stage == "test" and not args.dry_run and todo:
-        import multiprocessing
-
-        import lit_icl.cli  # noqa: F401 - imported once here, inherited by the forked workers
-
-        ctx = multiprocessing.get_context("fork")
-        with ctx.Pool(args.jobs, maxtasksperchild=20) as pool:
-            results = pool.imap_unordered(_in_process_star, [(j, args.threads) for j in todo])
-            for job, rc, secs in results:
-                status = "ok" if rc == 0 else f"FAILED rc={rc} (see {job.folder}/{job.argv[0]}.log)"
-                print(f"{time.strftime('%H:%M:%S')} {job.name}: {status}, {secs:.0f} s", flush=True)
-                failed += rc != 0
-        return failed
-    with ThreadPoolExecutor(args.jobs) as pool:
-        for job, rc, secs in pool.map(lambda j: run_job(j, args.threads, args.dry_run), todo):
-            if not args.dry_run:
-                status = "ok" if rc == 0 else f"FAILED rc={rc} (see {job.folder}/{job.argv[0]}.log)"
-                print(f"{time.strftime('%H:%M:%S')} {job.name}: {status}, {secs:.0f} s", flush=True)
-            failed += rc != 0
-    return failed
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -413,7 +441,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--image-root", type=Path, default=REPO / "data" / "image_manifolds_standin")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
-    parser.add_argument("--only", default="", help="only jobs whose name contains this")
+    parser.add_argument("--only", nargs="+", default=[""], help="only jobs whose name contains one of these")
+    parser.add_argument("--patience", type=int, default=None,
+                        help="train to convergence: stop after this many validation rounds without improvement "
+                             "(the shared early-stopping rule); --steps becomes the cap")
+    parser.add_argument("--val-every", type=int, default=100, help="steps between validation rounds (--patience)")
+    parser.add_argument("--min-delta", type=float, default=0.001,
+                        help="the smallest rise of the monitored accuracy that counts as an improvement (--patience)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = parser.parse_args(argv)
     args.out = args.out.resolve()
@@ -429,8 +463,7 @@ def main(argv: list[str] | None = None) -> None:
         print(report(args))
         return
     jobs = fit_jobs(args) if args.stage == "fit" else test_jobs(args)
-    jobs = [j for j in jobs if args.only in j.name]
-    sys.exit(1 if run_all(jobs, args) else 0)
+    sys.exit(1 if run_all(select(jobs, args.only), args) else 0)
 
 
 if __name__ == "__main__":

@@ -81,7 +81,53 @@ def test_report_gives_mean_and_sample_sd_over_seeds_next_to_the_paper(tables, tm
                          "0.850 ± 0.071 (0.753)", "0.600 ± 0.000"]
     assert "| 80 | -- (0.619) | 0.850 ± 0.071 (0.744) | -- (0.555) |" in text
     # OOD margin at 3 labels on the one manifold with both: 0.85 - 0.75 = +10 points (paper 0.753 - 0.826).
-    assert "| tuned | rbf | OOD | +10.0 (-7.3) | -- | -- |" in text
+    assert "| tuned | rbf | OOD | +10.0 ± 0.0 (-7.3) | -- | -- |" in text
+    verdict = next(x for x in text.splitlines() if x.startswith("| tuned | rbf | OOD | 3 |"))
+    assert verdict.endswith("| opposite sign |")
+
+
+@pytest.mark.parametrize(("ours", "sd", "paper", "spread", "expected"), [
+    (1.0, 0.3, 1.5, 1.0, "reproduced"),
+    (4.0, 0.3, 1.0, 1.0, "same sign, outside the paper's spread"),
+    (-0.2, 0.5, 1.0, 0.5, "not resolved (|margin| <= sd over seeds)"),
+    (-2.0, 0.5, 1.0, 0.5, "opposite sign"),
+])
+def test_margin_verdicts(tables, ours, sd, paper, spread, expected) -> None:
+    assert tables.verdict(ours, sd, 3, paper, spread) == expected
+    assert tables.verdict(ours, sd, 1, paper, spread) == "one seed: no sd"
+
+
+def test_convergence_budget_stops_early_under_a_step_cap_and_tests_the_best_round(tables, tmp_path) -> None:
+    args = tables.parse_args(["fit", "--out", str(tmp_path), "--seeds", "0", "--steps", "4000", "--patience", "5",
+                              "--val-every", "100"])
+    fit = next(j for j in tables.fit_jobs(args) if j.folder.parent.name == "tuned_rbf_only_spiral")
+    assert _flag(fit.argv, "--trainer.max_steps") == "4000"
+    assert _flag(fit.argv, "--trainer.max_epochs") == "40"
+    assert _flag(fit.argv, "--data.init_args.train_batches_per_epoch") == "100"
+    assert _flag(fit.argv, "--early_stopping.patience") == "5"
+    ckpts = fit.folder / "checkpoints"
+    ckpts.mkdir(parents=True)
+    (ckpts / "last.ckpt").touch()
+    assert tables.tested_checkpoint(fit.folder, args) == ckpts / "last.ckpt"  # no best round recorded yet
+    (ckpts / "best-epoch=7-step=800.ckpt").touch()
+    test = next(t for t in tables.test_jobs(args) if t.after == [fit.folder])
+    assert _flag(test.argv, "--ckpt_path") == str(ckpts / "best-epoch=7-step=800.ckpt")
+    fixed = tables.parse_args(["fit", "--out", str(tmp_path), "--seeds", "0", "--steps", "300"])
+    fit = next(j for j in tables.fit_jobs(fixed) if j.folder.parent.name == "tuned_rbf_only_spiral")
+    assert "--early_stopping.patience" not in fit.argv and "--trainer.max_steps" not in fit.argv
+    assert tables.tested_checkpoint(fit.folder, fixed) == ckpts / "last.ckpt"  # fixed length: the last step
+
+
+def test_steps_table_reads_the_stopping_records_of_the_tests(tables, tmp_path) -> None:
+    for seed, (best, stopped, early) in enumerate(((800, 1300, True), (1200, 1700, True), (3900, 4000, False))):
+        folder = tmp_path / "tuned_rbf_only_spiral" / f"s{seed}_test_manifolds"
+        folder.mkdir(parents=True)
+        stopping = {"best_step": best, "stopped_step": stopped, "stopped_early": early, "patience": 5,
+                    "max_steps": 4000}
+        folder.joinpath("results.json").write_text(json.dumps({"meta": {"stopping": stopping, "trained_steps": best},
+                                                               "rows": []}))
+    text = tables.steps_table(tmp_path, [0, 1, 2])
+    assert "| tuned_rbf_only | 3 | 1200 (800-3900) | 1700 (1300-4000) | 1 of 3 | 5 | 4000 |" in text
 
 
 # The dataset-size sweep of Sec. 4.2 (Fig. 3, Table 1): experiments/icssl_fig3_sweep.py.

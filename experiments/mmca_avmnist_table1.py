@@ -1,0 +1,207 @@
+"""Run the multi-modal paper's Table 1 (avMNIST, five models) over seeds, resumably, and report its ordering.
+
+    python experiments/mmca_avmnist_table1.py fit  --seeds 0 1 2 --noise-std 1.0 --patience 10 --jobs 2
+    python experiments/mmca_avmnist_table1.py test --jobs 2
+    python experiments/mmca_avmnist_table1.py report > table1.md
+
+The five models are ``configs/mmca/avmnist.yaml`` and its overlays (Sec. 7, App. I): the full model (covariate
+re-injection and cross-attention), no injection, no cross-attention, neither, and the standard bi-directional
+cross-attention transformer. Every (model, seed) is one ``python -m lit_icl fit`` run with
+``seed_everything = data_seed = seed``; jobs, logs and resumption work as in ``experiments/runner.py``.
+
+Training length: the paper trains 100 epochs and reports each model's best test accuracy. With ``--patience P``
+a run instead stops when ``val/acc`` (the validation split, not the test split) has not risen for P epochs, with
+``--max-epochs`` as the cap (the shared early-stopping rule, ``--early_stopping.*``). Each model is then tested
+twice: from the checkpoint of its best validation epoch (the early-stopping reading: test accuracy of the model
+validation picks) and from its last checkpoint, whose per-epoch test history gives the paper's reading (best
+test accuracy over epochs) and the epoch at which the model left the chance plateau.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared runner beside this file
+from runner import REPO, Job, logger_args, markdown_table, mean_sd, run_all, select
+
+CONFIG = REPO / "configs" / "mmca" / "avmnist.yaml"
+#: model -> (overlay under configs/mmca/avmnist/ or None, the paper's best test accuracy in %, Table 1).
+MODELS: dict[str, tuple[str | None, float]] = {
+    "full": (None, 63.85),
+    "no_injection": ("no_injection", 62.72),
+    "no_cross_attention": ("no_cross_attention", 62.10),
+    "no_injection_no_cross_attention": ("no_injection_no_cross_attention", 60.79),
+    "bi_cross_attention": ("bi_cross_attention", 62.72),
+}
+#: The accuracy (%) above which a model has left the 10-class chance plateau (10 %).
+LEFT_CHANCE = 20.0
+
+
+def _overlay(model: str) -> list[str]:
+    overlay = MODELS[model][0]
+    return [] if overlay is None else ["--config", str(CONFIG.parent / "avmnist" / f"{overlay}.yaml")]
+
+
+def fit_jobs(args: argparse.Namespace) -> list[Job]:
+    """One training run per (seed, model), seed by seed."""
+    jobs = []
+    for seed in args.seeds:
+        for model in MODELS:
+            argv = ["fit", "--config", str(CONFIG), *_overlay(model),
+                    "--data.init_args.noise_std", str(args.noise_std),
+                    "--seed_everything", str(seed), "--data.init_args.data_seed", str(seed),
+                    "--trainer.max_epochs", str(args.max_epochs), "--trainer.enable_progress_bar", "false",
+                    *logger_args(args.out, model, f"s{seed}")]
+            if args.root is not None:
+                argv += ["--data.init_args.root", str(args.root)]
+            if args.patience is not None:
+                argv += ["--early_stopping.patience", str(args.patience),
+                         "--early_stopping.monitor", "val/acc", "--early_stopping.mode", "max",
+                         # The checkpoint of the best validation epoch, for the early-stopping reading.
+                         "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+                         "--trainer.callbacks.monitor=val/acc", "--trainer.callbacks.mode=max",
+                         "--trainer.callbacks.filename=best-{epoch}-{step}"]
+            jobs.append(Job(f"fit {model} s{seed}", argv, args.out / model / f"s{seed}"))
+    return jobs
+
+
+def test_jobs(args: argparse.Namespace) -> list[Job]:
+    """Each model tested from its last checkpoint (the test history) and, with early stopping, its best one."""
+    jobs = []
+    for fit in fit_jobs(args):
+        model, seed = fit.folder.parent.name, fit.folder.name
+        ckpts = {"last": fit.folder / "checkpoints" / "last.ckpt"}
+        best = sorted((fit.folder / "checkpoints").glob("best-*.ckpt"))
+        if args.patience is not None and best:
+            ckpts["best"] = best[-1]
+        for which, ckpt in ckpts.items():
+            folder = fit.folder.parent / f"{seed}_test_{which}"
+            argv = ["test", "--config", str(fit.folder / "config.yaml"), "--ckpt_path", str(ckpt),
+                    "--trainer.enable_progress_bar", "false", *logger_args(args.out, model, folder.name)]
+            jobs.append(Job(f"test {model} {seed} from {which}", argv, folder, after=[fit.folder]))
+    return jobs
+
+
+def _read(path: Path) -> dict | None:
+    """``{"accuracy", "history", "stopping"}`` of one test run (accuracies in %), or ``None`` if it is missing."""
+    if not (path / "results.json").is_file():
+        return None
+    data = json.loads((path / "results.json").read_text())
+    rows = data["rows"]
+    history = [100 * r["value"] for r in sorted((r for r in rows if r["metric"] == "test_accuracy"),
+                                                key=lambda r: r["epoch"])]
+    acc = next(100 * r["value"] for r in rows if r["metric"] == "accuracy")
+    return {"accuracy": acc, "history": history, "stopping": data["meta"].get("stopping"),
+            "params": next((r["value"] for r in rows if r["metric"] == "params"), None)}
+
+
+def measurements(args: argparse.Namespace) -> dict[str, dict[int, dict]]:
+    """``{model: {seed: {...}}}``: best test accuracy over epochs, test accuracy at the best validation epoch,
+    epochs trained, the epoch that left chance, parameters."""
+    found: dict[str, dict[int, dict]] = {}
+    for model in MODELS:
+        for seed in args.seeds:
+            last = _read(args.out / model / f"s{seed}_test_last")
+            if last is None or not last["history"]:
+                continue
+            history = last["history"]
+            best = _read(args.out / model / f"s{seed}_test_best")
+            found.setdefault(model, {})[seed] = {
+                "best_test": max(history),
+                "best_epoch": history.index(max(history)) + 1,
+                "at_best_val": None if best is None else best["accuracy"],
+                "epochs": len(history),
+                "left_chance": next((e for e, a in enumerate(history, start=1) if a >= LEFT_CHANCE), None),
+                "params": last["params"],
+                "stopped_early": bool(last["stopping"] and last["stopping"]["stopped_early"]),
+            }
+    return found
+
+
+def _cell(values: list[float]) -> str:
+    if not values:
+        return "--"
+    m, sd = mean_sd(values)
+    return f"{m:.1f} ± {sd:.1f}"
+
+
+def report(args: argparse.Namespace) -> str:
+    """Per-model accuracies (mean ± sd over seeds, per seed) and the full model's paired margins vs the paper's."""
+    found = measurements(args)
+    if not found:
+        return "(no finished tests: run `fit` and `test` first)"
+    rows = []
+    for model, per_seed in found.items():
+        seeds = sorted(per_seed)
+
+        def get(key: str, per_seed: dict = per_seed, seeds: list = seeds) -> list:
+            return [per_seed[s][key] for s in seeds if per_seed[s][key] is not None]
+
+        rows.append([model, f"{int(per_seed[seeds[0]]['params']):,}" if per_seed[seeds[0]]["params"] else "--",
+                     str(len(seeds)), _cell(get("at_best_val")), _cell(get("best_test")),
+                     " / ".join(f"{v:.1f}" for v in get("best_test")), ", ".join(str(v) for v in get("epochs")),
+                     f"{sum(get('stopped_early'))} of {len(seeds)}", ", ".join(str(v) for v in get("left_chance")),
+                     f"{MODELS[model][1]:.2f}"])
+    parts = [f"Noise sd {args.noise_std}; " + (
+        f"trained until val/acc had not risen for {args.patience} epochs (cap {args.max_epochs})"
+        if args.patience is not None else f"{args.max_epochs} epochs") + f"; seeds {args.seeds}.",
+        markdown_table(["model", "params", "seeds", "test acc. at best val epoch (%)", "best test acc. (%)",
+                        "best test acc., per seed", "epochs trained", "stopped early",
+                        f"first epoch >= {LEFT_CHANCE:.0f} %", "paper (%)"], rows)]
+    rows = []
+    full = found.get("full", {})
+    for model, per_seed in found.items():
+        if model == "full":
+            continue
+        paper = MODELS["full"][1] - MODELS[model][1]
+        cells = []
+        for key in ("at_best_val", "best_test"):
+            diffs = [full[s][key] - per_seed[s][key] for s in sorted(set(full) & set(per_seed))
+                     if full[s][key] is not None and per_seed[s][key] is not None]
+            if not diffs:
+                cells += ["--", "--"]
+                continue
+            m, sd = mean_sd(diffs)
+            cells += [f"{m:+.1f} ± {sd:.1f} ({sum(d > 0 for d in diffs)} of {len(diffs)} ahead)",
+                      "same sign" if m * paper > 0 and abs(m) > sd else
+                      ("not resolved (|margin| <= sd)" if abs(m) <= sd else "opposite sign")]
+        rows.append([model, f"{paper:+.2f}", *cells])
+    parts.append("Full model minus each other model, paired by seed (points):\n\n" + markdown_table(
+        ["full minus", "paper", "at best val epoch", "verdict", "best test acc.", "verdict"], rows))
+    return "\n\n".join(parts)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("stage", choices=("fit", "test", "report"))
+    parser.add_argument("--out", type=Path, default=REPO / "runs" / "mmca_avmnist_table1")
+    parser.add_argument("--root", type=Path, default=None,
+                        help="the data folder (default: the config's, the offline stand-in data/avmnist_lite)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--noise-std", type=float, default=1.0, help="covariate noise (the config keeps 0.2)")
+    parser.add_argument("--max-epochs", type=int, default=100, help="epochs, or the cap with --patience")
+    parser.add_argument("--patience", type=int, default=None,
+                        help="stop after this many epochs without a rise of val/acc (the shared early-stopping rule)")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    parser.add_argument("--only", nargs="+", default=[""], help="only jobs whose name contains one of these")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    args = parser.parse_args(argv)
+    args.out = args.out.resolve()
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.stage == "report":
+        print(report(args))
+        return
+    jobs = fit_jobs(args) if args.stage == "fit" else test_jobs(args)
+    sys.exit(1 if run_all(select(jobs, args.only), args) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""The job runner the experiment drivers share: each job is one ``python -m lit_icl fit|test`` call.
+
+A job's ``folder`` is its run folder; a ``done`` marker there makes a re-run of the driver skip it, and a ``fit``
+whose ``last.ckpt`` exists resumes from it (``--ckpt_path last``), so a grid of runs can be stopped at any point
+and restarted. Every command line is written at the top of the job's log, so any single number can be re-run by
+hand. ``fit`` jobs run as subprocesses; ``test`` jobs run in forked workers that imported Lightning once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Job:
+    """One ``python -m lit_icl`` call (``argv`` after ``python -m lit_icl``); ``folder`` is its run folder, where
+    ``done`` marks success; ``after`` lists the run folders whose ``done`` it waits for."""
+
+    name: str
+    argv: list[str]
+    folder: Path
+    after: list[Path] = field(default_factory=list)  # folders whose ``done`` this job needs
+
+    @property
+    def done(self) -> bool:
+        return (self.folder / "done").is_file()
+
+
+def logger_args(out: Path, name: str, version: str) -> list[str]:
+    return [
+        "--trainer.logger.init_args.save_dir", str(out),
+        "--trainer.logger.init_args.name", name,
+        "--trainer.logger.init_args.version", version,
+    ]
+
+
+def mean_sd(values: list[float]) -> tuple[float, float]:
+    m = sum(values) / len(values)
+    sd = (sum((v - m) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
+    return m, sd
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def select(jobs: list[Job], only: list[str]) -> list[Job]:
+    """The jobs whose name contains one of ``only`` (every job for ``[""]``)."""
+    return [j for j in jobs if any(part in j.name for part in only)]
+
+
+def run_job(job: Job, threads: int, dry: bool) -> tuple[Job, int, float]:
+    cmd = [sys.executable, "-m", "lit_icl", *job.argv]
+    if job.argv[0] == "fit" and (job.folder / "checkpoints" / "last.ckpt").is_file():
+        cmd += ["--ckpt_path", "last"]  # an interrupted fit resumes where its last checkpoint left it
+    line = " ".join(shlex.quote(c) for c in cmd)
+    if dry:
+        print(line, flush=True)
+        return job, 0, 0.0
+    job.folder.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    start = time.perf_counter()
+    with open(job.folder / f"{job.argv[0]}.log", "a") as log:
+        log.write(f"$ {line}\n")
+        log.flush()
+        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    if rc == 0:
+        (job.folder / "done").write_text(f"{time.perf_counter() - start:.1f} s\n")
+    return job, rc, time.perf_counter() - start
+
+
+def run_job_in_process(job: Job, threads: int) -> tuple[Job, int, float]:
+    """A ``test`` job inside a forked worker that imported Lightning once (saves ~10 s of imports per job)."""
+    import contextlib
+    import traceback
+
+    import torch
+
+    from lit_icl.cli import main as cli_main
+
+    torch.set_num_threads(threads)
+    job.folder.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with open(job.folder / f"{job.argv[0]}.log", "a") as log, contextlib.redirect_stdout(log), \
+            contextlib.redirect_stderr(log):
+        print("$ python -m lit_icl " + " ".join(shlex.quote(c) for c in job.argv), flush=True)
+        import logging
+
+        for name in ("lightning.pytorch", "lightning.fabric", "lit_icl"):  # their handlers hold the old stderr
+            logging.getLogger(name).handlers = [logging.StreamHandler(log)]
+        try:
+            cli_main(job.argv)
+            rc = 0
+        except SystemExit as stop:
+            rc = stop.code if isinstance(stop.code, int) else 1
+        except Exception:  # noqa: BLE001 - reported in the job's log, counted as a failure
+            traceback.print_exc()
+            rc = 1
+    if rc == 0:
+        (job.folder / "done").write_text(f"{time.perf_counter() - start:.1f} s\n")
+    return job, rc, time.perf_counter() - start
+
+
+def _in_process_star(item: tuple[Job, int]) -> tuple[Job, int, float]:
+    return run_job_in_process(*item)
+
+
+def run_all(jobs: list[Job], args: argparse.Namespace) -> int:
+    todo = [j for j in jobs if not j.done]
+    blocked = [j for j in todo if not all((f / "done").is_file() for f in j.after)]
+    print(f"{len(jobs)} jobs, {len(jobs) - len(todo)} done, {len(todo) - len(blocked)} to run with {args.jobs} "
+          "at a time", flush=True)
+    if blocked:
+        print(f"{len(blocked)} wait for runs that have not finished (run `fit` first), e.g. {blocked[0].name}")
+        todo = [j for j in todo if j not in blocked]
+    failed = 0
+    if args.stage == "test" and not args.dry_run and todo:
+        import multiprocessing
+
+        import lit_icl.cli  # noqa: F401 - imported once here, inherited by the forked workers
+
+        ctx = multiprocessing.get_context("fork")
+        with ctx.Pool(args.jobs, maxtasksperchild=20) as pool:
+            results = pool.imap_unordered(_in_process_star, [(j, args.threads) for j in todo])
+            for job, rc, secs in results:
+                status = "ok" if rc == 0 else f"FAILED rc={rc} (see {job.folder}/{job.argv[0]}.log)"
+                print(f"{time.strftime('%H:%M:%S')} {job.name}: {status}, {secs:.0f} s", flush=True)
+                failed += rc != 0
+        return failed
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for job, rc, secs in pool.map(lambda j: run_job(j, args.threads, args.dry_run), todo):
+            if not args.dry_run:
+                status = "ok" if rc == 0 else f"FAILED rc={rc} (see {job.folder}/{job.argv[0]}.log)"
+                print(f"{time.strftime('%H:%M:%S')} {job.name}: {status}, {secs:.0f} s", flush=True)
+            failed += rc != 0
+    return failed
