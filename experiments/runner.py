@@ -4,13 +4,26 @@ A job's ``folder`` is its run folder; a ``done`` marker there makes a re-run of 
 whose ``last.ckpt`` exists resumes from it (``--ckpt_path last``), so a grid of runs can be stopped at any point
 and restarted. Every command line is written at the top of the job's log, so any single number can be re-run by
 hand. ``fit`` jobs run as subprocesses; ``test`` jobs run in forked workers that imported Lightning once.
+
+The ``done`` marker records the job's wall-clock and CPU seconds, and this file is also a small command over
+finished grids:
+
+    python experiments/runner.py cost runs/icssl_converged              # wall and CPU time of every finished job
+    python experiments/runner.py archive runs/icssl_converged experiments/results/runs/icssl_converged
+
+``archive`` copies each run folder's small records (``done``, ``results.json``, ``stopping.json``, the fit's
+``config.yaml``) and none of its checkpoints or logs, so a grid's numbers can be committed, reported from the
+archive (``--out <archive>`` of a driver's ``report``), and a later grid continued from it by copying it back
+(``cp -rn <archive>/. <out>/``: finished jobs are then skipped).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -60,6 +73,24 @@ def select(jobs: list[Job], only: list[str]) -> list[Job]:
     return [j for j in jobs if any(part in j.name for part in only)]
 
 
+#: The small per-run files ``archive`` keeps (no checkpoints, event files or logs).
+RECORDS = ("done", "results.json", "stopping.json", "config.yaml")
+
+
+def write_done(folder: Path, wall: float, cpu: float) -> None:
+    """Mark a job finished, with its wall-clock and CPU seconds (user + system, the job's process and the
+    children it waited for)."""
+    (folder / "done").write_text(f"{wall:.1f} s\ncpu {cpu:.1f} s\n")
+
+
+def read_done(folder: Path) -> tuple[float, float | None]:
+    """``(wall, cpu)`` seconds from a ``done`` marker; ``cpu`` is ``None`` in markers written before it was kept."""
+    lines = (folder / "done").read_text().split("\n")
+    wall = float(lines[0].split()[0])
+    cpu = next((float(x.split()[1]) for x in lines[1:] if x.startswith("cpu ")), None)
+    return wall, cpu
+
+
 def run_job(job: Job, threads: int, dry: bool) -> tuple[Job, int, float]:
     cmd = [sys.executable, "-m", "lit_icl", *job.argv]
     if job.argv[0] == "fit" and (job.folder / "checkpoints" / "last.ckpt").is_file():
@@ -74,10 +105,15 @@ def run_job(job: Job, threads: int, dry: bool) -> tuple[Job, int, float]:
     with open(job.folder / f"{job.argv[0]}.log", "a") as log:
         log.write(f"$ {line}\n")
         log.flush()
-        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        # wait4, not wait: it returns this child's own resource usage (jobs run side by side in threads, so the
+        # process-wide RUSAGE_CHILDREN would mix them).
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = rc = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - start
     if rc == 0:
-        (job.folder / "done").write_text(f"{time.perf_counter() - start:.1f} s\n")
-    return job, rc, time.perf_counter() - start
+        write_done(job.folder, wall, usage.ru_utime + usage.ru_stime)
+    return job, rc, wall
 
 
 def run_job_in_process(job: Job, threads: int) -> tuple[Job, int, float]:
@@ -92,6 +128,7 @@ def run_job_in_process(job: Job, threads: int) -> tuple[Job, int, float]:
     torch.set_num_threads(threads)
     job.folder.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_SELF)  # this worker runs one job at a time
     with open(job.folder / f"{job.argv[0]}.log", "a") as log, contextlib.redirect_stdout(log), \
             contextlib.redirect_stderr(log):
         print("$ python -m lit_icl " + " ".join(shlex.quote(c) for c in job.argv), flush=True)
@@ -107,9 +144,11 @@ def run_job_in_process(job: Job, threads: int) -> tuple[Job, int, float]:
         except Exception:  # noqa: BLE001 - reported in the job's log, counted as a failure
             traceback.print_exc()
             rc = 1
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    wall = time.perf_counter() - start
     if rc == 0:
-        (job.folder / "done").write_text(f"{time.perf_counter() - start:.1f} s\n")
-    return job, rc, time.perf_counter() - start
+        write_done(job.folder, wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return job, rc, wall
 
 
 def _in_process_star(item: tuple[Job, int]) -> tuple[Job, int, float]:
@@ -145,3 +184,61 @@ def run_all(jobs: list[Job], args: argparse.Namespace) -> int:
                 print(f"{time.strftime('%H:%M:%S')} {job.name}: {status}, {secs:.0f} s", flush=True)
             failed += rc != 0
     return failed
+
+
+def cost(roots: list[Path]) -> str:
+    """Wall-clock and CPU time of every finished job under ``roots``, by stage (``fit`` / ``test``)."""
+    totals: dict[str, list[float]] = {}
+    for root in roots:
+        for marker in sorted(root.rglob("done")):
+            stage = "test" if "_test" in marker.parent.name else "fit"
+            wall, cpu = read_done(marker.parent)
+            t = totals.setdefault(stage, [0, 0.0, 0.0, 0])
+            t[0] += 1
+            t[1] += wall
+            t[2] += cpu or 0.0
+            t[3] += cpu is None
+    rows = [[stage, str(n), f"{wall / 3600:.2f}", f"{cpu / 3600:.2f}" + (f" ({missing} without)" if missing else "")]
+            for stage, (n, wall, cpu, missing) in sorted(totals.items())]
+    n, wall, cpu, missing = (sum(t[i] for t in totals.values()) for i in range(4))
+    rows.append(["all", str(n), f"{wall / 3600:.2f}", f"{cpu / 3600:.2f}" + (f" ({missing} without)" if missing else "")])
+    return markdown_table(["jobs", "finished", "wall-clock (job-hours)", "CPU (hours)"], rows)
+
+
+def archive(source: Path, dest: Path) -> int:
+    """Copy the small records (:data:`RECORDS`) of every finished run folder under ``source`` to ``dest``."""
+    copied = 0
+    for marker in sorted(source.rglob("done")):
+        folder = marker.parent
+        target = dest / folder.relative_to(source)
+        target.mkdir(parents=True, exist_ok=True)
+        for name in RECORDS:
+            if (folder / name).is_file():
+                shutil.copy2(folder / name, target / name)
+                copied += 1
+    return copied
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Summaries of finished grids: their cost, or an archive of "
+                                                 "their small records.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("cost", help="wall-clock and CPU hours of the finished jobs under each folder")
+    c.add_argument("roots", type=Path, nargs="+")
+    a = sub.add_parser("archive", help="copy each finished run's records (no checkpoints) from SOURCE to DEST")
+    a.add_argument("source", type=Path)
+    a.add_argument("dest", type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "cost":
+        missing = [str(r) for r in args.roots if not r.is_dir()]
+        if missing:
+            parser.error(f"no such folder: {', '.join(missing)}")
+        print(cost(args.roots))
+    else:
+        if not args.source.is_dir():
+            parser.error(f"no such folder: {args.source}")
+        print(f"{archive(args.source, args.dest)} files copied to {args.dest}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""The experiment drivers' shared job runner (experiments/runner.py): done markers with their cost, the cost
+summary of a grid, and the archive of a grid's small records."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "runner.py"
+
+
+@pytest.fixture(scope="module")
+def runner():
+    spec = importlib.util.spec_from_file_location("runner", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_done_marker_keeps_wall_and_cpu_seconds_and_reads_the_older_wall_only_marker(runner, tmp_path) -> None:
+    runner.write_done(tmp_path, 12.34, 10.01)
+    assert runner.read_done(tmp_path) == (12.3, 10.0)
+    (tmp_path / "done").write_text("81.5 s\n")  # written before CPU time was recorded
+    assert runner.read_done(tmp_path) == (81.5, None)
+
+
+def test_a_subprocess_job_records_its_own_cpu_time(runner, tmp_path) -> None:
+    # `python -m lit_icl fit --help` imports Lightning and exits 0: a real child process with real CPU time.
+    job = runner.Job("help", ["fit", "--help"], tmp_path / "job")
+    _, rc, wall = runner.run_job(job, threads=1, dry=False)
+    assert rc == 0 and job.done
+    recorded_wall, cpu = runner.read_done(job.folder)
+    assert recorded_wall == pytest.approx(wall, abs=0.1)
+    # One thread: the child cannot have used much more CPU than wall-clock time, and importing torch takes some.
+    assert 0.05 < cpu < 2 * wall
+    assert (job.folder / "fit.log").read_text().startswith("$ ")  # the command line heads the log
+
+
+def test_a_failing_job_is_not_marked_done(runner, tmp_path) -> None:
+    job = runner.Job("bad", ["fit", "--no-such-option"], tmp_path / "bad")
+    _, rc, _ = runner.run_job(job, threads=1, dry=False)
+    assert rc != 0 and not job.done
+
+
+def _finished(folder: Path, wall: float, cpu: float | None, records: dict[str, str]) -> None:
+    folder.mkdir(parents=True)
+    (folder / "done").write_text(f"{wall} s\n" + ("" if cpu is None else f"cpu {cpu} s\n"))
+    for name, text in records.items():
+        (folder / name).write_text(text)
+
+
+def test_cost_sums_finished_jobs_by_stage_and_counts_markers_without_cpu(runner, tmp_path) -> None:
+    _finished(tmp_path / "a" / "s0", 3600, 3000, {})
+    _finished(tmp_path / "a" / "s1", 1800, None, {})
+    _finished(tmp_path / "a" / "s0_test_manifolds", 360, 300, {})
+    (tmp_path / "b" / "s0").mkdir(parents=True)  # unfinished: no marker, not counted
+    text = runner.cost([tmp_path])
+    assert "| fit | 2 | 1.50 | 0.83 (1 without) |" in text
+    assert "| test | 1 | 0.10 | 0.08 |" in text
+    assert "| all | 3 | 1.60 | 0.92 (1 without) |" in text
+
+
+def test_archive_copies_the_records_of_finished_runs_and_no_checkpoints(runner, tmp_path) -> None:
+    src, dest = tmp_path / "runs", tmp_path / "archive"
+    results = json.dumps({"meta": {}, "rows": [{"metric": "accuracy", "value": 0.9}]})
+    _finished(src / "m" / "s0", 10, 9, {"config.yaml": "a: 1\n", "stopping.json": "{}", "fit.log": "x" * 100})
+    (src / "m" / "s0" / "checkpoints").mkdir()
+    (src / "m" / "s0" / "checkpoints" / "last.ckpt").write_bytes(b"\0" * 10)
+    _finished(src / "m" / "s0_test_manifolds", 2, 2, {"results.json": results})
+    (src / "m" / "s1").mkdir()  # running: not archived
+    (src / "m" / "s1" / "results.json").write_text(results)
+    assert runner.archive(src, dest) == 5
+    kept = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
+    assert kept == ["m/s0/config.yaml", "m/s0/done", "m/s0/stopping.json", "m/s0_test_manifolds/done",
+                    "m/s0_test_manifolds/results.json"]
+    # Copied back into an empty grid folder, the archive marks its jobs finished, so a driver skips them.
+    job = runner.Job("fit m s0", ["fit"], dest / "m" / "s0")
+    assert job.done
+    assert runner.run_all([job], Namespace(jobs=1, threads=1, dry_run=False, stage="fit")) == 0
+
+
+def test_cost_command_refuses_a_missing_folder(runner, tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit) as stop:
+        runner.main(["cost", str(tmp_path / "nowhere")])
+    assert stop.value.code == 2
+    assert "no such folder" in capsys.readouterr().err
