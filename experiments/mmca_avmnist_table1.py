@@ -11,7 +11,9 @@ cross-attention transformer. Every (model, seed) is one ``python -m lit_icl fit`
 
 Training length: the paper trains 100 epochs and reports each model's best test accuracy. With ``--patience P``
 a run instead stops when ``val/acc`` (the validation split, not the test split) has not risen for P epochs, with
-``--max-epochs`` as the cap (the shared early-stopping rule, ``--early_stopping.*``). Each model is then tested
+``--max-epochs`` as the cap (the shared early-stopping rule, ``--early_stopping.*``). ``--min-epochs M`` keeps
+every run going for at least M epochs (``trainer.min_epochs``): at noise sd 1.0 a model can sit at chance for
+60 epochs before it learns, and patience alone would end it on that plateau. Each model is then tested
 twice: from the checkpoint of its best validation epoch (the early-stopping reading: test accuracy of the model
 validation picks) and from its last checkpoint, whose per-epoch test history gives the paper's reading (best
 test accuracy over epochs) and the epoch at which the model left the chance plateau.
@@ -57,6 +59,8 @@ def fit_jobs(args: argparse.Namespace) -> list[Job]:
                     *logger_args(args.out, model, f"s{seed}")]
             if args.root is not None:
                 argv += ["--data.init_args.root", str(args.root)]
+            if args.min_epochs is not None:
+                argv += ["--trainer.min_epochs", str(args.min_epochs)]
             if args.patience is not None:
                 argv += ["--early_stopping.patience", str(args.patience),
                          "--early_stopping.monitor", "val/acc", "--early_stopping.mode", "max",
@@ -146,7 +150,8 @@ def report(args: argparse.Namespace) -> str:
                      f"{sum(get('stopped_early'))} of {len(seeds)}", ", ".join(str(v) for v in get("left_chance")),
                      f"{MODELS[model][1]:.2f}"])
     parts = [f"Noise sd {args.noise_std}; " + (
-        f"trained until val/acc had not risen for {args.patience} epochs (cap {args.max_epochs})"
+        f"trained until val/acc had not risen for {args.patience} epochs (at least {args.min_epochs or 1}, "
+        f"cap {args.max_epochs})"
         if args.patience is not None else f"{args.max_epochs} epochs") + f"; seeds {args.seeds}.",
         markdown_table(["model", "params", "seeds", "test acc. at best val epoch (%)", "best test acc. (%)",
                         "best test acc., per seed", "epochs trained", "stopped early",
@@ -185,11 +190,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-epochs", type=int, default=100, help="epochs, or the cap with --patience")
     parser.add_argument("--patience", type=int, default=None,
                         help="stop after this many epochs without a rise of val/acc (the shared early-stopping rule)")
+    parser.add_argument("--min-epochs", type=int, default=None,
+                        help="train at least this many epochs before the early-stopping rule may end a run")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
     parser.add_argument("--only", nargs="+", default=[""], help="only jobs whose name contains one of these")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = parser.parse_args(argv)
+    if args.min_epochs is not None and not 1 <= args.min_epochs <= args.max_epochs:
+        parser.error(f"--min-epochs {args.min_epochs} must lie in [1, --max-epochs {args.max_epochs}]")
     args.out = args.out.resolve()
     return args
 

@@ -35,3 +35,17 @@ class TraceSteps(Callback):
         w = sum(float(p.double().sum()) for p in pl_module.parameters())
         with open(self.path, "a") as fh:
             fh.write(f"{trainer.global_step} {torch.get_num_threads()} {w:.10f} {g:.10f}\n")
+
+
+class ScriptedMetric(Callback):
+    """Logs ``name`` with the ``i``-th of ``values`` at the ``i``-th validation round (the last value after that):
+    a validation metric whose improvements fall on known rounds, for tests of the stopping rule."""
+
+    def __init__(self, values: list[float], name: str = "scripted"):
+        self.values, self.name, self.round = values, name, 0
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking:
+            return
+        pl_module.log(self.name, self.values[min(self.round, len(self.values) - 1)])
+        self.round += 1

@@ -73,6 +73,28 @@ def test_a_test_run_reports_how_its_checkpoint_was_trained(tmp_path: Path) -> No
     assert record["stopped_step"] == 2 * STEPS_PER_ROUND
 
 
+@pytest.mark.parametrize(("min_epochs", "stopped", "best"), [
+    (None, 3, 1),  # no minimum: rounds 2 and 3 do not improve on round 1, so round 3 stops the run
+    (5, 6, 4),  # the rule fires at round 3, but the minimum holds the run, round 4 improves, round 6 stops it
+    (8, 8, 4),  # no improvement for 2 rounds by round 6, but the minimum is 8 epochs: stop at the first round after
+])
+def test_a_minimum_length_defers_the_decision_and_an_improvement_before_it_counts(tmp_path, min_epochs, stopped,
+                                                                                    best) -> None:
+    # Lightning's EarlyStopping alone keeps its stop flag up once raised, so with min_epochs 5 it would end the run
+    # at epoch 5 although round 4 improved; the shared rule decides again at every round.
+    scripted = [{"class_path": "subprocess_callbacks.ScriptedMetric",
+                 "init_args": {"values": [0.5, 0.5, 0.5, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9]}}]
+    extra = [] if min_epochs is None else ["--trainer.min_epochs", str(min_epochs)]
+    main(["fit", *tiny_args(tmp_path, "--trainer.max_epochs", "10", "--trainer.callbacks", json.dumps(scripted),
+                            "--early_stopping.patience", "2", "--early_stopping.monitor", "scripted",
+                            "--early_stopping.mode", "max", *extra, name="es")])
+    record = json.loads((run_dir(tmp_path) / "stopping.json").read_text())
+    assert record["best_step"] == best * STEPS_PER_ROUND and record["best_score"] == pytest.approx(
+        0.9 if best == 4 else 0.5)
+    assert record["stopped_step"] == stopped * STEPS_PER_ROUND
+    assert record["stopped_early"] is True and "did not improve" in record["reason"]
+
+
 def test_runs_without_the_rule_record_nothing(tmp_path: Path) -> None:
     main(fit_args(tmp_path, epochs=1))
     assert not (run_dir(tmp_path) / "stopping.json").exists()

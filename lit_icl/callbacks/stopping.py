@@ -7,6 +7,11 @@ validation rounds in a row; ``trainer.max_steps`` (or ``max_epochs``) stays the 
 - it remembers the step of the best validation round (``best_step``), through checkpoints, so a run that is
   killed and resumed with ``--ckpt_path last`` stops where the uninterrupted run stops and reports the same
   best step;
+- it respects ``trainer.min_epochs`` / ``min_steps`` the way a researcher means them: rounds before the minimum
+  count towards patience, but a run is stopped only at the first round after the minimum at which it *still*
+  has not improved for ``patience`` rounds. (Lightning's own ``EarlyStopping`` raises a stop flag that stays
+  raised, so a run that leaves a long plateau after the flag went up is cut off at the minimum while it is
+  improving; avMNIST at noise sd 1.0 sits at chance for up to 64 epochs before it learns.)
 - at the end of ``fit`` it writes ``stopping.json`` into the run folder: monitor, mode, patience, the best
   score and its step, the step at which training ended and whether the rule (not the cap) ended it.
   :func:`lit_icl.core.results.run_meta` copies that record into the ``meta`` of every ``test`` run of one of
@@ -48,10 +53,26 @@ class StopWhenConverged(EarlyStopping):
         self.best_step: int | None = None
 
     def _run_early_stopping_check(self, trainer: Trainer) -> None:
-        before = self.best_score.clone()
+        before, stopping = self.best_score.clone(), trainer.should_stop
         super()._run_early_stopping_check(trainer)
         if not torch.equal(before, self.best_score):  # this round improved on the best
             self.best_step = int(trainer.global_step)
+        if trainer.should_stop and not stopping and not self._minimum_met(trainer):
+            # Keep counting (wait_count stays), but decide again next round: the stop flag would otherwise stay
+            # up and end the run at the minimum even if it improves in between.
+            trainer.should_stop = False
+            self.stopping_reason = EarlyStoppingReason.NOT_STOPPED
+            self.stopping_reason_message = None
+            self.stopped_epoch = 0
+
+    @staticmethod
+    def _minimum_met(trainer: Trainer) -> bool:
+        """Whether a stop raised in this round would be honoured: the run has done ``trainer.min_epochs`` epochs
+        (counting the one this round ends, when it validates at an epoch's end) and ``min_steps`` steps."""
+        min_epochs = trainer.fit_loop.min_epochs or 0
+        min_steps = trainer.fit_loop.epoch_loop.min_steps or 0
+        epochs_done = trainer.current_epoch + int(trainer.is_last_batch)
+        return epochs_done >= min_epochs and trainer.global_step >= min_steps
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "best_step": self.best_step}

@@ -39,6 +39,10 @@ def test_grid_trains_each_model_per_seed_with_its_overlay_and_the_stopping_rule(
         assert _flag(fit.argv, "--trainer.max_epochs") == "200"
         assert _flag(fit.argv, "--early_stopping.patience") == "10"
         assert _flag(fit.argv, "--early_stopping.monitor") == "val/acc"  # the validation split, never test
+    assert "--trainer.min_epochs" not in fits[0].argv
+    floor = table1.parse_args(["fit", "--out", str(tmp_path), "--seeds", "0", "--patience", "20", "--min-epochs",
+                               "100", "--max-epochs", "300"])
+    assert all(_flag(j.argv, "--trainer.min_epochs") == "100" for j in table1.fit_jobs(floor))
     fixed = table1.parse_args(["fit", "--out", str(tmp_path), "--seeds", "0"])
     assert not any(a.startswith("--early_stopping") for j in table1.fit_jobs(fixed) for a in j.argv)
     # Tests: the last checkpoint always; the best validation epoch's once it exists.
@@ -48,6 +52,13 @@ def test_grid_trains_each_model_per_seed_with_its_overlay_and_the_stopping_rule(
     tests = [t for t in table1.test_jobs(args) if t.after == [fits[0].folder]]
     assert sorted(t.folder.name for t in tests) == ["s0_test_best", "s0_test_last"]
     assert _flag(next(t for t in tests if t.folder.name.endswith("best")).argv, "--ckpt_path") == str(best)
+
+
+def test_a_minimum_above_the_cap_is_refused(table1, tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit) as stop:
+        table1.parse_args(["fit", "--out", str(tmp_path), "--min-epochs", "150", "--max-epochs", "100"])
+    assert stop.value.code == 2
+    assert "--min-epochs 150 must lie in [1, --max-epochs 100]" in capsys.readouterr().err
 
 
 def _write(folder: Path, accuracy: float, history: list[float], stopped_early: bool) -> None:
