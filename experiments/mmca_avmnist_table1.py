@@ -63,6 +63,7 @@ def fit_jobs(args: argparse.Namespace) -> list[Job]:
                 argv += ["--trainer.min_epochs", str(args.min_epochs)]
             if args.patience is not None:
                 argv += ["--early_stopping.patience", str(args.patience),
+                         "--early_stopping.min_delta", str(args.min_delta),
                          "--early_stopping.monitor", "val/acc", "--early_stopping.mode", "max",
                          # The checkpoint of the best validation epoch, for the early-stopping reading.
                          "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
@@ -150,7 +151,8 @@ def report(args: argparse.Namespace) -> str:
                      f"{sum(get('stopped_early'))} of {len(seeds)}", ", ".join(str(v) for v in get("left_chance")),
                      f"{MODELS[model][1]:.2f}"])
     parts = [f"Noise sd {args.noise_std}; " + (
-        f"trained until val/acc had not risen for {args.patience} epochs (at least {args.min_epochs or 1}, "
+        f"trained until val/acc had not risen by more than {args.min_delta} for {args.patience} epochs (at least "
+        f"{args.min_epochs or 1}, "
         f"cap {args.max_epochs})"
         if args.patience is not None else f"{args.max_epochs} epochs") + f"; seeds {args.seeds}.",
         markdown_table(["model", "params", "seeds", "test acc. at best val epoch (%)", "best test acc. (%)",
@@ -190,6 +192,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-epochs", type=int, default=100, help="epochs, or the cap with --patience")
     parser.add_argument("--patience", type=int, default=None,
                         help="stop after this many epochs without a rise of val/acc (the shared early-stopping rule)")
+    parser.add_argument("--min-delta", type=float, default=0.0,
+                        help="the smallest rise of val/acc that counts as an improvement (--patience); one of the "
+                             "stand-in's 500 validation pairs is 0.002")
     parser.add_argument("--min-epochs", type=int, default=None,
                         help="train at least this many epochs before the early-stopping rule may end a run")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")

@@ -43,6 +43,7 @@ def test_grid_trains_each_model_per_seed_with_its_overlay_and_the_stopping_rule(
     floor = table1.parse_args(["fit", "--out", str(tmp_path), "--seeds", "0", "--patience", "20", "--min-epochs",
                                "100", "--max-epochs", "300"])
     assert all(_flag(j.argv, "--trainer.min_epochs") == "100" for j in table1.fit_jobs(floor))
+    assert _flag(fits[0].argv, "--early_stopping.min_delta") == "0.0"
     fixed = table1.parse_args(["fit", "--out", str(tmp_path), "--seeds", "0"])
     assert not any(a.startswith("--early_stopping") for j in table1.fit_jobs(fixed) for a in j.argv)
     # Tests: the last checkpoint always; the best validation epoch's once it exists.
