@@ -188,7 +188,10 @@ class LitICLCLI(LightningCLI):
             if not any(isinstance(cb, callback) for cb in trainer.callbacks):
                 trainer.callbacks.append(callback())
         sub = self.subcommand
-        add_early_stopping(trainer, (self.config[sub] if sub else self.config).get("early_stopping"))
+        if sub in (None, "fit"):
+            # Only training stops early. A fit's saved config.yaml carries its early_stopping options, and
+            # `test --config <that file>` must run without them (a test has no validation rounds to count).
+            add_early_stopping(trainer, (self.config[sub] if sub else self.config).get("early_stopping"))
         check_output_writable(trainer)
         return trainer
 

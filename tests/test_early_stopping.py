@@ -95,6 +95,20 @@ def test_a_minimum_length_defers_the_decision_and_an_improvement_before_it_count
     assert record["stopped_early"] is True and "did not improve" in record["reason"]
 
 
+def test_a_fit_with_the_rule_is_tested_from_its_own_saved_config(tmp_path: Path) -> None:
+    # The table drivers test a model with `--config <fit folder>/config.yaml`, which holds the fit's
+    # early_stopping options; the test must neither stop early nor refuse them for lack of a monitor.
+    main(fit_args(tmp_path, "--early_stopping.patience", "1", "--early_stopping.min_delta", "1.0"))
+    saved = run_dir(tmp_path) / "config.yaml"
+    assert "patience: 1" in saved.read_text()
+    best = next((run_dir(tmp_path) / "checkpoints").glob("best-*.ckpt"))
+    main(["test", "--config", str(saved), "--trainer.callbacks", "[]", "--ckpt_path", str(best),
+          "--trainer.logger.init_args.version", "test"])
+    results = json.loads((run_dir(tmp_path).parent / "test" / "results.json").read_text())
+    assert results["meta"]["stopping"]["best_step"] == STEPS_PER_ROUND
+    assert any(r["metric"] == "accuracy" for r in results["rows"])
+
+
 def test_runs_without_the_rule_record_nothing(tmp_path: Path) -> None:
     main(fit_args(tmp_path, epochs=1))
     assert not (run_dir(tmp_path) / "stopping.json").exists()
