@@ -144,7 +144,7 @@ class LitICLCLI(LightningCLI):
                 path = _where_last(config)[0]
             ckpt = check_ckpt_path(None if path is None else str(path))
             if ckpt is not None:
-                check_ckpt_classes(path, ckpt, config)
+                check_ckpt_classes(path, ckpt, config, sub)
                 check_ckpt_hparams(path, ckpt, config)
 
     def instantiate_classes(self) -> None:
@@ -367,13 +367,17 @@ def _run_config(ckpt_path: Any) -> Path | None:
     return path if path.is_file() else None
 
 
-def check_ckpt_classes(ckpt_path: Any, ckpt: dict[str, Any], config: Any) -> None:
-    """Refuse a checkpoint that another experiment wrote: its module or data class is not the config's.
+def check_ckpt_classes(ckpt_path: Any, ckpt: dict[str, Any], config: Any, subcommand: str = "fit") -> None:
+    """Refuse a checkpoint that another experiment wrote: its module class (or, to resume a ``fit``, its data
+    class) is not the config's.
 
     LightningCLI records the classes in the checkpoint (``hyper_parameters._class_path``,
     ``datamodule_hyper_parameters._class_path``) and would replace the config's model with the checkpoint's,
     ending in an unrelated error much later (or, worse, running). Paths are compared as the classes they name,
-    so a checkpoint written before a module moved (an aliased old path) still loads.
+    so a checkpoint written before a module moved (an aliased old path) still loads. ``test`` / ``validate`` /
+    ``predict`` of the same module on another data module is a transfer evaluation (IC-SSL's Table 5 tests
+    models trained on synthetic manifolds zero-shot on image manifolds) and is allowed; the model settings are
+    still checked against the checkpoint's (:func:`check_ckpt_hparams`) and against the data before the run.
     """
     pairs = []
     for what, ckpt_key, config_key in (("module", "hyper_parameters", "model"), ("data", "datamodule_hyper_parameters", "data")):
@@ -382,7 +386,7 @@ def check_ckpt_classes(ckpt_path: Any, ckpt: dict[str, Any], config: Any) -> Non
         if saved is None or wanted is None:
             continue
         pairs.append((what, saved, wanted, _same_class(saved, wanted)))
-    if all(same for *_, same in pairs):
+    if all(same for what, *_, same in pairs if what == "module" or subcommand == "fit"):
         return
     written = " with ".join(saved for _, saved, _, _ in pairs)
     built = " with ".join(wanted for _, _, wanted, _ in pairs)

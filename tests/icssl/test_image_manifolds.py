@@ -124,6 +124,36 @@ def test_cli_evaluates_on_image_manifolds(tmp_path) -> None:
     assert all(0.5 <= r["value"] <= 0.75 for r in prior), prior  # halves: balanced up to the labeled points
 
 
+def test_a_model_trained_on_synthetic_manifolds_is_tested_zero_shot_on_image_manifolds(tmp_path) -> None:
+    """Table 5's OOD column: the checkpoint of a manifolds run, tested with the image-manifold data module."""
+    size = ["--model.init_args.net.init_args.representation.init_args.n_points", "10",
+            "--model.init_args.net.init_args.representation.init_args.stack_repeats", "1"]
+    main(["fit", "--config", "configs/icssl/manifolds.yaml", "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
+          "--trainer.logger.init_args.name", "synthetic", "--trainer.enable_progress_bar", "false",
+          "--trainer.max_epochs", "1", "--trainer.callbacks", "[]", *size, "--data.init_args.n_points", "10",
+          "--data.init_args.batch_size", "4", "--data.init_args.chunk_size", "4", "--data.init_args.train_batches_per_epoch", "2",
+          "--data.init_args.val_episodes", "4", "--data.init_args.eval_label_ratios", "[0.2, 0.5]",
+          "--data.init_args.train_label_ratio", "[0.2, 0.5]"])
+    ckpt = tmp_path / "runs/synthetic/version_0/checkpoints/last.ckpt"
+    build_standin(tmp_path / "data", sequences=6, frames=10, size=8, latent_dim=4)
+    args = ["--config", "configs/icssl/image_manifolds.yaml", "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
+            "--trainer.logger.init_args.name", "transfer", "--trainer.enable_progress_bar", "false",
+            "--trainer.callbacks", "[]", *size, "--data.init_args.root", str(tmp_path / "data"),
+            "--data.init_args.n_points", "10", "--data.init_args.image_size", "8",
+            "--data.init_args.train_sequences", "4", "--data.init_args.val_sequences", "1",
+            "--data.init_args.eval_label_ratios", "[0.2, 0.5]", "--data.init_args.train_label_ratio", "[0.2, 0.5]",
+            "--ckpt_path", str(ckpt)]
+    main(["test", *args])
+    results = json.loads((tmp_path / "runs/transfer/version_0/results.json").read_text())
+    assert results["meta"]["checkpoint"] == str(ckpt) and results["meta"]["trained_steps"] == 2
+    acc = [r for r in results["rows"] if r["metric"] == "accuracy" and r["method"] == "ORIG+E2E-ICL"]
+    assert [r["n_labeled"] for r in acc] == [2, 5]
+    # Resuming training on the other data module is still refused: that is not a transfer test.
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", *args])
+    assert stop.value.code == 2
+
+
 def test_stale_or_broken_cache_is_rebuilt(tmp_path) -> None:
     _write_fixture(tmp_path, sequences=2, frames=4)
     first = load_sequences(tmp_path, image_size=4)
