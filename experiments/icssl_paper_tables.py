@@ -112,6 +112,18 @@ def _model_section(config: tuple[str, ...], out: Path) -> Path:
     return path
 
 
+def fit_model_section(fit_folder: Path) -> Path:
+    """The ``model:`` part of a finished fit's ``config.yaml`` as ``<fit folder>_model.yaml`` beside it, for
+    testing that model with another config's data (``--model <file>``). Written once the fit's config exists."""
+    import yaml
+
+    path = fit_folder.parent / f"{fit_folder.name}_model.yaml"
+    config = fit_folder / "config.yaml"
+    if config.is_file() and not path.is_file():
+        path.write_text(yaml.safe_dump(yaml.safe_load(config.read_text())["model"], sort_keys=False))
+    return path
+
+
 def fit_jobs(args: argparse.Namespace) -> list[Job]:
     """Every training run of the grid, most informative first (RBF, then Table 6, images, linear)."""
     out = args.out
@@ -185,7 +197,8 @@ def test_jobs(args: argparse.Namespace) -> list[Job]:
                           "--data.init_args.test_episodes", str(args.test_episodes),
                           "--data.init_args.eval_label_ratios", TABLE_RATIOS])
         if held_out is not None and "_rbf_" in name:  # Table 5's OOD: zero-shot on the image manifolds
-            add("images", ["--config", str(CONFIGS / IMAGE_MANIFOLDS),
+            # The image config's data with the fit's own model (EIG+ICL keeps its exact eigenmap).
+            add("images", ["--config", str(CONFIGS / IMAGE_MANIFOLDS), "--model", str(fit_model_section(fit.folder)),
                            "--data.init_args.root", str(args.image_root)])
     return jobs
 

@@ -86,6 +86,21 @@ def test_report_gives_mean_and_sample_sd_over_seeds_next_to_the_paper(tables, tm
     assert verdict.endswith("| opposite sign |")
 
 
+def test_zero_shot_image_test_uses_the_fits_own_model(tables, tmp_path) -> None:
+    args = _args(tables, tmp_path)
+    fit = next(j for j in tables.fit_jobs(args) if j.folder.parent.name == "eig_rbf_no_cone")
+    fit.folder.mkdir(parents=True)
+    model = {"class_path": "lit_icl.icssl.ICSSLModule", "init_args": {"net": {"init_args": {"representation": {
+        "class_path": "lit_icl.icssl.LaplacianEigenmap", "init_args": {"n_neighbors": 6}}}}}}
+    (fit.folder / "config.yaml").write_text(json.dumps({"model": model, "data": {"class_path": "x"}}))
+    test = next(t for t in tables.test_jobs(args) if t.after == [fit.folder] and t.folder.name.endswith("_images"))
+    section = Path(_flag(test.argv, "--model"))
+    import yaml
+
+    assert yaml.safe_load(section.read_text()) == model  # the checkpoint's own eigenmap, not the image config's
+    assert _flag(test.argv, "--config").endswith("icssl/image_manifolds.yaml")
+
+
 @pytest.mark.parametrize(("ours", "sd", "paper", "spread", "expected"), [
     (1.0, 0.3, 1.5, 1.0, "reproduced"),
     (4.0, 0.3, 1.0, 1.0, "same sign, outside the paper's spread"),
