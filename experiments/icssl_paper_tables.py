@@ -34,7 +34,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared runner beside this file
-from runner import REPO, Job, logger_args, markdown_table, mean_sd, run_all, select
+from runner import (
+    REPO,
+    Job,
+    add_convergence_args,
+    add_job_args,
+    logger_args,
+    markdown_table,
+    mean_sd,
+    run_stage,
+)
 
 CONFIGS = REPO / "configs"
 MANIFOLDS = ("cone", "cylinder", "sphere", "torus", "spiral")  # App. E.1; "spiral" is the Swiss roll
@@ -452,16 +461,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--val-episodes", type=int, default=128)
     parser.add_argument("--test-episodes", type=int, default=512)
     parser.add_argument("--image-root", type=Path, default=REPO / "data" / "image_manifolds_standin")
-    parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
-    parser.add_argument("--only", nargs="+", default=[""], help="only jobs whose name contains one of these")
-    parser.add_argument("--patience", type=int, default=None,
-                        help="train to convergence: stop after this many validation rounds without improvement "
-                             "(the shared early-stopping rule); --steps becomes the cap")
-    parser.add_argument("--val-every", type=int, default=100, help="steps between validation rounds (--patience)")
-    parser.add_argument("--min-delta", type=float, default=0.001,
-                        help="the smallest rise of the monitored accuracy that counts as an improvement (--patience)")
-    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    add_job_args(parser)
+    add_convergence_args(parser)
     args = parser.parse_args(argv)
     args.out = args.out.resolve()
     if args.eig_steps is None:
@@ -475,8 +476,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.stage == "report":
         print(report(args))
         return
-    jobs = fit_jobs(args) if args.stage == "fit" else test_jobs(args)
-    sys.exit(1 if run_all(select(jobs, args.only), args) else 0)
+    run_stage(args, fit_jobs, test_jobs)
 
 
 if __name__ == "__main__":

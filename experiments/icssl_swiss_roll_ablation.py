@@ -31,7 +31,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared runner beside this file
 from icssl_paper_tables import CONFIGS, EIG, HEAD, REP, TABLE_RATIOS, _accuracies, _budget, tested_checkpoint
-from runner import REPO, Job, logger_args, markdown_table, mean_sd, run_all, select
+from runner import (
+    REPO,
+    Job,
+    add_convergence_args,
+    add_job_args,
+    logger_args,
+    markdown_table,
+    mean_sd,
+    run_stage,
+)
 
 RI = f"{REP}.init_args"
 #: variant -> (what it tests, extra fit arguments on top of configs/icssl/manifolds.yaml on the spiral).
@@ -103,15 +112,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--steps", type=int, default=4000, help="step cap of an E2E model")
     parser.add_argument("--eig-steps", type=int, default=2000, help="step cap of an EIG+ICL head")
-    parser.add_argument("--patience", type=int, default=5, help="validation rounds without improvement")
-    parser.add_argument("--val-every", type=int, default=100)
-    parser.add_argument("--min-delta", type=float, default=0.001)
+    add_convergence_args(parser, patience=5)
     parser.add_argument("--val-episodes", type=int, default=256)
     parser.add_argument("--test-episodes", type=int, default=512)
-    parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--only", nargs="+", default=[""], help="only jobs whose name contains one of these")
-    parser.add_argument("--dry-run", action="store_true")
+    add_job_args(parser)
     args = parser.parse_args(argv)
     args.out, args.tables_out = args.out.resolve(), args.tables_out.resolve()
     return args
@@ -122,8 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.stage == "report":
         print(report(args))
         return
-    jobs = fit_jobs(args) if args.stage == "fit" else test_jobs(args)
-    sys.exit(1 if run_all(select(jobs, args.only), args) else 0)
+    run_stage(args, fit_jobs, test_jobs)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared runner beside this file
-from runner import REPO, Job, logger_args, markdown_table, mean_sd, run_all, select
+from runner import REPO, Job, add_job_args, logger_args, markdown_table, mean_sd, run_stage
 
 CONFIG = REPO / "configs" / "mmca" / "avmnist.yaml"
 #: model -> (overlay under configs/mmca/avmnist/ or None, the paper's best test accuracy in %, Table 1).
@@ -197,10 +197,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "stand-in's 500 validation pairs is 0.002")
     parser.add_argument("--min-epochs", type=int, default=None,
                         help="train at least this many epochs before the early-stopping rule may end a run")
-    parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
-    parser.add_argument("--only", nargs="+", default=[""], help="only jobs whose name contains one of these")
-    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    add_job_args(parser)
     args = parser.parse_args(argv)
     if args.min_epochs is not None and not 1 <= args.min_epochs <= args.max_epochs:
         parser.error(f"--min-epochs {args.min_epochs} must lie in [1, --max-epochs {args.max_epochs}]")
@@ -213,8 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.stage == "report":
         print(report(args))
         return
-    jobs = fit_jobs(args) if args.stage == "fit" else test_jobs(args)
-    sys.exit(1 if run_all(select(jobs, args.only), args) else 0)
+    run_stage(args, fit_jobs, test_jobs)
 
 
 if __name__ == "__main__":

@@ -27,9 +27,11 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,6 +68,32 @@ def mean_sd(values: list[float]) -> tuple[float, float]:
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def add_job_args(parser: argparse.ArgumentParser) -> None:
+    """The options every driver shares for running its jobs: how many at a time, threads, a filter, dry run."""
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    parser.add_argument("--only", nargs="+", default=[""], help="only jobs whose name contains one of these")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+
+
+def add_convergence_args(parser: argparse.ArgumentParser, patience: int | None = None) -> None:
+    """``--patience`` / ``--val-every`` / ``--min-delta``: the shared early-stopping rule of a step-based driver
+    (``patience=None``: off unless given, the run trains its fixed length)."""
+    parser.add_argument("--patience", type=int, default=patience,
+                        help="train to convergence: stop after this many validation rounds without improvement "
+                             "(the shared early-stopping rule); --steps becomes the cap")
+    parser.add_argument("--val-every", type=int, default=100, help="steps between validation rounds (--patience)")
+    parser.add_argument("--min-delta", type=float, default=0.001,
+                        help="the smallest rise of the monitored accuracy that counts as an improvement (--patience)")
+
+
+def run_stage(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace], list[Job]],
+              test_jobs: Callable[[argparse.Namespace], list[Job]]) -> NoReturn:
+    """Run a driver's ``fit`` or ``test`` stage (``args.stage``) and exit 1 if any job failed."""
+    jobs = fit_jobs(args) if args.stage == "fit" else test_jobs(args)
+    sys.exit(1 if run_all(select(jobs, args.only), args) else 0)
 
 
 def select(jobs: list[Job], only: list[str]) -> list[Job]:
