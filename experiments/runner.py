@@ -9,7 +9,7 @@ The ``done`` marker records the job's wall-clock and CPU seconds, and this file 
 finished grids:
 
     python experiments/runner.py cost runs/icssl_converged              # wall and CPU time of every finished job
-    python experiments/runner.py archive runs/icssl_converged experiments/results/runs/icssl_converged
+    python experiments/runner.py archive runs/icssl_converged experiments/results/records/icssl_converged
 
 ``archive`` copies each run folder's small records (``done``, ``results.json``, ``stopping.json``, the fit's
 ``config.yaml``) and none of its checkpoints or logs, so a grid's numbers can be committed, reported from the
