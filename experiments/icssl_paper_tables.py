@@ -254,19 +254,21 @@ def _stopping(out: Path, name: str, what: str, seeds: list[int]) -> list[dict]:
 def verdict(ours: float, ours_sd: float, n_seeds: int, paper: float | None, spread: float) -> str:
     """Whether a margin (E2E minus EIG+ICL, in points) reproduces the paper's.
 
-    *reproduced*: same sign and within the paper's spread (``spread``, the sd of the paper's margin);
-    *not resolved*: our margin is within one sd over seeds of zero, so its sign is not measured;
-    *same sign, outside the paper's spread*; *opposite sign*.
+    *not resolved*: our margin is within one sd over seeds of zero, so its sign is not measured (whether the
+    paper's value lies within its spread of ours is added); *reproduced*: a resolved margin of the same sign,
+    within the paper's spread (``spread``, the sd of the paper's margin); *same sign, outside the paper's
+    spread*; *opposite sign*.
     """
     if paper is None:
         return "no paper value"
     if n_seeds < 2:
         return "one seed: no sd"
-    if ours * paper > 0 and abs(ours - paper) <= spread:
-        return "reproduced"
+    within = abs(ours - paper) <= spread
     if abs(ours) <= ours_sd:
-        return "not resolved (|margin| <= sd over seeds)"
-    return "same sign, outside the paper's spread" if ours * paper > 0 else "opposite sign"
+        return "not resolved (|margin| <= sd over seeds)" + (", within the paper's spread" if within else "")
+    if ours * paper > 0:
+        return "reproduced" if within else "same sign, outside the paper's spread"
+    return "opposite sign"
 
 
 def _cell(values: list[float] | None, paper: list[float] | None = None, seeds: int = 3) -> str:

@@ -106,6 +106,8 @@ def test_zero_shot_image_test_uses_the_fits_own_model(tables, tmp_path) -> None:
     (4.0, 0.3, 1.0, 1.0, "same sign, outside the paper's spread"),
     (-0.2, 0.5, 1.0, 0.5, "not resolved (|margin| <= sd over seeds)"),
     (-2.0, 0.5, 1.0, 0.5, "opposite sign"),
+    # Same sign as the paper's and within its spread, but our own sd over seeds does not exclude zero.
+    (0.4, 0.4, 1.6, 1.4, "not resolved (|margin| <= sd over seeds), within the paper's spread"),
 ])
 def test_margin_verdicts(tables, ours, sd, paper, spread, expected) -> None:
     assert tables.verdict(ours, sd, 3, paper, spread) == expected
