@@ -80,6 +80,10 @@ def test_report_gives_mean_and_sample_sd_over_seeds_next_to_the_paper(tables, tm
     assert cells[1:] == ["-- (0.731)", "--", "0.750 ± 0.071 (0.826)", "-- (0.790)", "0.500 ± 0.000 (n=1)",
                          "0.850 ± 0.071 (0.753)", "0.600 ± 0.000"]
     assert "| 80 | -- (0.619) | 0.850 ± 0.071 (0.744) | -- (0.555) |" in text
+    # What was not run is left out: no linear rows, no faithful tables, no Table 5, no unmeasured Table 6 rows.
+    assert "| linear-" not in text and "faithful configuration" not in text and "### Table 5" not in text
+    assert "| rbf-sphere |" not in text and "| 40 |" not in text
+    assert text.count("### Tables 2-4,") == 1  # only the 3-label table of the tuned configuration has a value
     # OOD margin at 3 labels on the one manifold with both: 0.85 - 0.75 = +10 points (paper 0.753 - 0.826).
     assert "| tuned | rbf | OOD | +10.0 ± 0.0 (-7.3) | -- | -- |" in text
     verdict = next(x for x in text.splitlines() if x.startswith("| tuned | rbf | OOD | 3 |"))
