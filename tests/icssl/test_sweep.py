@@ -88,6 +88,8 @@ def test_report_gives_mean_and_sample_sd_over_seeds_next_to_the_paper(tables, tm
     assert "| tuned | rbf | OOD | +10.0 ± 0.0 (-7.3) | -- | -- |" in text
     verdict = next(x for x in text.splitlines() if x.startswith("| tuned | rbf | OOD | 3 |"))
     assert verdict.endswith("| opposite sign |")
+    # ... and per manifold (the OOD cone row), with the paper's spread: sqrt(0.017^2 + 0.013^2) = 2.1 points.
+    assert "| tuned | OOD | rbf-cone | 3 | +10.0 ± 0.0 | -7.3 ± 2.1 | opposite sign |" in text
 
 
 def test_zero_shot_image_test_uses_the_fits_own_model(tables, tmp_path) -> None:
@@ -107,11 +109,15 @@ def test_zero_shot_image_test_uses_the_fits_own_model(tables, tmp_path) -> None:
 
 @pytest.mark.parametrize(("ours", "sd", "paper", "spread", "expected"), [
     (1.0, 0.3, 1.5, 1.0, "reproduced"),
-    (4.0, 0.3, 1.0, 1.0, "same sign, outside the paper's spread"),
+    (4.0, 0.3, 1.0, 0.5, "same sign, outside the paper's spread"),
     (-0.2, 0.5, 1.0, 0.5, "not resolved (|margin| <= sd over seeds)"),
     (-2.0, 0.5, 1.0, 0.5, "opposite sign"),
     # Same sign as the paper's and within its spread, but our own sd over seeds does not exclude zero.
     (0.4, 0.4, 1.6, 1.4, "not resolved (|margin| <= sd over seeds), within the paper's spread"),
+    # The paper's own margin is within its spread of zero (0.970 vs 0.970): no sign to match.
+    (0.2, 0.3, 0.0, 0.4, "reproduced: no margin (the paper's is within its spread of zero, and ours within that "
+                         "spread)"),
+    (1.1, 0.2, 0.0, 0.4, "the paper's margin is within its spread of zero; ours is outside that spread"),
 ])
 def test_margin_verdicts(tables, ours, sd, paper, spread, expected) -> None:
     assert tables.verdict(ours, sd, 3, paper, spread) == expected
