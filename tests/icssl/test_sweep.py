@@ -62,6 +62,20 @@ def _results(path: Path, rows: list[dict]) -> None:
     path.joinpath("results.json").write_text(json.dumps({"meta": {}, "rows": rows}))
 
 
+def test_overlay_reaches_every_tables_2_4_model_after_its_own_config(tables, tmp_path) -> None:
+    overlay = Path(__file__).resolve().parents[2] / "configs" / "icssl" / "manifolds" / "few_labels.yaml"
+    args = tables.parse_args(["fit", "--out", str(tmp_path), "--seeds", "0", "--overlay", str(overlay)])
+    for fit in tables.fit_jobs(args):
+        configs = [fit.argv[i + 1] for i, a in enumerate(fit.argv) if a == "--config"]
+        name = fit.folder.parent.name
+        if not (name.startswith("product") or name.endswith("_images")):  # base config(s) first: the overlay wins
+            assert configs[-1] == str(overlay) and len(configs) >= 2
+        else:  # Table 6 and the image models keep their own configs
+            assert str(overlay) not in configs
+    with pytest.raises(SystemExit):
+        tables.parse_args(["fit", "--out", str(tmp_path), "--overlay", str(tmp_path / "missing.yaml")])
+
+
 def test_report_gives_mean_and_sample_sd_over_seeds_next_to_the_paper(tables, tmp_path) -> None:
     def row(value, method="ORIG+E2E-ICL", **coords):
         return {"metric": "accuracy", "value": value, "method": method, "split": "test", **coords}
