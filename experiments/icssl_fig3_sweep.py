@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared runner beside this file
-from icssl_paper_tables import CONFIGS, _budget, tested_checkpoint
+from icssl_paper_tables import CONFIGS, _budget, length_table, tested_checkpoint
 from runner import (
     REPO,
     Job,
@@ -152,7 +152,18 @@ def report(args: argparse.Namespace) -> int:
         return 2
     rc = sweep_main([*runs, "--label-ratio", str(args.label_ratio), "--out", str(args.out / "sweep")])
     print("\n" + table1(args))
+    print("\n" + training_length(args))
     return rc
+
+
+def training_length(args: argparse.Namespace) -> str:
+    """How long each method trained at each size, from the runs' ``stopping.json`` (``--patience`` runs only)."""
+    groups: dict[str, list[dict]] = {}
+    for job in fit_jobs(args):
+        record = job.folder / "stopping.json"
+        if record.is_file():
+            groups.setdefault(job.folder.parent.name, []).append(json.loads(record.read_text()))
+    return length_table(groups)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

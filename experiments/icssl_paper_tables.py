@@ -369,6 +369,13 @@ def steps_table(out: Path, seeds: list[int]) -> str:
         group = folder.name.split("_only_")[0] + "_only" if "_only_" in folder.name else (
             folder.name.split("_no_")[0] + "_no" if "_no_" in folder.name else folder.name)
         groups.setdefault(group, []).extend(_stopping(out, folder.name, what, seeds))
+    return length_table(groups)
+
+
+def length_table(groups: dict[str, list[dict]]) -> str:
+    """Median and range of the best and the stopping step per group of runs, from their early-stopping records
+    (``stopping.json`` / ``meta.stopping``: ``best_step``, ``stopped_step``, ``stopped_early``, ``patience``,
+    ``max_steps``)."""
     rows = []
     for group, records in groups.items():
         if not records:

@@ -228,6 +228,19 @@ def test_sweep_table1_averages_alignment_over_seeds(sweep, tmp_path) -> None:
     assert "separation" not in text and "| model |" not in text
 
 
+def test_sweep_training_length_reads_each_runs_stopping_record(sweep, tmp_path) -> None:
+    args = sweep.parse_args(["report", "--out", str(tmp_path), "--sizes", "10", "--seeds", "0", "1", "2"])
+    for seed, (best, stopped, early) in enumerate(((300, 800, True), (900, 1400, True), (1500, 1500, False))):
+        folder = tmp_path / "e2e_size10" / f"s{seed}"
+        folder.mkdir(parents=True)
+        folder.joinpath("stopping.json").write_text(json.dumps({
+            "best_step": best, "stopped_step": stopped, "stopped_early": early, "patience": 5, "max_steps": 1500}))
+    text = sweep.training_length(args)
+    # Medians and ranges over the three seeds; one run ran to its cap. Methods without records are left out.
+    assert "| e2e_size10 | 3 | 900 (300-1500) | 1400 (800-1500) | 1 of 3 | 5 | 1500 |" in text
+    assert "transformer" not in text
+
+
 def test_sweep_rejects_an_empty_dataset_size(sweep) -> None:
     with pytest.raises(SystemExit):
         sweep.parse_args(["fit", "--sizes", "0"])
