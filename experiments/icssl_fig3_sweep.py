@@ -79,13 +79,14 @@ def _name(method: str, size: int) -> str:
 def fit_jobs(args: argparse.Namespace) -> list[Job]:
     """One training run per (seed, dataset size, method), the largest sizes last."""
     jobs = []
+    overlays = [arg for path in args.overlay for arg in ("--config", str(path))]
     for size in args.sizes:
         for seed in args.seeds:
             for method, extra in METHODS.items():
                 if method == "transformer":
                     extra = [*extra, f"{NET}.init_args.input_dim", str(args.input_dim)]
                 name = _name(method, size)
-                argv = ["fit", "--config", str(CONFIG), *extra,
+                argv = ["fit", "--config", str(CONFIG), *overlays, *extra,
                         "--data.init_args.features", str(args.features),
                         "--data.init_args.train_episodes", str(size),
                         "--data.init_args.val_episodes", str(args.val_episodes),
@@ -179,10 +180,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--val-episodes", type=int, default=64)
     parser.add_argument("--test-episodes", type=int, default=256)
     parser.add_argument("--label-ratio", type=float, default=0.03, help="the accuracy curve's label ratio")
+    parser.add_argument("--overlay", type=Path, nargs="+", default=[],
+                        help="config overlays added to every run after configs/icssl/features.yaml, e.g. "
+                             "configs/icssl/features/few_labels.yaml (train at 3 %% labels, as Sec. 4.2); use a "
+                             "--out of their own")
     add_job_args(parser)
     add_convergence_args(parser)
     args = parser.parse_args(argv)
     args.out, args.features = args.out.resolve(), args.features.resolve()
+    args.overlay = [path.resolve() for path in args.overlay]
+    for path in args.overlay:
+        if not path.is_file():
+            parser.error(f"--overlay {path}: no such config file (the overlays are in configs/icssl/features/)")
     if min(args.sizes) < 1:
         parser.error(f"--sizes {args.sizes}: every dataset size must be at least 1 episode")
     args.input_dim = None

@@ -241,6 +241,17 @@ def test_sweep_training_length_reads_each_runs_stopping_record(sweep, tmp_path) 
     assert "transformer" not in text
 
 
+def test_sweep_overlay_follows_the_features_config_in_every_run(sweep, tmp_path) -> None:
+    overlay = Path(__file__).resolve().parents[2] / "configs" / "icssl" / "features" / "few_labels.yaml"
+    args = sweep.parse_args(["fit", "--out", str(tmp_path), "--sizes", "10", "--overlay", str(overlay)])
+    args.input_dim = 8
+    for fit in sweep.fit_jobs(args):
+        configs = [fit.argv[i + 1] for i, a in enumerate(fit.argv) if a == "--config"]
+        assert configs == [str(sweep.CONFIG), str(overlay)]
+    with pytest.raises(SystemExit):
+        sweep.parse_args(["fit", "--out", str(tmp_path), "--overlay", str(tmp_path / "missing.yaml")])
+
+
 def test_sweep_rejects_an_empty_dataset_size(sweep) -> None:
     with pytest.raises(SystemExit):
         sweep.parse_args(["fit", "--sizes", "0"])
