@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -383,8 +384,8 @@ def length_table(groups: dict[str, list[dict]]) -> str:
         best = sorted(r["best_step"] for r in records if r.get("best_step") is not None)
         stopped = sorted(r["stopped_step"] for r in records)
         capped = sum(not r["stopped_early"] for r in records)
-        rows.append([group, str(len(records)), f"{best[len(best) // 2]} ({best[0]}-{best[-1]})" if best else "--",
-                     f"{stopped[len(stopped) // 2]} ({stopped[0]}-{stopped[-1]})", f"{capped} of {len(records)}",
+        rows.append([group, str(len(records)), f"{statistics.median(best):g} ({best[0]}-{best[-1]})" if best else "--",
+                     f"{statistics.median(stopped):g} ({stopped[0]}-{stopped[-1]})", f"{capped} of {len(records)}",
                      str(records[0]["patience"]), str(records[0]["max_steps"])])
     if not rows:
         return "(no run recorded an early stop: trained at fixed length)"
