@@ -37,9 +37,11 @@ from runner import (
     Job,
     add_convergence_args,
     add_job_args,
+    add_overlay_arg,
     logger_args,
     markdown_table,
     mean_sd,
+    overlay_argv,
     run_stage,
 )
 
@@ -79,7 +81,7 @@ def _name(method: str, size: int) -> str:
 def fit_jobs(args: argparse.Namespace) -> list[Job]:
     """One training run per (seed, dataset size, method), the largest sizes last."""
     jobs = []
-    overlays = [arg for path in args.overlay for arg in ("--config", str(path))]
+    overlays = overlay_argv(args.overlay)
     for size in args.sizes:
         for seed in args.seeds:
             for method, extra in METHODS.items():
@@ -180,18 +182,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--val-episodes", type=int, default=64)
     parser.add_argument("--test-episodes", type=int, default=256)
     parser.add_argument("--label-ratio", type=float, default=0.03, help="the accuracy curve's label ratio")
-    parser.add_argument("--overlay", type=Path, nargs="+", default=[],
-                        help="config overlays added to every run after configs/icssl/features.yaml, e.g. "
-                             "configs/icssl/features/few_labels.yaml (train at 3 %% labels, as Sec. 4.2); use a "
-                             "--out of their own")
+    add_overlay_arg(parser, "configs/icssl/features.yaml",
+                    "configs/icssl/features/few_labels.yaml (train at 3 %% labels, as Sec. 4.2)")
     add_job_args(parser)
     add_convergence_args(parser)
     args = parser.parse_args(argv)
     args.out, args.features = args.out.resolve(), args.features.resolve()
-    args.overlay = [path.resolve() for path in args.overlay]
-    for path in args.overlay:
-        if not path.is_file():
-            parser.error(f"--overlay {path}: no such config file (the overlays are in configs/icssl/features/)")
     if min(args.sizes) < 1:
         parser.error(f"--sizes {args.sizes}: every dataset size must be at least 1 episode")
     args.input_dim = None

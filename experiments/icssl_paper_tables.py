@@ -40,9 +40,11 @@ from runner import (
     Job,
     add_convergence_args,
     add_job_args,
+    add_overlay_arg,
     logger_args,
     markdown_table,
     mean_sd,
+    overlay_argv,
     run_stage,
 )
 
@@ -144,7 +146,7 @@ def fit_jobs(args: argparse.Namespace) -> list[Job]:
         seeds = ["--seed_everything", str(seed), "--data.init_args.data_seed", str(seed)]
         jobs.append(Job(f"fit {name} s{seed}", ["fit", *argv, *seeds, *logger_args(out, name, f"s{seed}")], folder))
 
-    overlays = [arg for path in args.overlay for arg in ("--config", str(path))]
+    overlays = overlay_argv(args.overlay)
     for kernel in ("rbf", "linear"):
         for seed in args.seeds:
             for model, (config, extra) in MODELS.items():
@@ -485,17 +487,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--val-episodes", type=int, default=128)
     parser.add_argument("--test-episodes", type=int, default=512)
     parser.add_argument("--image-root", type=Path, default=REPO / "data" / "image_manifolds_standin")
-    parser.add_argument("--overlay", type=Path, nargs="+", default=[],
-                        help="config overlays added to every Tables 2-4 model (E2E and EIG+ICL) after its own "
-                             "config, e.g. configs/icssl/manifolds/few_labels.yaml; use a --out of their own")
+    add_overlay_arg(parser, "each Tables 2-4 model's own config (E2E and EIG+ICL)",
+                    "configs/icssl/manifolds/few_labels.yaml")
     add_job_args(parser)
     add_convergence_args(parser)
     args = parser.parse_args(argv)
     args.out = args.out.resolve()
-    args.overlay = [path.resolve() for path in args.overlay]
-    for path in args.overlay:
-        if not path.is_file():
-            parser.error(f"--overlay {path}: no such config file (the overlays are in configs/icssl/manifolds/)")
     if args.eig_steps is None:
         # The unnormalised Eq. 6 head needs more than 100 steps to leave the constant answer it starts in.
         args.eig_steps = args.steps

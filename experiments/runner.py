@@ -89,6 +89,27 @@ def add_convergence_args(parser: argparse.ArgumentParser, patience: int | None =
                         help="the smallest rise of the monitored accuracy that counts as an improvement (--patience)")
 
 
+def config_file(value: str) -> Path:
+    """An existing config file, resolved (an argparse ``type``: a missing file is refused by name)."""
+    path = Path(value).resolve()
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"no such config file: {path} (an overlay sits beside its base config, "
+                                         "in configs/<paper>/<experiment>/)")
+    return path
+
+
+def add_overlay_arg(parser: argparse.ArgumentParser, base: str, example: str) -> None:
+    """``--overlay FILE...``: config overlays stacked after a driver's own config in every run it trains."""
+    parser.add_argument("--overlay", type=config_file, nargs="+", default=[],
+                        help=f"config overlays added to every run after {base}, e.g. {example}; use an --out of "
+                             "their own")
+
+
+def overlay_argv(paths: list[Path]) -> list[str]:
+    """``--config`` arguments for the overlays, in order (later ones win)."""
+    return [arg for path in paths for arg in ("--config", str(path))]
+
+
 def run_stage(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace], list[Job]],
               test_jobs: Callable[[argparse.Namespace], list[Job]]) -> NoReturn:
     """Run a driver's ``fit`` or ``test`` stage (``args.stage``) and exit 1 if any job failed."""
