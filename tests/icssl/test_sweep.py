@@ -129,8 +129,8 @@ def test_zero_shot_image_test_uses_the_fits_own_model(tables, tmp_path) -> None:
     # Same sign as the paper's and within its spread, but our own sd over seeds does not exclude zero.
     (0.4, 0.4, 1.6, 1.4, "not resolved (|margin| <= sd over seeds), within the paper's spread"),
     # The paper's own margin is within its spread of zero (0.970 vs 0.970): no sign to match.
-    (0.2, 0.3, 0.0, 0.4, "reproduced: no margin (the paper's is within its spread of zero, and ours within that "
-                         "spread)"),
+    (0.2, 0.3, 0.0, 0.4, ("reproduced: no margin (the paper's is within its spread of zero, and ours within that "
+                          "spread)")),
     (1.1, 0.2, 0.0, 0.4, "the paper's margin is within its spread of zero; ours is outside that spread"),
 ])
 def test_margin_verdicts(tables, ours, sd, paper, spread, expected) -> None:
