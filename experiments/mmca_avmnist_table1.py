@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared runner beside this file
@@ -178,7 +179,28 @@ def report(args: argparse.Namespace) -> str:
         rows.append([model, f"{paper:+.2f}", *cells])
     parts.append("Full model minus each other model, paired by seed (points):\n\n" + markdown_table(
         ["full minus", "paper", "at best val epoch", "verdict", "best test acc.", "verdict"], rows))
+    parts.append(ordering(found))
     return "\n\n".join(parts)
+
+
+def ordering(found: dict[str, dict[int, dict]]) -> str:
+    """Table 1's claim is an ordering (the full model first): the models ranked by mean accuracy, both readings,
+    beside the paper's ranking. Ties in the paper (62.72 twice) are written with ``=``."""
+
+    def ranked(means: dict[str, float], digits: int) -> str:
+        order = sorted(means, key=means.get, reverse=True)
+        text = order[0]
+        for before, model in pairwise(order):
+            text += (" = " if round(means[before], digits) == round(means[model], digits) else " > ") + model
+        return text
+
+    lines = [f"- paper (best test acc.): {ranked({m: MODELS[m][1] for m in MODELS}, 2)}"]
+    for key, name in (("at_best_val", "test acc. at best val epoch"), ("best_test", "best test acc.")):
+        means = {m: mean_sd([v[key] for v in per_seed.values() if v[key] is not None])[0]
+                 for m, per_seed in found.items() if any(v[key] is not None for v in per_seed.values())}
+        if means:
+            lines.append(f"- ours, {name} (mean over seeds): {ranked(means, 1)}")
+    return "Ordering:\n\n" + "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -87,3 +87,8 @@ def test_report_pairs_seeds_and_judges_the_full_models_margins(table1, tmp_path)
     # Paired differences 10 and 8 points (sd 1.4): same sign as the paper's +3.06.
     assert margin == ("| no_injection_no_cross_attention | +3.06 | +9.0 ± 1.4 (2 of 2 ahead) | same sign "
                       "| +9.0 ± 1.4 (2 of 2 ahead) | same sign |")
+    # The ordering, ours from the means and the paper's with its tie (62.72 twice) kept.
+    assert ("- paper (best test acc.): full > no_injection = bi_cross_attention > no_cross_attention > "
+            "no_injection_no_cross_attention") in text
+    assert "- ours, best test acc. (mean over seeds): full > no_injection_no_cross_attention" in text
+    assert "- ours, test acc. at best val epoch (mean over seeds): full > no_injection_no_cross_attention" in text
