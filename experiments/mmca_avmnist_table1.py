@@ -131,7 +131,7 @@ def _cell(values: list[float]) -> str:
     if not values:
         return "--"
     m, sd = mean_sd(values)
-    return f"{m:.1f} ± {sd:.1f}"
+    return f"{m:.1f}" if len(values) == 1 else f"{m:.1f} ± {sd:.1f}"  # one seed has no spread to show
 
 
 def report(args: argparse.Namespace) -> str:
@@ -173,9 +173,13 @@ def report(args: argparse.Namespace) -> str:
                 cells += ["--", "--"]
                 continue
             m, sd = mean_sd(diffs)
-            cells += [f"{m:+.1f} ± {sd:.1f} ({sum(d > 0 for d in diffs)} of {len(diffs)} ahead)",
-                      "same sign" if m * paper > 0 and abs(m) > sd else
-                      ("not resolved (|margin| <= sd)" if abs(m) <= sd else "opposite sign")]
+            if len(diffs) == 1:  # a sign, but no spread to judge it against
+                verdict = ("same sign" if m * paper > 0 else "opposite sign" if m else "tie") + ", one seed"
+            else:
+                verdict = ("not resolved (|margin| <= sd)" if abs(m) <= sd else
+                           "same sign" if m * paper > 0 else "opposite sign")
+            spread = f" ± {sd:.1f}" if len(diffs) > 1 else ""
+            cells += [f"{m:+.1f}{spread} ({sum(d > 0 for d in diffs)} of {len(diffs)} ahead)", verdict]
         rows.append([model, f"{paper:+.2f}", *cells])
     parts.append("Full model minus each other model, paired by seed (points):\n\n" + markdown_table(
         ["full minus", "paper", "at best val epoch", "verdict", "best test acc.", "verdict"], rows))

@@ -92,3 +92,8 @@ def test_report_pairs_seeds_and_judges_the_full_models_margins(table1, tmp_path)
             "no_injection_no_cross_attention") in text
     assert "- ours, best test acc. (mean over seeds): full > no_injection_no_cross_attention" in text
     assert "- ours, test acc. at best val epoch (mean over seeds): full > no_injection_no_cross_attention" in text
+    # One seed has a sign but no spread: the verdict says so instead of claiming the paper's sign.
+    one = table1.report(table1.parse_args(["report", "--out", str(tmp_path), "--seeds", "1", "--patience", "5"]))
+    assert "| full | 43,754 | 1 | 70.0 | 72.0 | 72.0 |" in one
+    assert ("| no_injection_no_cross_attention | +3.06 | +8.0 (1 of 1 ahead) | same sign, one seed "
+            "| +8.0 (1 of 1 ahead) | same sign, one seed |") in one
