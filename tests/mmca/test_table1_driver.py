@@ -82,11 +82,11 @@ def test_report_pairs_seeds_and_judges_the_full_models_margins(table1, tmp_path)
     text = table1.report(args)
     full_row = next(x for x in text.splitlines() if x.startswith("| full |"))
     # Test acc. at the best val epoch 68.0 / 70.0; best test acc 70 / 72; the chance plateau left at epoch 3.
-    assert "| 69.0 ± 1.4 | 71.0 ± 1.4 | 70.0 / 72.0 | 5, 5 | 2 of 2 | 3, 3 | 63.85 |" in full_row
+    assert "| 69.0 ± 1.4 | 71.0 ± 1.4 | 71.0 ± 1.4 | 70.0 / 72.0 | 5, 5 | 2 of 2 | 3, 3 | 63.85 |" in full_row
     margin = [x for x in text.splitlines() if x.startswith("| no_injection_no_cross_attention |")][-1]
     # Paired differences 10 and 8 points (sd 1.4): same sign as the paper's +3.06.
     assert margin == ("| no_injection_no_cross_attention | +3.06 | +9.0 ± 1.4 (2 of 2 ahead) | same sign "
-                      "| +9.0 ± 1.4 (2 of 2 ahead) | same sign |")
+                      "| +9.0 ± 1.4 (2 of 2 ahead) | same sign | +9.0 ± 1.4 (2 of 2 ahead) | same sign |")
     # The ordering, ours from the means and the paper's with its tie (62.72 twice) kept.
     assert ("- paper (best test acc.): full > no_injection = bi_cross_attention > no_cross_attention > "
             "no_injection_no_cross_attention") in text
@@ -97,3 +97,20 @@ def test_report_pairs_seeds_and_judges_the_full_models_margins(table1, tmp_path)
     assert "| full | 43,754 | 1 | 70.0 | 72.0 | 72.0 |" in one
     assert ("| no_injection_no_cross_attention | +3.06 | +8.0 (1 of 1 ahead) | same sign, one seed "
             "| +8.0 (1 of 1 ahead) | same sign, one seed |") in one
+
+
+def test_runs_longer_than_the_paper_are_also_read_at_its_100_epochs(table1, tmp_path) -> None:
+    # 150 epochs: the full model peaks at epoch 140 (0.80), the other at epoch 60 (0.75) and stays there; by
+    # epoch 100 the full model had only reached 0.70, so the paper-length reading reverses the margin.
+    full = [0.1] * 20 + [0.70] * 100 + [0.80] * 30
+    other = [0.1] * 20 + [0.75] * 130
+    args = table1.parse_args(["report", "--out", str(tmp_path), "--seeds", "0", "--patience", "20"])
+    _write(tmp_path / "full" / "s0_test_last", 0.80, full, stopped_early=True)
+    _write(tmp_path / "no_injection" / "s0_test_last", 0.75, other, stopped_early=True)
+    found = table1.measurements(args)
+    assert (found["full"][0]["best_test"], found["full"][0]["best_test_paper"]) == pytest.approx((80.0, 70.0))
+    assert found["no_injection"][0]["best_test_paper"] == pytest.approx(75.0)
+    text = table1.report(args)
+    assert "| no_injection | +1.13 | -- | -- | +5.0 (1 of 1 ahead) | same sign, one seed " \
+           "| -5.0 (0 of 1 ahead) | opposite sign, one seed |" in text
+    assert "- ours, best test acc. in epochs 1-100 (mean over seeds): no_injection > full" in text
