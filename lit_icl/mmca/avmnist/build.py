@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lit_icl.core.errors import ConfigError
-from lit_icl.core.seeding import make_generator
+from lit_icl.core.seeding import make_generator, one_thread
 
 WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 SPEC_SIZE = 112  # avMNIST's spectrogram side
@@ -193,16 +193,20 @@ def spectrogram(samples: Tensor, rate: int, size: int = SPEC_SIZE) -> Tensor:
 
 def remove_energy(images: Tensor, keep: float) -> Tensor:
     """avMNIST's image corruption: project on the leading principal components of this set that hold more than
-    ``keep`` of the variance and reconstruct without the mean (``keep >= 1``: the images unchanged)."""
+    ``keep`` of the variance and reconstruct without the mean (``keep >= 1``: the images unchanged).
+
+    Computed on one thread (:func:`~lit_icl.core.seeding.one_thread`), so the stand-in is the same file whether a
+    training run (one thread per job) or a 2-thread ``python -m lit_icl.mmca.avmnist.build`` wrote it."""
     if keep >= 1:
         return images
-    x = images.double()
-    centred = x - x.mean(0)
-    _, s, vh = torch.linalg.svd(centred, full_matrices=False)
-    ratio = (s**2).cumsum(0) / (s**2).sum()
-    n = int((ratio > keep).nonzero()[0]) + 1
-    basis = vh[:n]
-    return (centred @ basis.T @ basis).float()
+    with one_thread():
+        x = images.double()
+        centred = x - x.mean(0)
+        _, s, vh = torch.linalg.svd(centred, full_matrices=False)
+        ratio = (s**2).cumsum(0) / (s**2).sum()
+        n = int((ratio > keep).nonzero()[0]) + 1
+        basis = vh[:n]
+        return (centred @ basis.T @ basis).float()
 
 
 def split_images(labels: Tensor, test_fraction: float, seed: int) -> tuple[Tensor, Tensor]:
