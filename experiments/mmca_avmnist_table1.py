@@ -210,11 +210,13 @@ def ordering(found: dict[str, dict[int, dict]]) -> str:
         return text
 
     lines = [f"- paper (best test acc.): {ranked({m: MODELS[m][1] for m in MODELS}, 2)}"]
+    # Means over the seeds every model has finished, so that no model is ranked on a different draw of seeds.
+    common = sorted(set.intersection(*(set(per_seed) for per_seed in found.values())))
     for key, name in READINGS.items():
-        means = {m: mean_sd([v[key] for v in per_seed.values() if v[key] is not None])[0]
-                 for m, per_seed in found.items() if any(v[key] is not None for v in per_seed.values())}
+        means = {m: mean_sd([per_seed[s][key] for s in common])[0] for m, per_seed in found.items()
+                 if common and all(per_seed[s][key] is not None for s in common)}
         if means:
-            lines.append(f"- ours, {name} (mean over seeds): {ranked(means, 1)}")
+            lines.append(f"- ours, {name} (mean over seeds {', '.join(map(str, common))}): {ranked(means, 1)}")
     return "Ordering:\n\n" + "\n".join(lines)
 
 

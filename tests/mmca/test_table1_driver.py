@@ -90,8 +90,14 @@ def test_report_pairs_seeds_and_judges_the_full_models_margins(table1, tmp_path)
     # The ordering, ours from the means and the paper's with its tie (62.72 twice) kept.
     assert ("- paper (best test acc.): full > no_injection = bi_cross_attention > no_cross_attention > "
             "no_injection_no_cross_attention") in text
-    assert "- ours, best test acc. (mean over seeds): full > no_injection_no_cross_attention" in text
-    assert "- ours, test acc. at best val epoch (mean over seeds): full > no_injection_no_cross_attention" in text
+    assert "- ours, best test acc. (mean over seeds 0, 1): full > no_injection_no_cross_attention" in text
+    assert "- ours, test acc. at best val epoch (mean over seeds 0, 1): full > no_injection_no_cross_attention" in text
+    # A model with a seed the others lack is ranked on the shared seeds only: a seed-2 run of the full model at
+    # 0.10 would put it last on the means over all its seeds.
+    _write(tmp_path / "full" / "s2_test_last", 0.10, [0.10, 0.10], stopped_early=True)
+    three = table1.report(table1.parse_args(["report", "--out", str(tmp_path), "--seeds", "0", "1", "2"]))
+    assert "| full | 43,754 | 3 |" in three
+    assert "- ours, best test acc. (mean over seeds 0, 1): full > no_injection_no_cross_attention" in three
     # One seed has a sign but no spread: the verdict says so instead of claiming the paper's sign.
     one = table1.report(table1.parse_args(["report", "--out", str(tmp_path), "--seeds", "1", "--patience", "5"]))
     assert "| full | 43,754 | 1 | 70.0 | 72.0 | 72.0 |" in one
@@ -113,4 +119,4 @@ def test_runs_longer_than_the_paper_are_also_read_at_its_100_epochs(table1, tmp_
     text = table1.report(args)
     assert "| no_injection | +1.13 | -- | -- | +5.0 (1 of 1 ahead) | same sign, one seed " \
            "| -5.0 (0 of 1 ahead) | opposite sign, one seed |" in text
-    assert "- ours, best test acc. in epochs 1-100 (mean over seeds): no_injection > full" in text
+    assert "- ours, best test acc. in epochs 1-100 (mean over seeds 0): no_injection > full" in text
