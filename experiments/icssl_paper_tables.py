@@ -86,7 +86,9 @@ def _budget(steps: int, args: argparse.Namespace) -> list[str]:
     At convergence (``--patience P``): a validation round every ``--val-every`` steps, and the shared
     early-stopping rule (``--early_stopping.patience P`` on the config's monitored validation metric) ends the run
     after P rounds without a rise of more than ``--min-delta``; ``steps`` is the cap (``--trainer.max_steps``), over which the cosine
-    learning-rate schedule is laid out.
+    learning-rate schedule is laid out. ``--min-steps S`` (``--trainer.min_steps``, at most ``steps``) keeps a run
+    going for S steps whatever the rule says: linear-kernel E2E runs can dip right after their first round and
+    recover later.
     """
     if args.patience is None:
         per_epoch = max(steps // args.epochs, 1)
@@ -94,7 +96,8 @@ def _budget(steps: int, args: argparse.Namespace) -> list[str]:
     rounds = -(-steps // args.val_every)
     return ["--trainer.max_steps", str(steps), "--trainer.max_epochs", str(rounds),
             "--data.init_args.train_batches_per_epoch", str(args.val_every),
-            "--early_stopping.patience", str(args.patience), "--early_stopping.min_delta", str(args.min_delta)]
+            "--early_stopping.patience", str(args.patience), "--early_stopping.min_delta", str(args.min_delta),
+            *(["--trainer.min_steps", str(min(args.min_steps, steps))] if args.min_steps else [])]
 
 
 def tested_checkpoint(fit_folder: Path, args: argparse.Namespace) -> Path:
@@ -405,7 +408,8 @@ def report(args: argparse.Namespace) -> str:
     out, seeds, n = args.out, args.seeds, len(args.seeds)
     length = (f"E2E models trained {args.steps} steps, EIG+ICL heads {args.eig_steps}" if args.patience is None else
               f"trained until the validation metric rose by no more than {args.min_delta} for {args.patience} rounds of "
-              f"{args.val_every} steps (cap {args.steps} steps for E2E, {args.eig_steps} for EIG+ICL heads), tested at the best round")
+              f"{args.val_every} steps (cap {args.steps} steps for E2E, {args.eig_steps} for EIG+ICL heads"
+              + (f"; at least {args.min_steps} steps" if args.min_steps else "") + "), tested at the best round")
     parts = [(f"Accuracy on the unlabeled points, mean ± sd over seeds {seeds} (paper's mean in parentheses); "
               f"{length}; {args.test_episodes} test episodes per manifold.")]
     margins = []

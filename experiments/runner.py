@@ -87,6 +87,21 @@ def add_convergence_args(parser: argparse.ArgumentParser, patience: int | None =
     parser.add_argument("--val-every", type=int, default=100, help="steps between validation rounds (--patience)")
     parser.add_argument("--min-delta", type=float, default=0.001,
                         help="the smallest rise of the monitored accuracy that counts as an improvement (--patience)")
+    parser.add_argument("--min-steps", type=_positive_int, default=None,
+                        help="train at least this many steps before the early-stopping rule may end a run (--patience; "
+                             "capped at each run's own step cap). Some runs dip right after their first validation "
+                             "round and recover later, which a short patience would stop inside the dip")
+
+
+def _positive_int(value: str) -> int:
+    """An integer >= 1 (an argparse ``type``: anything else is refused by name)."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{number} must be at least 1")
+    return number
 
 
 def config_file(value: str) -> Path:

@@ -159,6 +159,18 @@ def test_convergence_budget_stops_early_under_a_step_cap_and_tests_the_best_roun
     assert tables.tested_checkpoint(fit.folder, fixed) == ckpts / "last.ckpt"  # fixed length: the last step
 
 
+def test_step_floor_reaches_every_run_capped_at_its_own_cap(tables, tmp_path) -> None:
+    args = tables.parse_args(["fit", "--out", str(tmp_path), "--seeds", "0", "--steps", "4000", "--eig-steps", "2000",
+                              "--patience", "5", "--min-steps", "3000"])
+    jobs = {j.folder.parent.name: j for j in tables.fit_jobs(args)}
+    assert _flag(jobs["tuned_linear_no_spiral"].argv, "--trainer.min_steps") == "3000"
+    assert _flag(jobs["eig_linear_no_spiral"].argv, "--trainer.min_steps") == "2000"  # never above the cap
+    plain = tables.parse_args(["fit", "--out", str(tmp_path), "--seeds", "0", "--steps", "4000", "--patience", "5"])
+    assert all("--trainer.min_steps" not in j.argv for j in tables.fit_jobs(plain))
+    with pytest.raises(SystemExit):
+        tables.parse_args(["fit", "--out", str(tmp_path), "--patience", "5", "--min-steps", "0"])
+
+
 def test_steps_table_reads_the_stopping_records_of_the_tests(tables, tmp_path) -> None:
     for seed, (best, stopped, early) in enumerate(((800, 1300, True), (1200, 1700, True), (3900, 4000, False))):
         folder = tmp_path / "tuned_rbf_only_spiral" / f"s{seed}_test_manifolds"
