@@ -90,3 +90,17 @@ def test_cost_command_refuses_a_missing_folder(runner, tmp_path, capsys) -> None
         runner.main(["cost", str(tmp_path / "nowhere")])
     assert stop.value.code == 2
     assert "no such folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value, problem", [("0", "0 must be at least 1"), ("-5", "-5 must be at least 1"),
+                                            ("1.5", "'1.5' is not an integer"), ("many", "'many' is not an integer")])
+def test_step_floor_refuses_what_is_not_a_positive_count_by_name(runner, value, problem, capsys) -> None:
+    # Every convergence driver (IC-SSL tables, Swiss-roll ablation, Fig. 3 sweep) takes --min-steps from here.
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    runner.add_convergence_args(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--patience", "5", "--min-steps", value])
+    assert f"--min-steps: {problem}" in capsys.readouterr().err
+    assert parser.parse_args(["--patience", "5", "--min-steps", "1500"]).min_steps == 1500
