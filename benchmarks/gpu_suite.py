@@ -175,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="tiny runs of every step on the CPU (seconds)")
     parser.add_argument("--out", type=Path, default=None,
                         help="report file (default experiments/results/gpu_<date>.md)")
-    parser.add_argument("--only", default=None, help="comma-separated step names (default: all)")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated step names, run in the order given (default: all, in the order above)")
     args = parser.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
         parser.error("no CUDA GPU is visible; run on a machine with one, or pass --dry-run to check the code paths")
@@ -186,14 +187,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown step(s) {', '.join(unknown)}; choose from {', '.join(sorted(names))}")
     started = dt.datetime.now(dt.timezone.utc)
     out = args.out or ROOT / f"experiments/results/gpu_{started:%Y-%m-%d}.md"
-    results = []
-    for step in STEPS:
-        if step.name in chosen:
-            print(f"[gpu_suite] {step.name} ...", flush=True)
-            results.append((step, run_step(step, args.dry_run)))
-            print(f"[gpu_suite] {step.name}: {results[-1][1]['status']} ({results[-1][1]['seconds']:.0f} s)", flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(report(results, args.dry_run, started))
+    by_name = {step.name: step for step in STEPS}
+    results = []
+    # Steps run in the order --only names them (most wanted first), and the report is rewritten after each
+    # one: a lease that ends mid-suite still leaves every finished step's numbers on disk.
+    for name in chosen:
+        step = by_name[name]
+        print(f"[gpu_suite] {step.name} ...", flush=True)
+        results.append((step, run_step(step, args.dry_run)))
+        print(f"[gpu_suite] {step.name}: {results[-1][1]['status']} ({results[-1][1]['seconds']:.0f} s)", flush=True)
+        out.write_text(report(results, args.dry_run, started))
     print(f"[gpu_suite] wrote {out}")
     return 0 if all(res["status"] == "ok" or str(res["status"]).startswith("skipped") for _, res in results) else 1
 
