@@ -87,8 +87,8 @@ def _budget(steps: int, args: argparse.Namespace) -> list[str]:
     early-stopping rule (``--early_stopping.patience P`` on the config's monitored validation metric) ends the run
     after P rounds without a rise of more than ``--min-delta``; ``steps`` is the cap (``--trainer.max_steps``), over which the cosine
     learning-rate schedule is laid out. ``--min-steps S`` (``--trainer.min_steps``, at most ``steps``) keeps a run
-    going for S steps whatever the rule says: linear-kernel E2E runs can dip right after their first round and
-    recover later.
+    going for S steps whatever the rule says. (For the linear-kernel E2E runs that stop at step 100 it changes
+    little: their dip is a collapse at the peak learning rate, which ``configs/icssl/manifolds/lower_lr.yaml`` avoids.)
     """
     if args.patience is None:
         per_epoch = max(steps // args.epochs, 1)

@@ -89,8 +89,8 @@ def add_convergence_args(parser: argparse.ArgumentParser, patience: int | None =
                         help="the smallest rise of the monitored accuracy that counts as an improvement (--patience)")
     parser.add_argument("--min-steps", type=_positive_int, default=None,
                         help="train at least this many steps before the early-stopping rule may end a run (--patience; "
-                             "capped at each run's own step cap). Some runs dip right after their first validation "
-                             "round and recover later, which a short patience would stop inside the dip")
+                             "capped at each run's own step cap), for runs whose validation score dips after their first "
+                             "round and recovers later, which a short patience would stop inside the dip")
 
 
 def _positive_int(value: str) -> int:
