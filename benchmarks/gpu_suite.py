@@ -6,6 +6,7 @@
 Steps (each a subprocess of a script in ``benchmarks/``, so each can be rerun alone with the command shown in
 the report):
 
+- the tests marked ``cuda`` (GPU-only code paths that the CPU test suite skips);
 - IC-SSL: Lightning vs a bare loop over the same net and data, deterministic kernels on and off (what
   reproducibility costs on CUDA);
 - CoQE Omniglot at the paper's size (105x105 images, CoQE E = 512 / L = 4, Transformer E = 64 / L = 12, batch
@@ -54,6 +55,11 @@ class Step:
 
 
 STEPS = [
+    # Tests marked `cuda` exercise code paths that only a GPU reaches (devices of tensors that Lightning moves);
+    # the CPU test suite skips them. Seconds on a GPU; the dry run only collects them.
+    Step("cuda_tests", "the tests marked `cuda` (skipped on the CPU): GPU-only code paths",
+         ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests"],
+         ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "--collect-only", "tests"], 120),
     Step("icssl_deterministic", "IC-SSL steps/s, Lightning vs bare loop, deterministic kernels on (the CLI default)",
          ["benchmarks/train_throughput.py", "--config", "configs/icssl/manifolds.yaml", "--accelerator", "cuda",
           "--deterministic", "true", "--steps", "400", "--warmup", "50", "--repeats", "3"],
@@ -67,7 +73,7 @@ STEPS = [
     Step("coqe_omniglot_fp32", "CoQE / Transformer steps/s at the paper's size, fp32 (and the sequence generator)",
          ["benchmarks/coqe_throughput.py", "--device", "cuda", "--steps", "100", "--precision", "32-true"],
          ["benchmarks/coqe_throughput.py", "--device", "cpu", "--steps", "2", "--image-size", "28", "--only",
-          "train", "--nets", "coqe"], 480),
+          "train", "--nets", "coqe"], 360),
     Step("coqe_omniglot_bf16", "the same training steps in bf16-mixed",
          ["benchmarks/coqe_throughput.py", "--device", "cuda", "--steps", "100", "--precision", "bf16-mixed",
           "--only", "train"],
@@ -92,6 +98,10 @@ assert sum(step.timeout_s for step in STEPS) <= 35 * 60
 
 def headline(step: Step, output: str) -> str:
     """The numbers a reader wants from one step's output, or '' when its lines are not found."""
+    if step.gpu[:2] == ["-m", "pytest"]:  # pytest's summary line, e.g. "1 passed, 2 warnings in 5.22s"
+        found = re.findall(r"^=*\s*(\S*\d.*(?:passed|failed|error|skipped|collected).* in [\d.]+s)\s*=*$", output,
+                           re.MULTILINE)
+        return found[-1] if found else ""
     if step.script.endswith("train_throughput.py"):
         found = re.findall(r"^(lightning|bare loop|ratio lightning/bare): ([\d.]+)", output, re.MULTILINE)
         return ", ".join(f"{k} {v}" for k, v in found)

@@ -64,6 +64,9 @@ def test_headlines_read_each_scripts_output() -> None:
     icssl = "config: x\nlightning: 9.50 steps/s  (runs: 9.50)\nbare loop: 10.00 steps/s  (runs: 10.00)\nratio lightning/bare: 0.950\n"
     assert suite.headline(steps["icssl_deterministic"], icssl) == "lightning 9.50, bare loop 10.00, ratio lightning/bare 0.950"
     assert suite.headline(steps["coqe_regression"], "  ours / HF           :    1.700\n") == "ours / HF : 1.700"
+    pytest_out = "tests/test_early_stopping.py .\n\n-- Docs: https://docs.pytest.org\n1 passed, 2 warnings in 5.22s\n"
+    assert suite.headline(steps["cuda_tests"], pytest_out) == "1 passed, 2 warnings in 5.22s"
+    assert suite.headline(steps["cuda_tests"], "==== 1 failed, 1 passed in 3.00s ====\n") == "1 failed, 1 passed in 3.00s"
 
 
 def test_the_step_time_limits_fit_the_35_minutes() -> None:

@@ -55,7 +55,9 @@ class StopWhenConverged(EarlyStopping):
     def _run_early_stopping_check(self, trainer: Trainer) -> None:
         before, stopping = self.best_score.clone(), trainer.should_stop
         super()._run_early_stopping_check(trainer)
-        if not torch.equal(before, self.best_score):  # this round improved on the best
+        # Lightning moves ``best_score`` to the monitored metric's device when a round improves on it, so on a GPU
+        # the copy taken before the round can sit on another device than the score after it.
+        if not torch.equal(before.to(self.best_score.device), self.best_score):  # this round improved
             self.best_step = int(trainer.global_step)
         if trainer.should_stop and not stopping and not self._minimum_met(trainer):
             # Keep counting (wait_count stays), but decide again next round: the stop flag would otherwise stay
