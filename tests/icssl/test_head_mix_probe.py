@@ -1,0 +1,57 @@
+"""experiments/icssl_head_mix_probe.py: re-testing a trained model with its first Laplacian layer's heads reweighted."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from icssl.helpers import tiny_args
+
+from lit_icl.cli import main
+
+SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "icssl_head_mix_probe.py"
+
+
+@pytest.fixture(scope="module")
+def probe_script():
+    spec = importlib.util.spec_from_file_location("icssl_head_mix_probe", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tested_run(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("probe")
+    main(["fit", *tiny_args(root, name="fit")])
+    ckpt = root / "runs" / "fit" / "version_0" / "checkpoints" / "last.ckpt"
+    main(["test", *tiny_args(root, name="test"), "--ckpt_path", str(ckpt)])
+    return root / "runs" / "test" / "version_0"
+
+
+def test_as_trained_repeats_the_original_test_and_a_variant_changes_only_the_head_weights(
+        probe_script, tested_run: Path, tmp_path: Path) -> None:
+    found = probe_script.probe(tested_run, {"as_trained": None, "narrowest_only": [1.0, 0.0, 0.0, 0.0]}, tmp_path)
+    original = probe_script.model_accuracies(json.loads((tested_run / "results.json").read_text()))
+    assert found["as_trained"] == original and len(original) == 3  # the tiny run's three label ratios
+    trained = torch.load(json.loads((tested_run / "results.json").read_text())["meta"]["checkpoint"],
+                         map_location="cpu", weights_only=False)["state_dict"]
+    changed = torch.load(tmp_path / "narrowest_only.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    assert torch.equal(changed[probe_script.KEY], torch.tensor([1.0, 0.0, 0.0, 0.0]))
+    assert all(torch.equal(trained[k], changed[k]) for k in trained if k != probe_script.KEY)
+
+
+def test_a_folder_that_is_not_a_finished_test_run_is_refused_with_the_fix(probe_script, tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="is not a finished test run .* run the table driver's `test` stage first"):
+        probe_script.probe(tmp_path, {"as_trained": None}, tmp_path)
+
+
+def test_a_variant_with_the_wrong_number_of_heads_is_refused(probe_script, tested_run: Path, tmp_path: Path) -> None:
+    checkpoint = Path(json.loads((tested_run / "results.json").read_text())["meta"]["checkpoint"])
+    with pytest.raises(SystemExit, match="has 4 heads; the variant gives 2 weights"):
+        probe_script.reweighted_checkpoint(checkpoint, [0.5, 0.5], tmp_path / "x.ckpt")
