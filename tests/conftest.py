@@ -4,9 +4,12 @@ tests/<paper>/helpers.py)."""
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -79,3 +82,12 @@ def quiet_run_args(tmp_path: Path, config: str | Sequence[str], name: str = "tin
         "--trainer.num_sanity_val_steps", "0",
     ]
 
+
+
+def load_script(path: Path) -> ModuleType:
+    """Import a script that is not in a package (``experiments/*.py``) as a module named after its file."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses and pickling look the module up by name
+    spec.loader.exec_module(module)
+    return module

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_script
 from icssl.helpers import tiny_args
 
 from lit_icl.cli import main
@@ -18,11 +17,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "icssl_head_mix_p
 
 @pytest.fixture(scope="module")
 def probe_script():
-    spec = importlib.util.spec_from_file_location("icssl_head_mix_probe", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 @pytest.fixture(scope="module")

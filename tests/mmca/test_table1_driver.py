@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "mmca_avmnist_table1.py"
 
 
 @pytest.fixture(scope="module")
 def table1():
-    spec = importlib.util.spec_from_file_location("mmca_avmnist_table1", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def _flag(argv: list[str], name: str) -> str:
