@@ -18,14 +18,14 @@ the shipped configs (``lap_bandwidths: [0.004, 0.01, 0.025, 0.06]``).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import torch
+
+from lit_icl.core.results import load_results
 
 KEY = "net.representation.laplacian.layers.0.value_lap"
 #: variant -> first-layer head weights a'_h (None: as trained). Each keeps the weights' sum at one.
@@ -52,29 +52,30 @@ def reweighted_checkpoint(checkpoint: Path, weights: list[float] | None, out: Pa
     return out
 
 
-def model_accuracies(results: dict) -> dict[int, float]:
-    """``{labeled points: accuracy}`` of the model (not the baselines) in a ``results.json``."""
-    return {row["n_labeled"]: row["value"] for row in results["rows"]
+def model_accuracies(results: dict) -> dict[tuple[str | None, int], float]:
+    """``{(test manifold, labeled points): accuracy}`` of the model (not the baselines) in a ``results.json``."""
+    return {(row.get("manifold"), row["n_labeled"]): row["value"] for row in results["rows"]
             if row["metric"] == "accuracy" and row["method"] not in BASELINES}
 
 
-def probe(test_folder: Path, variants: dict[str, list[float] | None], work: Path) -> dict[str, dict[int, float]]:
-    """Test the checkpoint behind ``test_folder`` once per variant; ``{variant: {labeled points: accuracy}}``."""
+def probe(test_folder: Path, variants: dict[str, list[float] | None],
+          work: Path) -> dict[str, dict[tuple[str | None, int], float]]:
+    """Test the checkpoint behind ``test_folder`` once per variant: ``{variant: model_accuracies(...)}``."""
     config, results = test_folder / "config.yaml", test_folder / "results.json"
     if not (config.is_file() and results.is_file()):
         raise SystemExit(f"{test_folder} is not a finished test run (it needs config.yaml and results.json); "
                          "run the table driver's `test` stage first")
-    checkpoint = Path(json.loads(results.read_text())["meta"]["checkpoint"])
+    checkpoint = Path(load_results(results)["meta"]["checkpoint"])
     found = {}
     for name, weights in variants.items():
         ckpt = reweighted_checkpoint(checkpoint, weights, work / f"{name}.ckpt")
         cmd = [sys.executable, "-m", "lit_icl", "test", "--config", str(config), "--ckpt_path", str(ckpt),
                "--trainer.logger.init_args.save_dir", str(work), "--trainer.logger.init_args.name", "probe",
                "--trainer.logger.init_args.version", name, "--trainer.enable_progress_bar", "false"]
-        done = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ), check=False)
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise SystemExit(f"test of variant {name} failed:\n{done.stderr[-3000:]}")
-        found[name] = model_accuracies(json.loads((work / "probe" / name / "results.json").read_text()))
+        found[name] = model_accuracies(load_results(work / "probe" / name))
     return found
 
 
@@ -84,11 +85,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
     args = parser.parse_args(argv)
     chosen = {name: VARIANTS[name] for name in args.variants}
-    print("| run | variant | accuracy at 3 / 21 / 39 labeled points (or the run's label counts) |\n|---|---|---|")
+    print("| run | test manifold | variant | accuracy at 3 / 21 / 39 labeled points (or the run's label counts) |\n"
+          "|---|---|---|---|")
     for folder in args.test_folders:
         with tempfile.TemporaryDirectory() as tmp:
             for name, acc in probe(folder, chosen, Path(tmp)).items():
-                print(f"| {folder} | {name} | {' / '.join(f'{acc[k]:.3f}' for k in sorted(acc))} |", flush=True)
+                for manifold in sorted({m for m, _ in acc}, key=str):
+                    values = " / ".join(f"{acc[m, n]:.3f}" for m, n in sorted(acc) if m == manifold)
+                    where = manifold or "all (pooled)"  # rows carry a manifold only with test_per_manifold
+                    print(f"| {folder} | {where} | {name} | {values} |", flush=True)
 
 
 if __name__ == "__main__":

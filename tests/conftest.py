@@ -83,7 +83,6 @@ def quiet_run_args(tmp_path: Path, config: str | Sequence[str], name: str = "tin
     ]
 
 
-
 def load_script(path: Path) -> ModuleType:
     """Import a script that is not in a package (``experiments/*.py``) as a module named after its file."""
     spec = importlib.util.spec_from_file_location(path.stem, path)

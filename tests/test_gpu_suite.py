@@ -3,21 +3,16 @@ parsers read the numbers the benchmark scripts print."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _suite():
-    spec = importlib.util.spec_from_file_location("gpu_suite", ROOT / "benchmarks/gpu_suite.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_suite"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "benchmarks/gpu_suite.py")
 
 
 def test_the_dry_run_runs_a_step_and_reports_it_with_device_and_command(tmp_path: Path) -> None:

@@ -50,3 +50,13 @@ def test_a_variant_with_the_wrong_number_of_heads_is_refused(probe_script, teste
     checkpoint = Path(json.loads((tested_run / "results.json").read_text())["meta"]["checkpoint"])
     with pytest.raises(SystemExit, match="has 4 heads; the variant gives 2 weights"):
         probe_script.reweighted_checkpoint(checkpoint, [0.5, 0.5], tmp_path / "x.ckpt")
+
+
+def test_the_command_prints_one_row_per_variant_and_test_manifold(probe_script, tested_run: Path, capsys) -> None:
+    probe_script.main([str(tested_run), "--variants", "as_trained", "two_wide"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {tested_run} |")]
+    original = probe_script.model_accuracies(json.loads((tested_run / "results.json").read_text()))
+    expected = " / ".join(f"{original[k]:.3f}" for k in sorted(original))
+    # The tiny run tests one pooled set (no test_per_manifold), so its rows name no manifold.
+    assert rows[0] == f"| {tested_run} | all (pooled) | as_trained | {expected} |"
+    assert len(rows) == 2 and rows[1].startswith(f"| {tested_run} | all (pooled) | two_wide | ")
