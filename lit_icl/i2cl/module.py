@@ -49,6 +49,7 @@ from torchmetrics.classification import MulticlassF1Score
 
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.module import ICLModule
+from lit_icl.core.protocols import implements
 from lit_icl.core.results import result_row
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import (
@@ -267,7 +268,7 @@ class I2CLModule(ICLModule):
         **_: object,
     ) -> None:
         """The constructor's argument checks (``**_``: what the CLI adds to the hyper-parameters)."""
-        if not isinstance(net, I2CLNet):
+        if not implements(net, I2CLNet):
             raise ConfigError(
                 "model.init_args.net must be a lit_icl.i2cl.CausalLM (the frozen LM to wrap), or a net that "
                 "satisfies lit_icl.i2cl.contracts.I2CLNet"
@@ -299,7 +300,7 @@ class I2CLModule(ICLModule):
 
     def bind_datamodule(self, datamodule: LightningDataModule) -> None:
         """Tokenise the label words (collisions refused) and check that every prompt fits the context."""
-        if not isinstance(datamodule, I2CLData):
+        if not implements(datamodule, I2CLData):
             raise ConfigError("I2CLModule needs data: lit_icl.i2cl.I2CLDataModule (see lit_icl.i2cl.contracts.I2CLData)")
         data = datamodule.task_data()
         net = self.net

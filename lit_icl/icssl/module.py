@@ -38,6 +38,7 @@ from lit_icl.core.errors import ConfigError
 from lit_icl.core.figures import line_figure
 from lit_icl.core.module import ICLModule
 from lit_icl.core.nets import count_parameters
+from lit_icl.core.protocols import implements
 from lit_icl.core.results import result_row
 from lit_icl.core.spectral import laplacian_eigenmap
 from lit_icl.core.validation import (
@@ -171,7 +172,7 @@ class ICSSLModule(ICLModule):
         net: nn.Module, lr: float, weight_decay: float, lr_schedule: str, warmup_steps: int, eig_reference: bool
     ) -> None:
         """The constructor's argument checks, each message naming the option as the user wrote it."""
-        if not isinstance(net, ICSSLNet):
+        if not implements(net, ICSSLNet):
             raise ConfigError(
                 f"net {type(net).__name__} lacks num_classes / n_points; an IC-SSL net satisfies "
                 "lit_icl.icssl.contracts.ICSSLNet (e.g. lit_icl.icssl.SemiSupervisedICL)"
@@ -204,7 +205,7 @@ class ICSSLModule(ICLModule):
 
     def bind_datamodule(self, datamodule: LightningDataModule) -> None:
         """Take ``n_points`` and ``eval_label_ratios`` from the data (and check the model's own ratios, if set)."""
-        if not isinstance(datamodule, ICSSLDataModule):
+        if not implements(datamodule, ICSSLDataModule):
             raise ConfigError(
                 f"{type(datamodule).__name__} lacks what lit_icl.icssl.contracts.ICSSLDataModule lists (n_points, "
                 "eval_label_ratios, ...); ICSSLModule needs an IC-SSL data module such as "
@@ -242,7 +243,7 @@ class ICSSLModule(ICLModule):
         """
         net = self.net if net is None else net
         x, y = batch["x"], batch["y"]
-        if isinstance(net, TwoStageNet):
+        if implements(net, TwoStageNet):
             return net.represent(x)
         labeled = labeled_mask(y, labeled_count(min(self.label_ratios), x.shape[1]), self.labeled_subset)
         return net(x, y, labeled).features
@@ -256,7 +257,7 @@ class ICSSLModule(ICLModule):
         """
         if isinstance(getattr(self.net, "method", None), str):
             return self.net.method
-        if not isinstance(self.net, TwoStageNet):
+        if not implements(self.net, TwoStageNet):
             return type(self.net).__name__
         rep = self.net.representation
         suffix = getattr(self.net.head, "method_suffix", None)  # optional: the GD ICL head has none
@@ -308,7 +309,7 @@ class ICSSLModule(ICLModule):
         x, y = batch["x"], batch["y"]
         n = x.shape[1]
         masks = [labeled_mask(y, labeled_count(r, n), self.labeled_subset) for r in self.label_ratios]
-        if isinstance(self.net, TwoStageNet):
+        if implements(self.net, TwoStageNet):
             features = self.net.represent(x)
             out = [(r, self.net.classify(features, y, m), m, y) for r, m in zip(self.label_ratios, masks)]
             return features, out

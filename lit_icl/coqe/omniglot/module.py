@@ -38,6 +38,7 @@ from lit_icl.core.errors import ConfigError
 from lit_icl.core.figures import bar_figure
 from lit_icl.core.module import ICLModule
 from lit_icl.core.nets import count_parameters
+from lit_icl.core.protocols import implements
 from lit_icl.core.results import result_row
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import check_int, check_literal, check_nonnegative, check_positive, check_range
@@ -107,7 +108,7 @@ class CoQEClassificationModule(ICLModule):
         noise_increment: float, noise_interval: int, noise_delay: int,
     ) -> None:
         """Every argument check of the constructor, one ConfigError naming the option and the fix."""
-        if not isinstance(self.net, SequenceNet) or self.net.method not in ("coqe", "transformer"):
+        if not implements(self.net, SequenceNet) or self.net.method not in ("coqe", "transformer"):
             raise ConfigError(
                 f"net {type(self.net).__name__} is not a sequence classifier; use lit_icl.coqe.CoQEClassifier "
                 "or lit_icl.coqe.SequenceTransformer"
@@ -131,7 +132,7 @@ class CoQEClassificationModule(ICLModule):
     def bind_datamodule(self, datamodule: LightningDataModule) -> None:
         """The net takes its output size from the data's training classes (a different explicit count is an
         error); record the source and the data axes."""
-        if not isinstance(datamodule, SequenceData):
+        if not implements(datamodule, SequenceData):
             raise ConfigError(
                 f"{type(datamodule).__name__} lacks what a sequence classifier reads (n_labels, source, hparams: "
                 "lit_icl.coqe.contracts.SequenceData); use lit_icl.coqe.OmniglotSequenceDataModule"

@@ -31,6 +31,7 @@ from lit_icl.core.figures import line_figure, new_figure
 from lit_icl.core.module import ICLModule
 from lit_icl.core.nets import count_parameters
 from lit_icl.core.precision import float32_region
+from lit_icl.core.protocols import implements
 from lit_icl.core.results import result_row
 from lit_icl.core.validation import check_int, check_positive
 
@@ -85,7 +86,7 @@ class CoQERegressionModule(ICLModule):
         self.net = net if net is not None else CoQERegressor()
         self.baselines = nn.ModuleList(baselines or [])
         for m in [self.net, *self.baselines]:
-            if not isinstance(m, PromptNet) or not isinstance(m.method, str):
+            if not implements(m, PromptNet) or not isinstance(m.method, str):
                 raise ConfigError(
                     f"{type(m).__name__} is not a regression net (lit_icl.coqe.contracts.PromptNet); use "
                     "lit_icl.coqe.CoQERegressor, RegressionTransformer or a baseline such as LeastSquares"
@@ -116,7 +117,7 @@ class CoQERegressionModule(ICLModule):
 
     def bind_datamodule(self, datamodule: LightningDataModule) -> None:
         """The nets' input dimension and prompt length must fit the data; record class and shifts."""
-        if not isinstance(datamodule, PromptData):
+        if not implements(datamodule, PromptData):
             raise ConfigError(
                 f"{type(datamodule).__name__} lacks what the regression module reads (n_dims, n_points, "
                 "function_class, shift_names, features: lit_icl.coqe.contracts.PromptData); use "
@@ -124,7 +125,7 @@ class CoQERegressionModule(ICLModule):
             )
         n_dims, n_points = datamodule.n_dims, datamodule.n_points
         for m in [self.net, *self.baselines]:
-            if not isinstance(m, SizedPromptNet):
+            if not implements(m, SizedPromptNet):
                 continue  # parameter-free baselines take any dimension and length
             if m.n_dims != n_dims:
                 raise ConfigError(

@@ -29,6 +29,7 @@ from torchmetrics import MeanMetric
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.module import ICLModule
 from lit_icl.core.nets import count_parameters
+from lit_icl.core.protocols import implements
 from lit_icl.core.results import result_row
 from lit_icl.core.seeding import derive_seed
 from lit_icl.core.validation import check_nonnegative, check_positive
@@ -51,7 +52,7 @@ class AVMNISTModule(ICLModule):
         super().__init__()
         self.save_reloadable_hparams()
         self.net = net if net is not None else MultimodalCrossAttention()
-        if not isinstance(self.net, AVMNISTNet):
+        if not implements(self.net, AVMNISTNet):
             raise ConfigError(
                 f"{type(self.net).__name__} has no `represent` and `head`; use lit_icl.mmca.MultimodalCrossAttention "
                 "or lit_icl.mmca.BidirectionalCrossAttention"
@@ -75,7 +76,7 @@ class AVMNISTModule(ICLModule):
 
     def bind_datamodule(self, datamodule: LightningDataModule) -> None:
         """Which split each validation loader scores, the corruption level and the data folder's name."""
-        if not isinstance(datamodule, AVMNISTData):
+        if not implements(datamodule, AVMNISTData):
             raise ConfigError(
                 f"{type(datamodule).__name__} lacks eval_splits, noise_std or root, which AVMNISTModule reads; "
                 "use lit_icl.mmca.AVMNISTDataModule"

@@ -11,6 +11,7 @@ from torchmetrics import MeanMetric
 
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.precision import float32_region
+from lit_icl.core.protocols import implements
 from lit_icl.core.results import result_row
 from lit_icl.core.validation import check_positive
 from lit_icl.mmca.contracts import LatentFactorData, LayeredPromptNet, PromptNet
@@ -59,7 +60,7 @@ class WhiteningDiagnostic(Callback):
 
     def check_config(self, trainer: Any = None, model: Any = None, datamodule: Any = None) -> None:
         """Before the run: the diagnostic's context must fit in the test prompts (their longest ``L_te``)."""
-        lengths = datamodule.test_context_lengths if isinstance(datamodule, LatentFactorData) else None
+        lengths = datamodule.test_context_lengths if implements(datamodule, LatentFactorData) else None
         if self.context_length is not None and lengths and self.context_length > max(lengths):
             raise ConfigError(
                 f"WhiteningDiagnostic context_length={self.context_length} exceeds the longest test context "
@@ -81,7 +82,7 @@ class WhiteningDiagnostic(Callback):
         dataloader_idx: int = 0,
     ) -> None:
         net = getattr(pl_module, "net", None)
-        if not isinstance(net, LayeredPromptNet):
+        if not implements(net, LayeredPromptNet):
             return
         x = batch["x"]
         L = self.context_length or x.shape[1]
@@ -101,7 +102,7 @@ class WhiteningDiagnostic(Callback):
         if not self._metrics:
             return
         net = pl_module.net
-        method = str(net.method) if isinstance(net, PromptNet) else type(net).__name__
+        method = str(net.method) if implements(net, PromptNet) else type(net).__name__
         depth = len(self._metrics)
         rows = []
         for t, metric in enumerate(self._metrics):

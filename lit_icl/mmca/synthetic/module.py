@@ -28,6 +28,7 @@ from torchmetrics import MeanMetric
 
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.module import ICLModule
+from lit_icl.core.protocols import implements
 from lit_icl.core.results import result_row
 from lit_icl.core.validation import check_literal, check_nonempty, check_nonnegative, check_positive
 from lit_icl.mmca.contracts import CovariateNet, LatentFactorData, LayeredPromptNet, PromptNet
@@ -39,7 +40,7 @@ Optimizer = Literal["sgd", "adam"]
 
 def method_name(net: nn.Module) -> str:
     """The ``method`` of a net's rows: its ``method`` attribute (:class:`PromptNet`), else its class name."""
-    return str(net.method) if isinstance(net, PromptNet) else type(net).__name__
+    return str(net.method) if implements(net, PromptNet) else type(net).__name__
 
 
 class LatentFactorICLModule(ICLModule):
@@ -90,7 +91,7 @@ class LatentFactorICLModule(ICLModule):
         check_literal("optimizer", optimizer, Optimizer)
         check_nonnegative("momentum", momentum)
         check_nonnegative("weight_decay", weight_decay)
-        layered = isinstance(self.net, LayeredPromptNet)
+        layered = implements(self.net, LayeredPromptNet)
         if test_depths is None:
             return [self.net.depth] if layered else [None]
         depths = check_nonempty("test_depths", test_depths, example="[1, 5, 10]")
@@ -114,18 +115,18 @@ class LatentFactorICLModule(ICLModule):
     def bind_datamodule(self, datamodule: LightningDataModule) -> None:
         """Check the net against the data's ``d`` and ``norm_range``; take the test context lengths from it."""
         dm = datamodule
-        if not isinstance(dm, LatentFactorData):
+        if not implements(dm, LatentFactorData):
             raise ConfigError(
                 f"{type(dm).__name__} lacks d, norm_range or test_context_lengths, which LatentFactorICLModule "
                 "reads; use lit_icl.mmca.LatentFactorDataModule"
             )
-        if isinstance(self.net, CovariateNet) and dm.d != self.net.d:
+        if implements(self.net, CovariateNet) and dm.d != self.net.d:
             raise ConfigError(
                 f"the net was built for d={self.net.d} but the data has d = d1 + d2 = {dm.d}; set the net's d to "
                 f"{dm.d}"
             )
         nr = tuple(dm.norm_range)
-        if isinstance(self.net, LayeredPromptNet) and nr != tuple(self.net.norm_range):
+        if implements(self.net, LayeredPromptNet) and nr != tuple(self.net.norm_range):
             raise ConfigError(
                 f"the net's norm_range={tuple(self.net.norm_range)} (used for its alpha* initialisation) differs "
                 f"from the data's norm_range={nr}; set the net's norm_range to {list(nr)}"
@@ -138,14 +139,14 @@ class LatentFactorICLModule(ICLModule):
         self, batch: dict[str, Tensor], depth: int | None = None, net: nn.Module | None = None
     ) -> Tensor:
         net = self.net if net is None else net
-        kwargs = {"depth": depth} if depth is not None and isinstance(net, LayeredPromptNet) else {}
+        kwargs = {"depth": depth} if depth is not None and implements(net, LayeredPromptNet) else {}
         return net(batch["x"], batch["y"], batch["x_query"], batch.get("m"), batch.get("zeta"), **kwargs)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         pred = self(batch)
         loss = (pred - batch["y_query"].float()).pow(2).mean()  # l_{N, L_tr} on this batch (Sec. 6)
         self.log("train/loss", loss, prog_bar=True)
-        if isinstance(self.net, LayeredPromptNet) and self.net.tied:
+        if implements(self.net, LayeredPromptNet) and self.net.tied:
             self.log("train/alpha", self.net.alpha.detach())
             if hasattr(self.net, "beta"):
                 self.log("train/beta", self.net.beta.detach())
@@ -211,7 +212,7 @@ class LatentFactorICLModule(ICLModule):
     def _layer_rows(self) -> list[dict[str, Any]]:
         """``alpha_hat_t = tr(W^S_t)/d``, ``beta_hat_t = tr(W^V_t)/d`` (App. H) and ``alpha*`` (Theorem 6.2)."""
         net = self.net
-        if not isinstance(net, LayeredPromptNet):
+        if not implements(net, LayeredPromptNet):
             return []
         rows = []
         ws, wv = net.layer_weights()
