@@ -1,4 +1,4 @@
-"""Which bandwidths does a trained IC-SSL model's Laplacian rely on? Re-test it with its first layer's heads reweighted.
+"""Which part of a trained IC-SSL model carries its accuracy? Re-test it with heads reweighted or parts swapped in.
 
     python experiments/icssl_head_mix_probe.py runs/icssl_linear_lr/tuned_linear_no_spiral/s1_test_manifolds ...
 
@@ -13,6 +13,16 @@ It answers a question about transfer, not a training recipe: a model trained on 
 another (Tables 2-4's OOD cells) keeps the mix its training manifolds favour; if the test manifold needs another
 mix, the reweighted model scores higher there. Variants name heads by their position, narrowest first, as in
 the shipped configs (``lap_bandwidths: [0.004, 0.01, 0.025, 0.06]``).
+
+With ``--donor DONOR_TEST_RUN`` it also swaps whole parts in from another trained model of the same
+architecture (typically the in-distribution model of the manifold the OOD model is tested on): its
+Laplacian stack (``TF^L``), its eigenmap stack (``TF^E``), both (the representation), or the GD ICL head. The
+part whose swap recovers the most of the donor's accuracy is where the OOD model loses it. ``donor_all`` swaps
+everything and must match the donor's own test when both runs test the same episodes (same data seed and test
+manifolds).
+
+    python experiments/icssl_head_mix_probe.py runs/icssl_converged/tuned_linear_no_spiral/s0_test_manifolds \
+        --donor runs/icssl_converged/tuned_linear_only_spiral/s0_test_manifolds --variants as_trained donor_head
 """
 
 from __future__ import annotations
@@ -35,21 +45,50 @@ VARIANTS: dict[str, list[float] | None] = {
     "two_narrow": [0.5, 0.5, 0.0, 0.0],
     "two_wide": [0.0, 0.0, 0.5, 0.5],
 }
+#: variant -> the state-dict prefixes taken from the donor model (``--donor``).
+SWAPS: dict[str, tuple[str, ...]] = {
+    "donor_laplacian": ("net.representation.laplacian.",),
+    "donor_eigenmap": ("net.representation.eigenmap.",),
+    "donor_representation": ("net.representation.",),
+    "donor_head": ("net.head.",),
+    "donor_all": ("net.",),
+}
 BASELINES = ("class_prior", "labeled_majority")
 
 
-def reweighted_checkpoint(checkpoint: Path, weights: list[float] | None, out: Path) -> Path:
-    """A copy of ``checkpoint`` with the first Laplacian layer's head weights set to ``weights``."""
+def edited_checkpoint(checkpoint: Path, out: Path, weights: list[float] | None = None,
+                      donor: Path | None = None, prefixes: tuple[str, ...] = ()) -> Path:
+    """A copy of ``checkpoint`` with the first Laplacian layer's head weights set to ``weights`` (if given) and
+    every state-dict entry under ``prefixes`` taken from the ``donor`` checkpoint."""
     ckpt = torch.load(checkpoint, map_location="cpu", weights_only=False)
-    current = ckpt["state_dict"].get(KEY)
-    if current is None:
-        raise SystemExit(f"{checkpoint} has no {KEY}: only ORIG+E2E-ICL models (InContextEigenmap) have one")
+    state = ckpt["state_dict"]
     if weights is not None:
+        current = state.get(KEY)
+        if current is None:
+            raise SystemExit(f"{checkpoint} has no {KEY}: only ORIG+E2E-ICL models (InContextEigenmap) have one")
         if len(weights) != current.numel():
             raise SystemExit(f"{checkpoint} has {current.numel()} heads; the variant gives {len(weights)} weights")
-        ckpt["state_dict"][KEY] = torch.tensor(weights, dtype=current.dtype)
+        state[KEY] = torch.tensor(weights, dtype=current.dtype)
+    if prefixes:
+        if donor is None:
+            raise SystemExit(f"swapping {', '.join(prefixes)} needs --donor (another model's finished test run)")
+        donated = torch.load(donor, map_location="cpu", weights_only=False)["state_dict"]
+        swapped = [k for k in state if k.startswith(prefixes)]
+        mismatched = [k for k in swapped if k not in donated or donated[k].shape != state[k].shape]
+        if not swapped or mismatched or {k for k in donated if k.startswith(prefixes)} != set(swapped):
+            raise SystemExit(f"{donor} and {checkpoint} differ under {', '.join(prefixes)} (entries "
+                             f"{mismatched[:3] or 'absent'}): the donor must be the same architecture")
+        state.update({k: donated[k] for k in swapped})
     torch.save(ckpt, out)
     return out
+
+
+def tested_checkpoint(test_folder: Path) -> Path:
+    """The checkpoint a finished ``test`` run scored (its ``results.json`` ``meta.checkpoint``)."""
+    if not ((test_folder / "config.yaml").is_file() and (test_folder / "results.json").is_file()):
+        raise SystemExit(f"{test_folder} is not a finished test run (it needs config.yaml and results.json); "
+                         "run the table driver's `test` stage first")
+    return Path(load_results(test_folder / "results.json")["meta"]["checkpoint"])
 
 
 def model_accuracies(results: dict) -> dict[tuple[str | None, int], float]:
@@ -58,20 +97,20 @@ def model_accuracies(results: dict) -> dict[tuple[str | None, int], float]:
             if row["metric"] == "accuracy" and row["method"] not in BASELINES}
 
 
-def probe(test_folder: Path, variants: dict[str, list[float] | None],
-          work: Path) -> dict[str, dict[tuple[str | None, int], float]]:
-    """Test the checkpoint behind ``test_folder`` once per variant: ``{variant: model_accuracies(...)}``."""
-    config, results = test_folder / "config.yaml", test_folder / "results.json"
-    if not (config.is_file() and results.is_file()):
-        raise SystemExit(f"{test_folder} is not a finished test run (it needs config.yaml and results.json); "
-                         "run the table driver's `test` stage first")
-    checkpoint = Path(load_results(results)["meta"]["checkpoint"])
+def probe(test_folder: Path, variants: list[str], work: Path,
+          donor: Path | None = None) -> dict[str, dict[tuple[str | None, int], float]]:
+    """Test the checkpoint behind ``test_folder`` once per variant (``VARIANTS`` or, with the ``donor`` test run,
+    ``SWAPS``), on its own test config: ``{variant: model_accuracies(...)}``."""
+    checkpoint = tested_checkpoint(test_folder)
+    donor_checkpoint = tested_checkpoint(donor) if donor is not None else None
     found = {}
-    for name, weights in variants.items():
-        ckpt = reweighted_checkpoint(checkpoint, weights, work / f"{name}.ckpt")
-        cmd = [sys.executable, "-m", "lit_icl", "test", "--config", str(config), "--ckpt_path", str(ckpt),
-               "--trainer.logger.init_args.save_dir", str(work), "--trainer.logger.init_args.name", "probe",
-               "--trainer.logger.init_args.version", name, "--trainer.enable_progress_bar", "false"]
+    for name in variants:
+        ckpt = edited_checkpoint(checkpoint, work / f"{name}.ckpt", weights=VARIANTS.get(name),
+                                 donor=donor_checkpoint, prefixes=SWAPS.get(name, ()))
+        cmd = [sys.executable, "-m", "lit_icl", "test", "--config", str(test_folder / "config.yaml"),
+               "--ckpt_path", str(ckpt), "--trainer.logger.init_args.save_dir", str(work),
+               "--trainer.logger.init_args.name", "probe", "--trainer.logger.init_args.version", name,
+               "--trainer.enable_progress_bar", "false"]
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise SystemExit(f"test of variant {name} failed:\n{done.stderr[-3000:]}")
@@ -82,14 +121,17 @@ def probe(test_folder: Path, variants: dict[str, list[float] | None],
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("test_folders", nargs="+", type=Path, help="finished test runs (config.yaml + results.json)")
-    parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
+    parser.add_argument("--variants", nargs="+", choices=sorted([*VARIANTS, *SWAPS]), default=None,
+                        help="default: the head-weight variants, and with --donor the swaps too")
+    parser.add_argument("--donor", type=Path, default=None,
+                        help="a finished test run of another model of the same architecture, for the donor_* swaps")
     args = parser.parse_args(argv)
-    chosen = {name: VARIANTS[name] for name in args.variants}
+    chosen = args.variants or [*VARIANTS, *(SWAPS if args.donor is not None else ())]
     print("| run | test manifold | variant | accuracy at 3 / 21 / 39 labeled points (or the run's label counts) |\n"
           "|---|---|---|---|")
     for folder in args.test_folders:
         with tempfile.TemporaryDirectory() as tmp:
-            for name, acc in probe(folder, chosen, Path(tmp)).items():
+            for name, acc in probe(folder, chosen, Path(tmp), donor=args.donor).items():
                 for manifold in sorted({m for m, _ in acc}, key=str):
                     values = " / ".join(f"{acc[m, n]:.3f}" for m, n in sorted(acc) if m == manifold)
                     where = manifold or "all (pooled)"  # rows carry a manifold only with test_per_manifold
