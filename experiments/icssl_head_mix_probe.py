@@ -16,7 +16,8 @@ the shipped configs (``lap_bandwidths: [0.004, 0.01, 0.025, 0.06]``).
 
 With ``--donor DONOR_TEST_RUN`` it also swaps whole parts in from another trained model of the same
 architecture (typically the in-distribution model of the manifold the OOD model is tested on): its
-Laplacian stack (``TF^L``), its eigenmap stack (``TF^E``), both (the representation), or the GD ICL head. The
+Laplacian stack (``TF^L``; or one of its parts: the learned initial matrix, layer 0, layer 1), its eigenmap stack
+(``TF^E``), both (the representation), or the GD ICL head. The
 part whose swap recovers the most of the donor's accuracy is where the OOD model loses it. ``donor_all`` swaps
 everything and must match the donor's own test when both runs test the same episodes (same data seed and test
 manifolds).
@@ -48,6 +49,10 @@ VARIANTS: dict[str, list[float] | None] = {
 #: variant -> the state-dict prefixes taken from the donor model (``--donor``).
 SWAPS: dict[str, tuple[str, ...]] = {
     "donor_laplacian": ("net.representation.laplacian.",),
+    # The Laplacian stack's parts (shipped configs: a learned initial matrix and two RBF-attention layers).
+    "donor_laplacian_init": ("net.representation.laplacian.init_delta",),
+    "donor_laplacian_layer0": ("net.representation.laplacian.layers.0.",),
+    "donor_laplacian_layer1": ("net.representation.laplacian.layers.1.",),
     "donor_eigenmap": ("net.representation.eigenmap.",),
     "donor_representation": ("net.representation.",),
     "donor_head": ("net.head.",),

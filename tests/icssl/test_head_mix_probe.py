@@ -100,3 +100,9 @@ def test_a_swap_without_a_donor_or_from_another_architecture_is_refused(
     with pytest.raises(SystemExit, match="differ under net.head.* the donor must be the same architecture"):
         probe_script.edited_checkpoint(checkpoint, tmp_path / "x.ckpt", donor=tmp_path / "other.ckpt",
                                        prefixes=("net.head.",))
+
+
+def test_every_swap_names_a_part_of_the_shipped_model(probe_script, tested_run: Path) -> None:
+    state = _state(probe_script.tested_checkpoint(tested_run))
+    for name, prefixes in probe_script.SWAPS.items():
+        assert any(k.startswith(prefixes) for k in state), name
