@@ -24,6 +24,7 @@ from lit_icl.coqe import (
 )
 from lit_icl.coqe.contracts import PromptData, PromptNet, SequenceData, SequenceNet, SizedPromptNet
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.protocols import implements
 
 TINY = (8, 8, 8, 16)
 
@@ -32,9 +33,9 @@ def test_omniglot_side(tmp_path: Path) -> None:
     folder = write_omniglot_fixture(tmp_path / "omniglot-py")
     dm = OmniglotSequenceDataModule(source="omniglot", folder=str(folder), image_size=16, n_holdout=4, n_common=2,
                                     batch_size=8, chunk_size=4)
-    assert isinstance(dm, SequenceData)
+    assert implements(dm, SequenceData)
     for net in (CoQEClassifier(resnet_channels=TINY), SequenceTransformer(resnet_channels=TINY)):
-        assert isinstance(net, SequenceNet)
+        assert implements(net, SequenceNet)
     module = CoQEClassificationModule(CoQEClassifier(resnet_channels=TINY, depth=1))
     module.bind_datamodule(dm)
     assert module.net.n_classes == dm.n_labels == 20
@@ -46,10 +47,10 @@ def test_omniglot_side(tmp_path: Path) -> None:
 
 def test_regression_side() -> None:
     dm = RegressionDataModule(function_class="linear", n_dims=4, n_points=6, batch_size=8, chunk_size=4)
-    assert isinstance(dm, PromptData)
+    assert implements(dm, PromptData)
     for net in (CoQERegressor(4, width=16, depth=1, heads=2, max_points=8), RegressionTransformer(4, width=16, depth=1, heads=2, max_points=8)):
-        assert isinstance(net, SizedPromptNet)
-    assert isinstance(LeastSquares(), PromptNet) and not isinstance(LeastSquares(), SizedPromptNet)
+        assert implements(net, SizedPromptNet)
+    assert implements(LeastSquares(), PromptNet) and not implements(LeastSquares(), SizedPromptNet)
     module = CoQERegressionModule(CoQERegressor(4, width=16, depth=1, heads=2, max_points=8), baselines=[Averaging()])
     module.bind_datamodule(dm)
     assert module.n_dims == 4 and module.shift_names == dm.shift_names

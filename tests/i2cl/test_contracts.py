@@ -12,17 +12,18 @@ from i2cl.helpers import synthetic_dm
 from torch import nn
 
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.protocols import implements
 from lit_icl.i2cl import CausalLM, I2CLData, I2CLModule, I2CLNet
 
 
 def test_data_module_satisfies_the_data_contract() -> None:
     dm = synthetic_dm(data_seed=3)
-    assert isinstance(dm, I2CLData) and dm.data_seed == 3
+    assert implements(dm, I2CLData) and dm.data_seed == 3
     assert dm.task_data().demos
 
 
 def test_causal_lm_satisfies_the_net_contract(net: CausalLM) -> None:
-    assert isinstance(net, I2CLNet)
+    assert implements(net, I2CLNet)
     assert net.n_layers == 2 and net.hidden_size == 32 and net.max_positions == 256 and net.kv_width > 0
 
 

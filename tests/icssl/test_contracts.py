@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.protocols import implements
 from lit_icl.icssl import (
     FeatureEpisodeDataModule,
     GDICLHead,
@@ -40,7 +41,7 @@ def test_data_modules_satisfy_the_data_contract(tmp_path) -> None:
         FeatureEpisodeDataModule(features=str(tmp_path / "none.pt"), per_class=10, eval_label_ratios=[0.1, 0.4],
                                  train_label_ratio=(0.1, 0.4)),
     ):
-        assert isinstance(dm, ICSSLDataModule), type(dm).__name__
+        assert implements(dm, ICSSLDataModule), type(dm).__name__
         assert dm.labeled_subset in ("random", "stratified") and dm.n_points >= 2 and dm.eval_label_ratios
     assert isinstance(FeatureEpisodeDataModule(features="x.pt", per_class=10).train_episodes, int)
 
@@ -56,8 +57,8 @@ def test_data_modules_satisfy_the_data_contract(tmp_path) -> None:
     ids=["e2e", "eig_lr", "rbf_lr", "transformer"],
 )
 def test_nets_satisfy_the_net_contract(net: nn.Module) -> None:
-    assert isinstance(net, ICSSLNet)
-    two_stage = isinstance(net, TwoStageNet)
+    assert implements(net, ICSSLNet)
+    two_stage = implements(net, TwoStageNet)
     assert two_stage == isinstance(net, SemiSupervisedICL)
     assert two_stage or isinstance(net.method, str)  # a one-stage net names itself
     x = torch.randn(2, 20, 3)

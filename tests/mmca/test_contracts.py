@@ -11,6 +11,7 @@ from mmca.avmnist.helpers import write_layout
 from torch import nn
 
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.protocols import implements
 from lit_icl.mmca import (
     AVMNISTDataModule,
     AVMNISTModule,
@@ -52,15 +53,15 @@ LEVELS = {
 def test_latent_factor_data_module_satisfies_its_contract() -> None:
     dm = LatentFactorDataModule(d1=2, d2=2, batch_size=16, chunk_size=8, train_prompts=32, val_prompts=8,
                                 test_prompts=8, eval_batch_size=8, test_context_lengths=[4, 8])  # fmt: skip
-    assert isinstance(dm, LatentFactorData)
-    assert not isinstance(SimpleNamespace(d=4, norm_range=(0.0, 5.0)), LatentFactorData)
+    assert implements(dm, LatentFactorData)
+    assert not implements(SimpleNamespace(d=4, norm_range=(0.0, 5.0)), LatentFactorData)
 
 
 @pytest.mark.parametrize("name", sorted(TINY_NETS))
 def test_synthetic_nets_satisfy_their_contracts(name: str) -> None:
     net = TINY_NETS[name]()
     for protocol in (PromptNet, CovariateNet, LayeredPromptNet):
-        assert isinstance(net, protocol) == (protocol in LEVELS[name]), protocol.__name__
+        assert implements(net, protocol) == (protocol in LEVELS[name]), protocol.__name__
 
 
 @pytest.mark.parametrize(
@@ -73,14 +74,14 @@ def test_synthetic_nets_satisfy_their_contracts(name: str) -> None:
     ids=["full", "neither", "bi"],
 )
 def test_avmnist_nets_satisfy_their_contract(net: nn.Module) -> None:
-    # isinstance against a Protocol checks that the members exist, not their signatures.
-    assert isinstance(net, AVMNISTNet) and not isinstance(net, LayeredPromptNet)
+    # A contract check (implements) looks for the members, not their signatures.
+    assert implements(net, AVMNISTNet) and not implements(net, LayeredPromptNet)
 
 
 def test_avmnist_data_module_satisfies_its_contract(tmp_path: Path) -> None:
     write_layout(tmp_path, n_train=40, n_test=20, audio_side=28)
     dm = AVMNISTDataModule(root=str(tmp_path), val_size=8, batch_size=8, eval_batch_size=10)
-    assert isinstance(dm, AVMNISTData) and not isinstance(dm, LatentFactorData)
+    assert implements(dm, AVMNISTData) and not implements(dm, LatentFactorData)
 
 
 def test_modules_refuse_what_breaks_the_contract() -> None:
