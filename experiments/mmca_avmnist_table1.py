@@ -19,6 +19,10 @@ validation picks) and from its last checkpoint, whose per-epoch test history giv
 test accuracy over epochs, over all epochs trained and over the paper's first 100) and the epoch at which the
 model left the chance plateau. The report compares the full model with each other model in all three readings,
 paired by seed, and ranks the models in each beside Table 1's ranking.
+
+``--overlay FILE...`` stacks config files after each model's own (e.g. ``trainer: {accelerator: gpu,
+deterministic: warn}`` to train on a GPU, where some kernels have no deterministic version); a test run reads the
+config its fit saved, so it inherits them.
 """
 
 from __future__ import annotations
@@ -30,7 +34,17 @@ from itertools import pairwise
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared runner beside this file
-from runner import REPO, Job, add_job_args, logger_args, markdown_table, mean_sd, run_stage
+from runner import (
+    REPO,
+    Job,
+    add_job_args,
+    add_overlay_arg,
+    logger_args,
+    markdown_table,
+    mean_sd,
+    overlay_argv,
+    run_stage,
+)
 
 CONFIG = REPO / "configs" / "mmca" / "avmnist.yaml"
 #: model -> (overlay under configs/mmca/avmnist/ or None, the paper's best test accuracy in %, Table 1).
@@ -61,7 +75,8 @@ def fit_jobs(args: argparse.Namespace) -> list[Job]:
     jobs = []
     for seed in args.seeds:
         for model in MODELS:
-            argv = ["fit", "--config", str(CONFIG), *_overlay(model),
+            # The user's overlays (e.g. a GPU trainer) come after the model's, so they win on shared keys.
+            argv = ["fit", "--config", str(CONFIG), *_overlay(model), *overlay_argv(args.overlay),
                     "--data.init_args.noise_std", str(args.noise_std),
                     "--seed_everything", str(seed), "--data.init_args.data_seed", str(seed),
                     "--trainer.max_epochs", str(args.max_epochs), "--trainer.enable_progress_bar", "false",
@@ -236,6 +251,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "stand-in's 500 validation pairs is 0.002")
     parser.add_argument("--min-epochs", type=int, default=None,
                         help="train at least this many epochs before the early-stopping rule may end a run")
+    add_overlay_arg(parser, "each model's config", "a file with `trainer: {accelerator: gpu, deterministic: warn}`")
     add_job_args(parser)
     args = parser.parse_args(argv)
     if args.min_epochs is not None and not 1 <= args.min_epochs <= args.max_epochs:

@@ -50,6 +50,19 @@ def test_grid_trains_each_model_per_seed_with_its_overlay_and_the_stopping_rule(
     assert _flag(next(t for t in tests if t.folder.name.endswith("best")).argv, "--ckpt_path") == str(best)
 
 
+def test_overlays_stack_after_each_models_own_config_and_a_missing_one_is_refused(table1, tmp_path, capsys) -> None:
+    gpu = tmp_path / "gpu.yaml"
+    gpu.write_text("trainer:\n  accelerator: gpu\n  deterministic: warn\n")
+    args = table1.parse_args(["fit", "--out", str(tmp_path), "--seeds", "0", "--overlay", str(gpu)])
+    for fit in table1.fit_jobs(args):
+        configs = [fit.argv[i + 1] for i, a in enumerate(fit.argv) if a == "--config"]
+        assert configs[0] == str(table1.CONFIG) and configs[-1] == str(gpu.resolve())
+        assert len(configs) == (2 if fit.folder.parent.name == "full" else 3)
+    with pytest.raises(SystemExit):
+        table1.parse_args(["fit", "--out", str(tmp_path), "--overlay", str(tmp_path / "missing.yaml")])
+    assert "no such config file" in capsys.readouterr().err
+
+
 def test_a_minimum_above_the_cap_is_refused(table1, tmp_path, capsys) -> None:
     with pytest.raises(SystemExit) as stop:
         table1.parse_args(["fit", "--out", str(tmp_path), "--min-epochs", "150", "--max-epochs", "100"])
