@@ -14,25 +14,20 @@ validation accuracies every 2,000 steps and writes the figure when ``--fig`` is 
 from __future__ import annotations
 
 import argparse
-import glob
+import sys
 from pathlib import Path
 
 from matplotlib.figure import Figure
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared runner beside this file
+from runner import logged_scalars
 
 TAGS = {"val/acc/icl": "ICL (holdout classes, chance 0.5)", "val/acc/iwl": "IWL (training classes)"}
 
 
 def curves(run: Path) -> dict[str, list[tuple[int, float]]]:
     """``{tag: [(step, value), ...]}`` for the tags in :data:`TAGS`, over every event file of ``run``."""
-    out: dict[str, dict[int, float]] = {tag: {} for tag in TAGS}
-    for path in sorted(glob.glob(str(run / "events.out.tfevents.*"))):
-        events = EventAccumulator(path)
-        events.Reload()
-        for tag in TAGS:
-            if tag in events.Tags()["scalars"]:
-                out[tag].update({e.step: e.value for e in events.Scalars(tag)})  # a resumed run overwrites nothing
-    return {tag: sorted(points.items()) for tag, points in out.items()}
+    return {tag: sorted(points.items()) for tag, points in logged_scalars(run, TAGS).items()}
 
 
 def main(argv: list[str] | None = None) -> None:

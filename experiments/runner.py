@@ -27,7 +27,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,6 +123,28 @@ def add_overlay_arg(parser: argparse.ArgumentParser, base: str, example: str) ->
 def overlay_argv(paths: list[Path]) -> list[str]:
     """``--config`` arguments for the overlays, in order (later ones win)."""
     return [arg for path in paths for arg in ("--config", str(path))]
+
+
+def logged_scalars(run: Path, tags: Iterable[str]) -> dict[str, dict[int, float]]:
+    """``{tag: {step: value}}`` over every TensorBoard event file directly in ``run``.
+
+    Files are read in the order of the time in their names (``events.out.tfevents.<time>.<host>...``); a fit
+    resumed from a checkpoint re-logs the steps after it in a new file, whose values then win, so every step
+    counts once. A tag the run never logged maps to ``{}``.
+    """
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def written_at(path: Path) -> tuple[int, str]:
+        parts = path.name.split(".")
+        return (int(parts[3]) if len(parts) > 3 and parts[3].isdigit() else 0), path.name
+
+    out: dict[str, dict[int, float]] = {tag: {} for tag in tags}
+    for path in sorted(run.glob("events.out.tfevents.*"), key=written_at):
+        events = EventAccumulator(str(path), size_guidance={"scalars": 0})  # 0: keep every point
+        events.Reload()
+        for tag in out.keys() & set(events.Tags()["scalars"]):
+            out[tag].update({e.step: float(e.value) for e in events.Scalars(tag)})
+    return out
 
 
 def run_stage(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace], list[Job]],

@@ -10,29 +10,18 @@ new event file; the newest file's value wins for such a step, so every step coun
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-
-def _written_at(path: Path) -> tuple[int, str]:
-    """Order event files by the timestamp in their names (``events.out.tfevents.<time>.<host>.<pid>.<n>``)."""
-    parts = path.name.split(".")
-    stamp = int(parts[3]) if len(parts) > 3 and parts[3].isdigit() else 0
-    return stamp, path.name
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared runner beside this file
+from runner import logged_scalars
 
 
 def scalar_series(run: Path, tag: str) -> dict[int, float]:
-    """``{step: value}`` of ``tag`` over all event files directly in ``run`` (newer files win on repeated steps)."""
-    files = sorted(run.glob("events.out.tfevents.*"), key=_written_at)
-    if not files:
+    """``{step: value}`` of ``tag`` over the event files in ``run`` (``runner.logged_scalars``), or a named error."""
+    if not any(run.glob("events.out.tfevents.*")):
         raise SystemExit(f"{run} has no TensorBoard event files (events.out.tfevents.*)")
-    series: dict[int, float] = {}
-    for file in files:
-        acc = EventAccumulator(str(file), size_guidance={"scalars": 0})
-        acc.Reload()
-        if tag in acc.Tags()["scalars"]:
-            series.update({event.step: float(event.value) for event in acc.Scalars(tag)})
+    series = logged_scalars(run, [tag])[tag]
     if not series:
         raise SystemExit(f"{run} never logged the scalar {tag!r}")
     return series
