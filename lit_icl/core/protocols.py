@@ -12,6 +12,7 @@ them does: with ``getattr``.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import TypeGuard, TypeVar
 
@@ -21,6 +22,7 @@ T = TypeVar("T")
 _PROTOCOL_MACHINERY = frozenset({"__init__", "__init_subclass__", "__subclasshook__", "__class_getitem__"})
 
 
+@functools.cache  # checked on every batch by some modules; a protocol's members never change
 def protocol_members(protocol: type) -> tuple[frozenset[str], frozenset[str]]:
     """``(attributes, methods)`` a protocol declares, its protocol bases' included.
 
