@@ -108,8 +108,11 @@ def test_jobs(args: argparse.Namespace) -> list[Job]:
             ckpts["best"] = best[-1]
         for which, ckpt in ckpts.items():
             folder = fit.folder.parent / f"{seed}_test_{which}"
-            argv = ["test", "--config", str(fit.folder / "config.yaml"), "--ckpt_path", str(ckpt),
-                    "--trainer.enable_progress_bar", "false", *logger_args(args.out, model, folder.name)]
+            # The overlays again, after the run's saved config: that config records the trainer of the fit's last
+            # sitting, so a run trained on a GPU is tested on a CPU with an overlay that names the CPU.
+            argv = ["test", "--config", str(fit.folder / "config.yaml"), *overlay_argv(args.overlay),
+                    "--ckpt_path", str(ckpt), "--trainer.enable_progress_bar", "false",
+                    *logger_args(args.out, model, folder.name)]
             jobs.append(Job(f"test {model} {seed} from {which}", argv, folder, after=[fit.folder]))
     return jobs
 
@@ -251,7 +254,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "stand-in's 500 validation pairs is 0.002")
     parser.add_argument("--min-epochs", type=int, default=None,
                         help="train at least this many epochs before the early-stopping rule may end a run")
-    add_overlay_arg(parser, "each model's config", "a file with `trainer: {accelerator: gpu, deterministic: warn}`")
+    add_overlay_arg(parser, "each model's config (and, in `test`, after each run's saved config)",
+                    "a file with `trainer: {deterministic: warn}` for a GPU")
     add_job_args(parser)
     args = parser.parse_args(argv)
     if args.min_epochs is not None and not 1 <= args.min_epochs <= args.max_epochs:

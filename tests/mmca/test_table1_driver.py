@@ -50,7 +50,7 @@ def test_grid_trains_each_model_per_seed_with_its_overlay_and_the_stopping_rule(
     assert _flag(next(t for t in tests if t.folder.name.endswith("best")).argv, "--ckpt_path") == str(best)
 
 
-def test_overlays_stack_after_each_models_own_config_and_a_missing_one_is_refused(table1, tmp_path, capsys) -> None:
+def test_overlays_stack_after_each_models_own_config_in_fit_and_test_and_a_missing_one_is_refused(table1, tmp_path, capsys) -> None:
     gpu = tmp_path / "gpu.yaml"
     gpu.write_text("trainer:\n  accelerator: gpu\n  deterministic: warn\n")
     args = table1.parse_args(["fit", "--out", str(tmp_path), "--seeds", "0", "--overlay", str(gpu)])
@@ -58,6 +58,14 @@ def test_overlays_stack_after_each_models_own_config_and_a_missing_one_is_refuse
         configs = [fit.argv[i + 1] for i, a in enumerate(fit.argv) if a == "--config"]
         assert configs[0] == str(table1.CONFIG) and configs[-1] == str(gpu.resolve())
         assert len(configs) == (2 if fit.folder.parent.name == "full" else 3)
+    # A test reads the run's saved config (the trainer of its last sitting), then the overlays given to `test`:
+    # a run whose last sitting was on a GPU is tested on a CPU with an overlay that names the CPU.
+    cpu = tmp_path / "cpu.yaml"
+    cpu.write_text("trainer:\n  accelerator: cpu\n")
+    tested = table1.parse_args(["test", "--out", str(tmp_path), "--seeds", "0", "--overlay", str(cpu)])
+    for test in table1.test_jobs(tested):
+        configs = [test.argv[i + 1] for i, a in enumerate(test.argv) if a == "--config"]
+        assert configs == [str(test.after[0] / "config.yaml"), str(cpu.resolve())]
     with pytest.raises(SystemExit):
         table1.parse_args(["fit", "--out", str(tmp_path), "--overlay", str(tmp_path / "missing.yaml")])
     assert "no such config file" in capsys.readouterr().err
