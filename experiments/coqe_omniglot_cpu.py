@@ -79,7 +79,7 @@ def run_one(out: Path, arm: str, seed: int, extra: list[str]) -> str:
             return f"{arm} seed {seed}: fit wrote no checkpoint; see {folder / 'fit.log'}"
         start = time.time()
         with open(folder / f"{stage}.log", "a") as log:
-            proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+            proc = subprocess.run(cmd, check=False, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         times[f"{stage}_s"] = round(time.time() - start, 1)
         if proc.returncode:
             return f"{arm} seed {seed}: {stage} failed (exit {proc.returncode}); see {folder / (stage + '.log')}"

@@ -41,6 +41,7 @@ from runner import (
     add_convergence_args,
     add_job_args,
     add_overlay_arg,
+    best_checkpoint,
     logger_args,
     markdown_table,
     mean_sd,
@@ -104,9 +105,9 @@ def tested_checkpoint(fit_folder: Path, args: argparse.Namespace) -> Path:
     """The checkpoint a model is tested from: at convergence its best validation round (what early stopping
     selects; ``best-*.ckpt`` of the config's monitored checkpoint), otherwise its last step."""
     if args.patience is not None:
-        best = sorted((fit_folder / "checkpoints").glob("best-*.ckpt"))
-        if best:
-            return best[-1]
+        best = best_checkpoint(fit_folder)
+        if best is not None:
+            return best
     return fit_folder / "checkpoints" / "last.ckpt"
 
 

@@ -39,6 +39,7 @@ from runner import (
     Job,
     add_job_args,
     add_overlay_arg,
+    best_checkpoint,
     logger_args,
     markdown_table,
     mean_sd,
@@ -103,9 +104,9 @@ def test_jobs(args: argparse.Namespace) -> list[Job]:
     for fit in fit_jobs(args):
         model, seed = fit.folder.parent.name, fit.folder.name
         ckpts = {"last": fit.folder / "checkpoints" / "last.ckpt"}
-        best = sorted((fit.folder / "checkpoints").glob("best-*.ckpt"))
-        if args.patience is not None and best:
-            ckpts["best"] = best[-1]
+        best = best_checkpoint(fit.folder)
+        if args.patience is not None and best is not None:
+            ckpts["best"] = best
         for which, ckpt in ckpts.items():
             folder = fit.folder.parent / f"{seed}_test_{which}"
             # The overlays again, after the run's saved config: that config records the trainer of the fit's last

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import resource
 import shlex
 import shutil
@@ -123,6 +124,20 @@ def add_overlay_arg(parser: argparse.ArgumentParser, base: str, example: str) ->
 def overlay_argv(paths: list[Path]) -> list[str]:
     """``--config`` arguments for the overlays, in order (later ones win)."""
     return [arg for path in paths for arg in ("--config", str(path))]
+
+
+def best_checkpoint(run: Path) -> Path | None:
+    """The run's ``checkpoints/best-{epoch}-{step}.ckpt`` (the monitored checkpoint the drivers add), or ``None``.
+
+    One file normally; a fit resumed in another folder (a run folder copied, or moved between machines) starts a
+    fresh top-1 record there and leaves the earlier sitting's file, so the one with the highest step wins: the
+    later sitting's best. By number, not by name: ``best-epoch=72`` sorts after ``best-epoch=259`` as text.
+    """
+    def step(path: Path) -> int:
+        found = re.search(r"step=(\d+)", path.name)
+        return int(found.group(1)) if found else -1
+
+    return max((run / "checkpoints").glob("best-*.ckpt"), key=step, default=None)
 
 
 def logged_scalars(run: Path, tags: Iterable[str]) -> dict[str, dict[int, float]]:

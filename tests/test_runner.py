@@ -104,3 +104,15 @@ def test_step_floor_refuses_what_is_not_a_positive_count_by_name(runner, value, 
         parser.parse_args(["--patience", "5", "--min-steps", value])
     assert f"--min-steps: {problem}" in capsys.readouterr().err
     assert parser.parse_args(["--patience", "5", "--min-steps", "1500"]).min_steps == 1500
+
+
+def test_best_checkpoint_is_the_highest_step_by_number_not_by_name(runner, tmp_path) -> None:
+    assert runner.best_checkpoint(tmp_path) is None  # no checkpoints folder yet
+    ckpts = tmp_path / "checkpoints"
+    ckpts.mkdir()
+    (ckpts / "last.ckpt").touch()
+    assert runner.best_checkpoint(tmp_path) is None  # a last checkpoint is not a best one
+    # A run resumed in a copied folder keeps the earlier sitting's best beside its own; as text, epoch=72 would win.
+    for name in ("best-epoch=72-step=15914.ckpt", "best-epoch=259-step=56680.ckpt"):
+        (ckpts / name).touch()
+    assert runner.best_checkpoint(tmp_path).name == "best-epoch=259-step=56680.ckpt"
