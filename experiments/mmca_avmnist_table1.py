@@ -87,6 +87,8 @@ def fit_jobs(args: argparse.Namespace) -> list[Job]:
             if args.min_epochs is not None:
                 argv += ["--trainer.min_epochs", str(args.min_epochs)]
             if args.patience is not None:
+                if args.wait_for_score is not None:
+                    argv += ["--early_stopping.wait_for_score", str(args.wait_for_score)]
                 argv += ["--early_stopping.patience", str(args.patience),
                          "--early_stopping.min_delta", str(args.min_delta),
                          "--early_stopping.monitor", "val/acc", "--early_stopping.mode", "max",
@@ -255,6 +257,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "stand-in's 500 validation pairs is 0.002")
     parser.add_argument("--min-epochs", type=int, default=None,
                         help="train at least this many epochs before the early-stopping rule may end a run")
+    parser.add_argument("--wait-for-score", type=float, default=None,
+                        help="never stop a run before its best val/acc has passed this value (--patience), e.g. 0.2, "
+                             "twice chance: at noise sd 1.0 a model without cross-attention can sit at chance past "
+                             "a 100-epoch minimum")
     add_overlay_arg(parser, "each model's config (and, in `test`, after each run's saved config)",
                     "a file with `trainer: {deterministic: warn}` for a GPU")
     add_job_args(parser)

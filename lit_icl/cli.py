@@ -121,6 +121,9 @@ class LitICLCLI(LightningCLI):
                             help="max or min (default: the mode of the ModelCheckpoint on the same metric)")
         parser.add_argument("--early_stopping.min_delta", type=float, default=0.0,
                             help="the smallest change of the metric that counts as an improvement")
+        parser.add_argument("--early_stopping.wait_for_score", type=float | None, default=None,
+                            help="never stop before the best score has passed this value (above it for max, "
+                                 "below for min), e.g. 0.2 for a 10-class accuracy stuck at chance; default: off")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         if args is None or isinstance(args, (list, tuple)):
@@ -224,7 +227,9 @@ def add_early_stopping(trainer: Trainer, options: Any) -> StopWhenConverged | No
             raise ConfigError(f"--early_stopping.monitor {monitor}: no checkpoint monitors it, so its direction is "
                               "unknown; pass --early_stopping.mode max (accuracies) or min (losses)")
         mode = same[0]
-    callback = StopWhenConverged(monitor=monitor, patience=patience, mode=mode, min_delta=float(min_delta))
+    wait_for = options.get("wait_for_score")  # a non-finite value is refused with the whole config (check_finite_tree)
+    callback = StopWhenConverged(monitor=monitor, patience=patience, mode=mode, min_delta=float(min_delta),
+                                 wait_for_score=None if wait_for is None else float(wait_for))
     # Before the checkpoint callbacks: when they save at validation end (several rounds per epoch), a round's
     # decision must already be in the checkpoint of that round, or a run resumed from it would wait one round
     # longer than the uninterrupted run. (With one round per epoch they save later, at the epoch's end.)

@@ -95,6 +95,28 @@ def test_a_minimum_length_defers_the_decision_and_an_improvement_before_it_count
     assert record["stopped_early"] is True and "did not improve" in record["reason"]
 
 
+@pytest.mark.parametrize(("wait_for", "values", "stopped", "best", "early"), [
+    # A chance plateau with a noise peak (0.12) at round 2: patience 2 alone stops the run at round 4.
+    (None, [0.1, 0.12, 0.1, 0.1, 0.1, 0.5, 0.6, 0.6], 4, 2, True),
+    # Waiting for 0.2: rounds 4-5 cannot stop it; it leaves chance at round 6, improves at 7, stops at 9.
+    (0.2, [0.1, 0.12, 0.1, 0.1, 0.1, 0.5, 0.6, 0.6], 9, 7, True),
+    # A run that never passes the value trains to the cap (10 epochs) and says the rule did not end it.
+    (0.2, [0.1, 0.12, 0.1], 10, 2, False),
+])
+def test_waiting_for_a_score_keeps_a_run_on_its_chance_plateau_until_it_leaves(tmp_path, wait_for, values, stopped,
+                                                                                  best, early) -> None:
+    scripted = [{"class_path": "subprocess_callbacks.ScriptedMetric", "init_args": {"values": values}}]
+    extra = [] if wait_for is None else ["--early_stopping.wait_for_score", str(wait_for)]
+    main(["fit", *tiny_args(tmp_path, "--trainer.max_epochs", "10", "--trainer.callbacks", json.dumps(scripted),
+                            "--early_stopping.patience", "2", "--early_stopping.monitor", "scripted",
+                            "--early_stopping.mode", "max", *extra, name="es")])
+    record = json.loads((run_dir(tmp_path) / "stopping.json").read_text())
+    assert record["wait_for_score"] == wait_for
+    assert record["best_step"] == best * STEPS_PER_ROUND
+    assert record["stopped_step"] == stopped * STEPS_PER_ROUND
+    assert record["stopped_early"] is early
+
+
 def test_a_fit_with_the_rule_is_tested_from_its_own_saved_config(tmp_path: Path) -> None:
     # The table drivers test a model with `--config <fit folder>/config.yaml`, which holds the fit's
     # early_stopping options; the test must neither stop early nor refuse them for lack of a monitor.
@@ -123,6 +145,8 @@ BAD_ROWS = [
      "pass --early_stopping.mode max (accuracies) or min (losses)"),
     (["--early_stopping.patience", "2", "--early_stopping.monitor", "val/no_such_metric",
       "--early_stopping.mode", "max"], "StopWhenConverged monitors 'val/no_such_metric'"),
+    (["--early_stopping.patience", "2", "--early_stopping.wait_for_score", "inf"],
+     "--early_stopping.wait_for_score: inf is not a finite number"),
 ]
 
 

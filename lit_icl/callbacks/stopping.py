@@ -12,6 +12,11 @@ validation rounds in a row; ``trainer.max_steps`` (or ``max_epochs``) stays the 
   has not improved for ``patience`` rounds. (Lightning's own ``EarlyStopping`` raises a stop flag that stays
   raised, so a run that leaves a long plateau after the flag went up is cut off at the minimum while it is
   improving; avMNIST at noise sd 1.0 sits at chance for up to 64 epochs before it learns.)
+- with ``wait_for_score`` it never stops a run whose best score has not yet passed that value (above it in mode
+  ``max``, below it in ``min``): a patience counted from a best that is noise at chance level cannot tell a
+  plateau from convergence. (avMNIST's model with neither mechanism sat at chance for 106 epochs on one seed at
+  noise sd 1.0; the rule stopped it at its 100-epoch minimum with a best of 0.122 from epoch 5.) A run that never
+  passes the value trains to the cap.
 - at the end of ``fit`` it writes ``stopping.json`` into the run folder: monitor, mode, patience, the best
   score and its step, the step at which training ended and whether the rule (not the cap) ended it.
   :func:`lit_icl.core.results.run_meta` copies that record into the ``meta`` of every ``test`` run of one of
@@ -43,12 +48,16 @@ class StopWhenConverged(EarlyStopping):
         patience: validation rounds without improvement before the run stops (at least 1).
         mode: ``"max"`` for accuracies, ``"min"`` for losses.
         min_delta: the smallest change that counts as an improvement.
+        wait_for_score: no stop before the best score has passed this value (e.g. 0.2 for a 10-class accuracy,
+            twice chance); ``None``: no such condition.
     """
 
-    def __init__(self, monitor: str, patience: int, mode: str = "max", min_delta: float = 0.0) -> None:
+    def __init__(self, monitor: str, patience: int, mode: str = "max", min_delta: float = 0.0,
+                 wait_for_score: float | None = None) -> None:
         # Checked after every validation round (not at training-epoch ends): a round is the unit of patience.
         super().__init__(monitor=monitor, patience=patience, mode=mode, min_delta=min_delta,
                          check_on_train_epoch_end=False, strict=True, check_finite=True)
+        self.wait_for_score = wait_for_score
         #: Global step of the best validation round so far (``None`` before the first round).
         self.best_step: int | None = None
 
@@ -59,7 +68,7 @@ class StopWhenConverged(EarlyStopping):
         # the copy taken before the round can sit on another device than the score after it.
         if not torch.equal(before.to(self.best_score.device), self.best_score):  # this round improved
             self.best_step = int(trainer.global_step)
-        if trainer.should_stop and not stopping and not self._minimum_met(trainer):
+        if trainer.should_stop and not stopping and not (self._minimum_met(trainer) and self._score_passed()):
             # Keep counting (wait_count stays), but decide again next round: the stop flag would otherwise stay
             # up and end the run at the minimum even if it improves in between.
             trainer.should_stop = False
@@ -76,6 +85,13 @@ class StopWhenConverged(EarlyStopping):
         epochs_done = trainer.current_epoch + int(trainer.is_last_batch)
         return epochs_done >= min_epochs and trainer.global_step >= min_steps
 
+    def _score_passed(self) -> bool:
+        """Whether the best score so far has passed ``wait_for_score`` (always, without one)."""
+        if self.wait_for_score is None:
+            return True
+        best = float(self.best_score)
+        return best > self.wait_for_score if self.mode == "max" else best < self.wait_for_score
+
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "best_step": self.best_step}
 
@@ -91,6 +107,7 @@ class StopWhenConverged(EarlyStopping):
             "mode": self.mode,
             "patience": self.patience,
             "min_delta": abs(float(self.min_delta)),
+            "wait_for_score": self.wait_for_score,
             "best_score": best if torch.isfinite(self.best_score) else None,
             "best_step": self.best_step,
             "stopped_step": int(trainer.global_step),

@@ -38,6 +38,10 @@ def test_grid_trains_each_model_per_seed_with_its_overlay_and_the_stopping_rule(
     floor = table1.parse_args(["fit", "--out", str(tmp_path), "--seeds", "0", "--patience", "20", "--min-epochs",
                                "100", "--max-epochs", "300"])
     assert all(_flag(j.argv, "--trainer.min_epochs") == "100" for j in table1.fit_jobs(floor))
+    assert "--early_stopping.wait_for_score" not in fits[0].argv
+    wait = table1.parse_args(["fit", "--out", str(tmp_path), "--seeds", "0", "--patience", "20", "--wait-for-score",
+                              "0.2"])
+    assert all(_flag(j.argv, "--early_stopping.wait_for_score") == "0.2" for j in table1.fit_jobs(wait))
     assert _flag(fits[0].argv, "--early_stopping.min_delta") == "0.0"
     fixed = table1.parse_args(["fit", "--out", str(tmp_path), "--seeds", "0"])
     assert not any(a.startswith("--early_stopping") for j in table1.fit_jobs(fixed) for a in j.argv)
