@@ -29,6 +29,7 @@ from lit_icl.icssl.nets import (
     GDICLHead,
     InContextEigenmap,
     LaplacianEigenmap,
+    ProjectedRepresentation,
     RawCoordinates,
     SemiSupervisedICL,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "LaplacianEigenmap",
     "LogisticRegressionHead",
     "ManifoldDataModule",
+    "ProjectedRepresentation",
     "RawCoordinates",
     "SemiSupervisedICL",
     "TwoStageNet",

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_icl.core.errors import ConfigError
@@ -591,6 +592,57 @@ class RawCoordinates(nn.Module):
         return x.float()
 
 
+class ProjectedRepresentation(nn.Module):
+    """``phi(X P)``: a learned linear map ``P`` of every point before another representation (our ablation).
+
+    Not in the paper. Its Sec. 4.2 models are scale-matched (about 1.5 M parameters each), while
+    :class:`InContextEigenmap` on 1,280-dim image features has about 11 K, all in the Laplacian's bandwidths and
+    the eigenmap: it sees the features only through an RBF graph on the raw space. ``P`` (``input_dim x dim``,
+    shared across episodes) lets the model learn which feature directions separate classes across episodes, as
+    the Transformer baseline's input projection can. Each projected point is rescaled to the norm ``scale`` (the
+    data's ``feature_scale`` after its l2 normalisation), so the Laplacian's bandwidths keep their meaning.
+
+    Args:
+        representation: the representation that receives the projected points (e.g. :class:`InContextEigenmap`).
+        input_dim: the points' dimension (the feature dimension of the data).
+        dim: the projected dimension.
+        scale: the norm of every projected point; ``None`` leaves the projection's own scale.
+    """
+
+    def __init__(self, representation: nn.Module, input_dim: int, dim: int = 64, scale: float | None = 0.1):
+        super().__init__()
+        check_int("input_dim", input_dim, minimum=1, hint="the data's feature dimension")
+        check_int("dim", dim, minimum=1)
+        if scale is not None:
+            check_positive("scale", scale, hint="the data's feature_scale, e.g. 0.1")
+        self.input_dim, self.dim, self.scale = input_dim, dim, scale
+        self.projection = nn.Linear(input_dim, dim, bias=False)
+        self.representation = representation
+
+    @property
+    def n_points(self) -> int | None:
+        return getattr(self.representation, "n_points", None)
+
+    @property
+    def out_dim(self) -> int | None:
+        return getattr(self.representation, "out_dim", None)
+
+    def check_config(self, *, datamodule: object = None, **_: object) -> None:
+        """Before a run: the projection's input size must be the data's point dimension."""
+        dim = getattr(datamodule, "ambient_dim", None)
+        if dim is not None and dim != self.input_dim:
+            raise ConfigError(
+                f"ProjectedRepresentation input_dim={self.input_dim} but the data's points have {dim} coordinates; "
+                f"set --model.init_args.net.init_args.representation.init_args.input_dim {dim}"
+            )
+
+    def forward(self, x: Tensor) -> Tensor:
+        z = self.projection(x.float())
+        if self.scale is not None:  # F.normalize clamps the norm, so an all-zero point stays zero
+            z = F.normalize(z, dim=-1) * self.scale
+        return self.representation(z)
+
+
 # --------------------------------------------------------------------------------------------------------
 # TF_sup: the categorical functional-GD ICL head (Sec. 3.2, App. B-C)
 # --------------------------------------------------------------------------------------------------------
@@ -756,6 +808,7 @@ __all__ = [
     "LaplacianEigenmap",
     "LaplacianTransformer",
     "LinearAttentionLayer",
+    "ProjectedRepresentation",
     "RBFAttentionLayer",
     "RawCoordinates",
     "SemiSupervisedICL",

@@ -16,6 +16,7 @@ from lit_icl.icssl.nets import (
     InContextEigenmap,
     LaplacianEigenmap,
     LaplacianTransformer,
+    ProjectedRepresentation,
     RawCoordinates,
     SemiSupervisedICL,
 )
@@ -293,3 +294,43 @@ def test_faithful_eigenmap_init_is_lemma2() -> None:
             assert torch.equal(getattr(la, name), getattr(lb, name))
     with pytest.raises(ConfigError, match="num_layers = n_components = 4"):
         EigenmapTransformer(30, 4, num_layers=2, init="lemma2")
+
+
+def test_projected_representation_is_the_inner_one_on_rescaled_projected_points() -> None:
+    """phi(X P) with each projected point at norm ``scale``, computed independently from the weight matrix."""
+    torch.manual_seed(0)
+    x = _points(b=2, n=12, d=20)
+    raw = ProjectedRepresentation(RawCoordinates(), input_dim=20, dim=5, scale=0.1)
+    z = x.double() @ raw.projection.weight.double().T
+    expected = 0.1 * z / z.norm(dim=-1, keepdim=True)
+    out = raw(x)
+    assert out.shape == (2, 12, 5)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(out.norm(dim=-1), torch.full((2, 12), 0.1), rtol=1e-5, atol=1e-7)
+    # Without a scale the projection's own output goes through unchanged.
+    free = ProjectedRepresentation(RawCoordinates(), input_dim=20, dim=5, scale=None)
+    torch.testing.assert_close(free(x), x @ free.projection.weight.T)
+
+
+def test_projected_eigenmap_learns_its_projection_and_refuses_a_wrong_feature_dimension() -> None:
+    inner = InContextEigenmap(n_points=12, n_components=3, lap_layers=1, eig_layers=1, layer_repeats=1,
+                              stack_repeats=1)
+    net = SemiSupervisedICL(ProjectedRepresentation(inner, input_dim=20, dim=6), GDICLHead(num_layers=1))
+    assert net.n_points == 12 and net.representation.out_dim == 3
+    x = _points(b=2, n=12, d=20)
+    y = torch.randint(0, 2, (2, 12), generator=torch.Generator().manual_seed(1))
+    labeled = torch.zeros(2, 12, dtype=torch.bool)
+    labeled[:, :4] = True
+    out = net(x, y, labeled)
+    assert out.features.shape == (2, 12, 3) and out.logits.shape == (2, 12, 2)
+    torch.nn.functional.cross_entropy(out.logits.reshape(-1, 2), y.reshape(-1)).backward()
+    grad = net.representation.projection.weight.grad
+    assert grad is not None and grad.abs().sum() > 0  # the projection trains through the eigenmap and the head
+
+    class Data:
+        ambient_dim = 1280
+
+    with pytest.raises(ConfigError, match="input_dim=20 but the data's points have 1280 coordinates"):
+        net.representation.check_config(datamodule=Data())
+    with pytest.raises(ConfigError, match="dim"):
+        ProjectedRepresentation(RawCoordinates(), input_dim=20, dim=0)
