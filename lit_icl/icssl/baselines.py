@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.spectral import pairwise_sq_dists
 from lit_icl.core.validation import check_int, check_positive, check_range
-from lit_icl.icssl.nets import ICSSLOutput
+from lit_icl.icssl.nets import ICSSLOutput, check_input_dim
 
 #: Ridge on the intercepts. The paper's LR leaves them unpenalised, but an episode whose labeled points are
 #: all of one class (common at 3 % labels) then has no finite optimum; this tiny penalty keeps it finite
@@ -287,12 +287,7 @@ class ICLTransformerBaseline(nn.Module):
 
     def check_config(self, *, datamodule: object = None, **_: object) -> None:
         """Before a run: the input projection must match the data's ambient dimension."""
-        dim = getattr(datamodule, "ambient_dim", None)
-        if dim is not None and dim != self.input_dim:
-            raise ConfigError(
-                f"ICLTransformerBaseline input_dim={self.input_dim} but the data's points have {dim} coordinates; "
-                f"set --model.init_args.net.init_args.input_dim {dim}"
-            )
+        check_input_dim(self, datamodule, "--model.init_args.net.init_args.input_dim")
 
     def forward(self, x: Tensor, y: Tensor, labeled: Tensor) -> ICSSLOutput:
         ids = torch.where(labeled, y, torch.full_like(y, self.num_classes))

@@ -592,6 +592,17 @@ class RawCoordinates(nn.Module):
         return x.float()
 
 
+def check_input_dim(net: nn.Module, datamodule: object, option: str) -> None:
+    """Refuse a net whose ``input_dim`` is not the data's point dimension (``datamodule.ambient_dim``), naming
+    the ``option`` that sets it; data that does not say its dimension passes."""
+    dim = getattr(datamodule, "ambient_dim", None)
+    if dim is not None and dim != net.input_dim:
+        raise ConfigError(
+            f"{type(net).__name__} input_dim={net.input_dim} but the data's points have {dim} coordinates; "
+            f"set {option} {dim}"
+        )
+
+
 class ProjectedRepresentation(nn.Module):
     """``phi(X P)``: a learned linear map ``P`` of every point before another representation (our ablation).
 
@@ -629,12 +640,7 @@ class ProjectedRepresentation(nn.Module):
 
     def check_config(self, *, datamodule: object = None, **_: object) -> None:
         """Before a run: the projection's input size must be the data's point dimension."""
-        dim = getattr(datamodule, "ambient_dim", None)
-        if dim is not None and dim != self.input_dim:
-            raise ConfigError(
-                f"ProjectedRepresentation input_dim={self.input_dim} but the data's points have {dim} coordinates; "
-                f"set --model.init_args.net.init_args.representation.init_args.input_dim {dim}"
-            )
+        check_input_dim(self, datamodule, "--model.init_args.net.init_args.representation.init_args.input_dim")
 
     def forward(self, x: Tensor) -> Tensor:
         z = self.projection(x.float())

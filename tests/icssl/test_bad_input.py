@@ -25,6 +25,9 @@ REP = "--model.init_args.net.init_args.representation"
 HEAD = "--model.init_args.net.init_args.head.init_args."
 EIG = [REP, "lit_icl.icssl.LaplacianEigenmap"]
 CB = "--trainer.callbacks"
+#: The E2E eigenmap behind a learned projection; each row adds the projection's own arguments.
+PROJ = [REP, "lit_icl.icssl.ProjectedRepresentation", REP + ".init_args.representation", "lit_icl.icssl.InContextEigenmap",
+        REP + ".init_args.representation.init_args.n_points", "20"]
 NET = "--model.init_args.net.init_args."
 EIG_LR = overlay("manifolds", "eig_lr")
 RBF_LR = overlay("manifolds", "rbf_lr")
@@ -138,6 +141,11 @@ ICSSL_ROWS: list[tuple[list[str], list[str], str]] = [
     (FEATURES, [D + "per_class", "0"], "per_class=0 must be >= 1"),
     (IMAGES, [D + "eval_label_ratios", "[]"], "eval_label_ratios is empty"),
     (IMAGES, [D + "eval_label_ratios", "[0.1, 0.1]"], "repeats 0.1"),
+    # --- ProjectedRepresentation (configs/icssl/features/projected.yaml), on the tiny 3-D manifold episodes
+    (ID, [*PROJ, REP + ".init_args.input_dim", "5"],
+     "ProjectedRepresentation input_dim=5 but the data's points have 3 coordinates"),
+    (ID, [*PROJ, REP + ".init_args.input_dim", "3", REP + ".init_args.dim", "0"], "dim=0 must be >= 1"),
+    (ID, [*PROJ, REP + ".init_args.input_dim", "3", REP + ".init_args.scale", "-0.1"], "scale=-0.1 must be > 0"),
     (FEATURES, [D + "eval_label_ratios", "[]"], "eval_label_ratios is empty"),
     (FEATURES, [D + "eval_label_ratios", "[0.03, 0.03]"], "repeats 0.03"),
     (FEATURES, [D + "normalize", "pca"], "normalize: Expected a typing.Literal['l2', 'standard', 'none']"),

@@ -78,13 +78,20 @@ def test_image_folder_reader_and_pooling(tmp_path) -> None:
     assert feats.shape == (4, 5) and torch.equal(feats[0], feats[1])
 
 
-def test_cli_fits_tests_and_reloads_on_features(tmp_path) -> None:
+PROJECTED = "configs/icssl/features/projected.yaml"
+
+
+@pytest.mark.parametrize("projected", [False, True], ids=["features", "features+projected"])
+def test_cli_fits_tests_and_reloads_on_features(tmp_path, projected: bool) -> None:
     _feature_file(tmp_path / "f.pt", per_class=40, dim=8)
-    args = ["--config", "configs/icssl/features.yaml",
+    # The eigenmap's options sit one level deeper behind the learned projection (projected.yaml).
+    eigenmap = "--model.init_args.net.init_args.representation" + (".init_args.representation" if projected else "")
+    overlay = ["--config", PROJECTED,
+               "--model.init_args.net.init_args.representation.init_args.input_dim", "8"] if projected else []
+    args = ["--config", "configs/icssl/features.yaml", *overlay,
             "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), "--trainer.logger.init_args.name", "f",
             "--trainer.enable_progress_bar", "false", "--trainer.callbacks", "[]", "--trainer.max_epochs", "1",
-            "--model.init_args.net.init_args.representation.init_args.n_points", "20",
-            "--model.init_args.net.init_args.representation.init_args.stack_repeats", "1",
+            f"{eigenmap}.init_args.n_points", "20", f"{eigenmap}.init_args.stack_repeats", "1",
             "--data.init_args.features", str(tmp_path / "f.pt"), "--data.init_args.per_class", "10",
             "--data.init_args.train_episodes", "6", "--data.init_args.batch_size", "2",
             "--data.init_args.train_batches_per_epoch", "2", "--data.init_args.val_episodes", "4",
@@ -99,7 +106,12 @@ def test_cli_fits_tests_and_reloads_on_features(tmp_path) -> None:
     assert {r.get("dataset_size") for r in rows if r["metric"] == "accuracy"} == {6}
     model = ICSSLModule.load_from_checkpoint(ckpt)
     state = torch.load(ckpt, weights_only=False)["state_dict"]
+    assert model.state_dict().keys() == state.keys()
     assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+    representation = model.net.representation
+    assert type(representation).__name__ == ("ProjectedRepresentation" if projected else "InContextEigenmap")
+    if projected:  # the trained projection came back, with the eigenmap behind it
+        assert representation.projection.weight.shape == (64, 8) and representation.n_points == 20
 
 
 def test_dataset_size_sweep_finds_the_largest_rise(tmp_path, capsys) -> None:
