@@ -31,6 +31,8 @@ from lit_icl.core.validation import check_int, check_literal, check_positive
 ContextLogit = Literal["replace", "add"]
 #: Which modified query logits get the training noise: ``all`` (Sec. 4.2) or ``non_context`` classes only.
 NoiseOn = Literal["all", "non_context"]
+#: Positions whose encoding :class:`SequenceEmbedder` keeps ready (sequences of up to 512 images).
+MAX_TOKENS = 1023
 #: Group widths of the ResNet for each embedding size E in App. C.2.
 RESNET_CHANNELS: dict[int, tuple[int, int, int, int]] = {
     64: (16, 32, 32, 64),
@@ -156,7 +158,11 @@ class SequenceEmbedder(nn.Module):
         if n_classes is not None:
             self.build_labels(n_classes)
         self.max_time = max_time
-        self.register_buffer("_pe", torch.zeros(0), persistent=False)
+        # The encoding of the first MAX_TOKENS positions, made once: a row does not depend on the table's length,
+        # so slicing it gives the same numbers as computing it per call. Made here rather than cached in
+        # `forward`, because a tensor that a compiled forward stores on the module is an output of its CUDA graph,
+        # which the next replay overwrites. Not saved in checkpoints (it is a function of max_time).
+        self.register_buffer("_pe", sinusoidal_positions(MAX_TOKENS, resnet.out_dim, max_time), persistent=False)
 
     def build_labels(self, n_classes: int) -> None:
         """Create the label table (one row per training class) once the class count is known."""
@@ -178,9 +184,9 @@ class SequenceEmbedder(nn.Module):
         tokens = torch.empty(b, 2 * s - 1, d, dtype=x.dtype, device=x.device)
         tokens[:, 0::2] = x
         tokens[:, 1::2] = lab.to(x.dtype)
-        if self._pe.shape != (2 * s - 1, d) or self._pe.device != x.device:
-            self._pe = sinusoidal_positions(2 * s - 1, d, self.max_time).to(x.device)
-        return tokens + self._pe.to(tokens.dtype)
+        n = 2 * s - 1
+        pe = self._pe[:n] if n <= MAX_TOKENS else sinusoidal_positions(n, d, self.max_time).to(x.device)
+        return tokens + pe.to(tokens.dtype)
 
 
 class _SequenceClassifier(nn.Module):
