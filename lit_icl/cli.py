@@ -50,11 +50,12 @@ from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lit_icl.callbacks.checkpoint import RunCheckpoint
+from lit_icl.callbacks.compile import CompileMode, CompileNets, compile_targets
 from lit_icl.callbacks.finite import FiniteGuard
 from lit_icl.callbacks.stopping import StopWhenConverged
 from lit_icl.core.errors import ConfigError
@@ -121,6 +122,15 @@ class LitICLCLI(LightningCLI):
                             help="max or min (default: the mode of the ModelCheckpoint on the same metric)")
         parser.add_argument("--early_stopping.min_delta", type=float, default=0.0,
                             help="the smallest change of the metric that counts as an improvement")
+        # torch.compile of the module's nets (lit_icl.callbacks.compile); a run setting, not a model one, so a
+        # checkpoint trained with it loads without it and the other way round.
+        parser.add_argument("--compile.mode", type=CompileMode, default="off",
+                            help="compile the nets with torch.compile: off (eager), default, reduce-overhead (CUDA "
+                                 "graphs on a GPU), max-autotune, max-autotune-no-cudagraphs")
+        parser.add_argument("--compile.backend", type=str, default="inductor",
+                            help="the torch.compile backend (inductor; aot_eager or eager only trace)")
+        parser.add_argument("--compile.fullgraph", type=bool, default=False,
+                            help="fail on a graph break instead of splitting the net into several graphs")
         parser.add_argument("--early_stopping.wait_for_score", type=float | None, default=None,
                             help="never stop before the best score has passed this value (above it for max, "
                                  "below for min), e.g. 0.2 for a 10-class accuracy stuck at chance; default: off")
@@ -191,6 +201,9 @@ class LitICLCLI(LightningCLI):
             if not any(isinstance(cb, callback) for cb in trainer.callbacks):
                 trainer.callbacks.append(callback())
         sub = self.subcommand
+        config = self.config[sub] if sub else self.config
+        add_compile(trainer, self.model, config.get("compile"))
+        quiet_progress_bar(trainer)
         if sub in (None, "fit"):
             # Only training stops early. A fit's saved config.yaml carries its early_stopping options, and
             # `test --config <that file>` must run without them (a test has no validation rounds to count).
@@ -237,6 +250,33 @@ def add_early_stopping(trainer: Trainer, options: Any) -> StopWhenConverged | No
                       len(trainer.callbacks))
     trainer.callbacks.insert(first_ckpt, callback)
     return callback
+
+
+def add_compile(trainer: Trainer, model: LightningModule, options: Any) -> CompileNets | None:
+    """Add :class:`CompileNets` for ``--compile.mode`` other than ``off`` (its arguments are checked there)."""
+    mode = "off" if options is None else options.get("mode", "off")
+    if mode == "off":
+        return None
+    callback = CompileNets(mode=mode, backend=options.get("backend", "inductor"),
+                           fullgraph=bool(options.get("fullgraph", False)))
+    compile_targets(model)  # a module that cannot be compiled says so now, before a run folder exists
+    trainer.callbacks.append(callback)
+    return callback
+
+
+def quiet_progress_bar(trainer: Trainer) -> None:
+    """On an accelerator, refresh Lightning's default progress bar only on logging steps.
+
+    The bar reads its values (``train/loss``) back to the host when it refreshes, which makes the host wait for
+    the device; Lightning's default refreshes at every batch. Logging reads them every ``log_every_n_steps``
+    anyway, so the bar then costs no wait of its own. On a CPU a read costs nothing and the bar refreshes at
+    every batch as before. A progress bar the config gives with another refresh rate is left as it is.
+    """
+    bar = trainer.progress_bar_callback
+    if type(bar) is not TQDMProgressBar or bar.refresh_rate != 1 or trainer.strategy.root_device.type == "cpu":
+        return
+    every = max(int(trainer.log_every_n_steps), 1)
+    trainer.callbacks[trainer.callbacks.index(bar)] = TQDMProgressBar(refresh_rate=every)
 
 
 def run_name(config_paths: list[Any]) -> str:

@@ -92,6 +92,19 @@ class ICLModule(LightningModule):
             name = type(getattr(self, "net", self)).__name__
             raise ConfigError(f"{name} has no trainable parameters; evaluate it with `test` instead of `fit`")
 
+    # ------------------------------------------------------------------ compilation
+    def compile_targets(self) -> list[nn.Module]:
+        """The nets that ``--compile.mode`` compiles (:class:`lit_icl.callbacks.compile.CompileNets`).
+
+        Each is compiled in place, so it must be a module whose ``__call__`` the steps call: by default the
+        module's ``net``. A module whose evaluation calls parts of its net one by one names those parts; one
+        whose net cannot be compiled raises :class:`ConfigError` saying why.
+        """
+        net = getattr(self, "net", None)
+        if not isinstance(net, nn.Module):
+            raise ConfigError(f"{type(self).__name__} has no `net` to compile; run without --compile.mode")
+        return [net]
+
     # ------------------------------------------------------------------ results
     @property
     def trained_steps(self) -> int:

@@ -294,6 +294,12 @@ class I2CLModule(ICLModule):
     def context(self, method: str) -> Tensor:
         return getattr(self, f"ctx_{method}")
 
+    def compile_targets(self) -> list[nn.Module]:
+        """I2CL refuses ``--compile.mode``: its frozen LM runs with hooks that are added and removed around each
+        call (capture, injection), and a compiled LM would be traced anew for every set of hooks."""
+        raise ConfigError("I2CL does not support --compile.mode (its LM's hooks change between calls); run "
+                          "without it")
+
     # ---------------------------------------------------------------- data
     def validation_keys(self) -> set[str]:
         return set()  # no validation loop: calibration has its own data, and test scores the methods

@@ -234,6 +234,13 @@ class ICSSLModule(ICLModule):
         if not self.label_ratios:  # no data module and no explicit ratios: the paper's protocol
             self._set_label_ratios(DEFAULT_LABEL_RATIOS)
 
+    def compile_targets(self) -> list[nn.Module]:
+        """A two-stage net's representation and head (evaluation calls them one by one, the head once per label
+        ratio), else the net."""
+        if implements(self.net, TwoStageNet):
+            return [self.net.representation, self.net.head]
+        return [self.net]
+
     def representation(self, batch: dict[str, Tensor], net: nn.Module | None = None) -> Tensor:
         """The features ``(B, n, k)`` a net (default: this model's) gives the points of ``batch``.
 
