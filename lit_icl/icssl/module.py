@@ -38,6 +38,7 @@ from lit_icl.core.errors import ConfigError
 from lit_icl.core.figures import line_figure
 from lit_icl.core.module import ICLModule
 from lit_icl.core.nets import count_parameters
+from lit_icl.core.optim import fused_if_cuda
 from lit_icl.core.protocols import implements
 from lit_icl.core.results import result_row
 from lit_icl.core.spectral import laplacian_eigenmap
@@ -435,7 +436,10 @@ class ICSSLModule(ICLModule):
 
     # ---------------------------------------------------------------- optimisation
     def configure_optimizers(self) -> Any:
-        opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        opt = torch.optim.AdamW(
+            self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay,
+            **fused_if_cuda(self.parameters()),
+        )
         if self.hparams.lr_schedule == "constant":
             return opt
         total = max(int(self.trainer.estimated_stepping_batches), 1)

@@ -38,6 +38,7 @@ from lit_icl.core.errors import ConfigError
 from lit_icl.core.figures import bar_figure
 from lit_icl.core.module import ICLModule
 from lit_icl.core.nets import count_parameters
+from lit_icl.core.optim import fused_if_cuda
 from lit_icl.core.protocols import implements
 from lit_icl.core.results import result_row
 from lit_icl.core.seeding import make_generator
@@ -272,7 +273,7 @@ class CoQEClassificationModule(ICLModule):
 
     # ---------------------------------------------------------------- optimisation
     def configure_optimizers(self) -> Any:
-        opt = torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+        opt = torch.optim.Adam(self.parameters(), lr=self.hparams.lr, **fused_if_cuda(self.parameters()))
         if self.hparams.lr_schedule == "constant":
             return opt
         warmup = self.hparams.warmup_steps

@@ -30,6 +30,7 @@ from lit_icl.core.errors import ConfigError
 from lit_icl.core.figures import line_figure, new_figure
 from lit_icl.core.module import ICLModule
 from lit_icl.core.nets import count_parameters
+from lit_icl.core.optim import fused_if_cuda
 from lit_icl.core.precision import float32_region
 from lit_icl.core.protocols import implements
 from lit_icl.core.results import result_row
@@ -289,4 +290,4 @@ class CoQERegressionModule(ICLModule):
 
     # ---------------------------------------------------------------- optimisation
     def configure_optimizers(self) -> Any:
-        return torch.optim.Adam(self.net.parameters(), lr=self.hparams.lr)
+        return torch.optim.Adam(self.net.parameters(), lr=self.hparams.lr, **fused_if_cuda(self.net.parameters()))

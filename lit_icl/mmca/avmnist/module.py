@@ -29,6 +29,7 @@ from torchmetrics import MeanMetric
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.module import ICLModule
 from lit_icl.core.nets import count_parameters
+from lit_icl.core.optim import fused_if_cuda
 from lit_icl.core.protocols import implements
 from lit_icl.core.results import result_row
 from lit_icl.core.seeding import derive_seed
@@ -178,4 +179,6 @@ class AVMNISTModule(ICLModule):
     # ---------------------------------------------------------------- optimisation
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = [p for p in self.parameters() if p.requires_grad]
-        return torch.optim.AdamW(params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        return torch.optim.AdamW(
+            params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay, **fused_if_cuda(params)
+        )

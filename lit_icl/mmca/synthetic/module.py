@@ -28,6 +28,7 @@ from torchmetrics import MeanMetric
 
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.module import ICLModule
+from lit_icl.core.optim import fused_if_cuda
 from lit_icl.core.protocols import implements
 from lit_icl.core.results import result_row
 from lit_icl.core.validation import check_literal, check_nonempty, check_nonnegative, check_positive
@@ -260,5 +261,5 @@ class LatentFactorICLModule(ICLModule):
         hp = self.hparams
         params = [p for p in self.parameters() if p.requires_grad]
         if hp.optimizer == "adam":
-            return torch.optim.Adam(params, lr=hp.lr, weight_decay=hp.weight_decay)
+            return torch.optim.Adam(params, lr=hp.lr, weight_decay=hp.weight_decay, **fused_if_cuda(params))
         return torch.optim.SGD(params, lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
