@@ -6,6 +6,11 @@
 Steps (each a subprocess of a script in ``benchmarks/``, so each can be rerun alone with the command shown in
 the report):
 
+- the main command all-in for a fixed wall time (validation and checkpoints included), with CUDA graphs
+  (``--compile.mode reduce-overhead``) and eager, and IC-SSL's manifolds config the same way
+  (``benchmarks/main_command.py``);
+- each paper's training step eager, compiled and CUDA-graph-captured, Lightning vs a bare loop of the same
+  step, deterministic kernels on and off (``benchmarks/step_speed.py``);
 - the tests marked ``cuda`` (GPU-only code paths that the CPU test suite skips);
 - IC-SSL: Lightning vs a bare loop over the same net and data, deterministic kernels on and off (what
   reproducibility costs on CUDA);
@@ -18,7 +23,8 @@ the report):
 
 The report names the device, torch version, date, commit and every command, and keeps each script's output
 verbatim; a step that fails or times out is reported as such (with its last lines) and the suite goes on. The
-per-step time limits add up to 35 minutes.
+per-step time limits add up to 80 minutes; with less GPU time, name the steps wanted most with ``--only``
+(the report is rewritten after each step).
 """
 
 from __future__ import annotations
@@ -54,7 +60,52 @@ class Step:
         return self.gpu[0]
 
 
+#: A seconds-long CPU run of step_speed.py (the dry runs of the step-speed steps).
+_DRY_SPEED = ["--device", "cpu", "--modes", "off,default", "--backend", "aot_eager", "--steps", "3", "--warmup", "1"]
+#: What the dry runs of main_command.py change: a tiny, short run.
+_DRY_ICSSL = ["--set=--model.init_args.net.init_args.representation.init_args.n_points=20",
+              "--set=--data.init_args.n_points=20", "--set=--data.init_args.train_batches_per_epoch=5",
+              "--set=--data.init_args.val_episodes=64", "--set=--trainer.log_every_n_steps=1"]
+
+
+def _speed(name: str, configs: list[str], measures: str, dry: list[str], timeout_s: int,
+           needs: str | None = None) -> Step:
+    """A step_speed.py step: eager vs compiled vs CUDA graphs, Lightning vs bare, deterministic on and off."""
+    files = [a for c in configs for a in ("--config", c)]
+    return Step(name, measures,
+                ["benchmarks/step_speed.py", *files, "--device", "cuda", "--modes", "off,default,reduce-overhead",
+                 "--deterministic", "true,false", "--steps", "300", "--warmup", "60"],
+                ["benchmarks/step_speed.py", *files, *_DRY_SPEED, *dry], timeout_s, needs=needs)
+
+
 STEPS = [
+    # What the speed issue's goals are judged by come first: the main command and IC-SSL's CLI run all-in,
+    # compiled with CUDA graphs and eager, then each paper's step under each compile mode.
+    Step("main_command", "the main command all-in (validation, checkpoints) for 100 s: CUDA graphs, then eager",
+         ["benchmarks/main_command.py", "--modes", "reduce-overhead,off", "--seconds", "100", "--skip", "40"],
+         ["benchmarks/main_command.py", "--config", "configs/coqe/omniglot.yaml", "--config",
+          "configs/coqe/omniglot/cpu.yaml", "--modes", "off", "--seconds", "15", "--skip", "0",
+          "--set=--trainer.log_every_n_steps=1", "--set=--trainer.val_check_interval=5",
+          "--set=--data.init_args.val_sequences=32", "--set=--model.init_args.net.init_args.depth=1"], 300),
+    Step("icssl_cli", "IC-SSL's manifolds config through the CLI all-in for 90 s, CUDA graphs",
+         ["benchmarks/main_command.py", "--config", "configs/icssl/manifolds.yaml", "--modes", "reduce-overhead",
+          "--seconds", "90", "--skip", "40", "--set=--trainer.accelerator=gpu"],
+         ["benchmarks/main_command.py", "--config", "configs/icssl/manifolds.yaml", "--modes", "off",
+          "--seconds", "15", "--skip", "0", *_DRY_ICSSL], 180),
+    _speed("step_speed_icssl", ["configs/icssl/manifolds.yaml"],
+           "IC-SSL step: eager / compiled / CUDA graphs, Lightning vs bare, deterministic on and off", [], 420),
+    _speed("step_speed_coqe", ["configs/coqe/omniglot.yaml"],
+           "CoQE (paper size) step: eager / compiled / CUDA graphs, Lightning vs bare, deterministic on and off",
+           ["--config", "configs/coqe/omniglot/cpu.yaml"], 420),
+    _speed("step_speed_coqe_transformer", ["configs/coqe/omniglot.yaml", "configs/coqe/omniglot/transformer.yaml"],
+           "the Transformer baseline (E = 64, L = 12) the same way", ["--config", "configs/coqe/omniglot/cpu.yaml"],
+           420),
+    _speed("step_speed_coqe_regression", ["configs/coqe/regression.yaml"],
+           "CoQE regression step the same way", [], 240),
+    _speed("step_speed_mmca_synthetic", ["configs/mmca/synthetic.yaml"],
+           "multi-modal synthetic step the same way", [], 240),
+    _speed("step_speed_mmca_avmnist", ["configs/mmca/avmnist.yaml"],
+           "avMNIST step the same way (needs its stand-in)", [], 240, needs="data/avmnist_lite"),
     # Tests marked `cuda` exercise code paths that only a GPU reaches (devices of tensors that Lightning moves);
     # the CPU test suite skips them. Seconds on a GPU; the dry run only collects them.
     Step("cuda_tests", "the tests marked `cuda` (skipped on the CPU): GPU-only code paths",
@@ -93,7 +144,7 @@ STEPS = [
          ["benchmarks/i2cl_latency.py", "--queries", "2", "--model", "data/i2cl/gemma-3-270m"], 120,
          needs="data/i2cl/gemma-3-270m"),
 ]
-assert sum(step.timeout_s for step in STEPS) <= 35 * 60
+assert sum(step.timeout_s for step in STEPS) <= 80 * 60
 
 
 def headline(step: Step, output: str) -> str:
@@ -105,6 +156,16 @@ def headline(step: Step, output: str) -> str:
     if step.script.endswith("train_throughput.py"):
         found = re.findall(r"^(lightning|bare loop|ratio lightning/bare): ([\d.]+)", output, re.MULTILINE)
         return ", ".join(f"{k} {v}" for k, v in found)
+    if step.script.endswith("main_command.py"):
+        found = re.findall(r"^mode=(\S+)\s*:\s+([\d.]+) steps/s all-in.*?10\^5 steps would take (\d+) min", output,
+                           re.MULTILINE)
+        return ", ".join(f"{mode}: {sps} steps/s all-in (10^5 steps in {mins} min)" for mode, sps, mins in found)
+    if step.script.endswith("step_speed.py"):
+        rates = re.findall(r"^(lightning|bare)\s+mode=(\S+)\s+deterministic=true\s*:\s+([\d.]+|nan) steps/s", output,
+                           re.MULTILINE)
+        ratios = re.findall(r"^ratio lightning/bare mode=(\S+) deterministic=true: ([\d.]+)", output, re.MULTILINE)
+        text = ", ".join(f"{path} {mode} {sps}" for path, mode, sps in rates if path == "lightning")
+        return text + ("; lightning/bare " + ", ".join(f"{m} {r}" for m, r in ratios) if ratios else "")
     if step.script.endswith("i2cl_latency.py"):
         rows = re.findall(r"^\| (\w+) \| ([\d.]+) \| [\d.]+ \| ([\d.]+) \|$", output, re.MULTILINE)
         return ", ".join(f"{m} {ms} ms ({ratio} x zero-shot)" for m, ms, ratio in rows)

@@ -1,0 +1,97 @@
+"""A user's command all-in, for a fixed wall time: steps/s with data, logging, validation and checkpoints.
+
+    python benchmarks/main_command.py                                  # the main command, eager then compiled
+    python benchmarks/main_command.py --config configs/icssl/manifolds.yaml --seconds 120 \\
+        --modes off,reduce-overhead --set=--trainer.accelerator=gpu
+
+Each mode runs ``python -m lit_icl fit --config ... [--compile.mode MODE]`` as a user would (a fresh process,
+its own run folder in a temporary directory), stopped by ``--trainer.max_time``. The rate is read back from the
+run's TensorBoard events: training steps between the first logged step after ``--skip`` seconds (start-up,
+compilation and CUDA-graph recording fall before it) and the last logged step, over the wall time between
+them, so validation rounds and checkpoints inside that window count. The last value of every ``val/`` metric
+is printed too, to show the run learns. The paper's 10^5 steps at that rate are printed as a projection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+ROOT = Path(__file__).resolve().parents[1]
+PAPER_STEPS = 100_000
+
+
+def run(configs: list[str], mode: str, seconds: int, extra: list[str], out: Path) -> tuple[int, float, str]:
+    """Run the command for ``seconds``; ``(exit status, wall seconds, last lines of its output)``."""
+    hms = time.strftime("%H:%M:%S", time.gmtime(seconds))
+    cmd = [sys.executable, "-m", "lit_icl", "fit", *[a for c in configs for a in ("--config", c)],
+           "--trainer.max_time", f"00:{hms}", "--trainer.enable_progress_bar", "false",
+           "--trainer.logger.init_args.save_dir", str(out), *extra]
+    if mode != "off":
+        cmd += ["--compile.mode", mode]
+    print("$ python -m lit_icl " + " ".join(cmd[3:]), flush=True)
+    start = time.perf_counter()
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))))
+    tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+    return done.returncode, time.perf_counter() - start, tail
+
+
+def rate(run_dir: Path, skip: float) -> tuple[float, int, dict[str, float]]:
+    """``(steps/s, last step, last val/ values)`` from a run's TensorBoard events."""
+    events = sorted(run_dir.rglob("events.out.tfevents.*"))
+    if not events:
+        raise RuntimeError(f"no TensorBoard events under {run_dir}")
+    ea = EventAccumulator(str(events[0].parent))
+    ea.Reload()
+    loss = ea.Scalars("train/loss")
+    t_first = loss[0].wall_time
+    kept = [e for e in loss if e.wall_time - t_first >= skip] or loss[-2:]
+    a, b = kept[0], loss[-1]
+    steps_per_s = (b.step - a.step) / (b.wall_time - a.wall_time) if b.wall_time > a.wall_time else float("nan")
+    vals = {tag: ea.Scalars(tag)[-1].value for tag in ea.Tags()["scalars"] if tag.startswith("val/")}
+    return steps_per_s, loss[-1].step, vals
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", action="append", default=None,
+                        help="a config file; repeat for overlays (default: configs/coqe_omniglot.yaml)")
+    parser.add_argument("--modes", default="off,reduce-overhead", help="off and/or --compile.mode values")
+    parser.add_argument("--seconds", type=int, default=120, help="wall time of each run (--trainer.max_time)")
+    parser.add_argument("--skip", type=float, default=30.0,
+                        help="seconds after the first logged step that the rate ignores (compilation, warm-up)")
+    parser.add_argument("--set", action="append", default=[], metavar="ARG",
+                        help="an extra CLI argument, e.g. --set=--trainer.log_every_n_steps=10")
+    args = parser.parse_args(argv)
+    configs = args.config or ["configs/coqe_omniglot.yaml"]
+    failed = False
+    for mode in args.modes.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            status, wall, tail = run(configs, mode, args.seconds, args.set, Path(tmp))
+            if status != 0:
+                print(f"mode={mode}: FAILED (exit {status}) after {wall:.0f} s\n{tail}", flush=True)
+                failed = True
+                continue
+            try:
+                sps, last, vals = rate(Path(tmp), args.skip)
+            except (RuntimeError, KeyError) as err:
+                print(f"mode={mode}: no rate ({err})\n{tail}", flush=True)
+                failed = True
+                continue
+        shown = ", ".join(f"{k} {v:.3f}" for k, v in sorted(vals.items()))
+        print(f"mode={mode:16s}: {sps:8.2f} steps/s all-in, {last + 1} steps in {wall:.0f} s of wall time; "
+              f"10^5 steps would take {PAPER_STEPS / sps / 60:.0f} min; last validation: {shown or 'none'}",
+              flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""Training steps per second of any config: eager vs compiled vs CUDA-graph-captured, Lightning vs a bare loop.
+
+    python benchmarks/step_speed.py --config configs/icssl/manifolds.yaml                     # CPU, eager + default
+    python benchmarks/step_speed.py --config configs/coqe/omniglot.yaml --device cuda \\
+        --modes off,default,reduce-overhead --steps 300 --warmup 50 --deterministic true,false
+    python benchmarks/step_speed.py --config configs/coqe/regression.yaml --config configs/coqe/regression/cpu.yaml
+
+For each compile mode (``off`` is eager; the others are ``--compile.mode`` values) and each deterministic
+setting, two paths train the same module, from the same weights, on the same batches:
+
+- ``lightning``: ``Trainer.fit`` with the CLI's :class:`~lit_icl.callbacks.compile.CompileNets` (no logger,
+  checkpoints, validation or progress bar: the step alone);
+- ``bare``: a plain loop that calls the module's own ``training_step`` (so the same loss and the same values
+  computed for logging), ``backward`` and the optimizer from its ``configure_optimizers``, with the same
+  compiled nets and CUDA-graph step markers, and nothing else.
+
+Both read the same batches, made ahead and moved to the device before timing (so data loading is not timed;
+``benchmarks/main_command.py`` measures a run all-in). Timing starts after ``--warmup`` steps (compilation
+and CUDA-graph recording happen there) and each path is timed ``--repeats`` times; the best is reported.
+The issue's goal is ``lightning / bare >= 0.95`` for every paper and deterministic mode at most 5 % slower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
+from lightning.pytorch.utilities import move_data_to_device
+
+from lit_icl.callbacks.compile import CUDA_GRAPH_MODES, CompileNets, compile_targets
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def build(configs: list[str], extra: list[str]) -> tuple[LightningModule, LightningDataModule]:
+    """The module and data module of a config, as ``python -m lit_icl fit`` builds them."""
+    from lit_icl.cli import LitICLCLI
+
+    args = [a for c in configs for a in ("--config", c)] + ["--trainer.logger", "false", *extra]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cli = LitICLCLI(LightningModule, LightningDataModule, run=False, args=args)
+    return cli.model, cli.datamodule
+
+
+def batches_ahead(dm: LightningDataModule, n: int, device: torch.device) -> list[Any]:
+    """The first ``n`` training batches of the data module, on ``device``, finished by its transfer hooks
+    (CoQE gathers its images there, CoQE regression generates its prompts there)."""
+    dm.setup("fit")
+    out = []
+    for batch in itertools.islice(itertools.cycle(dm.train_dataloader()), n):
+        batch = move_data_to_device(dm.on_before_batch_transfer(batch, 0), device)
+        out.append(dm.on_after_batch_transfer(batch, 0))
+    return out
+
+
+class _Timer(Callback):
+    """From the start of batch ``warmup`` to the end of the last batch (fit's own start and end are not timed)."""
+
+    def __init__(self, warmup: int, last: int) -> None:
+        self.warmup, self.last, self.t0, self.t1 = warmup, last, 0.0, 0.0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: ANN001
+        if batch_idx == self.warmup:
+            _sync(pl_module.device)
+            self.t0 = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
+        if batch_idx == self.last:
+            _sync(pl_module.device)
+            self.t1 = time.perf_counter()
+
+
+def lightning_steps(module: LightningModule, batches: list[Any], mode: str, warmup: int, device: torch.device,
+                    deterministic: bool, backend: str = "inductor") -> float:
+    timer = _Timer(warmup, len(batches) - 1)
+    callbacks: list[Callback] = [timer]
+    if mode != "off":
+        callbacks.append(CompileNets(mode=mode, backend=backend))
+    trainer = Trainer(
+        accelerator="gpu" if device.type == "cuda" else "cpu", devices=1, max_steps=len(batches), logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+        num_sanity_val_steps=0, deterministic=deterministic, callbacks=callbacks,
+    )
+    # A list of batches already on the device; Lightning's transfer to the device is then a no-op.
+    trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader(batches, batch_size=None))
+    return (len(batches) - warmup) / (timer.t1 - timer.t0)
+
+
+def _stub_trainer(module: LightningModule, steps: int) -> SimpleNamespace:
+    """What a module's ``training_step`` and ``configure_optimizers`` read from ``self.trainer``."""
+    return SimpleNamespace(
+        global_step=0, global_rank=0, local_rank=0, world_size=1, log_every_n_steps=50, current_epoch=0,
+        estimated_stepping_batches=steps, max_steps=steps, training=True, sanity_checking=False,
+    )
+
+
+def bare_steps(module: LightningModule, batches: list[Any], mode: str, warmup: int, device: torch.device,
+               deterministic: bool, backend: str = "inductor") -> float:
+    """The module's own step without Lightning: ``training_step``, ``backward``, the optimizer, the LR schedule."""
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    module = module.to(device).train()
+    stub = _stub_trainer(module, len(batches))
+    module._trainer = stub  # type: ignore[assignment]  # attribute reads only
+    module.log = lambda *args, **kwargs: None  # type: ignore[method-assign]  # logging is Lightning's part
+    opt_conf = module.configure_optimizers()
+    opt, sched = _optimizer(opt_conf)
+    if mode != "off":
+        for net in compile_targets(module):
+            net.compile(backend=backend, mode=mode if backend == "inductor" else None, dynamic=False)
+    mark = mode in CUDA_GRAPH_MODES and device.type == "cuda"
+    t0 = 0.0
+    for i, batch in enumerate(batches):
+        if i == warmup:
+            _sync(device)
+            t0 = time.perf_counter()
+        if mark:
+            torch.compiler.cudagraph_mark_step_begin()
+        stub.global_step = i
+        loss = module.training_step(batch, i)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if sched is not None:
+            sched.step()
+    _sync(device)
+    module._trainer = None
+    return (len(batches) - warmup) / (time.perf_counter() - t0)
+
+
+def _optimizer(conf: Any) -> tuple[torch.optim.Optimizer, Any]:
+    """The optimizer and (step-interval) scheduler of a ``configure_optimizers`` result."""
+    if isinstance(conf, torch.optim.Optimizer):
+        return conf, None
+    if isinstance(conf, dict):
+        sched = conf.get("lr_scheduler")
+        return conf["optimizer"], sched["scheduler"] if isinstance(sched, dict) else sched
+    raise TypeError(f"step_speed.py handles one optimizer (and scheduler), got {type(conf).__name__}")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", action="append", required=True, help="a config file; repeat for overlays")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--modes", default="off,default", help="comma-separated: off and --compile.mode values")
+    parser.add_argument("--deterministic", default="true", help="true, false or true,false")
+    parser.add_argument("--paths", default="lightning,bare")
+    parser.add_argument("--backend", default="inductor", help="torch.compile backend (aot_eager: a quick check)")
+    parser.add_argument("--steps", type=int, default=60, help="steps per timed run, warm-up included")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--set", action="append", default=[], metavar="ARG",
+                        help="an extra CLI argument, e.g. --set=--data.init_args.batch_size=8")
+    args = parser.parse_args(argv)
+    os.chdir(ROOT)
+    if args.warmup >= args.steps:
+        parser.error("--warmup must be smaller than --steps")
+    device = torch.device(args.device)
+    torch.utils.deterministic.fill_uninitialized_memory = False  # as lit_icl.cli.main does
+    torch.set_float32_matmul_precision("high")  # as lit_icl.cli.main does (TF32 on a GPU)
+    template, dm = build(args.config, args.set)
+    batches = batches_ahead(dm, args.steps, device)
+    state = copy.deepcopy(template.state_dict())
+    print(f"config: {' + '.join(args.config)}  device: {device}"
+          f"{' (' + torch.cuda.get_device_name(device) + ')' if device.type == 'cuda' else ''}  torch {torch.__version__}"
+          f"  threads {torch.get_num_threads()}  steps timed: {args.steps - args.warmup} (after {args.warmup})")
+    results: dict[tuple[str, bool, str], float] = {}
+    runners = {"lightning": lightning_steps, "bare": bare_steps}
+    for det in [d.strip() == "true" for d in args.deterministic.split(",")]:
+        for mode in args.modes.split(","):
+            for path in args.paths.split(","):
+                best = 0.0
+                for _ in range(args.repeats):
+                    module = copy.deepcopy(template)
+                    module.load_state_dict(state)
+                    torch._dynamo.reset()  # each compiled run compiles (and records) from scratch
+                    try:
+                        best = max(best, runners[path](module, batches, mode, args.warmup, device, det,
+                                                       args.backend))
+                    except Exception as err:  # noqa: BLE001  # one failing mode must not hide the others
+                        print(f"{path:9s} mode={mode:16s} deterministic={str(det).lower():5s}: FAILED "
+                              f"{type(err).__name__}: {str(err).splitlines()[0][:300]}", flush=True)
+                        best = float("nan")
+                        break
+                results[(path, det, mode)] = best
+                print(f"{path:9s} mode={mode:16s} deterministic={str(det).lower():5s}: {best:8.2f} steps/s",
+                      flush=True)
+    for det in sorted({k[1] for k in results}, reverse=True):
+        for mode in args.modes.split(","):
+            lit, bare = results.get(("lightning", det, mode)), results.get(("bare", det, mode))
+            if lit and bare:
+                print(f"ratio lightning/bare mode={mode} deterministic={str(det).lower()}: {lit / bare:.3f}")
+    for mode in args.modes.split(","):
+        for path in args.paths.split(","):
+            on, off = results.get((path, True, mode)), results.get((path, False, mode))
+            if on and off:
+                print(f"deterministic cost {path} mode={mode}: {100 * (off / on - 1):+.1f} % time")
+    eager = {path: results.get((path, True, "off")) or results.get((path, False, "off")) for path in ("lightning", "bare")}
+    for (path, det, mode), value in results.items():
+        if mode != "off" and eager.get(path):
+            print(f"speed-up over eager {path} mode={mode} deterministic={str(det).lower()}: {value / eager[path]:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
