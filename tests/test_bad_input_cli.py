@@ -233,7 +233,7 @@ def test_a_non_finite_loss_stops_the_run_naming_the_step_before_any_checkpoint(t
 
 def test_a_deferred_loss_check_names_the_first_non_finite_step_before_the_epoch_checkpoint(tmp_path, capsys,
                                                                                           monkeypatch) -> None:
-    """On an accelerator the guard reads the losses every ``sync_every`` batches and before every checkpoint;
+    """On an accelerator the guard reads the losses on logging steps and before every checkpoint;
     forced onto that path on the CPU, it still names step 1 and stops before the epoch's checkpoint."""
     monkeypatch.setattr(FiniteGuard, "_defers", staticmethod(lambda device: True))
     with pytest.raises(SystemExit):
@@ -241,6 +241,40 @@ def test_a_deferred_loss_check_names_the_first_non_finite_step_before_the_epoch_
     (line,) = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith(ERROR_PREFIX)]
     assert " at step 1 (epoch 0, batch 1)" in line
     assert not list((tmp_path / "runs").rglob("*.ckpt"))
+
+
+def test_a_deferred_loss_check_reads_the_device_on_logging_steps_only(tmp_path, monkeypatch) -> None:
+    """Forced onto the accelerator path, the guard reads the kept losses once every ``log_every_n_steps``
+    batches (when Lightning's logging reads the device anyway), then at the epoch's end."""
+    from lightning.pytorch import LightningModule, Trainer
+
+    class Tiny(LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    monkeypatch.setattr(FiniteGuard, "_defers", staticmethod(lambda device: True))
+    reads: list[int] = []
+    original = FiniteGuard._check_pending_losses
+
+    def spy(self) -> None:
+        if self._pending:
+            reads.append(len(self._pending))
+        original(self)
+
+    monkeypatch.setattr(FiniteGuard, "_check_pending_losses", spy)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(7, 2)), batch_size=1)
+    trainer = Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path,
+                      log_every_n_steps=3, callbacks=[FiniteGuard()])
+    trainer.fit(Tiny(), data)
+    assert reads == [3, 3, 1]  # steps 1-3 and 4-6 on their logging steps, step 7 at the epoch's end
 
 
 def test_non_finite_weights_stop_the_run_before_a_checkpoint_is_saved(tmp_path) -> None:

@@ -9,8 +9,9 @@ stops with one line ``lit_icl: error: training loss is nan at step N ...`` and n
 Two checks:
 
 - the loss, in ``on_before_backward`` (before the step's gradients reach the weights). On a CPU it is read at
-  once; on an accelerator it stays on the device and is read every ``sync_every`` batches, at epoch end and
-  before every checkpoint, so a fast GPU run is not made to wait for the device every step;
+  once; on an accelerator it stays on the device and is read every ``sync_every`` batches (by default on the
+  logging steps, when Lightning reads the logged values back anyway), at epoch end and before every checkpoint,
+  so a fast GPU run is not made to wait for the device by the guard;
 - the trainable parameters, before every checkpoint (``on_save_checkpoint``, and at the end of each training
   epoch and validation, which come before :class:`~lightning.pytorch.callbacks.ModelCheckpoint` saves because
   Lightning runs checkpoint callbacks last): a non-finite gradient with a finite loss is caught there.
@@ -34,12 +35,14 @@ class FiniteGuard(Callback):
 
     Args:
         sync_every: on an accelerator, how many training batches may pass between reads of the recorded loss
-            check (each read waits for the device). A CPU run is checked every batch at no cost.
+            check (each read waits for the device); ``None`` (default): the trainer's ``log_every_n_steps``, so
+            the reads fall on the steps whose logging waits for the device anyway. A CPU run is checked every
+            batch at no cost.
     """
 
-    def __init__(self, sync_every: int = 16) -> None:
-        if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
-            raise ValueError(f"sync_every={sync_every!r} must be an integer >= 1")
+    def __init__(self, sync_every: int | None = None) -> None:
+        if sync_every is not None and (isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1):
+            raise ValueError(f"sync_every={sync_every!r} must be an integer >= 1 or None")
         self.sync_every = sync_every
         self._batch = (0, 0)  # (epoch, batch index) of the batch being trained
         # Losses on an accelerator not read yet: (step, epoch, batch) on the host, the loss on the device.
@@ -71,7 +74,8 @@ class FiniteGuard(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if len(self._pending) >= self.sync_every:
+        every = self.sync_every or max(int(trainer.log_every_n_steps), 1)
+        if len(self._pending) >= every:
             self._check_pending_losses()
 
     def _check_pending_losses(self) -> None:
