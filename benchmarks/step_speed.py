@@ -37,7 +37,7 @@ import torch
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.utilities import move_data_to_device
 
-from lit_icl.callbacks.compile import CUDA_GRAPH_MODES, CompileNets, compile_targets
+from lit_icl.callbacks.compile import CUDA_GRAPH_MODES, CompileNets, compile_targets, resolve_mode
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -115,6 +115,7 @@ def bare_steps(module: LightningModule, batches: list[Any], mode: str, warmup: i
     module.log = lambda *args, **kwargs: None  # type: ignore[method-assign]  # logging is Lightning's part
     opt_conf = module.configure_optimizers()
     opt, sched = _optimizer(opt_conf)
+    mode = resolve_mode(mode, device)
     if mode != "off":
         for net in compile_targets(module):
             net.compile(backend=backend, mode=mode if backend == "inductor" else None, dynamic=False)

@@ -125,8 +125,9 @@ class LitICLCLI(LightningCLI):
         # torch.compile of the module's nets (lit_icl.callbacks.compile); a run setting, not a model one, so a
         # checkpoint trained with it loads without it and the other way round.
         parser.add_argument("--compile.mode", type=CompileMode, default="off",
-                            help="compile the nets with torch.compile: off (eager), default, reduce-overhead (CUDA "
-                                 "graphs on a GPU), max-autotune, max-autotune-no-cudagraphs")
+                            help="compile the nets with torch.compile: off (eager), auto (reduce-overhead on a GPU, "
+                                 "eager on a CPU), default, reduce-overhead (CUDA graphs on a GPU), max-autotune, "
+                                 "max-autotune-no-cudagraphs")
         parser.add_argument("--compile.backend", type=str, default="inductor",
                             help="the torch.compile backend (inductor; aot_eager or eager only trace)")
         parser.add_argument("--compile.fullgraph", type=bool, default=False,

@@ -114,3 +114,26 @@ COMPILE_ROWS = [
 @pytest.mark.parametrize(("extra", "needle"), COMPILE_ROWS, ids=["mode", "backend"])
 def test_bad_compile_options_are_refused(tmp_path, capsys, extra, needle) -> None:
     assert_rejected(tmp_path, capsys, ["fit", *tiny_args(tmp_path), *extra], needle)
+
+
+def test_auto_mode_leaves_a_cpu_run_eager_and_bit_identical(tmp_path) -> None:
+    """``--compile.mode auto`` compiles only on a GPU: on the CPU the run is the eager run, to the bit."""
+    main(["fit", *tiny_args(tmp_path / "eager", "--trainer.max_epochs", "1")])
+    main(["fit", *tiny_args(tmp_path / "auto", "--trainer.max_epochs", "1"), "--compile.mode", "auto"])
+    eager, auto = _state(next((tmp_path / "eager").rglob("last.ckpt"))), _state(next((tmp_path / "auto").rglob("last.ckpt")))
+    assert all(torch.equal(auto[k], eager[k]) for k in eager)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (benchmarks/gpu_suite.py runs it)")
+@pytest.mark.parametrize("run", ["icssl", "coqe_omniglot", "coqe_omniglot_transformer", "coqe_regression",
+                                 "mmca_synthetic", "mmca_avmnist"])
+def test_cuda_graphs_train_validate_test_and_resume(tmp_path, run) -> None:
+    """Under ``reduce-overhead`` each paper trains, validates and tests as CUDA graphs (a tensor of an earlier
+    replay read after the next one raises), writes a checkpoint eager runs load, and resumes from it."""
+    args = [*RUNS[run](tmp_path), "--trainer.accelerator", "gpu", "--compile.mode", "reduce-overhead"]
+    main(["fit", *args])
+    ckpt = next((tmp_path / "runs").rglob("last.ckpt"))
+    assert not any("_orig_mod" in key for key in _state(ckpt))
+    main(["test", *args, "--ckpt_path", str(ckpt)])
+    assert list((tmp_path / "runs").rglob("results.json"))

@@ -32,10 +32,19 @@ from torch import nn
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.module import ICLModule
 
-#: ``off``, or a mode of ``torch.compile``; ``reduce-overhead`` and ``max-autotune`` capture CUDA graphs on a GPU.
-CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+#: ``off``, ``auto`` (``reduce-overhead`` on a CUDA device, eager elsewhere), or a mode of ``torch.compile``;
+#: ``reduce-overhead`` and ``max-autotune`` capture CUDA graphs on a GPU.
+CompileMode = Literal["off", "auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 #: Modes whose graphs run as CUDA graphs on a GPU (and so need the step marker).
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def resolve_mode(mode: str, device: torch.device) -> str:
+    """The ``torch.compile`` mode that ``mode`` means on ``device`` (``auto``: ``reduce-overhead`` on CUDA,
+    ``off`` elsewhere)."""
+    if mode == "auto":
+        return "reduce-overhead" if device.type == "cuda" else "off"
+    return mode
 
 
 def compile_targets(pl_module: LightningModule) -> list[nn.Module]:
@@ -54,7 +63,9 @@ class CompileNets(Callback):
 
     Args:
         mode: a ``torch.compile`` mode (``default``, ``reduce-overhead``, ``max-autotune``,
-            ``max-autotune-no-cudagraphs``).
+            ``max-autotune-no-cudagraphs``), or ``auto``: ``reduce-overhead`` when the run's device is a CUDA
+            GPU, eager (nothing compiled) elsewhere, since on a CPU a step is arithmetic and compilation costs
+            more than it saves (``docs/usage.md`` has the measurements).
         backend: a ``torch.compile`` backend (``inductor``; ``aot_eager`` and ``eager`` compile nothing and
             serve to check tracing quickly). Modes only apply to ``inductor``.
         fullgraph: fail on a graph break instead of splitting the net into several graphs (our nets have none;
@@ -77,9 +88,14 @@ class CompileNets(Callback):
         self._mark = False
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        device = trainer.strategy.root_device
+        resolved = resolve_mode(self.mode, device)
+        if resolved == "off":
+            rank_zero_info("lit_icl: --compile.mode auto: eager on this device (CUDA graphs are for a GPU)")
+            return
         nets = compile_targets(pl_module)
         # torch.compile's mode names inductor options; other backends take none.
-        mode = self.mode if self.backend == "inductor" else None
+        mode = resolved if self.backend == "inductor" else None
         for net in nets:
             if id(net) in self._compiled:
                 continue
@@ -87,7 +103,7 @@ class CompileNets(Callback):
             self._compiled.add(id(net))
         names = ", ".join(type(net).__name__ for net in nets) or "nothing"
         rank_zero_info(f"lit_icl: compiled {names} (torch.compile backend={self.backend}, mode={mode})")
-        self._mark = self.backend == "inductor" and self.mode in CUDA_GRAPH_MODES and trainer.strategy.root_device.type == "cuda"
+        self._mark = device.type == "cuda" and mode in CUDA_GRAPH_MODES
 
     def _step_begin(self) -> None:
         if self._mark:
