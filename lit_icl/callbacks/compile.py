@@ -16,7 +16,7 @@ the previous batch's outputs are no longer read. What a module keeps across batc
 logged values) is computed from those outputs in eager code and so owns its memory.
 
 Numbers: compiled kernels fuse and reorder floating-point operations, so a compiled run agrees with the eager
-run of the same seed to rounding (``tests/core/test_compile.py`` measures it), not bit for bit. Eager runs are
+run of the same seed to rounding (``tests/test_compile.py`` states the tolerance), not bit for bit. Eager runs are
 unchanged and stay bit-identical.
 """
 

@@ -278,7 +278,9 @@ class ICSSLModule(ICLModule):
     @staticmethod
     def episode_losses(logits: Tensor, y: Tensor, labeled: Tensor) -> Tensor:
         """Eq. (4), negated, per episode: mean cross-entropy over that episode's ``n - m`` unlabeled points."""
-        ce = F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none")  # (B, n)
+        # Tokens flattened to rows: the class axis stays contiguous (a transposed (B, C, n) input costs a copy in
+        # the backward).
+        ce = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none").view_as(y)  # (B, n)
         unl = (~labeled).float()
         return (ce * unl).sum(-1) / unl.sum(-1).clamp_min(1.0)
 
@@ -428,7 +430,9 @@ class ICSSLModule(ICLModule):
         return {
             "x": batch["x"],
             "labels": batch["y"],
-            "features": features,
+            # A copy: predict keeps every batch's output, and under CUDA graphs (--compile.mode reduce-overhead)
+            # the representation's output memory is reused by the next batch's replay.
+            "features": features.clone(),
             "label_ratios": torch.tensor(self.label_ratios),
             "probs": probs,
             "labeled": torch.stack([labeled for _, _, labeled, _ in sweep]),
