@@ -28,10 +28,11 @@ from typing import Literal, NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.precision import float32_region
-from lit_icl.core.spectral import LaplacianNorm, laplacian_eigenmap, pairwise_sq_dists
+from lit_icl.core.spectral import LaplacianNorm, laplacian_eigenmap
 from lit_icl.core.validation import (
     check_int,
     check_literal,
@@ -48,9 +49,49 @@ EigenmapInit = Literal["subspace", "lemma2"]
 Kernel = Literal["rbf", "linear"]
 Expectation = Literal["mlp", "exact"]
 
-def _normalize_columns(phi: Tensor, eps: float = 1e-8) -> Tensor:
+#: The floor of a column norm in the paper's ``normalize`` of Eq. (15).
+_NORM_EPS = 1e-8
+
+
+def _normalize_columns(phi: Tensor, eps: float = _NORM_EPS) -> Tensor:
     """Unit-norm columns over the tokens: the paper's row-wise ``normalize`` of Eq. (15) in our layout."""
     return phi / phi.norm(dim=-2, keepdim=True).clamp_min(eps)
+
+
+def _centred_gram(x: Tensor) -> Tensor:
+    """The Gram matrix ``x_i . x_j`` of the points centred on their mean, ``(..., n, n)``.
+
+    Centred first, as in :func:`~lit_icl.core.spectral.pairwise_sq_dists`: distances from the Gram matrix cancel
+    catastrophically far from the origin (App. D translates by up to 1 and scales by 0.02). The mean stays in the
+    graph: its gradient is zero in exact arithmetic (distances are translation invariant), but in float32 it
+    removes the round-off of the points' gradient along the translation, which the points' offset would
+    otherwise amplify in the gradients of the coordinate update (measured: 30x on ``skip_coord``).
+    """
+    x = x - x.mean(dim=-2, keepdim=True)
+    return x @ x.mT
+
+
+def _sq_dists(x: Tensor) -> Tensor:
+    """``||x_i - x_j||^2``, ``(..., n, n)``, as :func:`~lit_icl.core.spectral.pairwise_sq_dists` in fewer kernels.
+
+    The squared norms are the centred Gram matrix's diagonal (a view, and ``d_ii = 0`` exactly); ``relu`` is its
+    clamp at 0 (round-off), with a one-kernel backward.
+    """
+    gram = _centred_gram(x)
+    sq = gram.diagonal(dim1=-2, dim2=-1)
+    return torch.relu(torch.add(sq.unsqueeze(-1) + sq.unsqueeze(-2), gram, alpha=-2.0))
+
+
+def _key_distances(x: Tensor) -> Tensor:
+    """``E_ji = x_j . x_i - ||x_i||^2 / 2`` of the centred points, ``(..., n, n)``, query ``j`` by key ``i``.
+
+    ``-2 E_ji = ||x_i - x_j||^2 - ||x_j||^2``: the squared distance less a term of the query alone, which a softmax
+    over the keys cancels (Eq. 9), so ``softmax_i(-||x_i - x_j||^2 / s^2) = softmax_i(2 E_ji / s^2)`` exactly.
+    Dropping it (and the clamp of a distance at 0) saves kernels in a step that a GPU spends launching them.
+    """
+    gram = _centred_gram(x)
+    # The squared norms are the Gram matrix's diagonal (a view, no kernel).
+    return torch.add(gram, gram.diagonal(dim1=-2, dim2=-1).unsqueeze(-2), alpha=-0.5)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -111,36 +152,52 @@ class RBFAttentionLayer(nn.Module):
             self.skip_coord = nn.Parameter(torch.zeros(()))  # s
 
     def attention(self, x: Tensor, psi: Tensor) -> Tensor:
-        """Per-head attention weights ``W[b, h, j, i] = kappa^h_ij`` (row ``j`` sums to 1 over ``i`` for RBF)."""
-        inv_s2 = torch.exp(-2.0 * self.log_sigma)[None, :, None, None]
-        inv_r2 = torch.exp(-2.0 * self.log_rho)[None, :, None, None]
+        """Per-head attention weights ``W[b, h, j, i] = kappa^h_ij`` (row ``j`` sums to 1 over ``i`` for RBF).
+
+        All heads at once: the exponent (or the linear kernel) of head ``h`` is ``c_h^x K^x + c_h^psi K^psi`` with
+        one ``n x n`` matrix per block, so it is one ``(H, 2) x (2, n^2)`` product whatever the number of heads.
+        """
+        b, n = x.shape[0], x.shape[-2]
+        # (2, H): 1/sigma_h^2 and 1/rho_h^2 (Remark 1's tied query/key scales b = c = 1/sigma, b' = c' = 1/rho)
+        coef = torch.exp(-2.0 * torch.stack((self.log_sigma, self.log_rho)))
         if self.activation == "linear":
-            n = x.shape[-2]
-            gram_x = (x @ x.transpose(-1, -2)).unsqueeze(1)
-            gram_p = (psi @ psi.transpose(-1, -2)).unsqueeze(1)
-            w = (gram_x * inv_s2 + gram_p * inv_r2) / n
+            # Table 6: kappa_ij = (<x_i, x_j> / sigma^2 + <psi_i, psi_j> / rho^2) / n, no softmax.
+            coef = coef / n
+            blocks = (x @ x.mT, psi @ psi.mT)
+        else:
+            # Eq. (9): softmax_i(-||x_i - x_j||^2 / sigma^2 - ||psi_i - psi_j||^2 / rho^2) with the query-only
+            # terms dropped (see _key_distances): the exponent is 2 E^x / sigma^2 + 2 E^psi / rho^2.
+            coef = 2.0 * coef
+            blocks = (_key_distances(x), _key_distances(psi))
+        # The first layer's psi is the batch-free M of App. A.1: broadcast its block to the batch.
+        blocks = torch.stack([blk.expand(b, n, n) for blk in blocks], dim=1)  # (B, 2, n, n)
+        scores = torch.bmm(coef.mT.expand(b, -1, -1), blocks.view(b, 2, n * n)).view(b, -1, n, n)
+        if self.activation == "linear":
             if self.exclude_self:
-                w = w.masked_fill(torch.eye(n, dtype=torch.bool, device=x.device), 0.0)
-            return w
-        d2x = pairwise_sq_dists(x).unsqueeze(1)
-        d2p = pairwise_sq_dists(psi).unsqueeze(1)
-        logits = -(d2x * inv_s2 + d2p * inv_r2)
+                scores = scores.masked_fill(torch.eye(n, dtype=torch.bool, device=x.device), 0.0)
+            return scores
         if self.exclude_self:
-            n = x.shape[-2]
-            eye = torch.eye(n, dtype=torch.bool, device=x.device)
-            logits = logits.masked_fill(eye, float("-inf"))
-        return torch.softmax(logits, dim=-1)
+            scores = scores.masked_fill(torch.eye(n, dtype=torch.bool, device=x.device), float("-inf"))
+        return torch.softmax(scores, dim=-1)
 
     @float32_region
     def forward(self, x: Tensor, psi: Tensor) -> tuple[Tensor, Tensor]:
-        x, psi = x.float(), psi.float()
+        # float32 (bf16 inputs are upcast; autocast is off here), or float64 after net.double().
+        x, psi = x.to(self.log_sigma.dtype), psi.to(self.log_sigma.dtype)
         w = self.attention(x, psi)
-        # Mix heads first: sum_h a_h W_h is one (B, n, n) matrix, so the value product is done once.
-        w_lap = torch.einsum("bhji,h->bji", w, self.value_lap)
-        psi = (1.0 + self.skip_lap) * psi + w_lap @ psi
+        b, heads, n, _ = w.shape
+        # Mix heads first, both blocks in one product: row c of (V, H) @ (H, n^2) is sum_h a^c_h W_h, one (n x n)
+        # matrix per block, so each value product is done once (Eq. 10: sum_h Attn(Z; W^V_h, ...)).
         if self.update_coordinates:
-            w_coord = torch.einsum("bhji,h->bji", w, self.value_coord)
-            x = (1.0 + self.skip_coord) * x + w_coord @ x
+            values = torch.stack((self.value_lap, self.value_coord))
+        else:
+            values = self.value_lap.unsqueeze(0)
+        mixed = torch.bmm(values.expand(b, -1, -1), w.view(b, heads, n * n))
+        w_lap, *w_coord = mixed.view(b, -1, n, n).unbind(1)
+        # (1 + s') psi + W_lap psi; the first layer's psi is the batch-free M of App. A.1.
+        psi = torch.baddbmm((1.0 + self.skip_lap) * psi, w_lap, psi.expand(b, n, psi.shape[-1]))
+        if self.update_coordinates:
+            x = torch.baddbmm((1.0 + self.skip_coord) * x, w_coord[0], x)
         return x, psi
 
 
@@ -223,8 +280,8 @@ class LaplacianTransformer(nn.Module):
 
     @property
     def init_state(self) -> Tensor:
-        """The learnable initialisation ``M in R^{n x n}`` of App. A.1."""
-        return self.init_base + self.init_lr_scale * self.init_delta
+        """The learnable initialisation ``M in R^{n x n}`` of App. A.1 (``I + scale * delta``, one kernel)."""
+        return torch.add(self.init_base, self.init_delta, alpha=self.init_lr_scale)
 
     @classmethod
     def from_lemma1(cls, n_points: int, sigma: float, exclude_self: bool = False) -> LaplacianTransformer:
@@ -244,6 +301,149 @@ class LaplacianTransformer(nn.Module):
 # --------------------------------------------------------------------------------------------------------
 # TF^phi: the eigenmap module (Sec. 3.1, App. A.2, Lemma 2)
 # --------------------------------------------------------------------------------------------------------
+class EffectiveWeights(NamedTuple):
+    """What one application of a :class:`LinearAttentionLayer` needs of its weights (Eq. 16), in our layout.
+
+    With ``P = Phi^T Phi`` one application is ``out = Phi (base + mix(P)) + (G Phi) value_t`` (Eq. 15), where
+    ``mix(P) = sum_h C_h^T B_h P A_h^T`` is linear in ``P``: ``vec(mix(P)) = kron vec(P)`` with row-major ``vec``.
+    Stacked over layers each field gains a leading layer axis.
+    """
+
+    base: Tensor  # (k, k): (I + S)^T
+    value_t: Tensor  # (k, k): (sum_h beta_h A_h)^T, the Psi-part of every head
+    kron: Tensor  # (k^2, k^2): sum_h (C_h^T B_h) (x) A_h, the Phi-part of every head
+
+
+def _effective_weights(skip: Tensor, beta: Tensor, value: Tensor, query: Tensor, key: Tensor) -> EffectiveWeights:
+    """:class:`EffectiveWeights` from a layer's ``S (k, k)``, ``beta (H,)``, ``A, B, C (H, k, k)`` (Eq. 16), or from
+    a stack of layers (a leading layer axis on each), in one pass.
+
+    ``mix(P)[i, m] = sum_{h, j, l} (C_h^T B_h)[i, j] P[j, l] A_h[m, l]``, so the Kronecker matrix's entry at row
+    ``(i, m)``, column ``(j, l)`` is ``sum_h (C_h^T B_h)[i, j] A_h[m, l]``: a product over the heads of the
+    flattened ``C_h^T B_h`` and ``A_h``, reordered from ``(i, j), (m, l)`` to ``(i, m), (j, l)``.
+    """
+    k = skip.shape[-1]
+    lead = skip.shape[:-2]
+    base = torch.eye(k, dtype=skip.dtype, device=skip.device) + skip.mT  # contiguous: reshaped every step
+    value_t = (beta.unsqueeze(-2) @ value.flatten(-2)).view(*lead, k, k).mT  # (sum_h beta_h A_h)^T
+    cb = key.mT @ query  # C_h^T B_h
+    kron = (cb.flatten(-2).mT @ value.flatten(-2)).view(*lead, k, k, k, k)  # [i, j, m, l]
+    return EffectiveWeights(base, value_t, kron.transpose(-3, -2).reshape(*lead, k * k, k * k))
+
+
+class _EigenmapIterations(torch.autograd.Function):
+    """Applications of Eq. (15) along a schedule of layers, with a hand-written backward.
+
+    ``forward(phi, gram, base, value_t, kron, repeats)``: ``phi (B, n, k)``, ``gram = Psi^T Psi (B, n, n)`` and a
+    layer stack of :class:`EffectiveWeights` (``(L, k, k)``, ``(L, k, k)``, ``(L, k^2, k^2)``); ``repeats =
+    (stack_repeats, layer_repeats)`` gives the schedule of Remark 3: the stack of ``L`` layers ``stack_repeats``
+    times, each layer ``layer_repeats`` times in a row. Step ``t`` with layer ``l`` computes
+
+        P = Phi^T Phi,  W = base_l + mix_l(P),  out = Phi W + (G Phi) value_t_l,  Phi <- out / max(|out_j|, eps)
+
+    in 8 kernels. The point of the Function is the backward, which a GPU step spends launching kernels. Autograd
+    through the same forward takes about 36 kernels a step (577 for the default net's 16 steps), mostly on the
+    per-step gradients of the four matrices every step shares (``G`` and a layer's three weights) and on the
+    normalisation's three ops; here a step costs 9 kernels, and each shared matrix's gradient is one product over
+    all steps at the end (173 in all). With ``d_out`` the gradient of a step's ``out``, the gradients are
+
+        d_out = (g - y <g, y>_j [|out_j| >= eps]) / max(|out_j|, eps)          (y = the step's output, per column j)
+        d_Phi = d_out W^T + G^T d_out value_t^T + Phi (dP + dP^T),  vec(dP) = kron^T vec(Phi^T d_out)
+        d_G = sum_t (d_out_t value_t^T) Phi_t^T,  d_value_t = sum_{t, b} (G Phi_t)^T d_out_t,
+        d_base = sum_{t, b} Phi_t^T d_out_t,  d_kron = sum_{t, b} vec(Phi_t^T d_out_t) vec(P_t)^T
+
+    (the sums over the steps of each layer; ``[.]`` is the clamp's subgradient, as autograd's ``clamp_min``).
+    """
+
+    @staticmethod
+    def forward(ctx, phi, gram, base, value_t, kron, repeats):  # noqa: ANN001, ANN205
+        b, _, k = phi.shape
+        stack_repeats, layer_repeats = repeats
+        phis, g_phis, ps, ws, norms = [phi], [], [], [], []
+        for _ in range(stack_repeats):
+            for layer in range(base.shape[0]):
+                for _ in range(layer_repeats):
+                    p = phi.mT @ phi  # (B, k, k)
+                    # W = (I + S)^T + mix(P): one matrix product with kron, the identity and skip folded in
+                    w = torch.addmm(base[layer].reshape(k * k), p.reshape(b, k * k), kron[layer].mT).view(b, k, k)
+                    g_phi = gram @ phi
+                    out = torch.baddbmm(phi @ w, g_phi, value_t[layer].expand(b, k, k))
+                    norm = torch.linalg.vector_norm(out, dim=-2, keepdim=True)
+                    phi = out / norm.clamp_min(_NORM_EPS)
+                    phis.append(phi)
+                    g_phis.append(g_phi)
+                    ps.append(p)
+                    ws.append(w)
+                    norms.append(norm)
+        ctx.repeats = repeats
+        ctx.steps = len(ws)
+        ctx.save_for_backward(gram, base, value_t, kron, *phis, *g_phis, *ps, *ws, *norms)
+        return phi
+
+    @staticmethod
+    @once_differentiable
+    @float32_region
+    def backward(ctx, grad):  # noqa: ANN001, ANN205
+        gram, base, value_t, kron, *saved = ctx.saved_tensors
+        steps = ctx.steps
+        phis = saved[: steps + 1]  # phis[t] is step t's input, phis[t + 1] its output
+        g_phis, ps, ws, norms = (saved[steps + 1 + i * steps : steps + 1 + (i + 1) * steps] for i in range(4))
+        stack_repeats, layer_repeats = ctx.repeats
+        layers, kk = kron.shape[:2]
+        b, n, k = grad.shape
+
+        # The normalisation's per-column factors, for all steps at once: 1 / max(|out|, eps), and that times the
+        # clamp's subgradient, folded into the outputs y.
+        norm = torch.cat(norms, dim=-1)  # (B, 1, steps k)
+        inv = norm.clamp_min(_NORM_EPS).reciprocal()
+        phi_all = torch.cat(phis, dim=-1)  # (B, n, (steps + 1) k)
+        y_scaled = phi_all[..., k:] * (inv * (norm >= _NORM_EPS))
+        # P is symmetric, so its gradient enters as dP + dP^T: fold the transpose into kron once.
+        kron4 = kron.view(layers, kk, k, k)
+        kron_sym = (kron4 + kron4.mT).view(layers, kk, kk)
+
+        d_outs, d_ws, d_gphis = [], [], []
+        g = grad
+        schedule = [layer for _ in range(stack_repeats) for layer in range(layers) for _ in range(layer_repeats)]
+        for t in reversed(range(steps)):
+            layer, cols = schedule[t], slice(t * k, (t + 1) * k)
+            y = phi_all[..., k + t * k : k + (t + 1) * k]
+            dots = (g.mT @ y).diagonal(dim1=-2, dim2=-1).unsqueeze(-2)  # <g_j, y_j> per column j, (B, 1, k)
+            d_out = torch.addcmul(g * inv[..., cols], y_scaled[..., cols], dots, value=-1.0)
+            phi = phis[t]
+            d_w = phi.mT @ d_out
+            d_gphi = d_out @ value_t[layer].mT
+            d_outs.append(d_out)
+            d_ws.append(d_w)
+            d_gphis.append(d_gphi)
+            if t > 0 or ctx.needs_input_grad[0]:
+                d_p = (d_w.reshape(b, kk) @ kron_sym[layer]).view(b, k, k)  # dP + dP^T
+                g = torch.baddbmm(d_out @ ws[t].mT, gram.mT, d_gphi)
+                g = torch.baddbmm(g, phi, d_p)
+        d_outs.reverse()
+        d_ws.reverse()
+        d_gphis.reverse()
+
+        def per_layer(per_step: Tensor) -> Tensor:
+            """Sum a (steps, ...) tensor over the steps of each layer -> (L, ...)."""
+            return per_step.view(stack_repeats, layers, layer_repeats, *per_step.shape[1:]).sum((0, 2))
+
+        d_phi = g if ctx.needs_input_grad[0] else None
+        d_gram = d_base = d_value_t = d_kron = None
+        if ctx.needs_input_grad[1]:
+            d_gram = torch.cat(d_gphis, dim=-1) @ phi_all[..., :-k].mT
+        if ctx.needs_input_grad[2] or ctx.needs_input_grad[4]:
+            d_w_all = torch.stack(d_ws)  # (steps, B, k, k)
+            if ctx.needs_input_grad[2]:
+                d_base = per_layer(d_w_all.sum(1))
+            if ctx.needs_input_grad[4]:
+                d_kron = per_layer(d_w_all.view(steps, b, kk).mT @ torch.stack(ps).view(steps, b, kk))
+        if ctx.needs_input_grad[3]:
+            g_phi_all = torch.stack(g_phis).view(steps, b * n, k)
+            d_value_t = per_layer(g_phi_all.mT @ torch.stack(d_outs).view(steps, b * n, k))
+        return d_phi, d_gram, d_base, d_value_t, d_kron, None
+
+
 class LinearAttentionLayer(nn.Module):
     """One layer of Eq. (15) with linear attention and the block weights of Eq. (16).
 
@@ -255,7 +455,9 @@ class LinearAttentionLayer(nn.Module):
         Phi <- Phi (I + S)^T + sum_h [ beta_h G Phi A_h^T + Phi C_h^T B_h (Phi^T Phi) A_h^T ]
 
     followed by unit-norm columns (the paper's row normalisation). Both products are computed without forming
-    an ``n x n`` score matrix per head.
+    an ``n x n`` score matrix per head: the heads are summed into the three matrices of :class:`EffectiveWeights`
+    (:meth:`effective_weights`), which :class:`EigenmapTransformer` computes once per forward for all the
+    applications of the layer.
     """
 
     def __init__(self, n_components: int, num_heads: int):
@@ -268,21 +470,16 @@ class LinearAttentionLayer(nn.Module):
         self.query = nn.Parameter(torch.zeros(h, k, k))  # B
         self.key = nn.Parameter(torch.zeros(h, k, k))  # C
 
+    def effective_weights(self) -> EffectiveWeights:
+        """This layer's heads summed into the three matrices of :class:`EffectiveWeights` (Eq. 16)."""
+        return _effective_weights(self.skip, self.beta, self.value, self.query, self.key)
+
     @float32_region
     def forward(self, phi: Tensor, gram: Tensor) -> Tensor:
-        k = phi.shape[-1]
-        eye = torch.eye(k, dtype=phi.dtype, device=phi.device)
-        out = phi @ (eye + self.skip).transpose(0, 1)
-        g_phi = gram @ phi  # shared by all heads
-        # sum_h beta_h A_h: the Psi-part of every head acts through one k x k matrix.
-        a_eff = torch.einsum("h,hij->ij", self.beta, self.value)
-        out = out + g_phi @ a_eff.transpose(0, 1)
-        # Phi-part: Phi C_h^T B_h (Phi^T Phi) A_h^T, summed over heads.
-        pp = phi.transpose(-1, -2) @ phi  # (B, k, k)
-        cb = self.key.transpose(-1, -2) @ self.query  # (h, k, k)
-        mix = torch.einsum("hij,bjl,hml->bim", cb, pp, self.value)
-        out = out + phi @ mix
-        return _normalize_columns(out)
+        """One application, ``phi (B, n, k)``, ``gram = Psi^T Psi (B, n, n)``."""
+        dtype = self.skip.dtype  # float32 (autocast is off here), or float64 after net.double()
+        weights = [w.unsqueeze(0) for w in self.effective_weights()]
+        return _EigenmapIterations.apply(phi.to(dtype), gram.to(dtype), *weights, (1, 1))
 
 
 class EigenmapTransformer(nn.Module):
@@ -404,12 +601,13 @@ class EigenmapTransformer(nn.Module):
 
     @property
     def init_state(self) -> Tensor:
-        """The learnable initial guess ``M in R^{n x k}`` of App. A.2."""
-        return self.init_base + self.init_lr_scale * self.init_delta
+        """The learnable initial guess ``M in R^{n x k}`` of App. A.2 (``base + scale * delta``, one kernel)."""
+        return torch.add(self.init_base, self.init_delta, alpha=self.init_lr_scale)
 
     def coordinate_guess(self, x: Tensor) -> Tensor:
         """The position-free initial guess ``[1, x - mean, (x - mean)^2]`` (first ``k`` columns), ``(B, n, k)``."""
-        centred = x.float() - x.float().mean(-2, keepdim=True)
+        x = x.to(self.layers[0].skip.dtype)
+        centred = x - x.mean(-2, keepdim=True)
         cols = torch.cat([torch.ones_like(centred[..., :1]), centred, centred * centred], dim=-1)
         if cols.shape[-1] < self.n_components:
             raise ConfigError(
@@ -424,19 +622,20 @@ class EigenmapTransformer(nn.Module):
 
         ``x`` (the episode's coordinates) is needed only with ``learn_init=False``.
         """
-        psi = psi.float()
-        gram = psi @ psi.transpose(-1, -2)  # paper's Psi^T Psi
+        psi = psi.to(self.layers[0].skip.dtype)  # float32, or float64 after net.double()
+        gram = psi @ psi.mT  # paper's Psi^T Psi
         if self.learn_init:
             phi = _normalize_columns(self.init_state).unsqueeze(0).expand(psi.shape[0], -1, -1)
         else:
             if x is None:
                 raise ValueError("EigenmapTransformer(learn_init=False) needs the coordinates x in forward")
             phi = _normalize_columns(self.coordinate_guess(x))
-        for _ in range(self.stack_repeats):
-            for layer in self.layers:
-                for _ in range(self.layer_repeats):
-                    phi = layer(phi, gram)
-        return phi
+        # Every application of a layer uses the same weights: sum the heads of all layers once per forward (one
+        # pass over the stacked parameters), not once per application.
+        stacked = (torch.stack([getattr(layer, name) for layer in self.layers])
+                   for name in ("skip", "beta", "value", "query", "key"))
+        weights = _effective_weights(*stacked)
+        return _EigenmapIterations.apply(phi, gram, *weights, (self.stack_repeats, self.layer_repeats))
 
     @classmethod
     def from_lemma2(cls, n_points: int, n_components: int, mu: float, iterations: int) -> EigenmapTransformer:
@@ -722,16 +921,49 @@ class GDICLHead(nn.Module):
 
     @float32_region
     def kernel_matrix(self, phi: Tensor) -> Tensor:
-        """``kappa(phi_i, phi_j)`` for all pairs, ``(B, n, n)``, in float32."""
-        phi = phi.float()
+        """``kappa(phi_i, phi_j)`` for all pairs, ``(B, n, n)``, in float32 (float64 after ``net.double()``)."""
+        phi = phi.to(self.class_embed.dtype)
         if self.kernel == "linear":
-            return phi @ phi.transpose(-1, -2)
-        return torch.exp(-torch.exp(self.log_gamma) * pairwise_sq_dists(phi))
+            return phi @ phi.mT
+        return torch.exp(-torch.exp(self.log_gamma) * _sq_dists(phi))
+
+    @float32_region
+    def _keys(self, phi: Tensor, labeled_f: Tensor) -> tuple[Tensor, Tensor]:
+        """The kernel and each query's step factor: ``kappa (B, n, n)`` and ``alpha / mass_i (B, n, 1)``.
+
+        Only the labeled tokens are keys (Eq. 6). The kernel is not masked: the residuals of unlabeled tokens are
+        zero, so ``kappa @ residual`` ignores their columns, and only the mass needs the mask,
+        ``mass_i = sum_j |kappa_ij| [j labeled]`` (one product) with ``normalize_kernel``, else ``m``. Scaling
+        the rows after the product instead of the kernel before it is the same update (Eq. 25) in fewer kernels.
+        """
+        kern = self.kernel_matrix(phi)
+        step = torch.exp(self.log_step)
+        if self.normalize_kernel:
+            # The absolute mass: the plain sum for the positive RBF kernel (no abs needed), bounded for the signed
+            # linear kernel, whose plain row sum can be negative or ~0.
+            weights = kern.abs() if self.kernel == "linear" else kern
+            mass = weights @ labeled_f.unsqueeze(-1)
+            return kern, step / mass.clamp_min(1e-12)
+        return kern, (step / labeled_f.sum(-1).clamp_min(1.0))[:, None, None]
+
+    @float32_region
+    def _label_embeddings(self, y: Tensor, labeled_f: Tensor, offset: Tensor | None = None) -> Tensor:
+        """``[w_{y_j} - offset] [j labeled]`` for every token, ``(B, n, d')``, as a one-hot product, in float32.
+
+        A one-hot matrix times the embeddings picks rows exactly (one product of 1.0, the rest 0.0), and its backward
+        is a matrix product, where an index's backward is a scatter-add (slow and non-deterministic on CUDA). The
+        one-hot rows of unlabeled tokens are zero whatever their label (``== arange(C)``, unlike ``F.one_hot``,
+        needs no valid class there and no host sync), so their labels, the training targets, never enter.
+        """
+        classes = torch.arange(self.num_classes, device=y.device)
+        onehot = (y.unsqueeze(-1) == classes) * labeled_f.unsqueeze(-1)
+        table = self.class_embed if offset is None else self.class_embed - offset
+        return onehot @ table
 
     def expected_embedding(self, f: Tensor) -> Tensor:
         """``E(w | f)`` of Eq. (7): the MLP approximation, or the exact softmax-weighted class embedding."""
         if self.expectation == "mlp":
-            return self.mlp(f).float()
+            return self.mlp(f).to(self.class_embed.dtype)
         return torch.softmax(f @ self.class_embed.T, dim=-1) @ self.class_embed
 
     def forward(self, phi: Tensor, y: Tensor, labeled: Tensor) -> Tensor:
@@ -742,22 +974,17 @@ class GDICLHead(nn.Module):
             y: ``(B, n)`` labels; only the entries where ``labeled`` is True are read.
             labeled: ``(B, n)`` bool mask of the ``m`` labeled tokens (at least one per episode).
         """
-        labeled_f = labeled.to(torch.float32)
-        m = labeled_f.sum(-1).clamp_min(1.0)
-        # Keys/values are the labeled tokens only: unlabeled columns of the kernel are zeroed.
-        kern = self.kernel_matrix(phi) * labeled_f.unsqueeze(-2)
-        if self.normalize_kernel:
-            # Divide by the row's absolute mass: the same as the plain sum for the positive RBF kernel, and
-            # bounded for the signed linear kernel, whose plain row sum can be negative or ~0.
-            kern = kern / kern.abs().sum(-1, keepdim=True).clamp_min(1e-12) * torch.exp(self.log_step)
-        else:
-            kern = kern * (torch.exp(self.log_step) / m)[:, None, None]
-        # Never read the labels of unlabeled tokens (they are the training targets).
-        w_y = self.class_embed[y.masked_fill(~labeled, 0)] * labeled_f.unsqueeze(-1)
-        f = torch.zeros_like(w_y)
-        for _ in range(self.num_layers):
-            residual = (w_y - self.expected_embedding(f)) * labeled_f.unsqueeze(-1)
-            f = f + kern @ residual
+        labeled_f = labeled.to(self.class_embed.dtype)
+        kern, scale = self._keys(phi, labeled_f)
+        # f_0 = 0, so E(w | f_0) is one vector for every token: the first residual is w_{y_j} - E(w | 0) on labeled
+        # tokens, one product with the shifted embedding table (no (B, n, d') zeros, no MLP over them).
+        expected0 = self.expected_embedding(self.class_embed.new_zeros(1, self.class_embed.shape[1]))
+        f = (kern @ self._label_embeddings(y, labeled_f, expected0)) * scale
+        if self.num_layers > 1:
+            w_y = self._label_embeddings(y, labeled_f)
+            for _ in range(self.num_layers - 1):
+                residual = w_y - self.expected_embedding(f) * labeled_f.unsqueeze(-1)
+                f = f + (kern @ residual) * scale
         return f @ self.class_embed.T
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -334,3 +335,321 @@ def test_projected_eigenmap_learns_its_projection_and_refuses_a_wrong_feature_di
         net.representation.check_config(datamodule=Data())
     with pytest.raises(ConfigError, match="dim"):
         ProjectedRepresentation(RawCoordinates(), input_dim=20, dim=0)
+
+
+# --------------------------------------------------------------------------------------------------------
+# The nets against a plain reference: the formulas of Eq. (9)-(16) and App. C as they were written before the
+# nets were rewritten into fewer, larger kernels (per-head einsums, explicit distances, an index for w_{y_j}).
+# Each reference reads the module's own parameters, so forward values and parameter gradients can be compared;
+# it runs in the dtype of its input (float64 gives the rounding-free value).
+# --------------------------------------------------------------------------------------------------------
+def _ref_sq_dists(x: torch.Tensor) -> torch.Tensor:
+    """``||x_i - x_j||^2`` from explicit differences (no Gram-matrix expansion)."""
+    return ((x.unsqueeze(-2) - x.unsqueeze(-3)) ** 2).sum(-1)
+
+
+def _ref_normalize_columns(phi: torch.Tensor) -> torch.Tensor:
+    return phi / phi.norm(dim=-2, keepdim=True).clamp_min(1e-8)
+
+
+def _ref_rbf_layer(layer, x: torch.Tensor, psi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. (9)-(11), per head: kappa^h_ij = softmax_i(-|x_i - x_j|^2 / sigma_h^2 - |psi_i - psi_j|^2 / rho_h^2)."""
+    dt = x.dtype
+    n = x.shape[-2]
+    inv_s2 = torch.exp(-2.0 * layer.log_sigma.to(dt))[None, :, None, None]
+    inv_r2 = torch.exp(-2.0 * layer.log_rho.to(dt))[None, :, None, None]
+    eye = torch.eye(n, dtype=torch.bool)
+    if layer.activation == "linear":
+        gram_x = (x @ x.transpose(-1, -2)).unsqueeze(1)
+        gram_p = (psi @ psi.transpose(-1, -2)).unsqueeze(1)
+        w = (gram_x * inv_s2 + gram_p * inv_r2) / n
+        if layer.exclude_self:
+            w = w.masked_fill(eye, 0.0)
+    else:
+        logits = -(_ref_sq_dists(x).unsqueeze(1) * inv_s2 + _ref_sq_dists(psi).unsqueeze(1) * inv_r2)
+        if layer.exclude_self:
+            logits = logits.masked_fill(eye, float("-inf"))
+        w = torch.softmax(logits, dim=-1)
+    w_lap = torch.einsum("bhji,h->bji", w, layer.value_lap.to(dt))
+    psi = (1.0 + layer.skip_lap.to(dt)) * psi + w_lap @ psi
+    if layer.update_coordinates:
+        w_coord = torch.einsum("bhji,h->bji", w, layer.value_coord.to(dt))
+        x = (1.0 + layer.skip_coord.to(dt)) * x + w_coord @ x
+    return x, psi
+
+
+def _ref_laplacian(lap, x: torch.Tensor) -> torch.Tensor:
+    dt = x.dtype
+    psi = (lap.init_base.to(dt) + lap.init_lr_scale * lap.init_delta.to(dt)).unsqueeze(0)
+    for layer in lap.layers:
+        x, psi = _ref_rbf_layer(layer, x, psi)
+    return psi
+
+
+def _ref_linear_layer(layer, phi: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
+    """Eq. (15)-(16), head by head: Phi (I + S)^T + sum_h [beta_h G Phi A_h^T + Phi C_h^T B_h (Phi^T Phi) A_h^T]."""
+    dt = phi.dtype
+    k = phi.shape[-1]
+    skip, beta = layer.skip.to(dt), layer.beta.to(dt)
+    value, query, key = layer.value.to(dt), layer.query.to(dt), layer.key.to(dt)
+    out = phi @ (torch.eye(k, dtype=dt) + skip).T
+    pp = phi.transpose(-1, -2) @ phi
+    for h in range(beta.shape[0]):
+        out = out + beta[h] * (gram @ phi) @ value[h].T
+        out = out + phi @ key[h].T @ query[h] @ pp @ value[h].T
+    return _ref_normalize_columns(out)
+
+
+def _ref_eigenmap(eig, psi: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    dt = psi.dtype
+    gram = psi @ psi.transpose(-1, -2)
+    if eig.learn_init:
+        init = eig.init_base.to(dt) + eig.init_lr_scale * eig.init_delta.to(dt)
+        phi = _ref_normalize_columns(init).unsqueeze(0).expand(psi.shape[0], -1, -1)
+    else:
+        centred = x - x.mean(-2, keepdim=True)
+        cols = torch.cat([torch.ones_like(centred[..., :1]), centred, centred * centred], dim=-1)
+        phi = _ref_normalize_columns(cols[..., : eig.n_components])
+    for _ in range(eig.stack_repeats):
+        for layer in eig.layers:
+            for _ in range(eig.layer_repeats):
+                phi = _ref_linear_layer(layer, phi, gram)
+    return phi
+
+
+def _ref_head(head, phi: torch.Tensor, y: torch.Tensor, labeled: torch.Tensor) -> torch.Tensor:
+    """App. C, Eq. (25): f_{l+1}(i) = f_l(i) + alpha sum_{j labeled} [w_{y_j} - E(w | f_l(j))] kappa_ij / norm_i."""
+    dt = phi.dtype
+    w = head.class_embed.to(dt)
+    lab = labeled.to(dt)
+    if head.kernel == "linear":
+        kern = phi @ phi.transpose(-1, -2)
+    else:
+        kern = torch.exp(-torch.exp(head.log_gamma.to(dt)) * _ref_sq_dists(phi))
+    kern = kern * lab.unsqueeze(-2)
+    step = torch.exp(head.log_step.to(dt))
+    if head.normalize_kernel:
+        kern = kern / kern.abs().sum(-1, keepdim=True).clamp_min(1e-12) * step
+    else:
+        kern = kern * (step / lab.sum(-1).clamp_min(1.0))[:, None, None]
+    w_y = w[y.masked_fill(~labeled, 0)] * lab.unsqueeze(-1)
+    f = torch.zeros_like(w_y)
+    for _ in range(head.num_layers):
+        if head.expectation == "mlp":
+            lin1, lin2 = head.mlp[0], head.mlp[2]
+            hidden = torch.nn.functional.gelu(f @ lin1.weight.to(dt).T + lin1.bias.to(dt))
+            expected = hidden @ lin2.weight.to(dt).T + lin2.bias.to(dt)
+        else:
+            expected = torch.softmax(f @ w.T, dim=-1) @ w
+        f = f + kern @ ((w_y - expected) * lab.unsqueeze(-1))
+    return f @ w.T
+
+
+def _ref_net(net: SemiSupervisedICL, x: torch.Tensor, y: torch.Tensor, labeled: torch.Tensor):
+    rep = net.representation
+    psi = _ref_laplacian(rep.laplacian, x)
+    phi = _ref_eigenmap(rep.eigenmap, psi, x)
+    return _ref_head(net.head, phi, y, labeled), phi
+
+
+def _perturbed(net: torch.nn.Module, seed: int, scale: float = 0.05) -> torch.nn.Module:
+    """Every parameter moved off its construction (zeros, identities) so that every head and path carries gradient."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=gen))
+    return net
+
+
+def _episodes(b: int, n: int, num_classes: int = 2, seed: int = 0):
+    """Points on a noisy helix at the data's scale (spread ~0.05, shifted from the origin) and random labels."""
+    gen = torch.Generator().manual_seed(seed)
+    t = torch.rand(b, n, generator=gen) * 4.0
+    x = 0.05 * torch.stack([t.cos(), t.sin(), 0.3 * t], -1) + 0.01 * torch.randn(b, n, 3, generator=gen)
+    x = x + torch.randn(b, 1, 3, generator=gen)  # App. D's random translation
+    y = torch.randint(0, num_classes, (b, n), generator=gen)
+    labeled = torch.arange(n)[None] < torch.randint(2, n // 2, (b, 1), generator=gen)
+    return x, y, labeled
+
+
+def _value_and_grads(net: torch.nn.Module, fn) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    """``fn()``'s outputs and the gradients of a fixed random projection of them w.r.t. every parameter."""
+    outs = fn()
+    gen = torch.Generator().manual_seed(123)
+    loss = sum((o * torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype)).sum() for o in outs)
+    named = [(name, p) for name, p in net.named_parameters() if p.requires_grad]
+    grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+    return [o.detach() for o in outs], {
+        name: (torch.zeros_like(p) if g is None else g) for (name, p), g in zip(named, grads)
+    }
+
+
+def _max_rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| over max |b| (0 when both vanish)."""
+    a, b = a.detach().double(), b.detach().double()
+    scale = b.abs().max()
+    return float((a - b).abs().max()) if scale == 0 else float((a - b).abs().max() / scale)
+
+
+def _compare_to_reference(net: SemiSupervisedICL, x, y, labeled) -> dict[str, tuple[float, float]]:
+    """Logits, features and every parameter gradient of ``net`` against :func:`_ref_net`.
+
+    In float64 (``net.double()``) they must agree to 1e-10 of each tensor's largest entry: the rewrite is the same
+    mathematics. In float32 (as trained) each must lie within float32 round-off of the float64 reference: 1e-4 for
+    the outputs, 5e-3 for the gradients. (The formulas before the rewrite, measured the same way on these nets:
+    up to 2.5e-5 on the outputs and 2.1e-3 on a gradient; the RBF bandwidths of 0.004 amplify round-off.)
+    Returns ``{name: (float64 error, float32 error)}``.
+    """
+    net64, x64 = copy.deepcopy(net).double(), x.double()
+    ours64, g_ours64 = _value_and_grads(net64, lambda: tuple(net64(x64, y, labeled)))
+    ref64, g_ref64 = _value_and_grads(net64, lambda: _ref_net(net64, x64, y, labeled))
+    ours32, g_ours32 = _value_and_grads(net, lambda: tuple(net(x, y, labeled)))
+    assert all(o.dtype == torch.float32 for o in ours32)
+    rows = [("logits", ours64[0], ref64[0], ours32[0]), ("features", ours64[1], ref64[1], ours32[1])]
+    rows += [(name, g_ours64[name], g_ref64[name], g_ours32[name]) for name in g_ref64]
+    errors = {}
+    for name, a64, r64, a32 in rows:
+        err64, err32 = _max_rel_err(a64, r64), _max_rel_err(a32, r64)
+        assert err64 < 1e-10, (name, err64)
+        assert err32 < (1e-4 if name in ("logits", "features") else 5e-3), (name, err32)
+        errors[name] = (err64, err32)
+    return errors
+
+
+def test_default_net_matches_the_reference_formulas_forward_and_gradients() -> None:
+    """The default ORIG+E2E-ICL net (n = 100, k = 4, 2 Laplacian layers of 4 heads, 2 x 2 x 4 eigenmap
+    applications, the RBF GD head), every parameter moved off its initialisation."""
+    torch.manual_seed(0)
+    net = _perturbed(SemiSupervisedICL(), seed=1)
+    x, y, labeled = _episodes(3, 100)
+    _compare_to_reference(net, x, y, labeled)
+
+
+@pytest.mark.parametrize(
+    ("rep_kwargs", "head_kwargs"),
+    [
+        # fewer heads than components, fixed M, linear Laplacian kernel with self loops, Lemma 1's output; the
+        # linear head with the exact E(w|f), unnormalised, two GD steps
+        (dict(n_components=3, eig_heads=2, learn_init=False, lap_activation="linear", exclude_self=False,
+              lap_output="laplacian", lap_bandwidths=(0.5, 1.0, 2.0), lap_layers=3, eig_layers=3, layer_repeats=1,
+              stack_repeats=2),
+         dict(num_classes=3, kernel="linear", expectation="exact", num_layers=2, normalize_kernel=False)),
+        # Lemma 2's construction inside a trainable net (one head, k layers); three GD steps with the MLP
+        (dict(n_components=3, eig_layers=3, eig_init="lemma2", eig_mu=3.0, stack_repeats=2),
+         dict(num_classes=3, kernel="rbf", num_layers=3, gamma=30.0)),
+        # more heads than components, one layer of each module
+        (dict(n_components=2, eig_heads=5, lap_layers=1, eig_layers=1, layer_repeats=3, stack_repeats=1),
+         dict(kernel="linear", normalize_kernel=True, embed_dim=5, mlp_hidden=7)),
+    ],
+    ids=["linear-fixed-init", "lemma2", "one-layer-many-heads"],
+)
+def test_nondefault_nets_match_the_reference_formulas(rep_kwargs: dict, head_kwargs: dict) -> None:
+    torch.manual_seed(0)
+    n = 24
+    net = _perturbed(SemiSupervisedICL(InContextEigenmap(n_points=n, **rep_kwargs), GDICLHead(**head_kwargs)), 2)
+    x, y, labeled = _episodes(3, n, num_classes=head_kwargs.get("num_classes", 2))
+    errors = _compare_to_reference(net, x, y, labeled)
+    # Every parameter the net uses carries gradient here (the comparison is not of zeros).
+    unused = {"head.mlp.0.weight"} | ({f"head.mlp.{i}.{p}" for i in (0, 2) for p in ("weight", "bias")}
+                                      if head_kwargs.get("expectation") == "exact" else set())
+    grads = _value_and_grads(net, lambda: tuple(net(x, y, labeled)))[1]
+    assert all(g.abs().max() > 0 for name, g in grads.items() if name not in unused), errors
+
+
+def test_eigenmap_backward_passes_gradcheck() -> None:
+    """The hand-written backward of the eigenmap's applications (App. A.2, Eq. 15) against finite differences, in
+    float64, for every input: the features, the Gram matrix and the three stacked effective weights."""
+    from lit_icl.icssl.nets import _EigenmapIterations, _effective_weights
+
+    gen = torch.Generator().manual_seed(0)
+    b, n, k, layers, heads = 2, 7, 3, 2, 2
+
+    def rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (scale * torch.randn(*shape, generator=gen, dtype=torch.float64)).requires_grad_()
+
+    psi = torch.randn(b, n, n, generator=gen, dtype=torch.float64) / n
+    phi = rand(b, n, k)
+    gram = (psi @ psi.mT).requires_grad_()
+    params = [rand(layers, k, k, scale=0.3), rand(layers, heads), rand(layers, heads, k, k, scale=0.3),
+              rand(layers, heads, k, k, scale=0.3), rand(layers, heads, k, k, scale=0.3)]
+
+    def run(phi, gram, *params):  # noqa: ANN001, ANN202
+        return _EigenmapIterations.apply(phi, gram, *_effective_weights(*params), (2, 2))
+
+    assert torch.autograd.gradcheck(run, (phi, gram, *params), eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+def test_linear_attention_layer_gradient_at_a_vanishing_column() -> None:
+    """A column of zeros stays zero (its norm is clamped at 1e-8) and gets autograd's clamp gradient g / 1e-8."""
+    from lit_icl.icssl.nets import LinearAttentionLayer
+
+    torch.manual_seed(0)
+    layer = _perturbed(LinearAttentionLayer(3, 2), seed=3).double()
+    with torch.no_grad():  # the last column of every weight zero, so a zero last column of Phi stays zero
+        layer.skip[:, -1] = layer.skip[-1] = 0
+        for p in (layer.value, layer.query, layer.key):
+            p[:, :, -1] = p[:, -1] = 0
+    phi = torch.randn(2, 9, 3, dtype=torch.float64)
+    phi[..., -1] = 0
+    phi.requires_grad_()
+    gram = torch.randn(2, 9, 9, dtype=torch.float64)
+    gram = gram @ gram.mT
+    cot = torch.randn(2, 9, 3, dtype=torch.float64)
+    ours = layer(phi, gram)
+    ref = _ref_linear_layer(layer, phi, gram)
+    assert torch.equal(ours[..., -1], torch.zeros(2, 9, dtype=torch.float64))
+    names = ["phi"] + [name for name, _ in layer.named_parameters()]
+    inputs = [phi, *layer.parameters()]
+    for name, a, b in zip(names, torch.autograd.grad((ours * cot).sum(), inputs),
+                          torch.autograd.grad((ref * cot).sum(), inputs)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10 * float(b.abs().max()), msg=name)
+
+
+def test_gd_head_ignores_the_labels_of_unlabeled_points_even_if_they_are_not_classes() -> None:
+    """w_{y_j} is a one-hot product over the labeled points only: unlabeled points may carry any integer."""
+    torch.manual_seed(0)
+    head = GDICLHead(num_classes=3)
+    phi, y = torch.randn(2, 20, 4), torch.randint(0, 3, (2, 20))
+    labeled = torch.arange(20)[None].expand(2, 20) < 5
+    garbage = torch.where(labeled, y, torch.full_like(y, -100))
+    assert torch.equal(head(phi, y, labeled), head(phi, garbage, labeled))
+
+
+def test_default_net_is_deterministic_and_compiles_without_graph_breaks() -> None:
+    """Same seed, same bits, with deterministic algorithms on; and ``torch.compile(fullgraph=True)`` traces the
+    whole net, the eigenmap's autograd Function included, with the same forward and gradients."""
+    x, y, labeled = _episodes(4, 100)
+
+    def step(compile_net: bool = False) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        net = SemiSupervisedICL()
+        run = torch.compile(net, fullgraph=True, backend="eager") if compile_net else net
+        out = run(x, y, labeled)
+        loss = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), y.flatten())
+        return [out.logits.detach(), out.features.detach(), *torch.autograd.grad(loss, list(net.parameters()))]
+
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        first, second = step(), step()
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    torch._dynamo.reset()
+    compiled = step(compile_net=True)
+    for a, b in zip(compiled, first):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * max(1.0, float(b.abs().max())))
+
+
+def test_bf16_autocast_keeps_the_representation_in_float32() -> None:
+    """Under bf16 autocast the Laplacian, eigenmap and kernel still run in float32 (and backward works)."""
+    torch.manual_seed(0)
+    net = SemiSupervisedICL()
+    x, y, labeled = _episodes(2, 100)
+    reference = net(x, y, labeled).features
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = net(x, y, labeled)
+    assert out.features.dtype == torch.float32
+    torch.testing.assert_close(out.features, reference)
+    out.logits.float().sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in net.parameters())
