@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from badinput import assert_rejected
+from conftest import tb_scalars
 from icssl.helpers import tiny_args
 
 from lit_icl.cli import main
@@ -48,8 +49,13 @@ def test_stops_after_patience_rounds_without_improvement_and_records_where(tmp_p
     assert record["stopped_early"] is True
     last = torch.load(run_dir(tmp_path) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert last["global_step"] == record["stopped_step"]
+    # The config's own best checkpoint (no min_delta) is the round with the highest score, independent of the rule.
+    scores = tb_scalars(run_dir(tmp_path))[METRIC]
+    assert len(scores) == 3
+    top = scores.index(max(scores))
     best = list((run_dir(tmp_path) / "checkpoints").glob("best-*.ckpt"))
-    assert [p.name for p in best] == [f"best-epoch=0-step={STEPS_PER_ROUND}.ckpt"]
+    assert [p.name for p in best] == [f"best-epoch={top}-step={(top + 1) * STEPS_PER_ROUND}.ckpt"]
+    assert record["best_score"] == pytest.approx(scores[0])  # the first round, the rule's only improvement
     assert record["best_score"] == pytest.approx(float(last["callbacks"][next(
         k for k in last["callbacks"] if k.startswith("StopWhenConverged"))]["best_score"]))
 

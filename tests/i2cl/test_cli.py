@@ -230,6 +230,7 @@ def _run_cli(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # 50 s of two DDP processes; the default suite keeps IC-SSL's DDP check
 def test_ddp_calibration_and_test_match_one_process(tmp_path: Path, llama_dir: str) -> None:
     """2 ranks x batch 2 calibrate exactly what 1 process x batch 4 does (gamma = 0: no per-rank noise), and
     `test` on 2 ranks scores the queries of both ranks into one accuracy, the single process's."""

@@ -138,6 +138,7 @@ def test_ddp_on_cpu_matches_single_process(tmp_path, single_process_run: Path) -
     _assert_same_val_metrics(single_process_run, tmp_path / "ddp/runs/tiny/version_0")
 
 
+@pytest.mark.slow  # 27 s of two processes; test_ddp_on_cpu_matches_single_process stays in the default suite
 def test_ddp_test_writes_the_rows_of_one_process(tmp_path, single_process_run: Path) -> None:
     """``test`` on 2 gloo ranks scores the checkpoint like 1 process and writes one results.json with the same
     rows. (ResultsWriter once asked ``trainer.log_dir``, a broadcast, on rank 0 only: rank 0 then waited for ranks
@@ -168,6 +169,7 @@ def _torchrun() -> list[str]:
     return [str(script)] if script.is_file() else [sys.executable, "-m", "torch.distributed.run"]
 
 
+@pytest.mark.slow  # the same check as test_ddp_on_cpu_matches_single_process, launched by torchrun
 def test_torchrun_on_cpu_matches_single_process(tmp_path, single_process_run: Path) -> None:
     """``torchrun --nproc_per_node 2 -m lit_icl fit`` (what a multi-node launch runs on each node) equals one
     process with the double batch: Lightning detects the torchelastic environment and does not spawn."""

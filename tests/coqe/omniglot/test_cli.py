@@ -196,7 +196,10 @@ def test_every_shipped_config_trains_on_the_tiny_fixture(tmp_path, config: tuple
 
 
 def test_bf16_mixed_trains_coqe_with_finite_losses(tmp_path) -> None:
-    main(["fit", *coqe_args(tmp_path, "--trainer.precision", "bf16-mixed")])
+    # 28x28 images, as cpu.yaml: at the fixture's 16x16 the last residual group's strided 3x3 conv sees 1x1 maps,
+    # where torch 2.14.1's deterministic bf16 CPU kernel returns a NaN weight gradient (measured; no shipped
+    # config has maps that small: 105x105 images enter that conv at 4x4, 28x28 at 2x2).
+    main(["fit", *coqe_args(tmp_path, "--trainer.precision", "bf16-mixed", "--data.init_args.image_size", "28")])
     scalars = tb_scalars(tmp_path / "runs/tiny/version_0")
     for tag in ("train/loss", "train/loss_mod", "train/loss_orig"):
         assert scalars[tag] and all(torch.isfinite(torch.tensor(scalars[tag]))), tag
