@@ -52,6 +52,7 @@ def test_a_variant_with_the_wrong_number_of_heads_is_refused(probe_script, teste
         probe_script.edited_checkpoint(checkpoint, tmp_path / "x.ckpt", weights=[0.5, 0.5])
 
 
+@pytest.mark.slow  # 18 s: two more test runs of the probe; the as-trained repeat stays in the default suite
 def test_the_command_prints_one_row_per_variant_and_test_manifold(probe_script, tested_run: Path, capsys) -> None:
     probe_script.main([str(tested_run), "--variants", "as_trained", "two_wide"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {tested_run} |")]
@@ -76,6 +77,7 @@ def _state(path: Path) -> dict[str, torch.Tensor]:
     return torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
 
 
+@pytest.mark.slow  # 20 s: a second fit and two probe test runs
 def test_a_swap_takes_exactly_the_donors_part_and_donor_all_repeats_the_donors_test(
         probe_script, tested_run: Path, donor_run: Path, tmp_path: Path) -> None:
     found = probe_script.probe(tested_run, ["donor_head", "donor_all"], tmp_path, donor=donor_run)
