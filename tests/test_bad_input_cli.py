@@ -17,6 +17,7 @@ import pytest
 import torch
 from badinput import ERROR_PREFIX, assert_rejected
 from coqe.regression.helpers import overlay, reg_args
+from lightning.pytorch import LightningModule
 
 from lit_icl.callbacks.finite import FiniteGuard
 from lit_icl.cli import main
@@ -243,21 +244,24 @@ def test_a_deferred_loss_check_names_the_first_non_finite_step_before_the_epoch_
     assert not list((tmp_path / "runs").rglob("*.ckpt"))
 
 
+class _LinearModule(LightningModule):
+    """The smallest trainable module: one linear layer, loss ``mean(layer(x)^2)``, SGD."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
 def test_a_deferred_loss_check_reads_the_device_on_logging_steps_only(tmp_path, monkeypatch) -> None:
     """Forced onto the accelerator path, the guard reads the kept losses once every ``log_every_n_steps``
     batches (when Lightning's logging reads the device anyway), then at the epoch's end."""
-    from lightning.pytorch import LightningModule, Trainer
-
-    class Tiny(LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(2, 1)
-
-        def training_step(self, batch, batch_idx):
-            return self.layer(batch[0]).pow(2).mean()
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
+    from lightning.pytorch import Trainer
 
     monkeypatch.setattr(FiniteGuard, "_defers", staticmethod(lambda device: True))
     reads: list[int] = []
@@ -273,29 +277,19 @@ def test_a_deferred_loss_check_reads_the_device_on_logging_steps_only(tmp_path, 
     trainer = Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_progress_bar=False,
                       enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path,
                       log_every_n_steps=3, callbacks=[FiniteGuard()])
-    trainer.fit(Tiny(), data)
+    trainer.fit(_LinearModule(), data)
     assert reads == [3, 3, 1]  # steps 1-3 and 4-6 on their logging steps, step 7 at the epoch's end
 
 
 def test_non_finite_weights_stop_the_run_before_a_checkpoint_is_saved(tmp_path) -> None:
     """A finite loss with non-finite gradients (so non-finite weights) is caught before the checkpoint."""
-    from lightning.pytorch import LightningModule, Trainer
+    from lightning.pytorch import Trainer
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    class PoisonedGrads(LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(2, 1)
-
-        def training_step(self, batch, batch_idx):
-            return self.layer(batch[0]).pow(2).mean()
-
+    class PoisonedGrads(_LinearModule):
         def on_after_backward(self) -> None:
             if self.trainer.global_step == 1:  # the epoch's last batch: the next loss would come after the save
                 self.layer.weight.grad.fill_(float("nan"))
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
 
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(4, 2)), batch_size=2)
     trainer = Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_progress_bar=False,
