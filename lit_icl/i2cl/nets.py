@@ -17,6 +17,11 @@ GPT-NeoX) that is the sub-layer itself (or its residual dropout); in blocks with
 OLMo-2) it is that norm, so ``v``, ``lambda`` and ``beta`` act on what enters the stream, as Eq. 1 and 4 define
 them. The probe checks ``block out = block in + attention write + MLP write`` at every layer (sequential and
 parallel blocks alike) and refuses, in one line naming what it found, a layout where that does not hold.
+
+``hook_point: module`` hooks the attention and MLP modules themselves instead, as the authors' public code does
+(its module paths ``layers.{l}.self_attn`` / ``.mlp``). On pre-norm blocks that is the same thing; on post-norm
+blocks the context vectors are then the raw sub-layer outputs, and the post-norm rescales ``lambda v + beta a`` (and
+the calibration noise) before it reaches the stream.
 """
 
 from __future__ import annotations
@@ -151,6 +156,9 @@ def _replace_first(out: Any, new: Tensor) -> Any:
 
 #: What Eq. 6's calibration noise is relative to (see :meth:`CausalLM.inject`).
 NoiseNorm = Literal["stream", "sublayer"]
+#: Which modules are hooked: ``write``, what enters the residual stream (after a post-sub-layer norm), or
+#: ``module``, the attention / MLP modules' own outputs (the public code; before a post-sub-layer norm).
+HookPoint = Literal["write", "module"]
 #: The LM's weight dtype: ``auto`` is bfloat16 on a GPU, float32 on CPU.
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 
@@ -164,6 +172,9 @@ class CausalLM(nn.Module):
             once with ``python -m lit_icl.i2cl.prepare`` for repeated use).
         dtype: ``auto`` (bfloat16 on a GPU, float32 on CPU), ``float32``, ``bfloat16`` or ``float16``.
         trust_remote_code: passed to ``from_pretrained``.
+        hook_point: ``write`` (default) captures and injects what each sub-layer adds to the residual stream (Eq. 1
+            and 4 as written); ``module`` hooks the attention and MLP modules themselves, before a post-sub-layer
+            norm (the public code's module paths; the same modules on pre-norm blocks such as Llama's).
     """
 
     def __init__(
@@ -172,9 +183,11 @@ class CausalLM(nn.Module):
         gguf_file: str | None = None,
         dtype: DType = "auto",
         trust_remote_code: bool = False,
+        hook_point: HookPoint = "write",
     ):
         super().__init__()
         check_literal("dtype", dtype, DType)
+        check_literal("hook_point", hook_point, HookPoint)
         if not isinstance(model_name_or_path, str) or not model_name_or_path:
             raise ConfigError(f"model_name_or_path={model_name_or_path!r} must be a hub id or a local folder")
         if gguf_file is not None and not (Path(model_name_or_path) / gguf_file).is_file():
@@ -206,18 +219,30 @@ class CausalLM(nn.Module):
                 "--model.init_args.net.init_args.model_name_or_path data/i2cl/smollm2-135m-instruct or "
                 "data/i2cl/gemma-3-270m: docs/i2cl.md)"
             ) from None
-        self._setup(model, tokenizer)
+        self._setup(model, tokenizer, hook_point)
 
     @classmethod
-    def from_objects(cls, model: nn.Module, tokenizer: Any) -> CausalLM:
+    def from_objects(cls, model: nn.Module, tokenizer: Any, hook_point: HookPoint = "write") -> CausalLM:
         """Wrap an already built model and tokenizer (tests build tiny random ones with ``from_config``)."""
+        check_literal("hook_point", hook_point, HookPoint)
         obj = cls.__new__(cls)
         nn.Module.__init__(obj)
-        obj._setup(model, tokenizer)
+        obj._setup(model, tokenizer, hook_point)
         return obj
 
-    def _setup(self, model: nn.Module, tokenizer: Any) -> None:
-        self.layout = decoder_layout(model)  # refuses unsupported families before anything else
+    def _setup(self, model: nn.Module, tokenizer: Any, hook_point: HookPoint = "write") -> None:
+        writes = decoder_layout(model)  # refuses unsupported families before anything else
+        where, blocks = _blocks(model)
+        modules = [(block, _sub_layer(block, ATTN_NAMES, "attention", f"{where}[{i}]")[1],
+                    _sub_layer(block, MLP_NAMES, "MLP", f"{where}[{i}]")[1]) for i, block in enumerate(blocks)]
+        # True when some block normalises a sub-layer's output before the residual add (Gemma-2/3, OLMo-2): its write
+        # is another module that has weights (a residual dropout, as in Phi-3 or GPT-NeoX, has none and is the
+        # identity in eval mode, so hooking before it changes nothing)
+        self.post_norm = any(w is not m and next(w.parameters(), None) is not None
+                             for wl, ml in zip(writes, modules) for w, m in zip(wl[1:], ml[1:]))
+        #: ``[(block, hooked attention, hooked MLP)]`` per layer (see ``hook_point``).
+        self.layout = writes if hook_point == "write" else modules
+        self.hook_point = hook_point
         model.eval()
         for p in model.parameters():
             p.requires_grad_(False)  # frozen: only the 4L coefficients of the LightningModule train
@@ -346,7 +371,7 @@ class CausalLM(nn.Module):
 
     @contextmanager
     def inject(self, context: Tensor, coef: Tensor, gamma: float = 0.0,
-               noise_norm: NoiseNorm = "stream") -> Iterator[None]:
+               noise_norm: NoiseNorm = "stream", noise_first: bool = True) -> Iterator[None]:
         """Eq. 4 (and Eq. 6's noise when ``gamma > 0``) at every layer and token while the context is open.
 
         Args:
@@ -357,8 +382,15 @@ class CausalLM(nn.Module):
                 the paper writes it), or ``sublayer``, the injected sub-layer output itself (the public code's
                 ``out += gamma ||out|| eta``). They differ by the ratio of the two norms, large in models whose
                 residual stream carries a few huge coordinates (Gemma's grows to ~40,000 while a write is ~3,000).
+                ``stream`` needs ``hook_point: write`` on post-norm blocks (the stream after a raw sub-layer output
+                is not known until its norm has run).
+            noise_first: ``False`` spares the first position (the attention sink most LMs park on their first
+                token) from the noise; the draws are the same, position 0's are zeroed.
         """
         check_literal("noise_norm", noise_norm, NoiseNorm)
+        if gamma > 0 and noise_norm == "stream" and self.hook_point == "module" and self.post_norm:
+            raise ValueError("noise_norm='stream' needs hook_point='write' on post-norm blocks; use "
+                             "noise_norm='sublayer'")
         if context.shape != (self.n_layers, 2, self.hidden_size) or coef.shape != (self.n_layers, 2, 2):
             raise ValueError(
                 f"context {tuple(context.shape)} / coef {tuple(coef.shape)} do not fit "
@@ -371,7 +403,10 @@ class CausalLM(nn.Module):
             # eta ~ N(0, I) scaled by the (detached) L2 norm of the residual stream it perturbs (Eq. 6), or of the
             # sub-layer output (public code)
             scale = new if noise_norm == "sublayer" else residual.float() + new
-            return new + gamma * scale.detach().norm(dim=-1, keepdim=True) * torch.randn_like(new)
+            eta = torch.randn_like(new)
+            if not noise_first:
+                eta[..., 0, :] = 0
+            return new + gamma * scale.detach().norm(dim=-1, keepdim=True) * eta
 
         def make_pre(layer: int):
             def pre(module: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:

@@ -113,6 +113,67 @@ def test_captured_writes_sum_to_the_block_update_and_post_norms_are_applied(fami
             torch.testing.assert_close(store["attn"][layer], raw[layer])
 
 
+# ---------------------------------------------------------------------- hook_point: module (the public code's paths)
+@pytest.mark.parametrize("kind", list(FAMILIES))
+def test_module_hook_point_hooks_the_attention_and_mlp_modules_themselves(kind, tokenizer) -> None:
+    net = CausalLM.from_objects(tiny_family(kind, len(tokenizer)), tokenizer, hook_point="module")
+    for block, attn, mlp in net.layout:
+        names = {m: n for n, m in block.named_children()}
+        assert names[attn] in ("self_attn", "attn", "attention") and names[mlp] in ("mlp", "feed_forward")
+    # only blocks that normalise a sub-layer's output count as post-norm (residual dropouts are the identity)
+    assert net.post_norm == (FAMILIES[kind][ATTN] == "post_attention_layernorm")
+
+
+@torch.no_grad()
+def test_module_hook_point_on_gemma3_sends_the_injection_through_the_post_norms(tokenizer) -> None:
+    """lambda = 1, beta = 0 at the modules: block out = in + post_attn_norm(v^a) + post_ffn_norm(v^m), by hand; the
+    captured vectors are the raw module outputs, which the post-norms then map onto the stream writes."""
+    model = tiny_family("gemma3_text", len(tokenizer))
+    net = CausalLM.from_objects(model, tokenizer, hook_point="module")
+    writes = CausalLM.from_objects(model, tokenizer)
+    ids, mask = net.encode(TEXTS[:1])
+    with net.capture() as raw, writes.capture() as written:
+        net.lm.base_model(input_ids=ids, attention_mask=mask)
+    for layer, (block, _, _) in enumerate(net.layout):
+        torch.testing.assert_close(block.post_attention_layernorm(raw["attn"][layer]), written["attn"][layer])
+        torch.testing.assert_close(block.post_feedforward_layernorm(raw["mlp"][layer]), written["mlp"][layer])
+    context = torch.randn(net.n_layers, 2, net.hidden_size, generator=torch.Generator().manual_seed(0))
+    coef = torch.stack([torch.ones(net.n_layers, 2), torch.zeros(net.n_layers, 2)], dim=-1)
+    io, handles = _block_io(net)
+    try:
+        with net.inject(context, coef):
+            net.last_logits(ids, mask)
+    finally:
+        for h in handles:
+            h.remove()
+    for layer, (block, _, _) in enumerate(net.layout):
+        inp, out = io[layer]
+        v = context[layer].expand(inp.shape[1], 2, -1)
+        expected = inp + block.post_attention_layernorm(v[:, ATTN]) + block.post_feedforward_layernorm(v[:, MLP])
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_stream_noise_at_the_modules_of_a_post_norm_model_is_refused(tokenizer) -> None:
+    net = CausalLM.from_objects(tiny_family("gemma3_text", len(tokenizer)), tokenizer, hook_point="module")
+    L, D = net.n_layers, net.hidden_size
+    coef = torch.stack([torch.zeros(L, 2), torch.ones(L, 2)], dim=-1)
+    with pytest.raises(ValueError, match="noise_norm='stream' needs hook_point='write'"):
+        with net.inject(torch.zeros(L, 2, D), coef, gamma=1e-3, noise_norm="stream"):
+            pass
+    from lit_icl.i2cl.module import I2CLModule
+
+    with pytest.raises(ConfigError, match="noise_norm=stream needs the net's hook_point: write") as info:
+        I2CLModule(net=net, methods=["i2cl"])
+    assert "\n" not in str(info.value)
+    I2CLModule(net=net, methods=["i2cl"], noise_norm="sublayer")  # the public code's pairing is accepted
+    I2CLModule(net=net, methods=["i2cl"], gamma=0.0)  # no noise, nothing to scale
+
+
+def test_a_bad_hook_point_is_refused(tokenizer) -> None:
+    with pytest.raises(ConfigError, match="hook_point"):
+        CausalLM.from_objects(tiny_family("llama", len(tokenizer)), tokenizer, hook_point="stream")
+
+
 # ---------------------------------------------------------------------- what does not fit is refused
 class _Config:
     model_type, num_hidden_layers, vocab_size, hidden_size = "toy", 2, 16, 8

@@ -192,6 +192,35 @@ def test_noise_scales_with_the_norm_it_is_told(net: CausalLM, noise_norm: str) -
     torch.testing.assert_close(noisy["attn"][0], a + 0.1 * x.norm(dim=-1, keepdim=True) * eta, rtol=1e-5, atol=1e-5)
 
 
+@torch.no_grad()
+def test_noise_can_spare_the_first_position(net: CausalLM) -> None:
+    """noise_first=False: the same draws with position 0's zeroed, so under causal attention every layer's output at
+    position 0 is the clean one, and later positions are exactly the noisy run's where only position 0 differs."""
+    ids, mask = net.encode(["Input: abc def\nLabel:"])
+    L, D = net.n_layers, net.hidden_size
+    coef = torch.stack([torch.full((L, 2), 0.1), torch.ones(L, 2)], dim=-1)
+    ctx = torch.randn(L, 2, D, generator=torch.Generator().manual_seed(1))
+    with net.inject(ctx, coef), net.capture() as clean:
+        net.lm.base_model(input_ids=ids, attention_mask=mask)
+    torch.manual_seed(0)
+    with net.inject(ctx, coef, gamma=0.1, noise_norm="sublayer", noise_first=False), net.capture() as spared:
+        net.lm.base_model(input_ids=ids, attention_mask=mask)
+    torch.manual_seed(0)
+    with net.inject(ctx, coef, gamma=0.1, noise_norm="sublayer"), net.capture() as noisy:
+        net.lm.base_model(input_ids=ids, attention_mask=mask)
+    for layer in range(L):
+        for kind in ("attn", "mlp"):
+            torch.testing.assert_close(spared[kind][layer][:, 0], clean[kind][layer][:, 0])
+            assert not torch.allclose(noisy[kind][layer][:, 0], clean[kind][layer][:, 0])
+            assert not torch.allclose(spared[kind][layer][:, 1:], clean[kind][layer][:, 1:])
+    # layer 0's attention write at positions >= 1: the first noisy sub-layer, so its draws there are the same
+    a = clean["attn"][0]
+    torch.manual_seed(0)
+    eta = torch.randn_like(a)
+    expected = a[:, 1:] + 0.1 * a[:, 1:].norm(dim=-1, keepdim=True) * eta[:, 1:]
+    torch.testing.assert_close(spared["attn"][0][:, 1:], expected, rtol=1e-5, atol=1e-5)
+
+
 def test_injected_forward_attends_over_no_demonstration_tokens(net: CausalLM) -> None:
     dm = synthetic_dm()
     module = I2CLModule(net=net, methods=["zero_shot", "few_shot", "i2cl"])
