@@ -72,6 +72,10 @@ Method = Literal[METHODS]  # type: ignore[valid-type]
 WITH_DEMOS = ("few_shot", "icl_i2cl")  # methods whose prompts carry the demonstration tokens
 
 
+#: The calibration's learning-rate schedule (see :func:`lr_lambda`).
+LRSchedule = Literal["cosine", "public_code"]
+
+
 def cosine_lambda(step: int, total: int, lr: float, lr_min: float, warmup: int) -> float:
     """LR multiplier: linear warm-up over ``warmup`` steps, then cosine from ``lr`` to ``lr_min`` at ``total``."""
     if warmup > 0 and step < warmup:
@@ -79,6 +83,22 @@ def cosine_lambda(step: int, total: int, lr: float, lr_min: float, warmup: int) 
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     floor = lr_min / lr
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def public_code_lambda(step: int, total: int, warmup: int) -> float:
+    """The public code's LR multiplier: ``step / warmup`` up to ``warmup`` (so the first step has LR 0), then
+    ``(1 + cos(pi step / total)) / 2``, which reaches 0 at ``total`` (the cosine counts from step 0, not from the
+    end of the warm-up)."""
+    if warmup > 0 and step <= warmup:
+        return step / warmup
+    return 0.5 * (1.0 + math.cos(math.pi * min(step, total) / max(1, total)))
+
+
+def lr_lambda(schedule: str, step: int, total: int, lr: float, lr_min: float, warmup: int) -> float:
+    """``cosine``: :func:`cosine_lambda` (the paper: cosine to ``lr_min``); ``public_code``: :func:`public_code_lambda`."""
+    if schedule == "public_code":
+        return public_code_lambda(step, total, warmup)
+    return cosine_lambda(step, total, lr, lr_min, warmup)
 
 
 def calibration_loss(
@@ -108,10 +128,14 @@ def calibrate(
     warmup_fraction: float = 0.0,
     seed: int = 0,
     noise_norm: NoiseNorm = "stream",
+    lr_schedule: LRSchedule = "cosine",
+    replacement: bool = False,
 ) -> tuple[Tensor, list[float]]:
     """Noisy self-calibration as a plain loop (Algorithm 1's first calibration, and for use outside Lightning).
 
-    Returns the calibrated ``(L, 2, 2)`` coefficients and the mean loss of each epoch.
+    ``replacement``: each step draws its batch afresh (distinct examples within a batch, as the public code)
+    instead of walking one shuffle per epoch. Returns the calibrated ``(L, 2, 2)`` coefficients and the mean loss
+    of each epoch.
     """
     coef = nn.Parameter(coef_init.detach().clone().float())
     n = len(prompts)
@@ -119,7 +143,7 @@ def calibrate(
     total = epochs * steps_per_epoch
     opt = torch.optim.AdamW([coef], lr=lr, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: cosine_lambda(s, total, lr, lr_min, int(warmup_fraction * total))
+        opt, lambda s: lr_lambda(lr_schedule, s, total, lr, lr_min, int(warmup_fraction * total))
     )
     history = []
     noise = torch.Generator().manual_seed(seed)
@@ -127,7 +151,11 @@ def calibrate(
         perm = torch.randperm(n, generator=make_generator(seed, "i2cl_plain_calibration", epoch)).tolist()
         losses = []
         for s in range(steps_per_epoch):
-            idx = perm[s * batch_size : (s + 1) * batch_size]
+            if replacement:
+                step = epoch * steps_per_epoch + s
+                idx = torch.randperm(n, generator=make_generator(seed, "i2cl_plain_draw", step))[:batch_size].tolist()
+            else:
+                idx = perm[s * batch_size : (s + 1) * batch_size]
             opt.zero_grad()
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(int(torch.randint(2**62, (1,), generator=noise)))
@@ -186,6 +214,9 @@ class I2CLModule(ICLModule):
             ``sublayer``, the injected sub-layer output (the public code); see ``CausalLM.inject``.
         lr / lr_min: AdamW learning rate, annealed by a cosine to ``lr_min``; weight_decay: AdamW's.
         warmup_fraction: linear warm-up share of the calibration steps (0 as the paper; the public code 0.05).
+        lr_schedule: ``cosine`` (warm-up, then a cosine from ``lr`` to ``lr_min`` over the remaining steps) or
+            ``public_code`` (the authors' exact schedule, :func:`public_code_lambda`: it anneals to 0, so it needs
+            ``lr_min: 0``).
         init_lambda / init_beta: initial coefficients.
         transfer_from: I2CL checkpoints (other tasks' task-ids) for ``i2cl_transfer``.
         transfer_threshold / transfer_temperature: Algorithm 1's ``h`` and ``tau``.
@@ -207,6 +238,7 @@ class I2CLModule(ICLModule):
         lr_min: float = 1e-5,
         weight_decay: float = 1e-3,
         warmup_fraction: float = 0.0,
+        lr_schedule: LRSchedule = "cosine",
         init_lambda: float = 0.1,
         init_beta: float = 1.0,
         transfer_from: list[str] | None = None,
@@ -238,6 +270,7 @@ class I2CLModule(ICLModule):
         self.automatic_optimization = False  # one AdamW + schedule per calibrated method
         self.data: TaskData | None = None
         self.data_seed = 0
+        self.calibration_batches = "epoch"
         self.label_ids: Tensor | None = None
         self.task_vector: Tensor | None = None
         self.tv_layer: int | None = task_vector_layer
@@ -260,6 +293,7 @@ class I2CLModule(ICLModule):
         weight_decay: float,
         warmup_fraction: float,
         init_lambda: float,
+        lr_schedule: str = "cosine",
         init_beta: float,
         transfer_from: list[str] | None,
         transfer_threshold: float,
@@ -282,6 +316,14 @@ class I2CLModule(ICLModule):
         check_range("lr_min", lr_min, 0.0, lr, hint="it is where the cosine ends, at most lr")
         check_nonnegative("weight_decay", weight_decay)
         check_range("warmup_fraction", warmup_fraction, 0.0, 1.0, high_inclusive=False)
+        check_literal("lr_schedule", lr_schedule, LRSchedule)
+        if lr_schedule == "public_code" and lr_min != 0:
+            raise ConfigError(f"lr_schedule=public_code anneals to 0 and ignores lr_min={lr_min}: set lr_min: 0")
+        if (noise_norm == "stream" and gamma > 0 and getattr(net, "hook_point", "write") == "module"
+                and getattr(net, "post_norm", False)):
+            raise ConfigError("noise_norm=stream needs the net's hook_point: write on this post-norm model (the "
+                              "stream after a raw sub-layer output is only known after its norm): use noise_norm: "
+                              "sublayer, as the public code")
         check_range("init_lambda", init_lambda)
         check_range("init_beta", init_beta)
         check_range("transfer_threshold", transfer_threshold, -1.0, 1.0, hint="it is a cosine similarity")
@@ -322,6 +364,8 @@ class I2CLModule(ICLModule):
                 )
         self.data = data
         self.data_seed = int(datamodule.data_seed)
+        # how the data module draws calibration batches; the plain loop of i2cl_transfer draws its own the same way
+        self.calibration_batches = str(getattr(datamodule, "calibration_batches", "epoch"))
         n_classes = len(data.label_words)
         self.macro_f1 = nn.ModuleDict(
             {m: MulticlassF1Score(num_classes=n_classes, average="macro").to(self.device) for m in self.methods}
@@ -378,7 +422,7 @@ class I2CLModule(ICLModule):
             self.net, v_new.to(self.device), self.coefs["i2cl_transfer"].detach(), prompts, targets,
             epochs=int(trainer.max_epochs or 1), batch_size=2, lr=hp.lr, lr_min=hp.lr_min,
             weight_decay=hp.weight_decay, gamma=hp.gamma, warmup_fraction=hp.warmup_fraction, seed=self.data_seed,
-            noise_norm=hp.noise_norm,
+            noise_norm=hp.noise_norm, lr_schedule=hp.lr_schedule, replacement=self.calibration_batches == "replacement",
         )
         out = transfer_init(c_new.cpu(), self.src_coef.cpu(), self.src_ctx.cpu(), hp.transfer_threshold,
                             hp.transfer_temperature)
@@ -445,7 +489,7 @@ class I2CLModule(ICLModule):
         for m in self.calibrated:
             opt = torch.optim.AdamW([self.coefs[m]], lr=hp.lr, weight_decay=hp.weight_decay)
             sched = torch.optim.lr_scheduler.LambdaLR(
-                opt, lambda s: cosine_lambda(s, total, hp.lr, hp.lr_min, warmup)
+                opt, lambda s: lr_lambda(hp.lr_schedule, s, total, hp.lr, hp.lr_min, warmup)
             )
             opts.append(opt)
             scheds.append({"scheduler": sched, "interval": "step"})

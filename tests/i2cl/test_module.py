@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from lightning.pytorch import Trainer
+from lightning.pytorch import Callback, Trainer
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
@@ -23,6 +23,8 @@ from lit_icl.i2cl.module import (
     calibrate,
     calibration_loss,
     cosine_lambda,
+    lr_lambda,
+    public_code_lambda,
     transfer_init,
 )
 from lit_icl.i2cl.nets import CausalLM
@@ -107,6 +109,47 @@ def test_cosine_schedule_runs_from_lr_to_lr_min() -> None:
     assert cosine_lambda(100, 100, 1e-2, 1e-5, 0) == pytest.approx(1e-3)
     assert cosine_lambda(50, 100, 1e-2, 1e-5, 0) == pytest.approx(0.5 * (1 + 1e-3))
     assert cosine_lambda(4, 100, 1e-2, 0.0, 5) == pytest.approx(1.0)  # the public code's warm-up
+
+
+def _public_code_lambda(step: int, total: int, warmup: int) -> float:
+    """The public code's ``lr_lambda`` (wrapper.py, calibrate_strength), transcribed as written."""
+    return min(1.0, step / warmup) * (1 + math.cos(math.pi * step / total)) / 2 if step > warmup else step / warmup
+
+
+def test_public_code_schedule_is_the_authors_lambda() -> None:
+    total, warmup = 500, int((0.05 * 100) * (10 // 2))  # 100 epochs of 10 demonstrations at batch 2: 25 steps
+    assert warmup == 25
+    for step in range(total + 1):
+        assert public_code_lambda(step, total, warmup) == pytest.approx(_public_code_lambda(step, total, warmup))
+    assert public_code_lambda(0, total, warmup) == 0.0  # the first step does not move the coefficients
+    assert public_code_lambda(total, total, warmup) == pytest.approx(0.0, abs=1e-12)
+    assert lr_lambda("public_code", 26, total, 1e-2, 0.0, warmup) == pytest.approx(0.5 * (1 + math.cos(math.pi * 26 / 500)))
+    assert lr_lambda("cosine", 26, total, 1e-2, 0.0, warmup) == cosine_lambda(26, total, 1e-2, 0.0, warmup)
+
+
+def test_public_code_schedule_drives_the_optimisers_of_a_fit(tokenizer, tmp_path) -> None:
+    """The learning rates AdamW used at each step of a 2-epoch fit (6 demonstrations at batch 2: 3 steps per epoch)
+    are lr times the authors' lambda, with int(0.34 * 6) = 2 warm-up steps."""
+    net = CausalLM.from_objects(tiny_model("llama", len(tokenizer)), tokenizer)
+    module = I2CLModule(net=net, methods=["i2cl"], lr_schedule="public_code", lr_min=0.0, warmup_fraction=0.34)
+    seen: list[float] = []
+
+    class Record(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            seen.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+    trainer = Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, callbacks=[Record()], accelerator="cpu")
+    trainer.fit(module, datamodule=synthetic_dm(shots_per_class=2, batch_size=2, calibration_batches="replacement"))
+    assert seen == pytest.approx([1e-2 * _public_code_lambda(s, 6, 2) for s in range(6)])
+
+
+def test_public_code_schedule_needs_lr_min_zero(net: CausalLM) -> None:
+    with pytest.raises(ConfigError, match="lr_schedule=public_code anneals to 0 .* set lr_min: 0") as info:
+        I2CLModule(net=net, methods=["i2cl"], lr_schedule="public_code")
+    assert "\n" not in str(info.value)
+    with pytest.raises(ConfigError, match="lr_schedule"):
+        I2CLModule(net=net, methods=["i2cl"], lr_schedule="linear", lr_min=0.0)
 
 
 def test_transfer_weights_match_algorithm_1_by_hand() -> None:
