@@ -17,7 +17,12 @@ from the train split by ``data_seed`` and shuffled; the same demonstrations, for
 calibration set (Eq. 5); ``eval_samples`` (500) class-balanced test queries drawn once by ``eval_seed`` (the same
 for every seed and method); ``holdout_samples`` (32) class-balanced train queries disjoint from the demonstrations
 (the task vector's layer selection, App. B.1) and one extra train query (the task vector's dummy query).
-A demonstration reads ``template.format(text=x) + " " + label_word + "\\n"``; a query ends at the template's colon.
+A demonstration reads ``template.format(text=x) + " " + label_word + example_separator`` (a single newline by
+default, as App. A and the public code); the few-shot prompt is the demonstrations in a row, then the query, which
+ends at the template's colon. Each demonstration is vectorised on its own, so its last token is the separator's.
+
+Calibration batches (``calibration_batches``): ``epoch`` walks a fresh shuffle of the demonstrations each epoch;
+``replacement`` draws every step's batch afresh (distinct examples within a batch), as the public code does.
 """
 
 from __future__ import annotations
@@ -82,6 +87,8 @@ SYNTHETIC_LABELS = ("A", "B", "C")
 SPECIAL_CHARS = "!@#$%^&*()-_=+[]{};:'\",.<>/?\\|`~"
 SOURCES = (*TASKS, "synthetic", "jsonl", "csv")
 #: ``task``'s choices as a type (``--help`` lists them), built from :data:`TASKS` so they are written once.
+#: How calibration batches are drawn (see the module docstring).
+CalibrationBatches = Literal["epoch", "replacement"]
 Source = Literal[SOURCES]  # type: ignore[valid-type]
 
 Example = tuple[str, int]
@@ -99,12 +106,13 @@ class TaskData:
     holdout: list[Example]
     extra_query: Example
     meta: dict[str, Any] = field(default_factory=dict)
+    separator: str = "\n"  #: what ends each demonstration (the public code's ``example_separator``)
 
     def query(self, text: str) -> str:
         return self.template.format(text=text)
 
     def demo(self, ex: Example) -> str:
-        return f"{self.query(ex[0])} {self.label_words[ex[1]]}\n"
+        return f"{self.query(ex[0])} {self.label_words[ex[1]]}{self.separator}"
 
     @property
     def demo_texts(self) -> list[str]:
@@ -112,8 +120,8 @@ class TaskData:
 
     @property
     def prefix(self) -> str:
-        """The few-shot prompt's demonstration part (examples separated by a blank line, as the public code)."""
-        return "\n".join(self.demo_texts) + "\n"
+        """The few-shot prompt's demonstration part: the demonstrations in a row, each ending in the separator."""
+        return "".join(self.demo_texts)
 
 
 # ---------------------------------------------------------------------- synthetic task (App. C.2)
@@ -278,6 +286,27 @@ class CalibrationItems(Dataset):
         return {"text": text, "label": label}
 
 
+class DrawnItems(Dataset):
+    """Item ``step * block + j`` is the ``j``-th of ``block`` distinct demonstrations drawn for global step ``step``.
+
+    Every step draws afresh (the public code's ``shuffle; take the first batch`` at each step), so a demonstration
+    can repeat across steps within an epoch; the draw is a pure function of ``(seed, step)``, which keeps resumed
+    runs exact. ``block`` is the global batch (all DDP ranks); blocks larger than the demonstrations wrap.
+    """
+
+    def __init__(self, demos: list[Example], seed: int, block: int):
+        self.demos, self.seed, self.block = demos, seed, block
+
+    def __len__(self) -> int:
+        return len(self.demos)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        step, j = divmod(index, self.block)
+        perm = torch.randperm(len(self.demos), generator=make_generator(self.seed, "i2cl_calibration_draw", step))
+        text, label = self.demos[int(perm[j % len(self.demos)])]
+        return {"text": text, "label": label}
+
+
 class EvalItems(Dataset):
     def __init__(self, items: list[Example]):
         self.items = items
@@ -306,6 +335,11 @@ class I2CLDataModule(LightningDataModule):
         synthetic_train / synthetic_test: pool sizes of the synthetic task.
         max_chars: truncate texts to this many characters (None: keep them whole).
         batch_size: calibration batch (the public code's 2); eval_batch_size: test batch.
+        example_separator: what ends each demonstration, in the few-shot prompt and in the vectorised
+            demonstrations (``"\n"``: App. A and the public code; releases before 2026-11-26 used a blank line in
+            the few-shot prompt only).
+        calibration_batches: ``epoch`` (a shuffle per epoch) or ``replacement`` (a fresh draw every step, the
+            public code).
     """
 
     def __init__(
@@ -328,6 +362,8 @@ class I2CLDataModule(LightningDataModule):
         max_chars: int | None = None,
         batch_size: int = 2,
         eval_batch_size: int = 8,
+        example_separator: str = "\n",
+        calibration_batches: CalibrationBatches = "epoch",
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -358,6 +394,8 @@ class I2CLDataModule(LightningDataModule):
         max_chars: int | None,
         batch_size: int,
         eval_batch_size: int,
+        example_separator: str = "\n",
+        calibration_batches: str = "epoch",
         **_: object,
     ) -> None:
         """The constructor's argument checks (``**_``: the options with nothing to check, and what the CLI adds
@@ -390,6 +428,9 @@ class I2CLDataModule(LightningDataModule):
             check_positive("max_chars", max_chars, integer=True)
         check_positive("batch_size", batch_size, integer=True)
         check_positive("eval_batch_size", eval_batch_size, integer=True)
+        if not isinstance(example_separator, str) or not example_separator:
+            raise ConfigError(f"example_separator={example_separator!r} must be a non-empty string, e.g. '\\n'")
+        check_literal("calibration_batches", calibration_batches, CalibrationBatches)
         for name, f in (("train_file", train_file), ("test_file", test_file)):
             # the offline sentiment tasks are written on first use, as `python -m lit_icl.i2cl.prepare` would
             if f is not None and not Path(f).is_file() and not ensure_offline(f):
@@ -400,6 +441,11 @@ class I2CLDataModule(LightningDataModule):
     def data_seed(self) -> int:
         """The seed of this run's demonstrations (``I2CLModule`` tags its rows and seeds its noise with it)."""
         return int(self.hparams.data_seed)
+
+    @property
+    def calibration_batches(self) -> str:
+        """``epoch`` or ``replacement`` (``I2CLModule``'s plain calibration loop draws its batches the same way)."""
+        return str(self.hparams.calibration_batches)
 
     @property
     def n_classes(self) -> int:
@@ -447,6 +493,7 @@ class I2CLDataModule(LightningDataModule):
             holdout=[train[i] for i in hold_idx],
             extra_query=extra,
             meta={"train_pool": len(train), "test_pool": len(test)},
+            separator=hp.example_separator,
         )
         return self._data
 
@@ -461,7 +508,11 @@ class I2CLDataModule(LightningDataModule):
         n = len(data.demos)
         # Whole batches per epoch (the public code's floor(N / 2) steps of 2) and the same count on every rank.
         per_epoch = max(world * self.hparams.batch_size, n - n % (world * self.hparams.batch_size))
-        items = _Cyclic(CalibrationItems(data.demos, self.hparams.data_seed), per_epoch)
+        if self.hparams.calibration_batches == "replacement":
+            # one global batch of world * batch_size distinct demonstrations per step; rank r takes its share
+            items: Dataset = DrawnItems(data.demos, self.hparams.data_seed, world * self.hparams.batch_size)
+        else:
+            items = _Cyclic(CalibrationItems(data.demos, self.hparams.data_seed), per_epoch)
         return DataLoader(items, batch_size=self.hparams.batch_size, sampler=EpochSampler(per_epoch, world, rank),
                           collate_fn=self._collate)
 

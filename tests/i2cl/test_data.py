@@ -14,8 +14,11 @@ pytest.importorskip("tokenizers")
 
 
 from lit_icl.core.seeding import make_generator
+from lit_icl.core.data import EpochSampler
+from lit_icl.core.errors import ConfigError
 from lit_icl.i2cl.data import (
     CalibrationItems,
+    DrawnItems,
     I2CLDataModule,
     balanced_sample,
     synthetic_example,
@@ -86,3 +89,61 @@ def test_calibration_items_reshuffle_every_epoch_as_a_pure_function() -> None:
     assert sorted(epoch0) == sorted(epoch1) == sorted(t for t, _ in demos)
     assert epoch0 != epoch1
     assert [items[6 + i]["text"] for i in range(6)] == epoch1
+
+
+def _batches(dm: I2CLDataModule, epochs: int) -> list[list[str]]:
+    loader = dm.train_dataloader()
+    out = []
+    for epoch in range(epochs):
+        loader.sampler.set_epoch(epoch)
+        out.extend(batch["text"] for batch in loader)
+    return out
+
+
+def test_replacement_draws_every_step_afresh_as_the_public_code() -> None:
+    """Each step's batch holds distinct demonstrations, steps per epoch stay floor(N / 2), a demonstration can come
+    back within an epoch, and the draws are a pure function of (seed, step)."""
+    dm = I2CLDataModule(task="synthetic", shots_per_class=2, synthetic_train=60, synthetic_test=30,
+                        calibration_batches="replacement")
+    batches = _batches(dm, epochs=10)
+    assert len(batches) == 10 * 3 and all(len(b) == 2 and b[0] != b[1] for b in batches)
+    per_epoch = [sum(batches[3 * e: 3 * e + 3], []) for e in range(10)]
+    assert any(len(set(e)) < 6 for e in per_epoch)  # epochs are not permutations any more
+    assert {t for e in per_epoch for t in e} == {t for t, _ in dm.task_data().demos}
+    again = I2CLDataModule(task="synthetic", shots_per_class=2, synthetic_train=60, synthetic_test=30,
+                           calibration_batches="replacement")
+    assert _batches(again, epochs=10) == batches
+    epoch_dm = I2CLDataModule(task="synthetic", shots_per_class=2, synthetic_train=60, synthetic_test=30)
+    assert all(len(set(sum(_batches(epoch_dm, 3)[3 * e: 3 * e + 3], []))) == 6 for e in range(3))
+
+
+def test_replacement_draws_split_one_global_batch_over_ddp_ranks() -> None:
+    """Two ranks at batch 2 see, step by step, the 4 distinct demonstrations one process draws at batch 4."""
+    demos = [(f"t{i}", i % 2) for i in range(6)]
+    items = DrawnItems(demos, seed=0, block=4)
+    ranks = [[items[i]["text"] for i in EpochSampler(4, num_replicas=2, rank=r)] for r in (0, 1)]
+    whole = [items[i]["text"] for i in range(4)]
+    assert sorted(ranks[0] + ranks[1]) == sorted(whole) and len(set(whole)) == 4
+
+
+def test_few_shot_prompt_separates_demonstrations_by_one_newline() -> None:
+    dm = I2CLDataModule(task="synthetic", shots_per_class=2, synthetic_train=60, synthetic_test=30)
+    data = dm.task_data()
+    (t0, y0), (t1, y1) = data.demos[:2]
+    w = data.label_words
+    assert data.prefix.startswith(f"Input: {t0}\nLabel: {w[y0]}\nInput: {t1}\nLabel: {w[y1]}\nInput: ")
+    assert data.prefix.endswith("\n") and "\n\n" not in data.prefix
+    assert data.demo_texts[0] == f"Input: {t0}\nLabel: {w[y0]}\n"  # vectorised alone, ending in the separator
+    blank = I2CLDataModule(task="synthetic", shots_per_class=2, synthetic_train=60, synthetic_test=30,
+                           example_separator="\n\n").task_data()
+    assert blank.prefix == "".join(f"Input: {t}\nLabel: {w[y]}\n\n" for t, y in data.demos)
+
+
+@pytest.mark.parametrize(("key", "value", "match"), [
+    ("calibration_batches", "shuffle", "calibration_batches"),
+    ("example_separator", "", "example_separator"),
+])
+def test_bad_batch_draws_and_separators_are_refused(key: str, value: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match) as info:
+        I2CLDataModule(task="synthetic", **{key: value})
+    assert "\n" not in str(info.value)
