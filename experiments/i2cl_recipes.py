@@ -1,0 +1,187 @@
+"""I2CL calibrated by the paper's recipe and by the public code's, and the ablations between them, over seeds.
+
+    python experiments/i2cl_recipes.py fit  --models gemma --recipes public_code paper --seeds 0 1 2 3 4 --jobs 2
+    python experiments/i2cl_recipes.py test --models gemma --recipes public_code paper few_shot --seeds 0 1 2 3 4
+    python experiments/i2cl_recipes.py report --models gemma smollm2 > table.md
+
+Every run is ``configs/i2cl/offline.yaml`` (the movie-review stand-in for MR, 5 demonstrations per class drawn by
+``data_seed``, 500 class-balanced evaluation queries fixed by ``eval_seed``), on one of the two offline models, with
+one recipe's options on top (:data:`RECIPES`). A recipe that calibrates fits ``[i2cl]`` alone (so its noise draws do
+not depend on other methods) and tests ``[zero_shot, i2cl]`` from its last checkpoint; ``few_shot`` is a test-only
+run of the few-shot reference (single-newline separator) and zero-shot. Jobs, logs and resumption work as in
+``experiments/runner.py``.
+
+The report gives, per model and recipe, I2CL's accuracy (mean ± sd and per seed), its macro-F1 per seed, how many
+seeds predict a single label (macro-F1 below 0.4 on these two balanced classes), how many are at least zero-shot,
+and the calibration loss at the end (mean of the last 10 logged steps), against the few-shot reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared runner beside this file
+from runner import (
+    REPO,
+    Job,
+    add_job_args,
+    logged_scalars,
+    logger_args,
+    markdown_table,
+    mean_sd,
+    run_stage,
+)
+
+CONFIG = REPO / "configs" / "i2cl" / "offline.yaml"
+#: model -> its overlay on offline.yaml (None: the base config's SmolLM2-135M-Instruct).
+MODELS: dict[str, str | None] = {"smollm2": None, "gemma": "configs/i2cl/offline/gemma.yaml"}
+PUBLIC = ["--config", "configs/i2cl/offline/public_code.yaml"]
+HOOK = "--model.init_args.net.init_args.hook_point"
+#: recipe -> (what it is, extra CLI arguments). ``paper`` is offline.yaml as shipped (Eq. 6 noise on the residual
+#: stream, hooks on what enters the stream, cosine to 1e-5 without warm-up, a shuffle per epoch).
+RECIPES: dict[str, tuple[str, list[str]]] = {
+    "paper": ("offline.yaml: Eq. 6 (stream noise), hooks on the stream writes, cosine to 1e-5, epoch shuffles", []),
+    "public_code": ("public_code.yaml: sub-layer noise, hooks on the modules, warm-up + cosine to 0, draws", PUBLIC),
+    "public_code_write": ("public_code.yaml with the hooks on the stream writes (after Gemma's post-norms)",
+                          [*PUBLIC, HOOK, "write"]),
+    "public_code_schedule": ("public_code.yaml with offline.yaml's schedule and epoch shuffles",
+                             [*PUBLIC, "--model.init_args.lr_schedule", "cosine", "--model.init_args.lr_min", "1e-5",
+                              "--model.init_args.warmup_fraction", "0", "--data.init_args.calibration_batches", "epoch"]),
+    "sublayer_noise": ("offline.yaml with the noise scaled by the sub-layer output only",
+                       ["--model.init_args.noise_norm", "sublayer"]),
+    "no_noise": ("public_code.yaml without noise (gamma 0)", [*PUBLIC, "--model.init_args.gamma", "0"]),
+    "few_shot": ("few-shot reference (demonstrations separated by a single newline) and zero-shot", []),
+}
+CALIBRATING = [r for r in RECIPES if r != "few_shot"]
+
+
+def _model_args(model: str) -> list[str]:
+    overlay = MODELS[model]
+    return ["--config", str(CONFIG)] + ([] if overlay is None else ["--config", overlay])
+
+
+def _folder(args: argparse.Namespace, model: str, recipe: str, seed: int, stage: str) -> Path:
+    return args.out / model / recipe / f"s{seed}_{stage}"
+
+
+def fit_jobs(args: argparse.Namespace) -> list[Job]:
+    jobs = []
+    for seed in args.seeds:
+        for model in args.models:
+            for recipe in args.recipes:
+                if recipe == "few_shot":
+                    continue
+                argv = ["fit", *_model_args(model), *RECIPES[recipe][1], "--model.init_args.methods", "[i2cl]",
+                        "--seed_everything", str(seed), "--data.init_args.data_seed", str(seed),
+                        *logger_args(args.out, f"{model}/{recipe}", f"s{seed}_fit")]
+                jobs.append(Job(f"fit {model} {recipe} s{seed}", argv, _folder(args, model, recipe, seed, "fit")))
+    return jobs
+
+
+def test_jobs(args: argparse.Namespace) -> list[Job]:
+    jobs = []
+    for seed in args.seeds:
+        for model in args.models:
+            for recipe in args.recipes:
+                folder = _folder(args, model, recipe, seed, "test")
+                name = f"test {model} {recipe} s{seed}"
+                if recipe == "few_shot":
+                    argv = ["test", *_model_args(model), "--model.init_args.methods", "[zero_shot,few_shot]",
+                            "--seed_everything", str(seed), "--data.init_args.data_seed", str(seed),
+                            *logger_args(args.out, f"{model}/{recipe}", folder.name)]
+                    jobs.append(Job(name, argv, folder))
+                    continue
+                fit = _folder(args, model, recipe, seed, "fit")
+                argv = ["test", "--config", str(fit / "config.yaml"), "--model.init_args.methods", "[zero_shot,i2cl]",
+                        "--ckpt_path", str(fit / "checkpoints" / "last.ckpt"),
+                        *logger_args(args.out, f"{model}/{recipe}", folder.name)]
+                jobs.append(Job(name, argv, folder, after=[fit]))
+    return jobs
+
+
+def _rows(folder: Path) -> dict[tuple[str, str], float]:
+    """``{(metric, method): value}`` of one test run (empty if it has not finished)."""
+    path = folder / "results.json"
+    if not path.is_file():
+        return {}
+    return {(r["metric"], r["method"]): float(r["value"]) for r in json.loads(path.read_text())["rows"]
+            if "method" in r}
+
+
+def _final_loss(folder: Path) -> float | None:
+    """Mean of the last 10 logged calibration losses of a fit."""
+    values = logged_scalars(folder, ["train/loss/i2cl"])["train/loss/i2cl"]
+    if not values:
+        return None
+    last = [values[k] for k in sorted(values)[-10:]]
+    return sum(last) / len(last)
+
+
+def _cell(values: list[float]) -> str:
+    if not values:
+        return "-"
+    m, sd = mean_sd(values)
+    return f"{m:.3f} ± {sd:.3f}" if len(values) > 1 else f"{m:.3f}"
+
+
+def report(args: argparse.Namespace) -> str:
+    out = []
+    for model in args.models:
+        reference: dict[int, dict[tuple[str, str], float]] = {
+            s: _rows(_folder(args, model, "few_shot", s, "test")) for s in args.seeds}
+        few = [reference[s][("accuracy", "few_shot")] for s in args.seeds if ("accuracy", "few_shot") in reference[s]]
+        rows = []
+        for recipe in [r for r in args.recipes if r != "few_shot"]:
+            seeds, acc, f1, zero, losses = [], [], [], [], []
+            for s in args.seeds:
+                r = _rows(_folder(args, model, recipe, s, "test"))
+                if ("accuracy", "i2cl") not in r:
+                    continue
+                seeds.append(s)
+                acc.append(r[("accuracy", "i2cl")])
+                f1.append(r[("macro_f1", "i2cl")])
+                zero.append(r[("accuracy", "zero_shot")])
+                loss = _final_loss(_folder(args, model, recipe, s, "fit"))
+                if loss is not None:
+                    losses.append(loss)
+            if not seeds:
+                continue
+            rows.append([
+                recipe, ", ".join(map(str, seeds)), _cell(acc), ", ".join(f"{a:.3f}" for a in acc),
+                ", ".join(f"{x:.3f}" for x in f1), str(sum(x < 0.4 for x in f1)),
+                f"{sum(a >= z for a, z in zip(acc, zero))} of {len(acc)}", _cell(zero),
+                ", ".join(f"{x:.2f}" for x in losses) or "-",
+            ])
+        out.append(f"### {model}\n")
+        out.append(f"Few-shot reference (single newline): {_cell(few)} over seeds "
+                   f"{', '.join(str(s) for s in args.seeds if ('accuracy', 'few_shot') in reference[s]) or '-'} "
+                   f"(per seed {', '.join(f'{x:.3f}' for x in few) or '-'}).\n")
+        out.append(markdown_table(
+            ["recipe", "seeds", "I2CL accuracy", "per seed", "macro-F1 per seed", "one-label seeds",
+             "seeds >= zero-shot", "zero-shot", "final calibration loss per seed"], rows))
+        out.append("")
+    out.append("Recipes:\n")
+    out.extend(f"- `{name}`: {what}" for name, (what, _) in RECIPES.items() if name in args.recipes)
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("stage", choices=["fit", "test", "report"])
+    p.add_argument("--models", nargs="+", choices=list(MODELS), default=["gemma"])
+    p.add_argument("--recipes", nargs="+", choices=list(RECIPES), default=["paper", "public_code", "few_shot"])
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
+    p.add_argument("--out", type=Path, default=REPO / "runs" / "i2cl_recipes")
+    add_job_args(p)
+    args = p.parse_args(argv)
+    if args.stage == "report":
+        print(report(args))
+        return
+    run_stage(args, fit_jobs, test_jobs)
+
+
+if __name__ == "__main__":
+    main()
