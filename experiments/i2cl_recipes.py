@@ -7,8 +7,8 @@
 Every run is ``configs/i2cl/offline.yaml`` (the movie-review stand-in for MR, 5 demonstrations per class drawn by
 ``data_seed``, 500 class-balanced evaluation queries fixed by ``eval_seed``), on one of the two offline models, with
 one recipe's options on top (:data:`RECIPES`). A recipe that calibrates fits ``[i2cl]`` alone (so its noise draws do
-not depend on other methods) and tests ``[zero_shot, i2cl]`` from its last checkpoint; ``few_shot`` is a test-only
-run of the few-shot reference (single-newline separator) and zero-shot. Jobs, logs and resumption work as in
+not depend on other methods) and tests it from its last checkpoint; ``few_shot`` is a test-only run of the few-shot
+reference (single-newline separator) and zero-shot (the same evaluation queries for every seed and recipe). Jobs, logs and resumption work as in
 ``experiments/runner.py``.
 
 The report gives, per model and recipe, I2CL's accuracy (mean ± sd and per seed), its macro-F1 per seed, how many
@@ -95,8 +95,7 @@ def test_jobs(args: argparse.Namespace) -> list[Job]:
                     jobs.append(Job(name, argv, folder))
                     continue
                 fit = _folder(args, model, recipe, seed, "fit")
-                argv = ["test", "--config", str(fit / "config.yaml"), "--model.init_args.methods", "[zero_shot,i2cl]",
-                        "--ckpt_path", str(fit / "checkpoints" / "last.ckpt"),
+                argv = ["test", "--config", str(fit / "config.yaml"), "--ckpt_path", str(fit / "checkpoints" / "last.ckpt"),
                         *logger_args(args.out, f"{model}/{recipe}", folder.name)]
                 jobs.append(Job(name, argv, folder, after=[fit]))
     return jobs
@@ -143,7 +142,7 @@ def report(args: argparse.Namespace) -> str:
                 seeds.append(s)
                 acc.append(r[("accuracy", "i2cl")])
                 f1.append(r[("macro_f1", "i2cl")])
-                zero.append(r[("accuracy", "zero_shot")])
+                zero.append(reference[s].get(("accuracy", "zero_shot"), float("nan")))
                 loss = _final_loss(_folder(args, model, recipe, s, "fit"))
                 if loss is not None:
                     losses.append(loss)
@@ -152,7 +151,7 @@ def report(args: argparse.Namespace) -> str:
             rows.append([
                 recipe, ", ".join(map(str, seeds)), _cell(acc), ", ".join(f"{a:.3f}" for a in acc),
                 ", ".join(f"{x:.3f}" for x in f1), str(sum(x < 0.4 for x in f1)),
-                f"{sum(a >= z for a, z in zip(acc, zero))} of {len(acc)}", _cell(zero),
+                f"{sum(a >= z for a, z in zip(acc, zero))} of {sum(z == z for z in zero)}", _cell([z for z in zero if z == z]),
                 ", ".join(f"{x:.2f}" for x in losses) or "-",
             ])
         out.append(f"### {model}\n")
