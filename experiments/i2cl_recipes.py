@@ -53,6 +53,8 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
     "sublayer_noise": ("offline.yaml with the noise scaled by the sub-layer output only",
                        ["--model.init_args.noise_norm", "sublayer"]),
     "no_noise": ("public_code.yaml without noise (gamma 0)", [*PUBLIC, "--model.init_args.gamma", "0"]),
+    "public_code_gamma_0.003": ("public_code.yaml with gamma 0.003: the relative noise norm gamma sqrt(D) of "
+                                "Llama-2-7b at 0.001 (D = 4096) on D = 576-640", [*PUBLIC, "--model.init_args.gamma", "0.003"]),
     "public_code_gamma_0.01": ("public_code.yaml with ten times the noise (gamma 0.01)",
                                [*PUBLIC, "--model.init_args.gamma", "0.01"]),
     "few_shot": ("few-shot reference (demonstrations separated by a single newline) and zero-shot", []),

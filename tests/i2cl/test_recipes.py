@@ -33,6 +33,7 @@ EXPECTED = {
     "public_code_schedule": ("sublayer", "module", "cosine", 1e-5, 0.0, "epoch", 0.001),
     "sublayer_noise": ("sublayer", "write", "cosine", 1e-5, 0.0, "epoch", 0.001),
     "no_noise": ("sublayer", "module", "public_code", 0.0, 0.05, "replacement", 0.0),
+    "public_code_gamma_0.003": ("sublayer", "module", "public_code", 0.0, 0.05, "replacement", 0.003),
     "public_code_gamma_0.01": ("sublayer", "module", "public_code", 0.0, 0.05, "replacement", 0.01),
 }
 
