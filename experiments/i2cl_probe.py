@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
         v = net.demonstration_vectors(data.demo_texts).mean(0)
         L = net.n_layers
 
-        def coef(lam: float) -> torch.Tensor:
+        def coef(lam: float, L: int = L) -> torch.Tensor:
             return torch.stack([torch.full((L, 2), lam), torch.ones(L, 2)], dim=-1)
 
         print("| lambda | loss (demonstrations) | 2-way acc. (demonstrations) | loss (holdout) | 2-way acc. (holdout) |")

@@ -53,8 +53,9 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
     "sublayer_noise": ("offline.yaml with the noise scaled by the sub-layer output only",
                        ["--model.init_args.noise_norm", "sublayer"]),
     "no_noise": ("public_code.yaml without noise (gamma 0)", [*PUBLIC, "--model.init_args.gamma", "0"]),
-    "public_code_gamma_0.003": ("public_code.yaml with gamma 0.003: the relative noise norm gamma sqrt(D) of "
-                                "Llama-2-7b at 0.001 (D = 4096) on D = 576-640", [*PUBLIC, "--model.init_args.gamma", "0.003"]),
+    "public_code_gamma_0.003": (("public_code.yaml with gamma 0.003: the relative noise norm gamma sqrt(D) of "
+                                 "Llama-2-7b at 0.001 (D = 4096) on D = 576-640"),
+                                [*PUBLIC, "--model.init_args.gamma", "0.003"]),
     "public_code_gamma_0.01": ("public_code.yaml with ten times the noise (gamma 0.01)",
                                [*PUBLIC, "--model.init_args.gamma", "0.01"]),
     "few_shot": ("few-shot reference (demonstrations separated by a single newline) and zero-shot", []),
@@ -146,7 +147,8 @@ def report(args: argparse.Namespace) -> str:
                 seeds.append(s)
                 acc.append(r[("accuracy", "i2cl")])
                 f1.append(r[("macro_f1", "i2cl")])
-                zero.append(reference[s].get(("accuracy", "zero_shot"), float("nan")))
+                if ("accuracy", "zero_shot") in reference[s]:
+                    zero.append((r[("accuracy", "i2cl")], reference[s][("accuracy", "zero_shot")]))
                 loss = _final_loss(_folder(args, model, recipe, s, "fit"))
                 if loss is not None:
                     losses.append(loss)
@@ -155,7 +157,7 @@ def report(args: argparse.Namespace) -> str:
             rows.append([
                 recipe, ", ".join(map(str, seeds)), _cell(acc), ", ".join(f"{a:.3f}" for a in acc),
                 ", ".join(f"{x:.3f}" for x in f1), str(sum(x < 0.4 for x in f1)),
-                f"{sum(a >= z for a, z in zip(acc, zero))} of {sum(z == z for z in zero)}", _cell([z for z in zero if z == z]),
+                f"{sum(a >= z for a, z in zero)} of {len(zero)}", _cell([z for _, z in zero]),
                 ", ".join(f"{x:.2f}" for x in losses) or "-",
             ])
         out.append(f"### {model}\n")

@@ -13,9 +13,9 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 
-from lit_icl.core.seeding import make_generator
 from lit_icl.core.data import EpochSampler
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.seeding import make_generator
 from lit_icl.i2cl.data import (
     CalibrationItems,
     DrawnItems,
@@ -107,14 +107,15 @@ def test_replacement_draws_every_step_afresh_as_the_public_code() -> None:
                         calibration_batches="replacement")
     batches = _batches(dm, epochs=10)
     assert len(batches) == 10 * 3 and all(len(b) == 2 and b[0] != b[1] for b in batches)
-    per_epoch = [sum(batches[3 * e: 3 * e + 3], []) for e in range(10)]
+    per_epoch = [[t for b in batches[3 * e: 3 * e + 3] for t in b] for e in range(10)]
     assert any(len(set(e)) < 6 for e in per_epoch)  # epochs are not permutations any more
     assert {t for e in per_epoch for t in e} == {t for t, _ in dm.task_data().demos}
     again = I2CLDataModule(task="synthetic", shots_per_class=2, synthetic_train=60, synthetic_test=30,
                            calibration_batches="replacement")
     assert _batches(again, epochs=10) == batches
     epoch_dm = I2CLDataModule(task="synthetic", shots_per_class=2, synthetic_train=60, synthetic_test=30)
-    assert all(len(set(sum(_batches(epoch_dm, 3)[3 * e: 3 * e + 3], []))) == 6 for e in range(3))
+    shuffled = _batches(epoch_dm, 3)
+    assert all(len({t for b in shuffled[3 * e: 3 * e + 3] for t in b}) == 6 for e in range(3))
 
 
 def test_replacement_draws_split_one_global_batch_over_ddp_ranks() -> None:

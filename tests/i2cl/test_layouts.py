@@ -157,9 +157,9 @@ def test_stream_noise_at_the_modules_of_a_post_norm_model_is_refused(tokenizer) 
     net = CausalLM.from_objects(tiny_family("gemma3_text", len(tokenizer)), tokenizer, hook_point="module")
     L, D = net.n_layers, net.hidden_size
     coef = torch.stack([torch.zeros(L, 2), torch.ones(L, 2)], dim=-1)
-    with pytest.raises(ValueError, match="noise_norm='stream' needs hook_point='write'"):
-        with net.inject(torch.zeros(L, 2, D), coef, gamma=1e-3, noise_norm="stream"):
-            pass
+    with pytest.raises(ValueError, match="noise_norm='stream' needs hook_point='write'"), \
+            net.inject(torch.zeros(L, 2, D), coef, gamma=1e-3, noise_norm="stream"):
+        pass
     from lit_icl.i2cl.module import I2CLModule
 
     with pytest.raises(ConfigError, match="noise_norm=stream needs the net's hook_point: write") as info:
