@@ -198,10 +198,11 @@ def test_unfitted_calibrated_method_is_refused_at_test(tmp_path, llama_dir, caps
 
 
 def test_offline_transfer_overlays_compose_with_the_offline_config(capsys) -> None:
-    """configs/i2cl/offline/*.yaml: three anchor tasks, the transfer run and the Gemma model, each on top of
-    offline.yaml."""
+    """configs/i2cl/offline/*.yaml: three anchor tasks, the transfer run, the Gemma model and the public code's
+    calibration recipe, each on top of offline.yaml."""
     overlays = sorted(glob.glob("configs/i2cl/offline/*.yaml"))
-    assert [Path(p).stem for p in overlays] == ["amazon_reviews", "gemma", "nyt_editorials", "transfer", "tweets"]
+    assert [Path(p).stem for p in overlays] == ["amazon_reviews", "gemma", "nyt_editorials", "public_code", "transfer",
+                                               "tweets"]
     for overlay in overlays:
         with pytest.raises(SystemExit) as info:
             main(["fit", "--config", OFFLINE, "--config", overlay, "--print_config"])
@@ -215,6 +216,11 @@ def test_offline_transfer_overlays_compose_with_the_offline_config(capsys) -> No
                 assert f"runs/i2cl_offline_{anchor}/version_0/checkpoints/last.ckpt" in printed
         elif name == "gemma":  # the second offline model, on the base's task and methods
             assert "model_name_or_path: data/i2cl/gemma-3-270m" in printed
+            assert "train_file: data/i2cl/movie_reviews/train.jsonl" in printed
+        elif name == "public_code":  # the same model and task, calibrated as the authors' code does
+            for line in ("hook_point: module", "noise_norm: sublayer", "lr_schedule: public_code",
+                         "calibration_batches: replacement", "warmup_fraction: 0.05"):
+                assert line in printed
             assert "train_file: data/i2cl/movie_reviews/train.jsonl" in printed
         else:
             assert f"train_file: data/i2cl/{name}/train.jsonl" in printed and "i2cl_transfer" not in printed
