@@ -38,26 +38,29 @@ from runner import (
 CONFIG = REPO / "configs" / "i2cl" / "offline.yaml"
 #: model -> its overlay on offline.yaml (None: the base config's SmolLM2-135M-Instruct).
 MODELS: dict[str, str | None] = {"smollm2": None, "gemma": "configs/i2cl/offline/gemma.yaml"}
-PUBLIC = ["--config", "configs/i2cl/offline/public_code.yaml"]
+PAPER = ["--config", "configs/i2cl/offline/paper_text.yaml"]
 HOOK = "--model.init_args.net.init_args.hook_point"
-#: recipe -> (what it is, extra CLI arguments). ``paper`` is offline.yaml as shipped (Eq. 6 noise on the residual
-#: stream, hooks on what enters the stream, cosine to 1e-5 without warm-up, a shuffle per epoch).
+#: recipe -> (what it is, extra CLI arguments). ``public_code`` is offline.yaml as shipped (the authors' code: noise
+#: relative to each injected sub-layer output, hooks on the attention / MLP modules, 5 % warm-up then a cosine to 0,
+#: a fresh batch every step); ``paper`` is the paper's text (``paper_text.yaml``). Before 2026-11-26 the defaults
+#: were the paper's text and ``public_code`` was an overlay; the resolved configs of both are the same.
 RECIPES: dict[str, tuple[str, list[str]]] = {
-    "paper": ("offline.yaml: Eq. 6 (stream noise), hooks on the stream writes, cosine to 1e-5, epoch shuffles", []),
-    "public_code": ("public_code.yaml: sub-layer noise, hooks on the modules, warm-up + cosine to 0, draws", PUBLIC),
-    "public_code_write": ("public_code.yaml with the hooks on the stream writes (after Gemma's post-norms)",
-                          [*PUBLIC, HOOK, "write"]),
-    "public_code_schedule": ("public_code.yaml with offline.yaml's schedule and epoch shuffles",
-                             [*PUBLIC, "--model.init_args.lr_schedule", "cosine", "--model.init_args.lr_min", "1e-5",
+    "paper": ("paper_text.yaml: Eq. 6 (stream noise), hooks on the stream writes, cosine to 1e-5, epoch shuffles",
+              PAPER),
+    "public_code": ("offline.yaml: sub-layer noise, hooks on the modules, warm-up + cosine to 0, fresh draws", []),
+    "public_code_write": ("public_code with the hooks on the stream writes (after Gemma's post-norms)",
+                          [HOOK, "write"]),
+    "public_code_schedule": ("public_code with paper_text.yaml's schedule and epoch shuffles",
+                             ["--model.init_args.lr_schedule", "cosine", "--model.init_args.lr_min", "1e-5",
                               "--model.init_args.warmup_fraction", "0", "--data.init_args.calibration_batches", "epoch"]),
-    "sublayer_noise": ("offline.yaml with the noise scaled by the sub-layer output only",
-                       ["--model.init_args.noise_norm", "sublayer"]),
-    "no_noise": ("public_code.yaml without noise (gamma 0)", [*PUBLIC, "--model.init_args.gamma", "0"]),
-    "public_code_gamma_0.003": (("public_code.yaml with gamma 0.003: the relative noise norm gamma sqrt(D) of "
+    "sublayer_noise": ("paper_text.yaml with the noise scaled by the sub-layer output only",
+                       [*PAPER, "--model.init_args.noise_norm", "sublayer"]),
+    "no_noise": ("public_code without noise (gamma 0)", ["--model.init_args.gamma", "0"]),
+    "public_code_gamma_0.003": (("public_code with gamma 0.003: the relative noise norm gamma sqrt(D) of "
                                  "Llama-2-7b at 0.001 (D = 4096) on D = 576-640"),
-                                [*PUBLIC, "--model.init_args.gamma", "0.003"]),
-    "public_code_gamma_0.01": ("public_code.yaml with ten times the noise (gamma 0.01)",
-                               [*PUBLIC, "--model.init_args.gamma", "0.01"]),
+                                ["--model.init_args.gamma", "0.003"]),
+    "public_code_gamma_0.01": ("public_code with ten times the noise (gamma 0.01)",
+                               ["--model.init_args.gamma", "0.01"]),
     "few_shot": ("few-shot reference (demonstrations separated by a single newline) and zero-shot", []),
 }
 CALIBRATING = [r for r in RECIPES if r != "few_shot"]

@@ -156,8 +156,8 @@ def _replace_first(out: Any, new: Tensor) -> Any:
 
 #: What Eq. 6's calibration noise is relative to (see :meth:`CausalLM.inject`).
 NoiseNorm = Literal["stream", "sublayer"]
-#: Which modules are hooked: ``write``, what enters the residual stream (after a post-sub-layer norm), or
-#: ``module``, the attention / MLP modules' own outputs (the public code; before a post-sub-layer norm).
+#: Which modules are hooked: ``module``, the attention / MLP modules' own outputs (the public code; before a
+#: post-sub-layer norm), or ``write``, what enters the residual stream (after it).
 HookPoint = Literal["write", "module"]
 #: The LM's weight dtype: ``auto`` is bfloat16 on a GPU, float32 on CPU.
 DType = Literal["auto", "float32", "bfloat16", "float16"]
@@ -172,9 +172,11 @@ class CausalLM(nn.Module):
             once with ``python -m lit_icl.i2cl.prepare`` for repeated use).
         dtype: ``auto`` (bfloat16 on a GPU, float32 on CPU), ``float32``, ``bfloat16`` or ``float16``.
         trust_remote_code: passed to ``from_pretrained``.
-        hook_point: ``write`` (default) captures and injects what each sub-layer adds to the residual stream (Eq. 1
-            and 4 as written); ``module`` hooks the attention and MLP modules themselves, before a post-sub-layer
-            norm (the public code's module paths; the same modules on pre-norm blocks such as Llama's).
+        hook_point: ``module`` (default) hooks the attention and MLP modules themselves, before a post-sub-layer
+            norm (the public code's module paths; on pre-norm blocks such as Llama's, the same modules as
+            ``write``); ``write`` captures and injects what each sub-layer adds to the residual stream (Eq. 1 and 4
+            read literally). On Gemma 3 270M the public code's recipe, ``module`` included, removed the one-label
+            collapses of the literal reading (``experiments/results/i2cl_recipes_cpu.md``).
     """
 
     def __init__(
@@ -183,7 +185,7 @@ class CausalLM(nn.Module):
         gguf_file: str | None = None,
         dtype: DType = "auto",
         trust_remote_code: bool = False,
-        hook_point: HookPoint = "write",
+        hook_point: HookPoint = "module",
     ):
         super().__init__()
         check_literal("dtype", dtype, DType)
@@ -222,7 +224,7 @@ class CausalLM(nn.Module):
         self._setup(model, tokenizer, hook_point)
 
     @classmethod
-    def from_objects(cls, model: nn.Module, tokenizer: Any, hook_point: HookPoint = "write") -> CausalLM:
+    def from_objects(cls, model: nn.Module, tokenizer: Any, hook_point: HookPoint = "module") -> CausalLM:
         """Wrap an already built model and tokenizer (tests build tiny random ones with ``from_config``)."""
         check_literal("hook_point", hook_point, HookPoint)
         obj = cls.__new__(cls)
@@ -230,7 +232,7 @@ class CausalLM(nn.Module):
         obj._setup(model, tokenizer, hook_point)
         return obj
 
-    def _setup(self, model: nn.Module, tokenizer: Any, hook_point: HookPoint = "write") -> None:
+    def _setup(self, model: nn.Module, tokenizer: Any, hook_point: HookPoint) -> None:
         writes = decoder_layout(model)  # refuses unsupported families before anything else
         where, blocks = _blocks(model)
         modules = [(block, _sub_layer(block, ATTN_NAMES, "attention", f"{where}[{i}]")[1],
@@ -371,7 +373,7 @@ class CausalLM(nn.Module):
 
     @contextmanager
     def inject(self, context: Tensor, coef: Tensor, gamma: float = 0.0,
-               noise_norm: NoiseNorm = "stream", noise_first: bool = True) -> Iterator[None]:
+               noise_norm: NoiseNorm = "sublayer", noise_first: bool = True) -> Iterator[None]:
         """Eq. 4 (and Eq. 6's noise when ``gamma > 0``) at every layer and token while the context is open.
 
         Args:

@@ -113,7 +113,8 @@ def test_replacement_draws_every_step_afresh_as_the_public_code() -> None:
     again = I2CLDataModule(task="synthetic", shots_per_class=2, synthetic_train=60, synthetic_test=30,
                            calibration_batches="replacement")
     assert _batches(again, epochs=10) == batches
-    epoch_dm = I2CLDataModule(task="synthetic", shots_per_class=2, synthetic_train=60, synthetic_test=30)
+    epoch_dm = I2CLDataModule(task="synthetic", shots_per_class=2, synthetic_train=60, synthetic_test=30,
+                              calibration_batches="epoch")
     shuffled = _batches(epoch_dm, 3)
     assert all(len({t for b in shuffled[3 * e: 3 * e + 3] for t in b}) == 6 for e in range(3))
 

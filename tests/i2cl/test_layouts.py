@@ -31,7 +31,8 @@ TEXTS = ["Review: a great film\nSentiment:", "Input: 12 345 6789 abc\nLabel:"]
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request, tokenizer) -> tuple[str, CausalLM]:
-    return request.param, CausalLM.from_objects(tiny_family(request.param, len(tokenizer)), tokenizer)
+    # what enters the residual stream: the hook point these tests check against each block's own arithmetic
+    return request.param, CausalLM.from_objects(tiny_family(request.param, len(tokenizer)), tokenizer, hook_point="write")
 
 
 def _block_io(net: CausalLM):
@@ -130,7 +131,7 @@ def test_module_hook_point_on_gemma3_sends_the_injection_through_the_post_norms(
     captured vectors are the raw module outputs, which the post-norms then map onto the stream writes."""
     model = tiny_family("gemma3_text", len(tokenizer))
     net = CausalLM.from_objects(model, tokenizer, hook_point="module")
-    writes = CausalLM.from_objects(model, tokenizer)
+    writes = CausalLM.from_objects(model, tokenizer, hook_point="write")
     ids, mask = net.encode(TEXTS[:1])
     with net.capture() as raw, writes.capture() as written:
         net.lm.base_model(input_ids=ids, attention_mask=mask)
@@ -163,10 +164,10 @@ def test_stream_noise_at_the_modules_of_a_post_norm_model_is_refused(tokenizer) 
     from lit_icl.i2cl.module import I2CLModule
 
     with pytest.raises(ConfigError, match="noise_norm=stream needs the net's hook_point: write") as info:
-        I2CLModule(net=net, methods=["i2cl"])
+        I2CLModule(net=net, methods=["i2cl"], noise_norm="stream")
     assert "\n" not in str(info.value)
-    I2CLModule(net=net, methods=["i2cl"], noise_norm="sublayer")  # the public code's pairing is accepted
-    I2CLModule(net=net, methods=["i2cl"], gamma=0.0)  # no noise, nothing to scale
+    I2CLModule(net=net, methods=["i2cl"])  # the defaults are the public code's pairing (sub-layer noise)
+    I2CLModule(net=net, methods=["i2cl"], noise_norm="stream", gamma=0.0)  # no noise, nothing to scale
 
 
 def test_a_bad_hook_point_is_refused(tokenizer) -> None:

@@ -158,7 +158,7 @@ def test_noise_is_relative_to_the_residual_stream(net: CausalLM) -> None:
     with torch.no_grad(), net.inject(ctx, coef, gamma=0.0):
         clean = net.last_logits(ids, mask)
     torch.manual_seed(0)
-    with torch.no_grad(), net.inject(ctx, coef, gamma=1e-3):
+    with torch.no_grad(), net.inject(ctx, coef, gamma=1e-3, noise_norm="stream"):
         noisy = net.last_logits(ids, mask)
     diff = (noisy - clean).abs().max()
     assert 0 < diff < 1.0
