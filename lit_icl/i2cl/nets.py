@@ -5,11 +5,17 @@
   residual stream itself, used by the task-vector baseline).
 - :meth:`CausalLM.inject` replaces ``a_l^t`` by ``lambda_l^a v_l^a + beta_l^a a_l^t`` and ``m_l^t`` by
   ``lambda_l^m v_l^m + beta_l^m m_l^t`` at every layer and token (Eq. 4), optionally with the calibration noise
-  of Eq. 6: after each sub-layer the *residual stream* ``o`` (resp. ``r``) gets ``gamma ||o||_2 eta``; adding it
-  to the sub-layer's output is the same thing because the residual add is linear.
+  of Eq. 6: ``gamma ||x||_2 eta`` added to the injected output, ``x`` that output itself (the public code, the
+  default) or the *residual stream* after the sub-layer (Eq. 6 as written; adding the noise to the sub-layer's
+  output is the same thing because the residual add is linear).
 - :meth:`CausalLM.replace_hidden` writes a vector into one block's output at the last real token (task vector).
 
-Which modules are hooked is read from the model, not from a list of model types (:func:`decoder_layout`): the
+Which modules are hooked (``hook_point``): by default the attention and MLP modules themselves, as the authors'
+public code does (its module paths ``layers.{l}.self_attn`` / ``.mlp``); on post-norm blocks the context vectors
+are then the raw sub-layer outputs, and the post-norm rescales ``lambda v + beta a`` (and the calibration noise)
+before it reaches the stream. ``hook_point: write`` hooks what enters the residual stream instead.
+
+That write is read from the model, not from a list of model types (:func:`decoder_layout`): the
 decoder blocks are the model's ``nn.ModuleList`` of ``num_hidden_layers`` identical blocks, each with one attention
 and one MLP child; a probe forward then follows each sub-layer's output through the block to the module whose
 output is added to the residual stream. In pre-norm blocks (Llama, Mistral, Qwen, Gemma 1, Phi-3, GPT-2, GPT-J,
@@ -17,11 +23,6 @@ GPT-NeoX) that is the sub-layer itself (or its residual dropout); in blocks with
 OLMo-2) it is that norm, so ``v``, ``lambda`` and ``beta`` act on what enters the stream, as Eq. 1 and 4 define
 them. The probe checks ``block out = block in + attention write + MLP write`` at every layer (sequential and
 parallel blocks alike) and refuses, in one line naming what it found, a layout where that does not hold.
-
-``hook_point: module`` hooks the attention and MLP modules themselves instead, as the authors' public code does
-(its module paths ``layers.{l}.self_attn`` / ``.mlp``). On pre-norm blocks that is the same thing; on post-norm
-blocks the context vectors are then the raw sub-layer outputs, and the post-norm rescales ``lambda v + beta a`` (and
-the calibration noise) before it reaches the stream.
 """
 
 from __future__ import annotations
