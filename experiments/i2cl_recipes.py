@@ -8,7 +8,8 @@ Every run is ``configs/i2cl/offline.yaml`` (the movie-review stand-in for MR, 5 
 ``data_seed``, 500 class-balanced evaluation queries fixed by ``eval_seed``), on one of the two offline models, with
 one recipe's options on top (:data:`RECIPES`). A recipe that calibrates fits ``[i2cl]`` alone (so its noise draws do
 not depend on other methods) and tests it from its last checkpoint; ``few_shot`` is a test-only run of the few-shot
-reference (single-newline separator) and zero-shot (the same evaluation queries for every seed and recipe). Jobs, logs and resumption work as in
+reference (single-newline separator) and zero-shot, ``zero_shot`` one of zero-shot alone (it does not depend on the
+seed: the evaluation queries are the same for every seed and recipe, so one seed's run stands for all). Jobs, logs and resumption work as in
 ``experiments/runner.py``.
 
 The report gives, per model and recipe, I2CL's accuracy (mean ± sd and per seed), its macro-F1 per seed, how many
@@ -62,8 +63,11 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
     "public_code_gamma_0.01": ("public_code with ten times the noise (gamma 0.01)",
                                ["--model.init_args.gamma", "0.01"]),
     "few_shot": ("few-shot reference (demonstrations separated by a single newline) and zero-shot", []),
+    "zero_shot": ("zero-shot alone (the same for every seed: the evaluation queries do not depend on it)", []),
 }
-CALIBRATING = [r for r in RECIPES if r != "few_shot"]
+#: Test-only recipes: the methods they score, with no calibration.
+REFERENCES = {"few_shot": "[zero_shot,few_shot]", "zero_shot": "[zero_shot]"}
+CALIBRATING = [r for r in RECIPES if r not in REFERENCES]
 
 
 def _model_args(model: str) -> list[str]:
@@ -80,7 +84,7 @@ def fit_jobs(args: argparse.Namespace) -> list[Job]:
     for seed in args.seeds:
         for model in args.models:
             for recipe in args.recipes:
-                if recipe == "few_shot":
+                if recipe in REFERENCES:
                     continue
                 argv = ["fit", *_model_args(model), *RECIPES[recipe][1], "--model.init_args.methods", "[i2cl]",
                         "--seed_everything", str(seed), "--data.init_args.data_seed", str(seed),
@@ -96,8 +100,8 @@ def test_jobs(args: argparse.Namespace) -> list[Job]:
             for recipe in args.recipes:
                 folder = _folder(args, model, recipe, seed, "test")
                 name = f"test {model} {recipe} s{seed}"
-                if recipe == "few_shot":
-                    argv = ["test", *_model_args(model), "--model.init_args.methods", "[zero_shot,few_shot]",
+                if recipe in REFERENCES:
+                    argv = ["test", *_model_args(model), "--model.init_args.methods", REFERENCES[recipe],
                             "--seed_everything", str(seed), "--data.init_args.data_seed", str(seed),
                             *logger_args(args.out, f"{model}/{recipe}", folder.name)]
                     jobs.append(Job(name, argv, folder))
@@ -138,10 +142,13 @@ def report(args: argparse.Namespace) -> str:
     out = []
     for model in args.models:
         reference: dict[int, dict[tuple[str, str], float]] = {
-            s: _rows(_folder(args, model, "few_shot", s, "test")) for s in args.seeds}
+            s: {**_rows(_folder(args, model, "zero_shot", s, "test")), **_rows(_folder(args, model, "few_shot", s, "test"))}
+            for s in args.seeds}
         few = [reference[s][("accuracy", "few_shot")] for s in args.seeds if ("accuracy", "few_shot") in reference[s]]
+        # zero-shot does not depend on the seed (fixed evaluation queries): any seed's run stands for the others
+        any_zero = next((r[("accuracy", "zero_shot")] for r in reference.values() if ("accuracy", "zero_shot") in r), None)
         rows = []
-        for recipe in [r for r in args.recipes if r != "few_shot"]:
+        for recipe in [r for r in args.recipes if r not in REFERENCES]:
             seeds, acc, f1, zero, losses = [], [], [], [], []
             for s in args.seeds:
                 r = _rows(_folder(args, model, recipe, s, "test"))
@@ -150,8 +157,9 @@ def report(args: argparse.Namespace) -> str:
                 seeds.append(s)
                 acc.append(r[("accuracy", "i2cl")])
                 f1.append(r[("macro_f1", "i2cl")])
-                if ("accuracy", "zero_shot") in reference[s]:
-                    zero.append((r[("accuracy", "i2cl")], reference[s][("accuracy", "zero_shot")]))
+                z = reference[s].get(("accuracy", "zero_shot"), any_zero)
+                if z is not None:
+                    zero.append((r[("accuracy", "i2cl")], z))
                 loss = _final_loss(_folder(args, model, recipe, s, "fit"))
                 if loss is not None:
                     losses.append(loss)

@@ -75,3 +75,13 @@ def test_report_counts_one_label_seeds_and_seeds_at_least_zero_shot(recipes, tmp
     assert cells[:8] == ["public_code", "0, 1, 2", "0.607 ± 0.101", "0.700, 0.500, 0.620", "0.690, 0.340, 0.600",
                          "1", "2 of 3", "0.600 ± 0.000"]
     assert "Few-shot reference (single newline): 0.810 ± 0.010 over seeds 0, 1, 2" in text
+
+
+def test_report_takes_zero_shot_from_any_seed_when_only_one_was_run(recipes, tmp_path) -> None:
+    for seed, acc in enumerate([0.70, 0.75]):
+        _write(tmp_path / "m" / "public_code" / f"s{seed}_test",
+               [{"metric": "accuracy", "method": "i2cl", "value": acc}, {"metric": "macro_f1", "method": "i2cl", "value": acc}])
+    _write(tmp_path / "m" / "zero_shot" / "s1_test", [{"metric": "accuracy", "method": "zero_shot", "value": 0.72}])
+    text = recipes.report(Namespace(models=["m"], recipes=["public_code"], seeds=[0, 1], out=tmp_path))
+    row = next(line for line in text.splitlines() if line.startswith("| public_code"))
+    assert "| 1 of 2 | 0.720 ± 0.000 |" in row
