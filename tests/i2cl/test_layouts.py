@@ -46,6 +46,22 @@ def _block_io(net: CausalLM):
     return io, handles
 
 
+def _inject_vectors_only(net: CausalLM) -> tuple[torch.Tensor, dict[int, list[torch.Tensor]]]:
+    """Random context vectors injected with lambda = 1, beta = 0 into a forward of ``TEXTS[0]``: the vectors and each
+    block's (input, output)."""
+    ids, mask = net.encode(TEXTS[:1])
+    context = torch.randn(net.n_layers, 2, net.hidden_size, generator=torch.Generator().manual_seed(0))
+    coef = torch.stack([torch.ones(net.n_layers, 2), torch.zeros(net.n_layers, 2)], dim=-1)
+    io, handles = _block_io(net)
+    try:
+        with net.inject(context, coef):
+            net.last_logits(ids, mask)
+    finally:
+        for h in handles:
+            h.remove()
+    return context, io
+
+
 def test_the_hooked_modules_are_what_enters_the_residual_stream(family) -> None:
     kind, net = family
     assert net.n_layers == 2
@@ -58,16 +74,7 @@ def test_the_hooked_modules_are_what_enters_the_residual_stream(family) -> None:
 def test_injected_vectors_are_added_to_the_residual_stream_exactly(family) -> None:
     """lambda = 1, beta = 0: block out = block in + v^a + v^m at every layer and token (Eq. 4 on the stream)."""
     _, net = family
-    ids, mask = net.encode(TEXTS[:1])
-    context = torch.randn(net.n_layers, 2, net.hidden_size, generator=torch.Generator().manual_seed(0))
-    coef = torch.stack([torch.ones(net.n_layers, 2), torch.zeros(net.n_layers, 2)], dim=-1)
-    io, handles = _block_io(net)
-    try:
-        with net.inject(context, coef):
-            net.last_logits(ids, mask)
-    finally:
-        for h in handles:
-            h.remove()
+    context, io = _inject_vectors_only(net)
     for layer in range(net.n_layers):
         inp, out = io[layer]
         expected = inp + context[layer, ATTN] + context[layer, MLP]
@@ -138,15 +145,7 @@ def test_module_hook_point_on_gemma3_sends_the_injection_through_the_post_norms(
     for layer, (block, _, _) in enumerate(net.layout):
         torch.testing.assert_close(block.post_attention_layernorm(raw["attn"][layer]), written["attn"][layer])
         torch.testing.assert_close(block.post_feedforward_layernorm(raw["mlp"][layer]), written["mlp"][layer])
-    context = torch.randn(net.n_layers, 2, net.hidden_size, generator=torch.Generator().manual_seed(0))
-    coef = torch.stack([torch.ones(net.n_layers, 2), torch.zeros(net.n_layers, 2)], dim=-1)
-    io, handles = _block_io(net)
-    try:
-        with net.inject(context, coef):
-            net.last_logits(ids, mask)
-    finally:
-        for h in handles:
-            h.remove()
+    context, io = _inject_vectors_only(net)
     for layer, (block, _, _) in enumerate(net.layout):
         inp, out = io[layer]
         v = context[layer].expand(inp.shape[1], 2, -1)
