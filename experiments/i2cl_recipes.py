@@ -57,6 +57,8 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
     "sublayer_noise": ("paper_text.yaml with the noise scaled by the sub-layer output only",
                        [*PAPER, "--model.init_args.noise_norm", "sublayer"]),
     "no_noise": ("public_code without noise (gamma 0)", ["--model.init_args.gamma", "0"]),
+    "public_code_add": ("public_code with the code's other injection, a + relu(lambda) v (beta fixed at 1)",
+                        ["--model.init_args.inject_method", "add"]),
     "public_code_gamma_0.003": (("public_code with gamma 0.003: the relative noise norm gamma sqrt(D) of "
                                  "Llama-2-7b at 0.001 (D = 4096) on D = 576-640"),
                                 ["--model.init_args.gamma", "0.003"]),

@@ -77,6 +77,20 @@ WITH_DEMOS = ("few_shot", "icl_i2cl")  # methods whose prompts carry the demonst
 
 #: The calibration's learning-rate schedule (see :func:`lr_lambda`).
 LRSchedule = Literal["cosine", "public_code"]
+#: How the coefficients enter Eq. 4 (see :func:`injection_coefficients`).
+InjectMethod = Literal["linear", "add"]
+
+
+def injection_coefficients(coef: Tensor, inject_method: str) -> Tensor:
+    """The ``(L, 2, 2)`` ``(lambda, beta)`` that Eq. 4 applies, from the trained coefficients.
+
+    ``linear`` (Eq. 4): both as trained. ``add`` (the public code's ``inject_method: add``): ``a + relu(lambda) v``,
+    so ``beta`` stays 1 and only the context vectors' weights are calibrated (half the parameters, and the LM's own
+    sub-layer outputs are never rescaled).
+    """
+    if inject_method == "add":
+        return torch.stack([F.relu(coef[..., 0]), torch.ones_like(coef[..., 1])], dim=-1)
+    return coef
 
 
 def cosine_lambda(step: int, total: int, lr: float, lr_min: float, warmup: int) -> float:
@@ -106,11 +120,11 @@ def lr_lambda(schedule: str, step: int, total: int, lr: float, lr_min: float, wa
 
 def calibration_loss(
     net: I2CLNet, context: Tensor, coef: Tensor, prompts: Sequence[str], targets: Tensor, gamma: float,
-    noise_norm: NoiseNorm = "sublayer",
+    noise_norm: NoiseNorm = "sublayer", inject_method: InjectMethod = "linear",
 ) -> Tensor:
     """Eq. 5 on one batch: CE of the label's first token at each prompt's last position, under Eq. 4 (+ Eq. 6)."""
     ids, mask = net.encode(prompts)
-    with net.inject(context, coef, gamma=gamma, noise_norm=noise_norm):
+    with net.inject(context, injection_coefficients(coef, inject_method), gamma=gamma, noise_norm=noise_norm):
         logits = net.last_logits(ids, mask)
     return F.cross_entropy(logits, targets.to(logits.device))
 
@@ -133,6 +147,7 @@ def calibrate(
     noise_norm: NoiseNorm = "sublayer",
     lr_schedule: LRSchedule = "public_code",
     replacement: bool = True,
+    inject_method: InjectMethod = "linear",
 ) -> tuple[Tensor, list[float]]:
     """Noisy self-calibration as a plain loop (Algorithm 1's first calibration, and for use outside Lightning).
 
@@ -162,7 +177,8 @@ def calibrate(
             opt.zero_grad()
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(int(torch.randint(2**62, (1,), generator=noise)))
-                loss = calibration_loss(net, context, coef, [prompts[i] for i in idx], targets[idx], gamma, noise_norm)
+                loss = calibration_loss(net, context, coef, [prompts[i] for i in idx], targets[idx], gamma, noise_norm,
+                                        inject_method)
             loss.backward()
             opt.step()
             sched.step()
@@ -217,6 +233,8 @@ class I2CLModule(ICLModule):
             public code), or ``stream``, the residual stream (Eq. 6 as written); see ``CausalLM.inject``.
         lr / lr_min: AdamW learning rate, annealed by a cosine to ``lr_min``; weight_decay: AdamW's.
         warmup_fraction: linear warm-up share of the calibration steps (the public code's 0.05; the paper says 0).
+        inject_method: ``linear`` (Eq. 4: ``beta a + lambda v``) or ``add`` (the public code's other method,
+            ``a + relu(lambda) v``: only the context vectors' weights calibrate); see :func:`injection_coefficients`.
         lr_schedule: ``public_code`` (default: the authors' exact schedule, :func:`public_code_lambda`; it anneals
             to 0, so it needs ``lr_min: 0``) or ``cosine`` (warm-up, then a cosine from ``lr`` to ``lr_min`` over
             the remaining steps; the paper's 1e-5 floor).
@@ -242,6 +260,7 @@ class I2CLModule(ICLModule):
         weight_decay: float = 1e-3,
         warmup_fraction: float = 0.05,
         lr_schedule: LRSchedule = "public_code",
+        inject_method: InjectMethod = "linear",
         init_lambda: float = 0.1,
         init_beta: float = 1.0,
         transfer_from: list[str] | None = None,
@@ -297,6 +316,7 @@ class I2CLModule(ICLModule):
         warmup_fraction: float,
         init_lambda: float,
         lr_schedule: str = "public_code",
+        inject_method: str = "linear",
         init_beta: float,
         transfer_from: list[str] | None,
         transfer_threshold: float,
@@ -320,6 +340,7 @@ class I2CLModule(ICLModule):
         check_nonnegative("weight_decay", weight_decay)
         check_range("warmup_fraction", warmup_fraction, 0.0, 1.0, high_inclusive=False)
         check_literal("lr_schedule", lr_schedule, LRSchedule)
+        check_literal("inject_method", inject_method, InjectMethod)
         if lr_schedule == "public_code" and lr_min != 0:
             raise ConfigError(f"lr_schedule=public_code anneals to 0 and ignores lr_min={lr_min}: set lr_min: 0")
         if (noise_norm == "stream" and gamma > 0 and getattr(net, "hook_point", "write") == "module"
@@ -426,6 +447,7 @@ class I2CLModule(ICLModule):
             epochs=int(trainer.max_epochs or 1), batch_size=2, lr=hp.lr, lr_min=hp.lr_min,
             weight_decay=hp.weight_decay, gamma=hp.gamma, warmup_fraction=hp.warmup_fraction, seed=self.data_seed,
             noise_norm=hp.noise_norm, lr_schedule=hp.lr_schedule, replacement=self.calibration_batches == "replacement",
+            inject_method=hp.inject_method,
         )
         out = transfer_init(c_new.cpu(), self.src_coef.cpu(), self.src_ctx.cpu(), hp.transfer_threshold,
                             hp.transfer_temperature)
@@ -456,7 +478,7 @@ class I2CLModule(ICLModule):
             opt.zero_grad()
             loss = calibration_loss(
                 self.net, self.context(m), self.coefs[m], self._prompts(m, batch["text"]), targets, self.hparams.gamma,
-                self.hparams.noise_norm,
+                self.hparams.noise_norm, self.hparams.inject_method,
             )
             self.manual_backward(loss)
             opt.step()
@@ -511,7 +533,8 @@ class I2CLModule(ICLModule):
             with self.net.replace_hidden(self.tv_layer, self.task_vector[self.tv_layer], mask):
                 logits = self.net.last_logits(ids, mask)
         else:
-            with self.net.inject(self.context(method), self.coefs[method].float(), gamma=0.0):
+            coef = injection_coefficients(self.coefs[method].float(), self.hparams.inject_method)
+            with self.net.inject(self.context(method), coef, gamma=0.0):
                 logits = self.net.last_logits(ids, mask)
         return logits[:, self.label_ids.to(logits.device)].argmax(-1)
 
@@ -603,7 +626,9 @@ class I2CLModule(ICLModule):
                 ms = 1000.0 * self.seconds[m] / self.queries[m]
                 rows.append(result_row("latency_ms_per_query", ms, method=m, **coords))
             rows.append(result_row("cached_params", self.cached_params(m), method=m, **coords))
-            trainable = 4 * self.net.n_layers if m in CALIBRATED else 0
+            # add calibrates lambda only (beta stays 1): 2L scalars; linear both: 4L
+            per_layer = 2 if self.hparams.inject_method == "add" else 4
+            trainable = per_layer * self.net.n_layers if m in CALIBRATED else 0
             rows.append(result_row("trainable_params", trainable, method=m, **coords))
         for k, m in enumerate(self.calibrated):
             rows.append(result_row("calibration_seconds", float(self.calib_seconds[k]), method=m, **coords))
