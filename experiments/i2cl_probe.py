@@ -19,6 +19,14 @@ Loads the model and the movie-review task as ``configs/i2cl/offline.yaml`` does 
 
 Sections 2-4 repeat for each hook point (``write``: what enters the residual stream; ``module``: the attention and
 MLP modules' own outputs, the public code). Nothing is trained.
+
+With ``--ckpt`` (an I2CL fit's ``last.ckpt``), it instead scores that checkpoint's calibrated coefficients on the
+evaluation queries (``--queries``, the first N of the protocol's 500) taken apart: as calibrated, with the context
+vectors removed (``lambda = 0``, the calibrated ``beta`` only), with the sub-layers unscaled (``beta = 1``, the
+calibrated ``lambda`` only), at the starting coefficients (``lambda = 0.1, beta = 1``) and zero-shot:
+
+    python experiments/i2cl_probe.py --ckpt runs/.../s0_fit/checkpoints/last.ckpt --model data/i2cl/gemma-3-270m \
+        --seed 0 --hook-points module
 """
 
 from __future__ import annotations
@@ -61,11 +69,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--draws", type=int, default=3, help="noise draws per setting")
     p.add_argument("--gamma", type=float, default=1e-3)
     p.add_argument("--hook-points", nargs="+", choices=["write", "module"], default=["write", "module"])
+    p.add_argument("--ckpt", help="an I2CL checkpoint: score its coefficients taken apart (the first hook point)")
+    p.add_argument("--queries", type=int, default=500, help="evaluation queries for --ckpt")
     args = p.parse_args(argv)
 
     dm = I2CLDataModule(task="jsonl", train_file="data/i2cl/movie_reviews/train.jsonl",
                         test_file="data/i2cl/movie_reviews/test.jsonl", template="Review: {text}\nSentiment:",
                         label_words=["negative", "positive"], shots_per_class=5, data_seed=args.seed)
+    if args.ckpt:
+        ablate(args, dm)
+        return
     for n, hook_point in enumerate(args.hook_points):
         net = CausalLM(args.model, hook_point=hook_point)
         module = I2CLModule(net=net, methods=["i2cl"], noise_norm="sublayer")
@@ -125,6 +138,44 @@ def main(argv: list[str] | None = None) -> None:
                                           coef(0.1), args.gamma, noise_norm, first)[0])
                 print(f"| {noise_norm} | {'yes' if first else 'no'} | {', '.join(f'{x:.2f}' for x in losses)} |")
         print()
+
+
+@torch.no_grad()
+def ablate(args: argparse.Namespace, dm: I2CLDataModule) -> None:
+    """Accuracy and macro-F1 of a checkpoint's coefficients taken apart, on the evaluation queries."""
+    from torchmetrics.functional.classification import multiclass_f1_score
+
+    state = torch.load(args.ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    coef, v = state["coefs.i2cl"].float(), state["ctx_i2cl"].float()
+    net = CausalLM(args.model, hook_point=args.hook_points[0])
+    module = I2CLModule(net=net, methods=["i2cl"])
+    module.bind_datamodule(dm)
+    data, label_ids = module.data, module.label_ids
+    queries = data.eval[: args.queries]
+    prompts = [data.query(t) for t, _ in queries]
+    labels = torch.tensor([y for _, y in queries])
+    lam, beta = coef[..., :1], coef[..., 1:]
+    variants = {
+        "as calibrated": coef,
+        "context vectors removed (lambda = 0, calibrated beta)": torch.cat([torch.zeros_like(lam), beta], -1),
+        "sub-layers unscaled (calibrated lambda, beta = 1)": torch.cat([lam, torch.ones_like(beta)], -1),
+        "starting coefficients (lambda = 0.1, beta = 1)": torch.cat([torch.full_like(lam, 0.1), torch.ones_like(beta)], -1),
+        "zero-shot (lambda = 0, beta = 1)": torch.cat([torch.zeros_like(lam), torch.ones_like(beta)], -1),
+    }
+    print(f"# {args.ckpt}: {len(queries)} evaluation queries, data_seed {args.seed}\n")
+    print(f"calibrated lambda: mean {float(lam.mean()):.3f}, range {float(lam.min()):.3f} to {float(lam.max()):.3f}; "
+          f"beta: mean {float(beta.mean()):.3f}, range {float(beta.min()):.3f} to {float(beta.max()):.3f}\n")
+    print("| coefficients | accuracy | macro-F1 | share predicted as the first label word |")
+    print("|---|---|---|---|")
+    for name, c in variants.items():
+        preds = []
+        for i in range(0, len(prompts), 8):
+            ids, mask = net.encode(prompts[i: i + 8])
+            with net.inject(v, c):
+                preds.append(net.last_logits(ids, mask)[:, label_ids].argmax(-1).cpu())
+        pred = torch.cat(preds)
+        f1 = float(multiclass_f1_score(pred, labels, num_classes=len(label_ids), average="macro"))
+        print(f"| {name} | {float((pred == labels).float().mean()):.3f} | {f1:.3f} | {float((pred == 0).float().mean()):.3f} |")
 
 
 if __name__ == "__main__":
