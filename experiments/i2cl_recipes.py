@@ -1,7 +1,7 @@
 """I2CL calibrated by the paper's recipe and by the public code's, and the ablations between them, over seeds.
 
-    python experiments/i2cl_recipes.py fit  --models gemma --recipes public_code paper --seeds 0 1 2 3 4 --jobs 2
-    python experiments/i2cl_recipes.py test --models gemma --recipes public_code paper few_shot --seeds 0 1 2 3 4
+    python experiments/i2cl_recipes.py fit  --models gemma --recipes sublayer_noise public_code paper --seeds 0 1 2 3 4
+    python experiments/i2cl_recipes.py test --models gemma --recipes sublayer_noise public_code paper zero_shot
     python experiments/i2cl_recipes.py report --models gemma smollm2 > table.md
 
 Every run is ``configs/i2cl/offline.yaml`` (the movie-review stand-in for MR, 5 demonstrations per class drawn by
@@ -9,8 +9,8 @@ Every run is ``configs/i2cl/offline.yaml`` (the movie-review stand-in for MR, 5 
 one recipe's options on top (:data:`RECIPES`). A recipe that calibrates fits ``[i2cl]`` alone (so its noise draws do
 not depend on other methods) and tests it from its last checkpoint; ``few_shot`` is a test-only run of the few-shot
 reference (single-newline separator) and zero-shot, ``zero_shot`` one of zero-shot alone (it does not depend on the
-seed: the evaluation queries are the same for every seed and recipe, so one seed's run stands for all). Jobs, logs and resumption work as in
-``experiments/runner.py``.
+seed: the evaluation queries are the same for every seed and recipe, so one seed's run stands for all). Jobs, logs
+and resumption work as in ``experiments/runner.py``.
 
 The report gives, per model and recipe, I2CL's accuracy (mean ± sd and per seed), its macro-F1 per seed, how many
 seeds predict a single label (macro-F1 below 0.4 on these two balanced classes), how many are at least zero-shot,
@@ -40,30 +40,31 @@ CONFIG = REPO / "configs" / "i2cl" / "offline.yaml"
 #: model -> its overlay on offline.yaml (None: the base config's SmolLM2-135M-Instruct).
 MODELS: dict[str, str | None] = {"smollm2": None, "gemma": "configs/i2cl/offline/gemma.yaml"}
 PAPER = ["--config", "configs/i2cl/offline/paper_text.yaml"]
+PUBLIC = ["--config", "configs/i2cl/offline/public_code.yaml"]
 HOOK = "--model.init_args.net.init_args.hook_point"
-#: recipe -> (what it is, extra CLI arguments). ``public_code`` is offline.yaml as shipped (the authors' code: noise
-#: relative to each injected sub-layer output, hooks on the attention / MLP modules, 5 % warm-up then a cosine to 0,
-#: a fresh batch every step); ``paper`` is the paper's text (``paper_text.yaml``). Before 2026-11-26 the defaults
-#: were the paper's text and ``public_code`` was an overlay; the resolved configs of both are the same.
+#: recipe -> (what it is, extra CLI arguments). The defaults (offline.yaml) are ``sublayer_noise``: the paper's text
+#: (hooks on what enters the residual stream, a cosine from 1e-2 to 1e-5, a shuffle per epoch) with the noise scaled
+#: by each injected sub-layer output, as the authors' code scales it. The runs of 2026-11-26 were made while the
+#: defaults were first the paper's text and then the public code's; each resolves to the same config as here.
 RECIPES: dict[str, tuple[str, list[str]]] = {
     "paper": ("paper_text.yaml: Eq. 6 (stream noise), hooks on the stream writes, cosine to 1e-5, epoch shuffles",
               PAPER),
-    "public_code": ("offline.yaml: sub-layer noise, hooks on the modules, warm-up + cosine to 0, fresh draws", []),
-    "public_code_write": ("public_code with the hooks on the stream writes (after Gemma's post-norms)",
-                          [HOOK, "write"]),
-    "public_code_schedule": ("public_code with paper_text.yaml's schedule and epoch shuffles",
-                             ["--model.init_args.lr_schedule", "cosine", "--model.init_args.lr_min", "1e-5",
+    "sublayer_noise": ("offline.yaml (the default): the paper's text with the noise scaled by the sub-layer output", []),
+    "public_code": ("public_code.yaml: sub-layer noise, hooks on the modules, warm-up + cosine to 0, fresh draws",
+                    PUBLIC),
+    "public_code_write": ("public_code.yaml with the hooks on the stream writes (after Gemma's post-norms)",
+                          [*PUBLIC, HOOK, "write"]),
+    "public_code_schedule": ("public_code.yaml with the default schedule and epoch shuffles",
+                             [*PUBLIC, "--model.init_args.lr_schedule", "cosine", "--model.init_args.lr_min", "1e-5",
                               "--model.init_args.warmup_fraction", "0", "--data.init_args.calibration_batches", "epoch"]),
-    "sublayer_noise": ("paper_text.yaml with the noise scaled by the sub-layer output only",
-                       [*PAPER, "--model.init_args.noise_norm", "sublayer"]),
-    "no_noise": ("public_code without noise (gamma 0)", ["--model.init_args.gamma", "0"]),
-    "public_code_add": ("public_code with the code's other injection, a + relu(lambda) v (beta fixed at 1)",
-                        ["--model.init_args.inject_method", "add"]),
-    "public_code_gamma_0.003": (("public_code with gamma 0.003: the relative noise norm gamma sqrt(D) of "
+    "no_noise": ("public_code.yaml without noise (gamma 0)", [*PUBLIC, "--model.init_args.gamma", "0"]),
+    "public_code_add": ("public_code.yaml with the code's other injection, a + relu(lambda) v (beta fixed at 1)",
+                        [*PUBLIC, "--model.init_args.inject_method", "add"]),
+    "public_code_gamma_0.003": (("public_code.yaml with gamma 0.003: the relative noise norm gamma sqrt(D) of "
                                  "Llama-2-7b at 0.001 (D = 4096) on D = 576-640"),
-                                ["--model.init_args.gamma", "0.003"]),
-    "public_code_gamma_0.01": ("public_code with ten times the noise (gamma 0.01)",
-                               ["--model.init_args.gamma", "0.01"]),
+                                [*PUBLIC, "--model.init_args.gamma", "0.003"]),
+    "public_code_gamma_0.01": ("public_code.yaml with ten times the noise (gamma 0.01)",
+                               [*PUBLIC, "--model.init_args.gamma", "0.01"]),
     "few_shot": ("few-shot reference (demonstrations separated by a single newline) and zero-shot", []),
     "zero_shot": ("zero-shot alone (the same for every seed: the evaluation queries do not depend on it)", []),
 }
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("stage", choices=["fit", "test", "report"])
     p.add_argument("--models", nargs="+", choices=list(MODELS), default=["gemma"])
-    p.add_argument("--recipes", nargs="+", choices=list(RECIPES), default=["paper", "public_code", "few_shot"])
+    p.add_argument("--recipes", nargs="+", choices=list(RECIPES), default=["paper", "sublayer_noise", "public_code", "zero_shot"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     p.add_argument("--out", type=Path, default=REPO / "runs" / "i2cl_recipes")
     add_job_args(p)

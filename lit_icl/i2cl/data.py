@@ -338,8 +338,8 @@ class I2CLDataModule(LightningDataModule):
         example_separator: what ends each demonstration, in the few-shot prompt and in the vectorised
             demonstrations (``"\n"``: App. A and the public code; releases before 2026-11-26 used a blank line in
             the few-shot prompt only).
-        calibration_batches: ``replacement`` (a fresh draw every step, the public code) or ``epoch`` (a shuffle
-            per epoch).
+        calibration_batches: ``epoch`` (a shuffle per epoch) or ``replacement`` (a fresh draw every step, the
+            public code).
     """
 
     def __init__(
@@ -363,7 +363,7 @@ class I2CLDataModule(LightningDataModule):
         batch_size: int = 2,
         eval_batch_size: int = 8,
         example_separator: str = "\n",
-        calibration_batches: CalibrationBatches = "replacement",
+        calibration_batches: CalibrationBatches = "epoch",
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -395,7 +395,7 @@ class I2CLDataModule(LightningDataModule):
         batch_size: int,
         eval_batch_size: int,
         example_separator: str = "\n",
-        calibration_batches: str = "replacement",
+        calibration_batches: str = "epoch",
         **_: object,
     ) -> None:
         """The constructor's argument checks (``**_``: the options with nothing to check, and what the CLI adds

@@ -10,12 +10,12 @@
   output is the same thing because the residual add is linear).
 - :meth:`CausalLM.replace_hidden` writes a vector into one block's output at the last real token (task vector).
 
-Which modules are hooked (``hook_point``): by default the attention and MLP modules themselves, as the authors'
-public code does (its module paths ``layers.{l}.self_attn`` / ``.mlp``); on post-norm blocks the context vectors
-are then the raw sub-layer outputs, and the post-norm rescales ``lambda v + beta a`` (and the calibration noise)
-before it reaches the stream. ``hook_point: write`` hooks what enters the residual stream instead.
+Which modules are hooked (``hook_point``): by default what each sub-layer writes into the residual stream;
+``hook_point: module`` hooks the attention and MLP modules themselves, as the authors' public code does (its module
+paths ``layers.{l}.self_attn`` / ``.mlp``): on post-norm blocks the context vectors are then the raw sub-layer
+outputs, and the post-norm rescales ``lambda v + beta a`` (and the calibration noise) before it reaches the stream.
 
-That write is read from the model, not from a list of model types (:func:`decoder_layout`): the
+The write is read from the model, not from a list of model types (:func:`decoder_layout`): the
 decoder blocks are the model's ``nn.ModuleList`` of ``num_hidden_layers`` identical blocks, each with one attention
 and one MLP child; a probe forward then follows each sub-layer's output through the block to the module whose
 output is added to the residual stream. In pre-norm blocks (Llama, Mistral, Qwen, Gemma 1, Phi-3, GPT-2, GPT-J,
@@ -157,8 +157,8 @@ def _replace_first(out: Any, new: Tensor) -> Any:
 
 #: What Eq. 6's calibration noise is relative to (see :meth:`CausalLM.inject`).
 NoiseNorm = Literal["stream", "sublayer"]
-#: Which modules are hooked: ``module``, the attention / MLP modules' own outputs (the public code; before a
-#: post-sub-layer norm), or ``write``, what enters the residual stream (after it).
+#: Which modules are hooked: ``write``, what enters the residual stream (after a post-sub-layer norm), or
+#: ``module``, the attention / MLP modules' own outputs (the public code; before that norm).
 HookPoint = Literal["write", "module"]
 #: The LM's weight dtype: ``auto`` is bfloat16 on a GPU, float32 on CPU.
 DType = Literal["auto", "float32", "bfloat16", "float16"]
@@ -173,11 +173,11 @@ class CausalLM(nn.Module):
             once with ``python -m lit_icl.i2cl.prepare`` for repeated use).
         dtype: ``auto`` (bfloat16 on a GPU, float32 on CPU), ``float32``, ``bfloat16`` or ``float16``.
         trust_remote_code: passed to ``from_pretrained``.
-        hook_point: ``module`` (default) hooks the attention and MLP modules themselves, before a post-sub-layer
-            norm (the public code's module paths; on pre-norm blocks such as Llama's, the same modules as
-            ``write``); ``write`` captures and injects what each sub-layer adds to the residual stream (Eq. 1 and 4
-            read literally). On Gemma 3 270M the public code's recipe, ``module`` included, removed the one-label
-            collapses of the literal reading (``experiments/results/i2cl_recipes_cpu.md``).
+        hook_point: ``write`` (default) captures and injects what each sub-layer adds to the residual stream (Eq. 1
+            and 4 read literally); ``module`` hooks the attention and MLP modules themselves, before a post-sub-layer
+            norm (the public code's module paths; on pre-norm blocks such as Llama's, the same modules as ``write``).
+            On Gemma 3 270M ``write`` with the public code's noise scaling was the best measured recipe
+            (``experiments/results/i2cl_recipes_cpu.md``).
     """
 
     def __init__(
@@ -186,7 +186,7 @@ class CausalLM(nn.Module):
         gguf_file: str | None = None,
         dtype: DType = "auto",
         trust_remote_code: bool = False,
-        hook_point: HookPoint = "module",
+        hook_point: HookPoint = "write",
     ):
         super().__init__()
         check_literal("dtype", dtype, DType)
@@ -225,7 +225,7 @@ class CausalLM(nn.Module):
         self._setup(model, tokenizer, hook_point)
 
     @classmethod
-    def from_objects(cls, model: nn.Module, tokenizer: Any, hook_point: HookPoint = "module") -> CausalLM:
+    def from_objects(cls, model: nn.Module, tokenizer: Any, hook_point: HookPoint = "write") -> CausalLM:
         """Wrap an already built model and tokenizer (tests build tiny random ones with ``from_config``)."""
         check_literal("hook_point", hook_point, HookPoint)
         obj = cls.__new__(cls)

@@ -199,10 +199,10 @@ def test_unfitted_calibrated_method_is_refused_at_test(tmp_path, llama_dir, caps
 
 def test_offline_transfer_overlays_compose_with_the_offline_config(capsys) -> None:
     """configs/i2cl/offline/*.yaml: three anchor tasks, the transfer run, the Gemma model and the public code's
-    calibration recipe as the paper's text describes it, each on top of offline.yaml."""
+    calibration as Eq. 6 reads and as the authors' code runs it, each on top of offline.yaml."""
     overlays = sorted(glob.glob("configs/i2cl/offline/*.yaml"))
-    assert [Path(p).stem for p in overlays] == ["amazon_reviews", "gemma", "nyt_editorials", "paper_text", "transfer",
-                                               "tweets"]
+    assert [Path(p).stem for p in overlays] == ["amazon_reviews", "gemma", "nyt_editorials", "paper_text", "public_code",
+                                               "transfer", "tweets"]
     for overlay in overlays:
         with pytest.raises(SystemExit) as info:
             main(["fit", "--config", OFFLINE, "--config", overlay, "--print_config"])
@@ -217,9 +217,12 @@ def test_offline_transfer_overlays_compose_with_the_offline_config(capsys) -> No
         elif name == "gemma":  # the second offline model, on the base's task and methods
             assert "model_name_or_path: data/i2cl/gemma-3-270m" in printed
             assert "train_file: data/i2cl/movie_reviews/train.jsonl" in printed
-        elif name == "paper_text":  # the same model and task, calibrated as Eq. 6 and Sec. 3 read
-            for line in ("hook_point: write", "noise_norm: stream", "lr_schedule: cosine", "lr_min: 1.0e-05",
-                         "calibration_batches: epoch", "warmup_fraction: 0.0"):
+        elif name in ("paper_text", "public_code"):  # the same model and task, calibrated another way
+            lines = {"paper_text": ("hook_point: write", "noise_norm: stream", "lr_schedule: cosine", "lr_min: 1.0e-05",
+                                    "calibration_batches: epoch", "warmup_fraction: 0.0"),
+                     "public_code": ("hook_point: module", "noise_norm: sublayer", "lr_schedule: public_code",
+                                     "lr_min: 0.0", "calibration_batches: replacement", "warmup_fraction: 0.05")}
+            for line in lines[name]:
                 assert line in printed
             assert "train_file: data/i2cl/movie_reviews/train.jsonl" in printed
         else:

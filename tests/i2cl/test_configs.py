@@ -13,7 +13,7 @@ I2CL = [files for files in COMBINATIONS if files[0].startswith("configs/i2cl/")]
 
 def test_both_experiments_have_their_overlays() -> None:
     bases = [files[0] for files in I2CL if len(files) == 1]
-    assert bases == ["configs/i2cl/offline.yaml", "configs/i2cl/table1.yaml"] and len(I2CL) == 16
+    assert bases == ["configs/i2cl/offline.yaml", "configs/i2cl/table1.yaml"] and len(I2CL) == 17
 
 
 @pytest.mark.parametrize("files", I2CL, ids=combo_id)

@@ -147,7 +147,7 @@ def test_public_code_schedule_drives_the_optimisers_of_a_fit(tokenizer, tmp_path
 
 def test_public_code_schedule_needs_lr_min_zero(net: CausalLM) -> None:
     with pytest.raises(ConfigError, match="lr_schedule=public_code anneals to 0 .* set lr_min: 0") as info:
-        I2CLModule(net=net, methods=["i2cl"], lr_min=1e-5)  # the default schedule is the public code's
+        I2CLModule(net=net, methods=["i2cl"], lr_schedule="public_code")  # lr_min keeps its default, 1e-5
     assert "\n" not in str(info.value)
     with pytest.raises(ConfigError, match="lr_schedule"):
         I2CLModule(net=net, methods=["i2cl"], lr_schedule="linear", lr_min=0.0)
