@@ -187,6 +187,25 @@ def report(args: argparse.Namespace) -> str:
     return "\n".join(out)
 
 
+def tidy_rows(args: argparse.Namespace) -> list[dict[str, object]]:
+    """One row per (model, recipe, seed, metric) of every finished test: ``accuracy`` and ``macro_f1`` of I2CL (or of
+    the reference methods), and the fit's ``final_calibration_loss``."""
+    rows: list[dict[str, object]] = []
+    for model in args.models:
+        for recipe in args.recipes:
+            for seed in args.seeds:
+                for (metric, method), value in sorted(_rows(_folder(args, model, recipe, seed, "test")).items()):
+                    if metric in ("accuracy", "macro_f1"):
+                        rows.append({"model": model, "recipe": recipe, "seed": seed, "method": method,
+                                     "metric": metric, "value": round(value, 6)})
+                if recipe not in REFERENCES and (_folder(args, model, recipe, seed, "test") / "results.json").is_file():
+                    loss = _final_loss(_folder(args, model, recipe, seed, "fit"))
+                    if loss is not None:
+                        rows.append({"model": model, "recipe": recipe, "seed": seed, "method": "i2cl",
+                                     "metric": "final_calibration_loss", "value": round(loss, 6)})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("stage", choices=["fit", "test", "report"])
@@ -194,10 +213,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--recipes", nargs="+", choices=list(RECIPES), default=["paper", "sublayer_noise", "public_code", "zero_shot"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     p.add_argument("--out", type=Path, default=REPO / "runs" / "i2cl_recipes")
+    p.add_argument("--csv", type=Path, help="report: also write the per-seed values as a tidy CSV here")
     add_job_args(p)
     args = p.parse_args(argv)
     if args.stage == "report":
         print(report(args))
+        if args.csv is not None:
+            import csv
+
+            rows = tidy_rows(args)
+            with open(args.csv, "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=["model", "recipe", "seed", "method", "metric", "value"])
+                writer.writeheader()
+                writer.writerows(rows)
         return
     run_stage(args, fit_jobs, test_jobs)
 

@@ -77,6 +77,10 @@ def test_report_counts_one_label_seeds_and_seeds_at_least_zero_shot(recipes, tmp
     assert cells[:8] == ["public_code", "0, 1, 2", "0.607 ± 0.101", "0.700, 0.500, 0.620", "0.690, 0.340, 0.600",
                          "1", "2 of 3", "0.600 ± 0.000"]
     assert "Few-shot reference (single newline): 0.810 ± 0.010 over seeds 0, 1, 2" in text
+    tidy = recipes.tidy_rows(Namespace(models=["gemma"], recipes=["public_code", "few_shot"], seeds=[0, 1, 2], out=tmp_path))
+    assert {"model": "gemma", "recipe": "public_code", "seed": 1, "method": "i2cl", "metric": "macro_f1",
+            "value": 0.34} in tidy
+    assert len([r for r in tidy if r["recipe"] == "few_shot"]) == 6  # zero-shot and few-shot accuracy per seed
 
 
 def test_report_takes_zero_shot_from_any_seed_when_only_one_was_run(recipes, tmp_path) -> None:
