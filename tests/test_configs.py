@@ -9,6 +9,8 @@ Layout (docs/development.md, "Adding an experiment"): ``configs/<paper>/<experim
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import importlib
 import io
 from pathlib import Path
@@ -34,7 +36,13 @@ COMBINATIONS: list[tuple[str, ...]] = [
 
 
 def print_config(files: tuple[str, ...]) -> dict[str, Any]:
-    """The merged config ``python -m lit_icl fit --config <files...> --print_config`` prints, parsed."""
+    """The merged config ``python -m lit_icl fit --config <files...> --print_config`` prints, parsed (a fresh copy of
+    the one printout per combination: several tests read each, and parsing all of them takes most of a minute)."""
+    return copy.deepcopy(_printed_config(tuple(files)))
+
+
+@functools.cache
+def _printed_config(files: tuple[str, ...]) -> dict[str, Any]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as info:
         main(["fit", *(arg for f in files for arg in ("--config", f)), "--print_config"])

@@ -169,6 +169,7 @@ def _fit_subprocess(root: Path, *extra: str) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
+@pytest.mark.slow  # 45 s; exact resume after SIGKILL stays in the default suite in tests/test_reproducibility.py
 def test_sigkill_while_waiting_then_resume_stops_where_the_uninterrupted_run_stops(tmp_path: Path) -> None:
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     proc = _fit_subprocess(straight)

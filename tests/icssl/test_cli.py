@@ -128,6 +128,7 @@ def _assert_same_val_metrics(single: Path, multi: Path) -> None:
         assert abs(s[tag][-1] - d[tag][-1]) < 2e-3, (tag, s[tag], d[tag])
 
 
+@pytest.mark.slow  # 22 s with its fixture, like IC-SSL's other DDP runs
 def test_ddp_on_cpu_matches_single_process(tmp_path, single_process_run: Path) -> None:
     """2 gloo ranks x 8 episodes per step see the same data as 1 process x 16: same validation metrics."""
     proc = subprocess.run(
