@@ -44,6 +44,7 @@ from runner import (
     overlay_argv,
     run_stage,
 )
+from tidy import RunRecord, add_report_args, check_out, grid_records
 
 CONFIG = CONFIGS / "icssl" / "features.yaml"
 NET = "--model.init_args.net"
@@ -123,13 +124,13 @@ def test_jobs(args: argparse.Namespace) -> list[Job]:
     return jobs
 
 
-def table1(args: argparse.Namespace) -> str:
+def table1(args: argparse.Namespace, records: dict[str, RunRecord]) -> str:
     """Table 1: alignment between our model, the Transformer baseline and EIG (mean ± sd over seeds)."""
     found: dict[tuple[str, str], list[float]] = {}
     for seed in args.seeds:
-        path = args.out / _name("e2e", max(args.sizes)) / f"s{seed}_test_table1" / "results.json"
-        if path.is_file():
-            for row in json.loads(path.read_text())["rows"]:
+        record = records.get(f"{_name('e2e', max(args.sizes))}/s{seed}_test_table1")
+        if record is not None and record.results is not None:
+            for row in record.results["rows"]:
                 if row["metric"] in ("mnn", "cycle_knn", "lcs_knn") and "~" in str(row.get("embeddings")):
                     found.setdefault((row["embeddings"], row["metric"]), []).append(row["value"])
     if not found:
@@ -146,26 +147,37 @@ def table1(args: argparse.Namespace) -> str:
             + markdown_table(["embeddings", "mNN", "cycle-kNN", "LCS"], rows))
 
 
-def report(args: argparse.Namespace) -> int:
-    from lit_icl.icssl.sweep import main as sweep_main
+def _runs(args: argparse.Namespace, suffix: str = "") -> list[str]:
+    """The grid's run names (``<method>_size<n>/s<seed><suffix>``) in the order the jobs run."""
+    return [f"{_name(method, size)}/s{seed}{suffix}" for size in args.sizes for seed in args.seeds for method in METHODS]
 
-    runs = [str(j.folder) for j in test_jobs(args) if j.done and not j.folder.name.endswith("_table1")]
-    if not runs:
+
+def report(args: argparse.Namespace) -> int:
+    from lit_icl.icssl.sweep import pool, sweep_report
+
+    records = grid_records(args)
+    tests = [(run, records[run].results) for run in _runs(args, "_test")
+             if run in records and records[run].results is not None]
+    if not tests:
         print("no finished tests: run `fit` and `test` first", file=sys.stderr)
         return 2
-    rc = sweep_main([*runs, "--label-ratio", str(args.label_ratio), "--out", str(args.out / "sweep")])
-    print("\n" + table1(args))
-    print("\n" + training_length(args))
-    return rc
+    out = args.sweep_out or (None if args.out.suffix == ".csv" else args.out / "sweep")
+    text = sweep_report(pool(tests), args.label_ratio, out, [run for run, _ in tests])
+    if text is None:
+        print(f"no accuracy rows at label ratio {args.label_ratio} in the tests", file=sys.stderr)
+        return 2
+    print(text)
+    print("\n" + table1(args, records))
+    print("\n" + training_length(args, records))
+    return 0
 
 
-def training_length(args: argparse.Namespace) -> str:
-    """How long each method trained at each size, from the runs' ``stopping.json`` (``--patience`` runs only)."""
+def training_length(args: argparse.Namespace, records: dict[str, RunRecord]) -> str:
+    """How long each method trained at each size, from the fits' ``stopping.json`` (``--patience`` runs only)."""
     groups: dict[str, list[dict]] = {}
-    for job in fit_jobs(args):
-        record = job.folder / "stopping.json"
-        if record.is_file():
-            groups.setdefault(job.folder.parent.name, []).append(json.loads(record.read_text()))
+    for run in _runs(args):
+        if run in records and records[run].stopping is not None:
+            groups.setdefault(run.split("/")[0], []).append(records[run].stopping)
     return length_table(groups)
 
 
@@ -184,10 +196,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--label-ratio", type=float, default=0.03, help="the accuracy curve's label ratio")
     add_overlay_arg(parser, "configs/icssl/features.yaml",
                     "configs/icssl/features/few_labels.yaml (train at 3 %% labels, as Sec. 4.2)")
+    parser.add_argument("--sweep-out", type=Path, default=None,
+                        help="report: the folder for sweep.png and the sweep's results.json (default: <out>/sweep; "
+                             "none when --out is a tidy CSV)")
     add_job_args(parser)
     add_convergence_args(parser)
+    add_report_args(parser)
     args = parser.parse_args(argv)
     args.out, args.features = args.out.resolve(), args.features.resolve()
+    check_out(parser, args)
     if min(args.sizes) < 1:
         parser.error(f"--sizes {args.sizes}: every dataset size must be at least 1 episode")
     args.input_dim = None

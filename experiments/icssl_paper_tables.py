@@ -48,6 +48,7 @@ from runner import (
     overlay_argv,
     run_stage,
 )
+from tidy import RunRecord, add_report_args, check_out, grid_records
 
 CONFIGS = REPO / "configs"
 MANIFOLDS = ("cone", "cylinder", "sphere", "torus", "spiral")  # App. E.1; "spiral" is the Swiss roll
@@ -220,19 +221,17 @@ def test_jobs(args: argparse.Namespace) -> list[Job]:
     return jobs
 
 
-def _by_seed(out: Path, name: str, what: str, seeds: list[int]) -> dict[tuple, dict[int, float]]:
+def _by_seed(records: dict[str, RunRecord], name: str, what: str, seeds: list[int]) -> dict[tuple, dict[int, float]]:
     """``{(method kind, manifold, n_labeled): {seed: accuracy}}`` from the test runs of one model.
 
     ``method kind`` is ``model`` for the trained model and ``class_prior`` for the constant-class floor.
     """
-    import json
-
     found: dict[tuple, dict[int, float]] = {}
     for seed in seeds:
-        path = out / name / f"s{seed}_test_{what}" / "results.json"
-        if not path.is_file():
+        record = records.get(f"{name}/s{seed}_test_{what}")
+        if record is None or record.results is None:
             continue
-        for row in json.loads(path.read_text())["rows"]:
+        for row in record.results["rows"]:
             if row["metric"] != "accuracy" or row["method"] == "labeled_majority":
                 continue
             kind = "class_prior" if row["method"] == "class_prior" else "model"
@@ -240,20 +239,18 @@ def _by_seed(out: Path, name: str, what: str, seeds: list[int]) -> dict[tuple, d
     return found
 
 
-def _accuracies(out: Path, name: str, what: str, seeds: list[int]) -> dict[tuple, list[float]]:
+def _accuracies(records: dict[str, RunRecord], name: str, what: str, seeds: list[int]) -> dict[tuple, list[float]]:
     """:func:`_by_seed` as ``{key: [accuracy per seed, in seed order]}``."""
-    return {key: [v[s] for s in seeds if s in v] for key, v in _by_seed(out, name, what, seeds).items()}
+    return {key: [v[s] for s in seeds if s in v] for key, v in _by_seed(records, name, what, seeds).items()}
 
 
-def _stopping(out: Path, name: str, what: str, seeds: list[int]) -> list[dict]:
+def _stopping(records: dict[str, RunRecord], name: str, what: str, seeds: list[int]) -> list[dict]:
     """The early-stopping records (``meta.stopping``) of one model's test runs, one per seed that has one."""
-    import json
-
     found = []
     for seed in seeds:
-        path = out / name / f"s{seed}_test_{what}" / "results.json"
-        if path.is_file():
-            meta = json.loads(path.read_text())["meta"]
+        record = records.get(f"{name}/s{seed}_test_{what}")
+        if record is not None and record.results is not None:
+            meta = record.results["meta"]
             if meta.get("stopping"):
                 found.append({**meta["stopping"], "tested_step": meta.get("trained_steps")})
     return found
@@ -367,15 +364,14 @@ def margin_tables(margins: list[Margin]) -> list[str]:
     return parts
 
 
-def steps_table(out: Path, seeds: list[int]) -> str:
+def steps_table(records: dict[str, RunRecord], seeds: list[int]) -> str:
     """How long each group of models trained, from the early-stopping records in their test results."""
     groups: dict[str, list[dict]] = {}
-    for folder in sorted(p for p in out.iterdir() if p.is_dir() and not p.name.startswith("_")) if out.is_dir() else []:
-        what = "product" if folder.name.startswith("product_") else (
-            "images" if folder.name.endswith("_images") else "manifolds")
-        group = folder.name.split("_only_")[0] + "_only" if "_only_" in folder.name else (
-            folder.name.split("_no_")[0] + "_no" if "_no_" in folder.name else folder.name)
-        groups.setdefault(group, []).extend(_stopping(out, folder.name, what, seeds))
+    for name in sorted({run.split("/")[0] for run in records if "/" in run and not run.startswith("_")}):
+        what = "product" if name.startswith("product_") else ("images" if name.endswith("_images") else "manifolds")
+        group = name.split("_only_")[0] + "_only" if "_only_" in name else (
+            name.split("_no_")[0] + "_no" if "_no_" in name else name)
+        groups.setdefault(group, []).extend(_stopping(records, name, what, seeds))
     return length_table(groups)
 
 
@@ -406,7 +402,7 @@ def report(args: argparse.Namespace) -> str:
     import json
 
     paper = json.loads((Path(__file__).with_name("icssl_paper_numbers.json")).read_text())
-    out, seeds, n = args.out, args.seeds, len(args.seeds)
+    records, seeds, n = grid_records(args), args.seeds, len(args.seeds)
     length = (f"E2E models trained {args.steps} steps, EIG+ICL heads {args.eig_steps}" if args.patience is None else
               f"trained until the validation metric rose by no more than {args.min_delta} for {args.patience} rounds of "
               f"{args.val_every} steps (cap {args.steps} steps for E2E, {args.eig_steps} for EIG+ICL heads"
@@ -426,7 +422,7 @@ def report(args: argparse.Namespace) -> str:
                         ("eig_id", eig, f"only_{m}"), ("eig_id5", eig, "five"), ("eig_ood", eig, f"no_{m}"),
                         ("e2e_id", config, f"only_{m}"), ("e2e_id5", config, "five"), ("e2e_ood", config, f"no_{m}"),
                     ):
-                        by_seed = _by_seed(out, f"{model}_{kernel}_{train}", "manifolds", seeds)
+                        by_seed = _by_seed(records, f"{model}_{kernel}_{train}", "manifolds", seeds)
                         acc = {k: [v[s] for s in seeds if s in v] for k, v in by_seed.items()}
                         where = m if train == "five" else None
                         got[col] = acc.get(("model", where, ctx))
@@ -448,16 +444,16 @@ def report(args: argparse.Namespace) -> str:
                      "E2E ICL (ID, five)", "E2E ICL (OOD)", "class prior"], rows))
     if margins:
         parts.extend(margin_tables(margins))
-    parts.append(steps_table(out, seeds))
+    parts.append(steps_table(records, seeds))
     for config, eig in (("tuned", "eig"), ("faithful", "eig_faithful")):
         rows = []
         for ctx in (3, 21, 39):
-            id_eig = _accuracies(out, f"{eig}_rbf_images", "images", seeds).get(("model", None, ctx))
-            id_e2e = _accuracies(out, f"{config}_rbf_images", "images", seeds).get(("model", None, ctx))
+            id_eig = _accuracies(records, f"{eig}_rbf_images", "images", seeds).get(("model", None, ctx))
+            id_e2e = _accuracies(records, f"{config}_rbf_images", "images", seeds).get(("model", None, ctx))
             for m in MANIFOLDS:
                 ref = paper["table_5"][f"{m}/{ctx}"]
-                ood_eig = _accuracies(out, f"{eig}_rbf_no_{m}", "images", seeds).get(("model", None, ctx))
-                ood_e2e = _accuracies(out, f"{config}_rbf_no_{m}", "images", seeds).get(("model", None, ctx))
+                ood_eig = _accuracies(records, f"{eig}_rbf_no_{m}", "images", seeds).get(("model", None, ctx))
+                ood_e2e = _accuracies(records, f"{config}_rbf_no_{m}", "images", seeds).get(("model", None, ctx))
                 if not any((id_eig, ood_eig, id_e2e, ood_e2e)):
                     continue
                 rows.append([str(ctx), ",".join(x for x in MANIFOLDS if x != m),
@@ -470,7 +466,7 @@ def report(args: argparse.Namespace) -> str:
     rows = []
     for ctx in (3, 5, 10, 15, 20, 40, 80):
         ref = paper["table_6"][str(ctx)]
-        got = [_accuracies(out, model, "product", seeds).get(("model", None, ctx)) for model in PRODUCT_MODELS]
+        got = [_accuracies(records, model, "product", seeds).get(("model", None, ctx)) for model in PRODUCT_MODELS]
         if any(got):
             rows.append([str(ctx), *(_cell(v, ref[model], n) for v, model in zip(got, PRODUCT_MODELS))])
     if rows:
@@ -496,8 +492,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "configs/icssl/manifolds/few_labels.yaml")
     add_job_args(parser)
     add_convergence_args(parser)
+    add_report_args(parser)
     args = parser.parse_args(argv)
     args.out = args.out.resolve()
+    check_out(parser, args)
     if args.eig_steps is None:
         # The unnormalised Eq. 6 head needs more than 100 steps to leave the constant answer it starts in.
         args.eig_steps = args.steps

@@ -43,6 +43,7 @@ from runner import (
     mean_sd,
     run_stage,
 )
+from tidy import add_report_args, check_out, grid_records, load
 
 RI = f"{REP}.init_args"
 #: variant -> (what it tests, extra fit arguments on top of configs/icssl/manifolds.yaml on the spiral).
@@ -93,10 +94,11 @@ def test_jobs(args: argparse.Namespace) -> list[Job]:
 
 def report(args: argparse.Namespace) -> str:
     rows = []
-    sources = [(args.tables_out, name, what) for name, what in REFERENCES.items()]
-    sources += [(args.out, name, what) for name, (what, _) in VARIANTS.items()]
-    for out, name, what in sources:
-        acc = _accuracies(out, name, "manifolds", args.seeds)
+    ours, tables = grid_records(args), load(args.tables_out)
+    sources = [(tables, name, what) for name, what in REFERENCES.items()]
+    sources += [(ours, name, what) for name, (what, _) in VARIANTS.items()]
+    for records, name, what in sources:
+        acc = _accuracies(records, name, "manifolds", args.seeds)
         cells = []
         for ctx in (3, 21, 39):
             values = acc.get(("model", None, ctx))
@@ -112,7 +114,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("stage", choices=("fit", "test", "report"))
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "icssl_swiss_roll")
     parser.add_argument("--tables-out", type=Path, default=REPO / "runs" / "icssl_converged",
-                        help="the converged Tables 2-4 run holding the two reference models")
+                        help="the converged Tables 2-4 run holding the two reference models (its run folder or "
+                             "its tidy CSV)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--steps", type=int, default=4000, help="step cap of an E2E model")
     parser.add_argument("--eig-steps", type=int, default=2000, help="step cap of an EIG+ICL head")
@@ -120,8 +123,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--val-episodes", type=int, default=256)
     parser.add_argument("--test-episodes", type=int, default=512)
     add_job_args(parser)
+    add_report_args(parser)
     args = parser.parse_args(argv)
     args.out, args.tables_out = args.out.resolve(), args.tables_out.resolve()
+    check_out(parser, args)
     return args
 
 

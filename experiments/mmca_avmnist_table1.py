@@ -28,7 +28,6 @@ config its fit saved, so it inherits them.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from itertools import pairwise
 from pathlib import Path
@@ -46,6 +45,7 @@ from runner import (
     overlay_argv,
     run_stage,
 )
+from tidy import RunRecord, add_report_args, check_out, grid_records
 
 CONFIG = REPO / "configs" / "mmca" / "avmnist.yaml"
 #: model -> (overlay under configs/mmca/avmnist/ or None, the paper's best test accuracy in %, Table 1).
@@ -120,30 +120,31 @@ def test_jobs(args: argparse.Namespace) -> list[Job]:
     return jobs
 
 
-def _read(path: Path) -> dict | None:
+def _read(records: dict[str, RunRecord], run: str) -> dict | None:
     """``{"accuracy", "history", "stopping"}`` of one test run (accuracies in %), or ``None`` if it is missing."""
-    if not (path / "results.json").is_file():
+    record = records.get(run)
+    if record is None or record.results is None:
         return None
-    data = json.loads((path / "results.json").read_text())
-    rows = data["rows"]
+    rows = record.results["rows"]
     history = [100 * r["value"] for r in sorted((r for r in rows if r["metric"] == "test_accuracy"),
                                                 key=lambda r: r["epoch"])]
     acc = next(100 * r["value"] for r in rows if r["metric"] == "accuracy")
-    return {"accuracy": acc, "history": history, "stopping": data["meta"].get("stopping"),
+    return {"accuracy": acc, "history": history, "stopping": record.results["meta"].get("stopping"),
             "params": next((r["value"] for r in rows if r["metric"] == "params"), None)}
 
 
 def measurements(args: argparse.Namespace) -> dict[str, dict[int, dict]]:
     """``{model: {seed: {...}}}``: best test accuracy over epochs, test accuracy at the best validation epoch,
     epochs trained, the epoch that left chance, parameters."""
+    records = grid_records(args)
     found: dict[str, dict[int, dict]] = {}
     for model in MODELS:
         for seed in args.seeds:
-            last = _read(args.out / model / f"s{seed}_test_last")
+            last = _read(records, f"{model}/s{seed}_test_last")
             if last is None or not last["history"]:
                 continue
             history = last["history"]
-            best = _read(args.out / model / f"s{seed}_test_best")
+            best = _read(records, f"{model}/s{seed}_test_best")
             found.setdefault(model, {})[seed] = {
                 "best_test": max(history),
                 "best_epoch": history.index(max(history)) + 1,
@@ -264,10 +265,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_overlay_arg(parser, "each model's config (and, in `test`, after each run's saved config)",
                     "a file with `trainer: {deterministic: warn}` for a GPU")
     add_job_args(parser)
+    add_report_args(parser)
     args = parser.parse_args(argv)
     if args.min_epochs is not None and not 1 <= args.min_epochs <= args.max_epochs:
         parser.error(f"--min-epochs {args.min_epochs} must lie in [1, --max-epochs {args.max_epochs}]")
     args.out = args.out.resolve()
+    check_out(parser, args)
     return args
 
 

@@ -5,16 +5,16 @@ whose ``last.ckpt`` exists resumes from it (``--ckpt_path last``), so a grid of 
 and restarted. Every command line is written at the top of the job's log, so any single number can be re-run by
 hand. ``fit`` jobs run as subprocesses; ``test`` jobs run in forked workers that imported Lightning once.
 
-The ``done`` marker records the job's wall-clock and CPU seconds, and this file is also a small command over
-finished grids:
+The ``done`` marker records the job's wall-clock and CPU seconds and the commit of the code that ran it, and this
+file is also a small command over finished grids:
 
     python experiments/runner.py cost runs/icssl_converged              # wall and CPU time of every finished job
-    python experiments/runner.py archive runs/icssl_converged experiments/results/records/icssl_converged
+    python experiments/runner.py cost experiments/results/grids/icssl_converged.csv    # the same, from its table
+    python experiments/runner.py tidy runs/icssl_converged experiments/results/grids/icssl_converged.csv
 
-``archive`` copies each run folder's small records (``done``, ``results.json``, ``stopping.json``, the fit's
-``config.yaml``) and none of its checkpoints or logs, so a grid's numbers can be committed, reported from the
-archive (``--out <archive>`` of a driver's ``report``), and a later grid continued from it by copying it back
-(``cp -rn <archive>/. <out>/``: finished jobs are then skipped).
+``tidy`` writes a grid's finished runs as one tidy CSV (``experiments/tidy.py``: a row per run and metric, with
+the config values that vary, steps, CPU seconds and commit; no checkpoints, logs or machine paths); a driver's
+``report --csv`` writes the same file, and its ``report --out <csv>`` regenerates its tables from it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import os
 import re
 import resource
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -174,14 +173,21 @@ def select(jobs: list[Job], only: list[str]) -> list[Job]:
     return [j for j in jobs if any(part in j.name for part in only)]
 
 
-#: The small per-run files ``archive`` keeps (no checkpoints, event files or logs).
-RECORDS = ("done", "results.json", "stopping.json", "config.yaml")
+def code_commit() -> str | None:
+    """The commit of the code the jobs run (``git describe --always --dirty``: ``-dirty`` marks uncommitted
+    changes), or ``None`` outside a git checkout."""
+    try:
+        found = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty", "--abbrev=12"],
+                               capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return found.stdout.strip() or None if found.returncode == 0 else None
 
 
-def write_done(folder: Path, wall: float, cpu: float) -> None:
+def write_done(folder: Path, wall: float, cpu: float, commit: str | None = None) -> None:
     """Mark a job finished, with its wall-clock and CPU seconds (user + system, the job's process and the
-    children it waited for)."""
-    (folder / "done").write_text(f"{wall:.1f} s\ncpu {cpu:.1f} s\n")
+    children it waited for) and the commit of the code that ran it."""
+    (folder / "done").write_text(f"{wall:.1f} s\ncpu {cpu:.1f} s\n" + (f"commit {commit}\n" if commit else ""))
 
 
 def read_done(folder: Path) -> tuple[float, float | None]:
@@ -213,7 +219,7 @@ def run_job(job: Job, threads: int, dry: bool) -> tuple[Job, int, float]:
         proc.returncode = rc = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - start
     if rc == 0:
-        write_done(job.folder, wall, usage.ru_utime + usage.ru_stime)
+        write_done(job.folder, wall, usage.ru_utime + usage.ru_stime, code_commit())
     return job, rc, wall
 
 
@@ -248,7 +254,8 @@ def run_job_in_process(job: Job, threads: int) -> tuple[Job, int, float]:
     after = resource.getrusage(resource.RUSAGE_SELF)
     wall = time.perf_counter() - start
     if rc == 0:
-        write_done(job.folder, wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+        write_done(job.folder, wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
+                   code_commit())
     return job, rc, wall
 
 
@@ -287,18 +294,21 @@ def run_all(jobs: list[Job], args: argparse.Namespace) -> int:
     return failed
 
 
-def cost(roots: list[Path]) -> str:
-    """Wall-clock and CPU time of every finished job under ``roots``, by stage (``fit`` / ``test``)."""
+def cost(sources: list[Path]) -> str:
+    """Wall-clock and CPU time of every finished job of the grids (run folders or tidy CSVs), by stage."""
+    from tidy import load
+
     totals: dict[str, list[float]] = {}
-    for root in roots:
-        for marker in sorted(root.rglob("done")):
-            stage = "test" if "_test" in marker.parent.name else "fit"
-            wall, cpu = read_done(marker.parent)
+    for source in sources:
+        for run, record in load(source).items():
+            if record.wall is None:  # run by hand: no `done` marker, no recorded cost
+                continue
+            stage = "test" if "_test" in run.rsplit("/", 1)[-1] else "fit"
             t = totals.setdefault(stage, [0, 0.0, 0.0, 0])
             t[0] += 1
-            t[1] += wall
-            t[2] += cpu or 0.0
-            t[3] += cpu is None
+            t[1] += record.wall
+            t[2] += record.cpu or 0.0
+            t[3] += record.cpu is None
     rows = [[stage, str(n), f"{wall / 3600:.2f}", f"{cpu / 3600:.2f}" + (f" ({missing} without)" if missing else "")]
             for stage, (n, wall, cpu, missing) in sorted(totals.items())]
     n, wall, cpu, missing = (sum(t[i] for t in totals.values()) for i in range(4))
@@ -306,39 +316,31 @@ def cost(roots: list[Path]) -> str:
     return markdown_table(["jobs", "finished", "wall-clock (job-hours)", "CPU (hours)"], rows)
 
 
-def archive(source: Path, dest: Path) -> int:
-    """Copy the small records (:data:`RECORDS`) of every finished run folder under ``source`` to ``dest``."""
-    copied = 0
-    for marker in sorted(source.rglob("done")):
-        folder = marker.parent
-        target = dest / folder.relative_to(source)
-        target.mkdir(parents=True, exist_ok=True)
-        for name in RECORDS:
-            if (folder / name).is_file():
-                shutil.copy2(folder / name, target / name)
-                copied += 1
-    return copied
-
-
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Summaries of finished grids: their cost, or an archive of "
-                                                 "their small records.")
+    parser = argparse.ArgumentParser(description="Summaries of finished grids: their cost, or their tidy CSV.")
     sub = parser.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("cost", help="wall-clock and CPU hours of the finished jobs under each folder")
-    c.add_argument("roots", type=Path, nargs="+")
-    a = sub.add_parser("archive", help="copy each finished run's records (no checkpoints) from SOURCE to DEST")
-    a.add_argument("source", type=Path)
-    a.add_argument("dest", type=Path)
+    c = sub.add_parser("cost", help="wall-clock and CPU hours of the finished jobs of each grid (folder or CSV)")
+    c.add_argument("sources", type=Path, nargs="+")
+    t = sub.add_parser("tidy", help="write the finished runs under SOURCE as one tidy CSV (see experiments/tidy.py)")
+    t.add_argument("source", type=Path)
+    t.add_argument("dest", type=Path)
     args = parser.parse_args(argv)
     if args.command == "cost":
-        missing = [str(r) for r in args.roots if not r.is_dir()]
+        missing = [str(p) for p in args.sources if not (p.is_dir() or (p.suffix == ".csv" and p.is_file()))]
         if missing:
-            parser.error(f"no such folder: {', '.join(missing)}")
-        print(cost(args.roots))
+            parser.error(f"no such run folder or results CSV: {', '.join(missing)}")
+        print(cost(args.sources))
     else:
+        from tidy import read_folders, write
+
         if not args.source.is_dir():
             parser.error(f"no such folder: {args.source}")
-        print(f"{archive(args.source, args.dest)} files copied to {args.dest}")
+        if args.dest.suffix != ".csv":
+            parser.error(f"{args.dest}: the tidy table is a .csv file; name one")
+        records = read_folders(args.source)
+        if not records:
+            parser.error(f"no finished run (a folder with a `done` marker) under {args.source}")
+        print(f"{write(records, args.dest)} rows of {len(records)} runs written to {args.dest}")
 
 
 if __name__ == "__main__":

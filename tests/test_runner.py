@@ -1,12 +1,11 @@
-"""The experiment drivers' shared job runner (experiments/runner.py): done markers with their cost, the cost
-summary of a grid, and the archive of a grid's small records."""
+"""The experiment drivers' shared job runner (experiments/runner.py): done markers with their cost and commit, the
+cost summary of a grid, and a grid's tidy table."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import sys
-from argparse import Namespace
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ def runner():
     spec = importlib.util.spec_from_file_location("runner", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
+    sys.path.insert(0, str(SCRIPT.parent))  # its `cost` reads grids through experiments/tidy.py beside it
     spec.loader.exec_module(module)
     return module
 
@@ -66,30 +66,29 @@ def test_cost_sums_finished_jobs_by_stage_and_counts_markers_without_cpu(runner,
     assert "| all | 3 | 1.60 | 0.92 (1 without) |" in text
 
 
-def test_archive_copies_the_records_of_finished_runs_and_no_checkpoints(runner, tmp_path) -> None:
-    src, dest = tmp_path / "runs", tmp_path / "archive"
-    results = json.dumps({"meta": {}, "rows": [{"metric": "accuracy", "value": 0.9}]})
-    _finished(src / "m" / "s0", 10, 9, {"config.yaml": "a: 1\n", "stopping.json": "{}", "fit.log": "x" * 100})
-    (src / "m" / "s0" / "checkpoints").mkdir()
-    (src / "m" / "s0" / "checkpoints" / "last.ckpt").write_bytes(b"\0" * 10)
-    _finished(src / "m" / "s0_test_manifolds", 2, 2, {"results.json": results})
-    (src / "m" / "s1").mkdir()  # running: not archived
-    (src / "m" / "s1" / "results.json").write_text(results)
-    assert runner.archive(src, dest) == 5
-    kept = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
-    assert kept == ["m/s0/config.yaml", "m/s0/done", "m/s0/stopping.json", "m/s0_test_manifolds/done",
-                    "m/s0_test_manifolds/results.json"]
-    # Copied back into an empty grid folder, the archive marks its jobs finished, so a driver skips them.
-    job = runner.Job("fit m s0", ["fit"], dest / "m" / "s0")
-    assert job.done
-    assert runner.run_all([job], Namespace(jobs=1, threads=1, dry_run=False, stage="fit")) == 0
+def test_tidy_command_writes_a_grids_table_that_cost_reads_back(runner, tmp_path, capsys) -> None:
+    src = tmp_path / "runs"
+    results = json.dumps({"meta": {"trained_steps": 40}, "rows": [{"metric": "accuracy", "value": 0.9}]})
+    _finished(src / "m" / "s0", 1800, 1500, {"config.yaml": "seed_everything: 0\n", "stopping.json": "{}"})
+    _finished(src / "m" / "s0_test_manifolds", 360, 300, {"results.json": results})
+    runner.main(["tidy", str(src), str(tmp_path / "grid.csv")])
+    assert "3 rows of 2 runs written" in capsys.readouterr().out
+    # The table alone gives the grid's cost, as the run folders do.
+    assert runner.cost([tmp_path / "grid.csv"]) == runner.cost([src])
+    for argv, problem in ((["tidy", str(tmp_path / "none"), str(tmp_path / "x.csv")], "no such folder"),
+                          (["tidy", str(src), str(tmp_path / "x.txt")], "the tidy table is a .csv file"),
+                          (["tidy", str(tmp_path / "m_empty"), str(tmp_path / "x.csv")], "no such folder")):
+        with pytest.raises(SystemExit) as stop:
+            runner.main(argv)
+        assert stop.value.code == 2 and problem in capsys.readouterr().err
+    assert not (tmp_path / "x.csv").exists()
 
 
 def test_cost_command_refuses_a_missing_folder(runner, tmp_path, capsys) -> None:
     with pytest.raises(SystemExit) as stop:
         runner.main(["cost", str(tmp_path / "nowhere")])
     assert stop.value.code == 2
-    assert "no such folder" in capsys.readouterr().err
+    assert "no such run folder or results CSV" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("value, problem", [("0", "0 must be at least 1"), ("-5", "-5 must be at least 1"),

@@ -30,15 +30,19 @@ Row = dict[str, Any]
 
 
 def pooled_rows(run_dirs: Iterable[str | Path]) -> list[Row]:
-    """All rows of the runs; rows without a ``dataset_size`` (the callback's) take their run's."""
+    """All rows of the runs (folders or ``results.json`` files); see :func:`pool`."""
+    paths = [Path(run) for run in run_dirs]
+    return pool((str(p), load_results(p / "results.json" if p.is_dir() else p)) for p in paths)
+
+
+def pool(runs: Iterable[tuple[str, dict[str, Any]]]) -> list[Row]:
+    """All rows of ``(run name, results)`` pairs; rows without a ``dataset_size`` (the callback's) take their run's."""
     rows: list[Row] = []
-    for run in run_dirs:
-        path = Path(run)
-        data = load_results(path / "results.json" if path.is_dir() else path)
+    for name, data in runs:
         sizes = {r["dataset_size"] for r in data["rows"] if r.get("dataset_size") is not None}
         size = sizes.pop() if len(sizes) == 1 else None
         for r in data["rows"]:
-            rows.append({**r, "dataset_size": r.get("dataset_size", size), "run": str(path)})
+            rows.append({**r, "dataset_size": r.get("dataset_size", size), "run": name})
     return rows
 
 
@@ -93,34 +97,45 @@ def sweep_figure(table: dict[str, dict[str, list[tuple[int, float, float, int]]]
     return fig
 
 
+def sweep_report(rows: Sequence[Row], label_ratio: float, out: str | Path | None = None,
+                 runs: Sequence[str] = ()) -> str | None:
+    """The sweep's Markdown table (accuracy and separation per method and dataset size, with each accuracy
+    curve's phase transition), writing ``sweep.png`` and ``results.json`` / ``.csv`` to ``out`` if given;
+    ``None`` when no run has accuracy rows at ``label_ratio``."""
+    table = curves(rows, label_ratio)
+    if not table["accuracy"]:
+        return None
+    result_rows = []
+    lines = ["| method | metric | dataset size: mean ± sd (n) | phase transition |",
+             "|---|---|---|---|"]
+    for metric, per_method in table.items():
+        for method, pts in sorted(per_method.items()):
+            for size, mean, sd, n in pts:
+                result_rows.append(result_row(metric, mean, method=method, dataset_size=size, sd=sd, n=n))
+            found = phase_transition(pts)
+            if metric == "accuracy" and found is not None:
+                result_rows.append(result_row("phase_transition", found[0], method=method, rise=found[1]))
+            cells = ", ".join(f"{s}: {m:.3f} ± {0.0 if math.isnan(d) else d:.3f} ({n})" for s, m, d, n in pts)
+            where = f"{found[0]} (+{found[1]:.3f})" if found is not None else "-"
+            lines.append(f"| {method} | {metric} | {cells} | {where} |")
+    if out:
+        meta = {"runs": list(runs), "label_ratio": label_ratio}
+        write_results(out, result_rows, meta, {"sweep": sweep_figure(table, label_ratio)})
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lit_icl.icssl.sweep", description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", help="run folders (or results.json files)")
     parser.add_argument("--label-ratio", type=float, default=0.03)
     parser.add_argument("--out", default=None, help="folder for sweep.png and results.json / results.csv")
     args = parser.parse_args(argv)
-    table = curves(pooled_rows(args.runs), args.label_ratio)
-    if not table["accuracy"]:
+    text = sweep_report(pooled_rows(args.runs), args.label_ratio, args.out, [str(r) for r in args.runs])
+    if text is None:
         print(f"lit_icl: error: no accuracy rows with a dataset_size at label_ratio={args.label_ratio} in the runs",
               file=sys.stderr)
         return 2
-    rows = []
-    lines = ["| method | metric | dataset size: mean ± sd (n) | phase transition |",
-             "|---|---|---|---|"]
-    for metric, per_method in table.items():
-        for method, pts in sorted(per_method.items()):
-            for size, mean, sd, n in pts:
-                rows.append(result_row(metric, mean, method=method, dataset_size=size, sd=sd, n=n))
-            found = phase_transition(pts)
-            if metric == "accuracy" and found is not None:
-                rows.append(result_row("phase_transition", found[0], method=method, rise=found[1]))
-            cells = ", ".join(f"{s}: {m:.3f} ± {0.0 if math.isnan(d) else d:.3f} ({n})" for s, m, d, n in pts)
-            where = f"{found[0]} (+{found[1]:.3f})" if found is not None else "-"
-            lines.append(f"| {method} | {metric} | {cells} | {where} |")
-    print("\n".join(lines))
-    if args.out:
-        meta = {"runs": [str(r) for r in args.runs], "label_ratio": args.label_ratio}
-        write_results(args.out, rows, meta, {"sweep": sweep_figure(table, args.label_ratio)})
+    print(text)
     return 0
 
 

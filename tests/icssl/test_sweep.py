@@ -25,6 +25,13 @@ def _args(tables, tmp_path: Path):
     return tables.parse_args(["report", "--out", str(tmp_path), "--seeds", "0", "1"])
 
 
+def _load(grid: Path) -> dict:
+    """A grid's records (``experiments/tidy.py``, importable once a driver has been loaded)."""
+    import tidy
+
+    return tidy.load(grid)
+
+
 def _flag(argv: list[str], name: str) -> str:
     return argv[argv.index(name) + 1]
 
@@ -87,6 +94,13 @@ def test_report_gives_mean_and_sample_sd_over_seeds_next_to_the_paper(tables, tm
         _results(tmp_path / "product_ours" / f"s{seed}_test_product", [row(value, n_labeled=80)])
     _results(tmp_path / "tuned_rbf_five" / "s0_test_manifolds", [row(0.5, manifold="cone", n_labeled=3)])
     text = tables.report(_args(tables, tmp_path))
+    # The same report from the grid's tidy CSV alone (what experiments/results/grids/ keeps): identical.
+    csv = tmp_path.parent / "grid.csv"
+    args = _args(tables, tmp_path)
+    args.csv = csv
+    assert tables.report(args) == text and csv.is_file()
+    args.out, args.csv = csv, None
+    assert tables.report(args) == text
     line = next(x for x in text.splitlines() if x.startswith("| rbf-cone |"))
     cells = [c.strip() for c in line.strip("|").split("|")]
     # sd of (0.8, 0.9) with n - 1 = 0.0707; a cell with fewer seeds than asked says how many.
@@ -179,7 +193,7 @@ def test_steps_table_reads_the_stopping_records_of_the_tests(tables, tmp_path) -
                     "max_steps": 4000}
         folder.joinpath("results.json").write_text(json.dumps({"meta": {"stopping": stopping, "trained_steps": best},
                                                                "rows": []}))
-    text = tables.steps_table(tmp_path, [0, 1, 2])
+    text = tables.steps_table(_load(tmp_path), [0, 1, 2])
     assert "| tuned_rbf_only | 3 | 1200 (800-3900) | 1700 (1300-4000) | 1 of 3 | 5 | 4000 |" in text
 
 
@@ -235,7 +249,7 @@ def test_sweep_table1_averages_alignment_over_seeds(sweep, tmp_path) -> None:
             {"metric": "mnn", "value": value, "method": "ORIG+E2E-ICL", "embeddings": "model~transformer"},
             {"metric": "separation", "value": 0.9, "method": "ORIG+E2E-ICL", "embeddings": "model"},
         ])
-    text = sweep.table1(args)
+    text = sweep.table1(args, _load(tmp_path))
     assert "| model~transformer | 0.300 ± 0.141 | -- | -- |" in text
     assert "separation" not in text and "| model |" not in text
 
@@ -247,7 +261,7 @@ def test_sweep_training_length_reads_each_runs_stopping_record(sweep, tmp_path) 
         folder.mkdir(parents=True)
         folder.joinpath("stopping.json").write_text(json.dumps({
             "best_step": best, "stopped_step": stopped, "stopped_early": early, "patience": 5, "max_steps": 1500}))
-    text = sweep.training_length(args)
+    text = sweep.training_length(args, _load(tmp_path))
     # Medians and ranges over the three seeds; one run ran to its cap. Methods without records are left out.
     assert "| e2e_size10 | 3 | 900 (300-1500) | 1400 (800-1500) | 1 of 3 | 5 | 1500 |" in text
     assert "transformer" not in text

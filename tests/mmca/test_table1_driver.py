@@ -100,6 +100,11 @@ def test_report_pairs_seeds_and_judges_the_full_models_margins(table1, tmp_path)
             _write(tmp_path / model / f"s{seed}_test_last", acc - 0.01, history, stopped_early=True)
             _write(tmp_path / model / f"s{seed}_test_best", acc - 0.02, history[:4], stopped_early=True)
     text = table1.report(args)
+    # The same report from the grid's tidy CSV alone: identical.
+    args.csv = tmp_path.parent / "grid.csv"
+    assert table1.report(args) == text
+    args.out, args.csv = tmp_path.parent / "grid.csv", None
+    assert table1.report(args) == text
     full_row = next(x for x in text.splitlines() if x.startswith("| full |"))
     # Test acc. at the best val epoch 68.0 / 70.0; best test acc 70 / 72; the chance plateau left at epoch 3.
     assert "| 69.0 ± 1.4 | 71.0 ± 1.4 | 71.0 ± 1.4 | 70.0 / 72.0 | 5, 5 | 2 of 2 | 3, 3 | 63.85 |" in full_row
