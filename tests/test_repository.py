@@ -1,0 +1,53 @@
+"""What the repository keeps: results as tidy tables, not run folders, and no absolute path of the machine that
+wrote a file (run folders, checkouts, home folders) in any tracked text file."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+#: Where our machines and common clusters keep checkouts, runs and homes. ``/tmp/...`` in an example command is
+#: an example; these are where a file was made.
+MACHINE_PATH = re.compile(r"(?<![\w.~-])/(?:work|root|check|home/\w+|Users/\w+|scratch|mnt)/[\w.-]")
+
+
+def tracked() -> list[str]:
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: the tracked files are unknown")
+    return subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True, text=True,
+                          check=True).stdout.strip("\0").split("\0")
+
+
+def test_results_are_tables_not_run_folders() -> None:
+    results = [f for f in tracked() if f.startswith("experiments/results/")]
+    assert 0 < len(results) <= 100, f"{len(results)} tracked files under experiments/results/"
+    assert all(f.endswith((".md", ".csv")) for f in results), [f for f in results if not f.endswith((".md", ".csv"))]
+
+
+def test_no_tracked_text_file_names_a_machine_path() -> None:
+    found = []
+    for name in tracked():
+        path = ROOT / name
+        if not path.is_file():
+            continue
+        data = path.read_bytes()
+        if b"\0" in data[:8192]:  # binary: the legacy checkpoints keep the folders they were saved in, by design
+            continue
+        for number, line in enumerate(data.decode("utf-8", "replace").splitlines(), start=1):
+            if MACHINE_PATH.search(line) or str(ROOT) in line:
+                found.append(f"{name}:{number}: {line.strip()[:120]}")
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("line, machine", [
+    ("--out /work/main/runs/x", True), ("save_dir: /root/runs", True), ("(/home/alice/lit_icl)", True),
+    ("python bench.py --out /tmp/gpu_dry.md", False), ("https://example.org/work/x", False),
+    ("configs/work/a.yaml", False), ("~/work/x", False), ("/Users/bob/x", True),
+])
+def test_the_machine_path_pattern(line: str, machine: bool) -> None:
+    assert bool(MACHINE_PATH.search(line)) is machine
