@@ -1,0 +1,219 @@
+"""The LightningCLI behind ``python -m lit_icl``: one for every paper, which names none.
+
+    python -m lit_icl fit  --config configs/coqe/omniglot.yaml [--config configs/coqe/omniglot/cpu.yaml]
+    python -m lit_icl test --config configs/coqe/omniglot.yaml --ckpt_path last
+
+Model and data are chosen by ``class_path`` in the configs (subclass mode); values that data and model share are
+read by the module from its data module (:meth:`lit_icl.core.module.ICLModule.bind_datamodule`), not linked here.
+What it adds to a plain LightningCLI: deterministic kernels by default (``trainer.deterministic: warn``), so a seed
+gives bit-identical CPU runs and exact resumes; TensorBoard runs named after their configs
+(:mod:`~lit_icl.cli.naming`); a checkpoint callback keeping ``last.ckpt``; ``--ckpt_path last|best`` resolved
+against the config's earlier runs (:mod:`~lit_icl.cli.checkpoints`); ``--early_stopping.*`` and ``--compile.*``
+(:mod:`~lit_icl.cli.trainer_setup`); results files and the finite-loss guard on every run. Bad input of every
+kind (YAML, keys, values, trainer flags, output folders, checkpoints, monitors; :mod:`~lit_icl.cli.checks`) stops
+the program before anything is written, with one line ``lit_icl: error: ...`` and exit status 2.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from argparse import ArgumentError
+from typing import Any, Literal
+
+import torch
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from lit_icl.callbacks.checkpoint import RunCheckpoint
+from lit_icl.callbacks.compile import CompileMode
+from lit_icl.callbacks.finite import FiniteGuard
+from lit_icl.cli.checkpoints import (
+    _where_last,
+    check_ckpt_classes,
+    check_ckpt_hparams,
+    check_ckpt_path,
+    pin_logger_version_for_resume,
+    resolve_ckpt_path,
+)
+from lit_icl.cli.checks import check_config_files, check_monitors, check_output_writable, check_trainer_counts
+from lit_icl.cli.messages import find_config_error, one_line_parser_error, trainer_error_message
+from lit_icl.cli.naming import DEFAULT_RUN_NAME, name_run_from_configs
+from lit_icl.cli.trainer_setup import add_compile, add_early_stopping, quiet_progress_bar
+from lit_icl.core.errors import ConfigError
+from lit_icl.core.module import ICLModule
+from lit_icl.core.results import ResultsWriter
+from lit_icl.core.validation import check_finite_tree, check_run_config
+
+#: The parts of a parsed config that build objects; each is checked for non-finite floats.
+BUILT_KEYS = ("model", "data", "trainer", "checkpoint", "optimizer", "lr_scheduler")
+
+
+#: Trainer defaults of every lit_icl run; a config or the command line overrides any of them.
+TRAINER_DEFAULTS: dict[str, Any] = {
+    # Deterministic kernels: without them, two CPU runs with the same seed differ by ~1e-2 after a few dozen
+    # steps (multi-threaded scatter-add in backward); the cost is measured in the README. "warn" picks the
+    # deterministic kernel wherever one exists (every op we use on CPU) but only warns where none does: some CUDA
+    # backward kernels (adaptive pooling, NLL loss) would otherwise stop a GPU run with an error.
+    # `--trainer.deterministic true` makes those an error.
+    "deterministic": "warn",
+    # TensorBoard under runs/<name>/; the name comes from the config files (name_run_from_configs) unless given.
+    "logger": {
+        "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+        "init_args": {"save_dir": "runs", "name": DEFAULT_RUN_NAME, "default_hp_metric": False},
+    },
+    # Training data is regenerated each epoch from the epoch number, so checkpoints at epoch ends are exact
+    # resume points.
+    "enable_model_summary": True,
+}
+
+
+class LitICLCLI(LightningCLI):
+    """LightningCLI with the project's defaults and input checks (see the module docstring).
+
+    Built with only a model and a data-module base class (``LitICLCLI(LightningModule, LightningDataModule,
+    args=...)``), it has the defaults of ``python -m lit_icl``: subclass mode, seed 0, :data:`TRAINER_DEFAULTS`,
+    and a run's ``config.yaml`` rewritten when it resumes in place.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("subclass_mode_model", True)
+        kwargs.setdefault("subclass_mode_data", True)
+        kwargs.setdefault("seed_everything_default", 0)
+        kwargs.setdefault("save_config_kwargs", {"overwrite": True})  # resuming in place rewrites config.yaml
+        kwargs["trainer_defaults"] = {**TRAINER_DEFAULTS, **(kwargs.get("trainer_defaults") or {})}
+        super().__init__(*args, **kwargs)
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        # RunCheckpoint: ModelCheckpoint that still knows its last.ckpt after the run folder is moved.
+        parser.add_lightning_class_args(RunCheckpoint, "checkpoint")
+        # No monitor: Lightning refreshes last.ckpt only when this callback saves, which an unmonitored one
+        # does every epoch; a monitored one would leave last.ckpt behind after the best epoch.
+        parser.set_defaults({"checkpoint.save_last": True, "checkpoint.save_top_k": 1})
+        # The shared early-stopping rule (off unless a patience is given); see add_early_stopping.
+        parser.add_argument("--early_stopping.patience", type=int | None, default=None,
+                            help="stop after this many validation rounds without improvement (default: off); "
+                                 "trainer.max_steps / max_epochs stay the cap")
+        parser.add_argument("--early_stopping.monitor", type=str | None, default=None,
+                            help="the validation metric (default: the one the config's ModelCheckpoint monitors)")
+        parser.add_argument("--early_stopping.mode", type=Literal["max", "min"] | None, default=None,
+                            help="max or min (default: the mode of the ModelCheckpoint on the same metric)")
+        parser.add_argument("--early_stopping.min_delta", type=float, default=0.0,
+                            help="the smallest change of the metric that counts as an improvement")
+        # torch.compile of the module's nets (lit_icl.callbacks.compile); a run setting, not a model one, so a
+        # checkpoint trained with it loads without it and the other way round.
+        parser.add_argument("--compile.mode", type=CompileMode, default="off",
+                            help="compile the nets with torch.compile: off (eager), auto (reduce-overhead on a GPU, "
+                                 "eager on a CPU), default, reduce-overhead (CUDA graphs on a GPU), max-autotune, "
+                                 "max-autotune-no-cudagraphs")
+        parser.add_argument("--compile.backend", type=str, default="inductor",
+                            help="the torch.compile backend (inductor; aot_eager or eager only trace)")
+        parser.add_argument("--compile.fullgraph", type=bool, default=False,
+                            help="fail on a graph break instead of splitting the net into several graphs")
+        parser.add_argument("--early_stopping.wait_for_score", type=float | None, default=None,
+                            help="never stop before the best score has passed this value (above it for max, "
+                                 "below for min), e.g. 0.2 for a 10-class accuracy stuck at chance; default: off")
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
+        if args is None or isinstance(args, (list, tuple)):
+            # jsonargparse reports a YAML syntax error without the file's name, and an empty file as
+            # "Unexpected config"; read the --config files first so the error names the file and line.
+            check_config_files(sys.argv[1:] if args is None else list(args))
+        super().parse_arguments(parser, args)
+        sub = self.config.get("subcommand")
+        config = self.config[sub] if sub else self.config
+        for key in BUILT_KEYS:
+            if config.get(key) is not None:
+                check_finite_tree(config[key], key)
+        if config.get("trainer") is not None:
+            check_trainer_counts(config.trainer)
+        # Runs before Lightning reads the checkpoint's hyper-parameters, so a bad path fails cleanly here.
+        if sub:
+            name_run_from_configs(config)
+            config.ckpt_path = resolve_ckpt_path(sub, config)
+            path = config.get("ckpt_path")
+            if sub == "fit" and path == "last":  # resumed in place; check the file it will resume from
+                path = _where_last(config)[0]
+            ckpt = check_ckpt_path(None if path is None else str(path))
+            if ckpt is not None:
+                check_ckpt_classes(path, ckpt, config, sub)
+                check_ckpt_hparams(path, ckpt, config)
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except MisconfigurationException as err:
+            # The checkpoint callback (--checkpoint.*) checks its arguments in __init__, before anything is written.
+            raise ConfigError(trainer_error_message(err, "--checkpoint")) from err
+        # Checks between objects (net vs data sizes, callback vs data) run here, before the run writes anything.
+        check_run_config(self.trainer, self.model, self.datamodule)
+
+    def before_instantiate_classes(self) -> None:
+        sub = self.subcommand
+        name_run_from_configs(self.config[sub] if sub else self.config)
+        if sub == "fit" and self.config[sub].get("ckpt_path") == "last":
+            pin_logger_version_for_resume(self.config[sub])
+            # Resuming in place writes into the run's own, non-empty checkpoint folder on purpose.
+            warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+
+    def after_instantiate_classes(self) -> None:
+        # The module checks the values it shares with the data module now, before any run folder exists;
+        # Lightning would otherwise do it only in `setup`, after the logger has created the folder.
+        if isinstance(self.model, ICLModule):
+            self.model.attach_datamodule(self.datamodule)
+            check_monitors(self.trainer, self.model)
+
+    def before_fit(self) -> None:
+        if isinstance(self.model, ICLModule):
+            self.model.check_trainable()
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        try:
+            trainer = super().instantiate_trainer(**kwargs)
+        except ConfigError:
+            raise
+        except (MisconfigurationException, ValueError, RuntimeError, TypeError) as err:
+            # Lightning checks its flags (devices, strategy, max_steps, limits, accelerator) in Trainer.__init__,
+            # before it writes anything; its message names the flag, often over several lines.
+            raise ConfigError(trainer_error_message(err)) from err
+        for callback in (ResultsWriter, FiniteGuard):
+            if not any(isinstance(cb, callback) for cb in trainer.callbacks):
+                trainer.callbacks.append(callback())
+        sub = self.subcommand
+        config = self.config[sub] if sub else self.config
+        add_compile(trainer, self.model, config.get("compile"))
+        quiet_progress_bar(trainer)
+        if sub in (None, "fit"):
+            # Only training stops early. A fit's saved config.yaml carries its early_stopping options, and
+            # `test --config <that file>` must run without them (a test has no validation rounds to count).
+            add_early_stopping(trainer, (self.config[sub] if sub else self.config).get("early_stopping"))
+        check_output_writable(trainer)
+        return trainer
+
+def main(args: ArgsType = None) -> None:
+    """Entry point of ``python -m lit_icl`` and the ``lit-icl`` script."""
+    torch.set_float32_matmul_precision("high")
+    # Deterministic mode would also fill every new tensor with NaN to expose reads of uninitialised memory; that
+    # is a debugging aid, not part of reproducibility, so it is left off (it only adds work).
+    torch.utils.deterministic.fill_uninitialized_memory = False
+    try:
+        LitICLCLI(
+            LightningModule,
+            LightningDataModule,
+            # Parse errors are raised (not printed with the full usage) so they become one line below.
+            parser_kwargs={
+                "exit_on_error": False,
+                **{sub: {"exit_on_error": False} for sub in LitICLCLI.subcommands()},
+            },
+            args=args,
+        )
+    except ArgumentError as err:
+        print(f"lit_icl: error: {one_line_parser_error(str(err))}", file=sys.stderr)
+        sys.exit(2)
+    except Exception as err:
+        config_error = find_config_error(err)
+        if config_error is None:
+            raise
+        print(f"lit_icl: error: {config_error}", file=sys.stderr)
+        sys.exit(2)

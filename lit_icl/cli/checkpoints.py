@@ -1,0 +1,266 @@
+"""``--ckpt_path``: ``last`` and ``best`` resolved against a config's earlier runs, and a checkpoint refused
+before anything is written when it is not one, was written by another experiment, or holds model settings that
+would silently replace the config's."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lit_icl.core.errors import ConfigError
+
+#: ``ckpt_path`` values that Lightning resolves itself (``last`` and ``best`` are resolved by :func:`resolve_ckpt_path`).
+SPECIAL_CKPT_PATHS = ("last", "best", "hpc")
+
+
+def check_ckpt_path(ckpt_path: str | None) -> dict[str, Any] | None:
+    """Refuse a ``ckpt_path`` that is neither a special value nor an existing Lightning checkpoint.
+
+    Returns the loaded checkpoint (on the CPU, tensors only) for a file, ``None`` for a special value.
+    """
+    if ckpt_path is None or ckpt_path in SPECIAL_CKPT_PATHS or str(ckpt_path).startswith("registry"):
+        return None
+    path = Path(ckpt_path)
+    if path.is_dir():
+        raise ConfigError(
+            f"--ckpt_path {ckpt_path} is a folder, not a checkpoint file; pass a .ckpt file inside it "
+            f"(e.g. {path / 'checkpoints' / 'last.ckpt'} for a run folder)"
+        )
+    if not path.is_file():
+        raise ConfigError(
+            f"--ckpt_path {ckpt_path} does not exist; pass an existing .ckpt file, or 'last' to resume the "
+            "newest run of this config"
+        )
+    try:
+        # Lightning reads the checkpoint with weights_only=True as well, so this is the same test it applies.
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - any failure means Lightning could not read it either
+        raise ConfigError(
+            f"--ckpt_path {ckpt_path} is not a PyTorch checkpoint ({type(err).__name__}); "
+            "pass a .ckpt written by `python -m lit_icl fit`"
+        ) from None
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        raise ConfigError(
+            f"--ckpt_path {ckpt_path} is a torch file but not a Lightning checkpoint (no 'state_dict'); "
+            "pass a .ckpt written by `python -m lit_icl fit`"
+        )
+    return ckpt
+
+def _import_class(path: Any) -> Any:
+    """The object a dotted class path names (old paths resolve through their aliases), or ``None``."""
+    if not isinstance(path, str) or "." not in path:
+        return None
+    module, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+
+def _same_class(a: str, b: str) -> bool:
+    """Whether two class paths name the same class (an aliased old module path included)."""
+    cls_a, cls_b = _import_class(a), _import_class(b)
+    return cls_a is cls_b if cls_a is not None and cls_b is not None else a == b
+
+def _run_config(ckpt_path: Any) -> Path | None:
+    """The ``config.yaml`` of the run that wrote ``<run>/checkpoints/<file>.ckpt``, if it is there."""
+    path = Path(ckpt_path).resolve().parent.parent / "config.yaml"
+    return path if path.is_file() else None
+
+def check_ckpt_classes(ckpt_path: Any, ckpt: dict[str, Any], config: Any, subcommand: str = "fit") -> None:
+    """Refuse a checkpoint that another experiment wrote: its module class (or, to resume a ``fit``, its data
+    class) is not the config's.
+
+    LightningCLI records the classes in the checkpoint (``hyper_parameters._class_path``,
+    ``datamodule_hyper_parameters._class_path``) and would replace the config's model with the checkpoint's,
+    ending in an unrelated error much later (or, worse, running). Paths are compared as the classes they name,
+    so a checkpoint written before a module moved (an aliased old path) still loads. ``test`` / ``validate`` /
+    ``predict`` of the same module on another data module is a transfer evaluation (IC-SSL's Table 5 tests
+    models trained on synthetic manifolds zero-shot on image manifolds) and is allowed; the model settings are
+    still checked against the checkpoint's (:func:`check_ckpt_hparams`) and against the data before the run.
+    """
+    pairs = []
+    for what, ckpt_key, config_key in (("module", "hyper_parameters", "model"), ("data", "datamodule_hyper_parameters", "data")):
+        saved = (ckpt.get(ckpt_key) or {}).get("_class_path") if isinstance(ckpt.get(ckpt_key), dict) else None
+        wanted = getattr(config.get(config_key), "class_path", None) if config.get(config_key) is not None else None
+        if saved is None or wanted is None:
+            continue
+        pairs.append((what, saved, wanted, _same_class(saved, wanted)))
+    if all(same for what, *_, same in pairs if what == "module" or subcommand == "fit"):
+        return
+    written = " with ".join(saved for _, saved, _, _ in pairs)
+    built = " with ".join(wanted for _, _, wanted, _ in pairs)
+    run_config = _run_config(ckpt_path)
+    fix = f"test it with --config {quote(run_config)}" if run_config else "pass the config of the experiment that wrote it"
+    raise ConfigError(
+        f"--ckpt_path {ckpt_path} was written by another experiment ({written}), but this config builds {built}; "
+        f"{fix}, or a checkpoint of this config"
+    )
+
+def _differences(saved: Any, wanted: Any, key: str) -> list[tuple[str, Any, Any]]:
+    """``(key, saved, wanted)`` for every leaf where a checkpoint's hyper-parameters and the config disagree.
+
+    Only keys present on both sides are compared: a checkpoint of older code lacks today's new options (the
+    config's default then applies) and the config spells out defaults the checkpoint may omit. ``class_path``
+    values are compared as the classes they name, so aliased old module paths match.
+    """
+    if hasattr(wanted, "as_dict"):  # a jsonargparse Namespace
+        wanted = wanted.as_dict()
+    if isinstance(saved, dict) and isinstance(wanted, dict):
+        if "class_path" in saved and "class_path" in wanted and not _same_class(saved["class_path"], wanted["class_path"]):
+            return [(f"{key}.class_path", saved["class_path"], wanted["class_path"])]
+        found = []
+        for name in saved:
+            if name in wanted and name != "class_path" and not str(name).startswith("_"):
+                found += _differences(saved[name], wanted[name], f"{key}.{name}")
+        return found
+    if isinstance(saved, (list, tuple)) and isinstance(wanted, (list, tuple)):
+        if len(saved) != len(wanted):
+            return [(key, saved, wanted)]
+        return [d for i, (a, b) in enumerate(zip(saved, wanted)) for d in _differences(a, b, f"{key}[{i}]")]
+    if isinstance(saved, float) or isinstance(wanted, float):
+        # 3e-4 and 0.0003 are the same setting; a float against a non-number falls through to ==.
+        with contextlib.suppress(TypeError, ValueError):
+            return [] if float(saved) == float(wanted) else [(key, saved, wanted)]
+    return [] if saved == wanted else [(key, saved, wanted)]
+
+def check_ckpt_hparams(ckpt_path: Any, ckpt: dict[str, Any], config: Any) -> None:
+    """Refuse a config whose module hyper-parameters disagree with the checkpoint's.
+
+    LightningCLI re-parses the model from the checkpoint's ``hyper_parameters`` (``_parse_ckpt_path``), so a
+    value the config or the command line sets (``--model.init_args.net.init_args.width 128`` on a width-64
+    checkpoint) would be silently replaced by the checkpoint's; on ``fit --ckpt_path last`` the weights would
+    not fit. The error names each disagreement and the config that wrote the checkpoint.
+    """
+    saved = ckpt.get("hyper_parameters")
+    wanted = config.get("model")
+    if not isinstance(saved, dict) or wanted is None or not hasattr(wanted, "init_args"):
+        return
+    found = _differences(saved, wanted.init_args, "model.init_args")
+    if not found:
+        return
+    shown = "; ".join(f"--{key} is {value!r} here but {old!r} in the checkpoint" for key, old, value in found[:3])
+    more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+    run_config = _run_config(ckpt_path)
+    fix = f"use the config that wrote it (--config {quote(run_config)})" if run_config else "use the config that wrote it"
+    raise ConfigError(
+        f"--ckpt_path {ckpt_path} was trained with other model settings, which would silently replace the config's: "
+        f"{shown}{more}; {fix}, or drop those settings"
+    )
+
+def quote(path: Any) -> str:
+    """A path as it can be pasted into a shell."""
+    import shlex
+
+    return shlex.quote(str(path))
+
+def _logger_root(config: Any) -> Path | None:
+    """``save_dir/name`` of the run's (first) logger, or ``None`` when there is none to read."""
+    logger = config.trainer.get("logger") if config.get("trainer") is not None else None
+    if isinstance(logger, list):
+        logger = logger[0] if logger else None
+    if logger is None or isinstance(logger, bool) or not hasattr(logger, "init_args"):
+        return None
+    init = logger.init_args
+    return Path(init.get("save_dir") or ".") / (init.get("name") or "lightning_logs")
+
+def _newest_run_with_last(root: Path) -> Path | None:
+    """The ``version_N`` folder under ``root`` with the largest N that holds ``checkpoints/last.ckpt``."""
+    candidates = []
+    for run in root.glob("version_*"):
+        match = re.fullmatch(r"version_(\d+)", run.name)
+        if match and (run / "checkpoints" / "last.ckpt").is_file():
+            candidates.append((int(match.group(1)), run))
+    return max(candidates)[1] if candidates else None
+
+def _where_last(config: Any) -> tuple[Path | None, str]:
+    """The ``last.ckpt`` a ``--ckpt_path last`` of this config means (``None`` if there is none), and where
+    it was looked for (for the error). ``(None, "")`` when the CLI cannot tell (no logger to read)."""
+    dirpath = config.checkpoint.get("dirpath") if config.get("checkpoint") is not None else None
+    if dirpath:
+        path = Path(dirpath) / "last.ckpt"
+        return (path if path.is_file() else None), str(path)
+    root = _logger_root(config)
+    if root is None:
+        return None, ""
+    version = config.trainer.logger.init_args.get("version") if not isinstance(config.trainer.logger, list) else None
+    if version is not None:
+        run = root / (version if isinstance(version, str) else f"version_{version}")
+        path = run / "checkpoints" / "last.ckpt"
+        return (path if path.is_file() else None), str(path)
+    run = _newest_run_with_last(root)
+    return (run / "checkpoints" / "last.ckpt" if run is not None else None), str(root / "version_*/checkpoints/last.ckpt")
+
+def resolve_ckpt_path(subcommand: str, config: Any) -> Any:
+    """``--ckpt_path last`` / ``best`` of a fresh CLI process, resolved against this config's earlier runs.
+
+    Lightning resolves both from the checkpoint callback of the *running* trainer, which in a new process has
+    saved nothing: ``last`` would silently start from scratch (and ``test`` score an untrained model), ``best``
+    fails with an unrelated error. Here:
+
+    - ``last`` with no earlier run is an error that says where it looked; ``fit`` keeps ``last`` (the logger is
+      pinned to that run's folder, :func:`pin_logger_version_for_resume`, so it resumes in place), other
+      subcommands get the file's path (their results go to a new folder, as with an explicit path);
+    - ``best`` is the best checkpoint that the newest run's checkpoint callback recorded in its ``last.ckpt``,
+      an error when there is none.
+    """
+    ckpt_path = config.get("ckpt_path")
+    if ckpt_path not in ("last", "best"):
+        return ckpt_path
+    last, looked = _where_last(config)
+    if not looked:  # no logger and no checkpoint dirpath: leave it to Lightning
+        return ckpt_path
+    if ckpt_path == "last":
+        if last is None:
+            fix = ("drop --ckpt_path to start a fresh run" if subcommand == "fit"
+                   else "run `python -m lit_icl fit` with this config first")
+            raise ConfigError(
+                f"--ckpt_path last: no earlier run of this config (looked for {looked}); {fix}, or pass a .ckpt file"
+            )
+        return ckpt_path if subcommand == "fit" else str(last)
+    best = _best_recorded(last) if last is not None else None
+    if best is None:
+        raise ConfigError(
+            f"--ckpt_path best: no best checkpoint of this config (looked for the checkpoint callback's best path "
+            f"in {looked}); run fit first, or pass a .ckpt file"
+        )
+    return str(best)
+
+def _best_recorded(last: Path) -> Path | None:
+    """The existing ``best_model_path`` a ``ModelCheckpoint`` recorded in the checkpoint ``last``, if any."""
+    try:
+        ckpt = torch.load(last, map_location="cpu", weights_only=True)
+    except Exception:  # noqa: BLE001 - an unreadable last.ckpt has no best path to offer
+        return None
+    states = ckpt.get("callbacks") if isinstance(ckpt, dict) else None
+    for key, state in (states or {}).items():
+        if str(key).startswith("ModelCheckpoint") and isinstance(state, dict) and state.get("best_model_path"):
+            path = Path(state["best_model_path"])
+            for candidate in (path, last.parent / path.name):  # the run folder may have moved since
+                if candidate.is_file():
+                    return candidate
+    return None
+
+def pin_logger_version_for_resume(config: Any) -> None:
+    """Point the logger at the newest existing run folder that has ``checkpoints/last.ckpt``.
+
+    With an auto-incremented version Lightning would open ``version_N+1`` and find no ``last`` checkpoint
+    there; pinning the version resumes the run in the folder it was written to. Nothing changes when the user
+    pinned a version or a checkpoint ``dirpath`` already, or when there is nothing to resume.
+    """
+    if config.get("checkpoint") is not None and config.checkpoint.get("dirpath"):
+        return
+    root = _logger_root(config)
+    if root is None:
+        return
+    logger = config.trainer.logger
+    init = (logger[0] if isinstance(logger, list) else logger).init_args
+    if init.get("version") is not None:
+        return
+    run = _newest_run_with_last(root)
+    if run is not None:
+        init.version = run.name

@@ -1,0 +1,128 @@
+"""Input checks the CLI runs before a run writes anything: the ``--config`` files' YAML, trainer counts,
+monitored metrics and output folders. Each refuses with a :class:`ConfigError` that names the fix."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lit_icl.core.errors import ConfigError
+from lit_icl.core.module import ICLModule
+
+
+def check_config_files(args: list[Any]) -> None:
+    """Refuse a ``--config`` file that is not valid YAML (naming the file, line and problem) or that is empty.
+
+    Only the YAML syntax is read here (``yaml.compose``); what the values mean is the parser's business. A file
+    that does not exist is left to the parser, whose message already says so.
+    """
+    import yaml
+
+    paths: list[str] = []
+    for i, arg in enumerate(args):
+        if not isinstance(arg, str):
+            continue
+        if arg == "--config" and i + 1 < len(args) and isinstance(args[i + 1], str):
+            paths.append(args[i + 1])
+        elif arg.startswith("--config="):
+            paths.append(arg.split("=", 1)[1])
+    for raw in paths:
+        path = Path(raw)
+        if not path.is_file():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"--config {raw} cannot be read ({type(err).__name__}: {err}); pass a UTF-8 YAML file")
+        try:
+            node = yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.MarkedYAMLError as err:
+            mark = err.problem_mark or err.context_mark
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = " ".join(str(err.problem or err.context or "invalid syntax").split())
+            raise ConfigError(f"--config {raw} is not valid YAML{where}: {problem}; fix that line") from None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"--config {raw} is not valid YAML: {' '.join(str(err).split())}") from None
+        if node is None:
+            raise ConfigError(
+                f"--config {raw} is empty; give it the keys of a config (e.g. copy configs/coqe/regression.yaml) "
+                "or drop it"
+            )
+        if not isinstance(node, yaml.MappingNode):
+            raise ConfigError(
+                f"--config {raw} holds a YAML {node.id} at its top level, not a mapping of keys "
+                "(model:, data:, trainer: ...); see configs/ for examples"
+            )
+
+
+#: Trainer flags that Lightning divides by (a 0 ends in ZeroDivisionError after the run folder exists) or that
+#: accept out-of-range values silently: flag -> (smallest value, what it means).
+TRAINER_COUNTS: dict[str, tuple[int, str]] = {
+    "accumulate_grad_batches": (1, "batches per optimizer step"),
+    "check_val_every_n_epoch": (1, "epochs between validations; null validates by steps only"),
+    "log_every_n_steps": (0, "steps between logged training metrics; 0 logs none"),
+    "num_sanity_val_steps": (-1, "validation batches before training; -1 runs them all, 0 none"),
+}
+
+
+def check_monitors(trainer: Trainer, model: ICLModule) -> None:
+    """Refuse a callback that monitors a ``val/...`` metric the model does not log.
+
+    ModelCheckpoint and EarlyStopping look their ``monitor`` up only at the end of the first validation, after
+    the run folder exists and an epoch has been trained, and then stop the run with a traceback.
+    """
+    keys = model.validation_keys()
+    if keys is None:
+        return
+    for callback in getattr(trainer, "callbacks", None) or []:
+        monitor = getattr(callback, "monitor", None)
+        if isinstance(monitor, str) and monitor.startswith("val/") and monitor not in keys:
+            logged = ", ".join(sorted(keys)) if keys else "none (this model has no validation loop)"
+            raise ConfigError(
+                f"{type(callback).__name__} monitors {monitor!r}, which {type(model).__name__} does not log; "
+                f"it logs {logged}"
+            )
+
+def check_trainer_counts(trainer: Any) -> None:
+    """Refuse counts Lightning would divide by zero or take silently (see :data:`TRAINER_COUNTS`), and a zero
+    ``val_check_interval``, before the trainer is built."""
+    for flag, (minimum, meaning) in TRAINER_COUNTS.items():
+        value = trainer.get(flag)
+        if value is not None and not isinstance(value, bool) and isinstance(value, int) and value < minimum:
+            raise ConfigError(f"--trainer.{flag}={value} must be >= {minimum} ({meaning})")
+    interval = trainer.get("val_check_interval")
+    if interval is not None and not isinstance(interval, (bool, str)) and interval <= 0:
+        raise ConfigError(
+            f"--trainer.val_check_interval={interval} must be > 0 (an int: training batches between validations; "
+            "a float in (0, 1]: that fraction of an epoch)"
+        )
+
+def check_output_writable(trainer: Trainer) -> None:
+    """Refuse output folders that cannot be created or written (read-only, or under a file), before the run
+    creates them; Lightning would fail with a ``PermissionError`` after it has started."""
+    folders: list[tuple[str, Any]] = []
+    for logger in trainer.loggers:
+        folders.append(("--trainer.logger.init_args.save_dir", getattr(logger, "save_dir", None)))
+    for cb in trainer.callbacks:
+        if isinstance(cb, ModelCheckpoint):
+            folders.append(("--checkpoint.dirpath", cb.dirpath))
+    if not trainer.loggers:  # with a logger, Lightning writes under the logger's folder instead
+        folders.append(("--trainer.default_root_dir", trainer.default_root_dir))
+    for option, folder in folders:
+        if not folder or "://" in str(folder):  # remote file systems are checked by their own client
+            continue
+        path = Path(folder).absolute()
+        existing = path
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            raise ConfigError(f"{option} {folder}: {existing} is a file, not a folder; choose another folder")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise ConfigError(
+                f"{option} {folder}: {existing} is not writable; choose a folder you can write to "
+                f"(e.g. {option} runs)"
+            )

@@ -1,0 +1,101 @@
+"""Errors as one line: the :class:`ConfigError` behind a wrapped exception, jsonargparse's nested parse errors
+condensed to ``<option>: <problem>``, Lightning's trainer errors with the flag to fix."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from lit_icl.core.errors import ConfigError
+
+
+def trainer_error_message(err: BaseException, option: str = "--trainer") -> str:
+    """One line from Lightning's error about a trainer (or checkpoint) flag, with a pointer to the flags."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    text = re.sub(r" Find a complete list of options in our documentation at \S+", "", text)
+    hint = f"fix that {option} option (python -m lit_icl fit --help lists them)"
+    if re.search(r"backend|can ?not run|not available|no (gpu|cuda|mps|tpu)", text, re.IGNORECASE):
+        hint = "use --trainer.accelerator auto (what this machine has) or cpu"
+    if text.endswith(".") and not text.endswith(".."):
+        text = text[:-1]
+    what = "checkpoint" if option == "--checkpoint" else "trainer"
+    return f"invalid {what} configuration: {text}; {hint}"
+
+def precisions() -> list[str]:
+    """Every ``--trainer.precision`` value Lightning accepts, as typed on the command line."""
+    import typing
+
+    from lightning.fabric.connector import _PRECISION_INPUT
+
+    def flat(t: Any) -> list[Any]:
+        args = typing.get_args(t)
+        return [x for a in args for x in (flat(a) if typing.get_args(a) else [a])] if args else [t]
+
+    return list(dict.fromkeys(str(v) for v in flat(_PRECISION_INPUT)))
+
+def find_config_error(err: BaseException) -> ConfigError | None:
+    """The :class:`ConfigError` behind ``err``, if any.
+
+    jsonargparse re-raises errors from class constructors inside nested (sub)class arguments as a long
+    multi-line ``ValueError`` chained ``from`` the original one; the original holds the one-line message.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ConfigError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+#: Lines of a jsonargparse error that only describe the union machinery, not the user's mistake.
+_PARSER_NOISE = re.compile(
+    r"^(- )?(Does not validate against any of the Union subtypes|Subtypes: |Errors:|Expected a <class 'NoneType'>"
+    r"|Given value type: |Given value: )"
+)
+
+
+def one_line_parser_error(message: str) -> str:
+    """Condense a (nested, multi-line) jsonargparse error into ``<option path>: <innermost problem>``.
+
+    jsonargparse reports a bad value deep inside ``model.init_args.net.init_args...`` as an indented tree of
+    union alternatives; the user needs the path of keys and the innermost message (e.g. "Expected a
+    typing.Literal['rbf', 'linear']. Got value: poly"), plus the class whose option it was.
+    """
+    lines = [ln.strip() for ln in message.splitlines()]
+    keys: list[str] = []
+    classes: list[str] = []
+    problems: list[str] = []
+    given: dict[int, str] = {}  # problem index -> the value reported right after it
+    for ln in lines:
+        value = re.fullmatch(r"Given value: (.*)", ln)
+        if value and problems and len(problems) - 1 not in given:
+            given[len(problems) - 1] = value.group(1)
+        if not ln or _PARSER_NOISE.match(ln):
+            continue
+        key = re.fullmatch(r'Parser key "([^"]+)":(.*)', ln)
+        if key:
+            keys.append(key.group(1))
+            if key.group(2).strip():  # the whole problem on one line, e.g. a --config file that does not exist
+                problems.append(key.group(2).strip())
+            continue
+        cls = re.fullmatch(r"- Problem with given class_path '([^']+)':", ln)
+        if cls:
+            classes.append(cls.group(1))
+            continue
+        problems.append(ln.removeprefix("- "))
+    if not problems:
+        return " ".join(ln for ln in lines if ln)
+    problem = problems[-1]
+    if problem.startswith("Expected a") and "Got value" not in problem and len(problems) - 1 in given:
+        problem += f". Got value: {given[len(problems) - 1]}"
+    non_finite = re.fullmatch(r"Expected a <class 'float'>(?: \| None)?\. Got value: ([+-]?(?:nan|inf|infinity))", problem,
+                              re.IGNORECASE)
+    if non_finite:  # jsonargparse refuses nan/inf as "not a float", which they are; say what is wrong
+        problem = f"{non_finite.group(1)} is not a finite number; give a finite value"
+    if keys == ["trainer.precision"] and "Got value" in problem:
+        problem = f"{problem.rsplit('Got value: ', 1)[1]} is not a precision; use one of {', '.join(precisions())}"
+    path = ".init_args.".join(keys)
+    where = f" (in {classes[-1]})" if classes and classes[-1].rsplit(".", 1)[-1] not in problem else ""
+    return f"{'--' + path + ': ' if path else ''}{problem}{where}"

@@ -1,0 +1,39 @@
+"""Run folders named after their config files (``runs/<base>_<overlay>/version_N``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+#: The logger name the CLI sets; a run that keeps it is named after its config files.
+DEFAULT_RUN_NAME = "lit_icl"
+
+
+def run_name(config_paths: list[Any]) -> str:
+    """The run folder's name for a base config and its overlays, e.g. ``coqe_omniglot_cpu_transformer``.
+
+    The base is named by its path under ``configs/`` (``configs/coqe/omniglot.yaml`` -> ``coqe_omniglot``, a
+    file elsewhere by its stem); each overlay adds its stem (``configs/coqe/omniglot/cpu.yaml`` -> ``_cpu``).
+    """
+    parts: list[str] = []
+    for i, raw in enumerate(config_paths):
+        path = Path(str(getattr(raw, "relative", raw)))
+        if i == 0 and "configs" in path.parts[:-1]:
+            under = path.parts[len(path.parts) - path.parts[::-1].index("configs") :]
+            parts.append("_".join([*under[:-1], path.stem]))
+        else:
+            parts.append(path.stem)
+    return "_".join(parts) or DEFAULT_RUN_NAME
+
+def name_run_from_configs(config: Any) -> None:
+    """Name the TensorBoard run after the ``--config`` files, unless a config or the command line names it.
+
+    Configs therefore need no logger block, and a base with overlays gets a folder of its own
+    (``runs/coqe_omniglot_cpu/`` for ``--config configs/coqe/omniglot.yaml --config configs/coqe/omniglot/cpu.yaml``).
+    """
+    logger = config.get("trainer", {}).get("logger") if hasattr(config, "get") else None
+    init_args = getattr(logger, "init_args", None) if logger is not None else None
+    paths = config.get("config") or []
+    if init_args is None or not paths or getattr(init_args, "name", None) != DEFAULT_RUN_NAME:
+        return
+    init_args.name = run_name(list(paths))
