@@ -19,7 +19,7 @@ ERROR_PREFIX = "lit_icl: error:"
 
 def assert_rejected(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], needle: str,
                     *, runs_exist: bool = False) -> str:
-    """``lit_icl.cli.main(args)`` exits with status 2 and one ``lit_icl: error:`` line containing ``needle``.
+    """``lit_icl.cli.main(args)`` exits with status 2 and prints only one ``lit_icl: error:`` line containing ``needle``.
 
     ``args`` is the full command line after ``python -m lit_icl`` (subcommand first) and must log under
     ``tmp_path / "runs"``; nothing may be written anywhere under ``tmp_path`` (inputs a test put there before
@@ -30,9 +30,12 @@ def assert_rejected(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: li
     with pytest.raises(SystemExit) as info:
         main(args)
     assert info.value.code == 2, f"exit status {info.value.code}, expected 2"
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
+    err = captured.err
     lines = [ln for ln in err.splitlines() if ln.startswith(ERROR_PREFIX)]
     assert len(lines) == 1, f"expected exactly one '{ERROR_PREFIX}' line, got:\n{err}"
+    # Alone: no "Seed set to 0", no GPU/TPU lines or tips before it, nothing on stdout.
+    assert err.splitlines() == lines and not captured.out, f"the refusal was not alone:\n{captured.out}{err}"
     assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
     if not runs_exist:
         assert not (tmp_path / "runs").exists(), "nothing may be written before the input is checked"

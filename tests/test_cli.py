@@ -61,14 +61,32 @@ def test_the_logger_of_a_built_run_uses_the_derived_name_unless_one_is_given(tmp
     assert Path(cli.trainer.logger.log_dir).parent == tmp_path / expected
 
 
-def test_fast_dev_run_from_an_empty_folder_writes_no_checkpoint_there(tmp_path, monkeypatch) -> None:
+def test_fast_dev_run_from_an_empty_folder_writes_no_checkpoint_there(tmp_path, monkeypatch, capsys) -> None:
     """fast_dev_run turns the logger and checkpoints off; Lightning's save-last at the end of training used to
     write ./checkpoints/last.ckpt into the working folder anyway."""
+    import logging
+
     from mmca.synthetic.helpers import mmca_args
 
     from lit_icl.cli import main
 
     config = str(Path(__file__).resolve().parents[1] / "configs/mmca/synthetic.yaml")
     monkeypatch.chdir(tmp_path)
-    main(["fit", *mmca_args(tmp_path, "--trainer.fast_dev_run", "true", config=config)])
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    keep = Keep()
+    logging.getLogger("lightning.fabric").addHandler(keep)
+    try:
+        main(["fit", *mmca_args(tmp_path, "--trainer.fast_dev_run", "true", config=config)])
+    finally:
+        logging.getLogger("lightning.fabric").removeHandler(keep)
     assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "runs").exists()
+    # What the CLI held while it built the run (a refusal would print its one line alone) reached the handlers
+    # once the run started, in order, and the handlers are Lightning's own again.
+    assert [m for m in seen if m.startswith("Seed set to")] == ["Seed set to 0"]
+    assert not any(type(h).__name__ == "Collect" for name in ("lightning.pytorch", "lightning.fabric")
+                   for h in logging.getLogger(name).handlers)

@@ -16,6 +16,7 @@ the program before anything is written, with one line ``lit_icl: error: ...`` an
 
 from __future__ import annotations
 
+import logging
 import sys
 import warnings
 from argparse import ArgumentError
@@ -67,6 +68,78 @@ TRAINER_DEFAULTS: dict[str, Any] = {
     # resume points.
     "enable_model_summary": True,
 }
+
+
+class HeldOutput:
+    """Lightning's log lines and Python warnings, held while the CLI parses the configs and builds the run.
+
+    Parsing and building print "Seed set to 0", the GPU/TPU lines and Lightning's tips before the checks have
+    run; a refusal must print its one line alone. So they are held: :meth:`release` prints them in order once the
+    run starts, :meth:`drop` forgets them when the input is refused.
+    """
+
+    LOGGERS = ("lightning.pytorch", "lightning.fabric")
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []  # ("log", (logger name, record)) or ("warning", showwarning args)
+        self.handlers: dict[str, list[logging.Handler]] | None = None
+        self.showwarning: Any = None
+
+    def hold(self) -> HeldOutput:
+        if self.handlers is not None:  # already holding
+            return self
+        held = self
+
+        class Collect(logging.Handler):
+            def __init__(self, name: str) -> None:
+                super().__init__()
+                self.logger_name = name
+
+            def emit(self, record: logging.LogRecord) -> None:
+                held.events.append(("log", (self.logger_name, record)))
+
+        self.handlers = {}
+        for name in self.LOGGERS:
+            logger = logging.getLogger(name)
+            self.handlers[name] = logger.handlers[:]
+            logger.handlers = [Collect(name)]
+        self.showwarning = warnings.showwarning
+        warnings.showwarning = lambda *args, **kwargs: held.events.append(("warning", (args, kwargs)))
+        return self
+
+    def _restore(self) -> bool:
+        if self.handlers is None:
+            return False
+        for name, handlers in self.handlers.items():
+            logging.getLogger(name).handlers = handlers
+        warnings.showwarning = self.showwarning
+        self.handlers = None
+        return True
+
+    def release(self) -> None:
+        """Stop holding and print what was held, in order (nothing if not holding)."""
+        saved = self.handlers
+        if not self._restore():
+            return
+        for kind, event in self.events:
+            if kind == "warning":
+                args, kwargs = event
+                warnings.showwarning(*args, **kwargs)
+                continue
+            name, record = event
+            for handler in saved[name]:
+                if record.levelno >= handler.level:
+                    handler.handle(record)
+        self.events.clear()
+
+    def drop(self) -> None:
+        """Stop holding and forget what was held: the input was refused, and its one line says why."""
+        self._restore()
+        self.events.clear()
+
+
+#: What :func:`main` holds while the run is built; the CLI releases it when the run starts.
+_HELD = HeldOutput()
 
 
 class LitICLCLI(LightningCLI):
@@ -167,6 +240,17 @@ class LitICLCLI(LightningCLI):
     def before_fit(self) -> None:
         if isinstance(self.model, ICLModule):
             self.model.check_trainable()
+        _HELD.release()
+
+    # The run starts: what parsing and building held back is printed now (see HeldOutput).
+    def before_test(self) -> None:
+        _HELD.release()
+
+    def before_validate(self) -> None:
+        _HELD.release()
+
+    def before_predict(self) -> None:
+        _HELD.release()
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         try:
@@ -197,6 +281,7 @@ def main(args: ArgsType = None) -> None:
     # Deterministic mode would also fill every new tensor with NaN to expose reads of uninitialised memory; that
     # is a debugging aid, not part of reproducibility, so it is left off (it only adds work).
     torch.utils.deterministic.fill_uninitialized_memory = False
+    _HELD.hold()
     try:
         LitICLCLI(
             LightningModule,
@@ -209,11 +294,16 @@ def main(args: ArgsType = None) -> None:
             args=args,
         )
     except ArgumentError as err:
+        _HELD.drop()
         print(f"lit_icl: error: {one_line_parser_error(str(err))}", file=sys.stderr)
         sys.exit(2)
     except Exception as err:
         config_error = find_config_error(err)
         if config_error is None:
+            _HELD.release()  # not a refusal: everything printed so far may explain the failure
             raise
+        _HELD.drop()
         print(f"lit_icl: error: {config_error}", file=sys.stderr)
         sys.exit(2)
+    finally:
+        _HELD.release()  # --help, --print_config and a finished run print what was held (nothing if released)

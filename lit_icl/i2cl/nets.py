@@ -212,6 +212,12 @@ class CausalLM(nn.Module):
         kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
         if gguf_file is not None:
             kwargs["gguf_file"] = gguf_file
+        from transformers.utils import logging as hf_logging
+
+        # No per-tensor progress bar: a local model of this size loads in seconds, and a bad value of the module
+        # after the net is built must be refused in one line alone.
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
         try:
             tokenizer = AutoTokenizer.from_pretrained(model_name_or_path, **kwargs)
             model = AutoModelForCausalLM.from_pretrained(model_name_or_path, dtype=torch_dtype, **kwargs)
@@ -222,6 +228,9 @@ class CausalLM(nn.Module):
                 "--model.init_args.net.init_args.model_name_or_path data/i2cl/smollm2-135m-instruct or "
                 "data/i2cl/gemma-3-270m: docs/i2cl.md)"
             ) from None
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
         self._setup(model, tokenizer, hook_point)
 
     @classmethod

@@ -149,6 +149,9 @@ def parse_curriculum(name: str, spec: Any) -> Curriculum | None:
     start, end, inc, interval = (check_int(f"{name}[{i}]", v, 0) for i, v in enumerate(spec))
     if start < 1 or start > end or interval < 1:
         raise ConfigError(f"{name}={list(spec)} needs 1 <= start <= end and interval >= 1")
+    if inc == 0 and start < end:
+        raise ConfigError(f"{name}={list(spec)}: an increment of 0 never grows {start} to {end}; use an increment "
+                          f">= 1, or start = end = {end} for a fixed length")
     return Curriculum(start, end, inc, interval)
 
 
