@@ -38,7 +38,13 @@ from lit_icl.cli.checkpoints import (
     pin_logger_version_for_resume,
     resolve_ckpt_path,
 )
-from lit_icl.cli.checks import check_config_files, check_monitors, check_output_writable, check_trainer_counts
+from lit_icl.cli.checks import (
+    check_config_files,
+    check_monitors,
+    check_output_writable,
+    check_same_experiment,
+    check_trainer_counts,
+)
 from lit_icl.cli.messages import find_config_error, one_line_parser_error, trainer_error_message
 from lit_icl.cli.naming import DEFAULT_RUN_NAME, name_run_from_configs
 from lit_icl.cli.trainer_setup import add_compile, add_early_stopping, quiet_progress_bar
@@ -224,6 +230,7 @@ class LitICLCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         sub = self.subcommand
+        check_same_experiment(self.config[sub] if sub else self.config)
         name_run_from_configs(self.config[sub] if sub else self.config)
         if sub == "fit" and self.config[sub].get("ckpt_path") == "last":
             pin_logger_version_for_resume(self.config[sub])

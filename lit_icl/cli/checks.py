@@ -126,3 +126,38 @@ def check_output_writable(trainer: Trainer) -> None:
                 f"{option} {folder}: {existing} is not writable; choose a folder you can write to "
                 f"(e.g. {option} runs)"
             )
+
+
+def experiment_package(cls: type) -> str | None:
+    """The experiment a lit_icl class belongs to: its module's package (``lit_icl.coqe.regression`` for
+    ``lit_icl.coqe.regression.module``, ``lit_icl.icssl`` for ``lit_icl.icssl.image_manifolds``); ``None``
+    for a class of another package (a user's own)."""
+    module = getattr(cls, "__module__", "") or ""
+    if not module.startswith("lit_icl."):
+        return None
+    return module.rpartition(".")[0]
+
+
+def check_same_experiment(config: Any) -> None:
+    """Refuse a data module of another experiment under a lit_icl module, before either is built.
+
+    Built first, the data module would refuse the module's config values with a message about itself (a
+    ``chunk_size`` to change), and only a successful build would reach the module's own check. A class outside
+    lit_icl (a user's data module) is left to the module's contract check.
+    """
+    from lit_icl.cli.checkpoints import _import_class
+
+    model, data = config.get("model"), config.get("data")
+    if model is None or data is None:
+        return
+    model_cls = _import_class(getattr(model, "class_path", None))
+    data_cls = _import_class(getattr(data, "class_path", None))
+    if model_cls is None or data_cls is None:
+        return
+    ours, theirs = experiment_package(model_cls), experiment_package(data_cls)
+    if ours is None or theirs is None or ours.startswith(theirs) or theirs.startswith(ours):
+        return
+    raise ConfigError(
+        f"--data {data_cls.__name__} is a data module of {theirs}, but --model {model_cls.__name__} is {ours}'s "
+        f"module; use a data module of {ours} (its configs under configs/ name one)"
+    )

@@ -50,16 +50,44 @@ def protocol_members(protocol: type) -> tuple[frozenset[str], frozenset[str]]:
 
 
 def implements(obj: object, protocol: type[T]) -> TypeGuard[T]:
-    """Whether ``obj`` has every member of ``protocol`` (methods callable), found through ``getattr``.
+    """Whether ``obj`` has every member of ``protocol`` (methods callable), found through ``getattr``, and each
+    method takes the protocol's arguments by their names.
 
     What ``isinstance(obj, protocol)`` means for a ``runtime_checkable`` protocol on Python 3.10/3.11, on every
-    version: members an ``nn.Module`` serves through ``__getattr__`` count (see the module docstring).
+    version: members an ``nn.Module`` serves through ``__getattr__`` count (see the module docstring). The
+    argument names are checked too, because a member's name alone does not tell two papers' nets apart: an
+    Omniglot classifier's ``forward(images, context_labels, noise)`` is no regression net's ``forward(xs, ys, xq)``.
     """
     attributes, methods = protocol_members(protocol)
     missing = object()
     return all(hasattr(obj, name) for name in attributes) and all(
-        callable(getattr(obj, name, missing)) for name in methods
+        callable(getattr(obj, name, missing)) and _takes(type(obj), name, protocol) for name in methods
     )
+
+
+@functools.cache
+def _parameter_names(function: object) -> frozenset[str] | None:
+    """The names a function can be called with (``self`` left out); ``None`` when it takes ``**kwargs`` or its
+    signature cannot be read (a builtin): then any name is taken."""
+    try:
+        parameters = inspect.signature(function).parameters  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return None
+    return frozenset(name for name, p in parameters.items()
+                     if name != "self" and p.kind is not inspect.Parameter.VAR_POSITIONAL)
+
+
+@functools.cache  # per class: the check runs on every batch in some modules
+def _takes(cls: type, name: str, protocol: type) -> bool:
+    """Whether ``cls``'s method ``name`` takes every argument name of ``protocol``'s method ``name``."""
+    declared = next((vars(c)[name] for c in protocol.__mro__ if name in vars(c)), None)
+    own = getattr(cls, name, None)
+    if declared is None or own is None:  # an instance attribute: its signature is the object's business
+        return True
+    wanted, taken = _parameter_names(inspect.unwrap(declared)), _parameter_names(own)
+    return wanted is None or taken is None or wanted <= taken
 
 
 __all__ = ["implements", "protocol_members"]

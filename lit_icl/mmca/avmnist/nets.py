@@ -40,7 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_icl.core.errors import ConfigError
-from lit_icl.core.validation import check_fraction, check_int
+from lit_icl.core.validation import check_int, check_range
 
 N_CLASSES = 10
 GRID = 4  # adaptive pooling grid: 4 x 4 = 16 tokens per modality (App. I.2; "g = 4" in I.5)
@@ -110,7 +110,7 @@ def _check_sizes(d: int, depth: int, heads: int, d_hidden: int, conv_width: int,
     check_int("heads", heads, minimum=1)
     check_int("d_hidden", d_hidden, minimum=1)
     check_int("conv_width", conv_width, minimum=1)
-    check_fraction("dropout", dropout, hint="use 0 for none")
+    check_range("dropout", dropout, 0.0, 1.0, low_inclusive=True, high_inclusive=False, hint="0 means none")
     if d % heads:
         raise ConfigError(f"d={d} must be divisible by heads={heads} (each head gets d / heads dimensions)")
 

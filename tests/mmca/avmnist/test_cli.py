@@ -52,6 +52,7 @@ BAD_ROWS = [
     (["--data.init_args.batch_size", "64"], "fewer than batch_size=64"),
     (["--model.init_args.net.init_args.heads", "3"], "d=16 must be divisible by heads=3"),
     (["--model.init_args.net.init_args.dropout", "1.5"], "dropout=1.5"),
+    (["--model.init_args.net.init_args.dropout", "1.0"], "dropout=1.0 must lie in [0, 1); 0 means none"),
     (["--model.init_args.lr", "0"], "lr=0"),
 ]
 

@@ -159,3 +159,14 @@ def test_zero_injection_weights_reduce_the_full_model_to_the_no_injection_ablati
     x = torch.rand(3, 1, 28, 28)
     with torch.no_grad():
         torch.testing.assert_close(full(x, x.flip(-1)), ablation(x, x.flip(-1)))
+
+
+@pytest.mark.parametrize("net", [MultimodalCrossAttention, BidirectionalCrossAttention])
+def test_dropout_zero_means_none_so_training_mode_changes_nothing(net) -> None:
+    torch.manual_seed(0)
+    model = net(dropout=0.0)
+    images, audio = torch.randn(3, 1, 28, 28), torch.randn(3, 1, 28, 28)
+    with torch.no_grad():
+        trained = model.train()(images, audio)
+        evaluated = model.eval()(images, audio)
+    assert torch.equal(trained, evaluated)
