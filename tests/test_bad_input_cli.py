@@ -82,7 +82,8 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("test", ["--ckpt_path", "best"], "--ckpt_path best: no best checkpoint of this config"),
     ("fit", ["--ckpt_path", "last", "--trainer.logger.init_args.version", "3"], "looked for {tmp}/runs/tiny/version_3"),
     ("fit", ["--ckpt_path", "last", "--checkpoint.dirpath", "{tmp}/ck"], "looked for {tmp}/ck/last.ckpt"),
-    ("test", ["--ckpt_path", "{inputs}"], "is a folder, not a checkpoint file"),
+    ("test", ["--ckpt_path", "{inputs}"], "is a folder, not a checkpoint file; pass a .ckpt file (e.g. {inputs}/other_"),
+    ("fit", ["--ckpt_path", "{inputs}/../"], "pass a .ckpt file (e.g. {inputs}/other_"),
     ("test", ["--ckpt_path", "{inputs}/other_experiment.ckpt"], "was written by another experiment"),
     ("fit", ["--ckpt_path", "{inputs}/other_data.ckpt"], "lit_icl.mmca.LatentFactorDataModule"),
 ]
@@ -136,11 +137,18 @@ def test_a_checkpoint_of_another_experiment_names_both_and_the_config_that_wrote
     (run / "config.yaml").write_text("# the config of the run that wrote it\n")
     _fake_ckpt(run / "checkpoints" / "last.ckpt", "lit_icl.mmca.LatentFactorICLModule",
                "lit_icl.mmca.LatentFactorDataModule")
-    line = assert_rejected(tmp_path, capsys, ["test", *reg_args(tmp_path, CONFIG), "--ckpt_path",
-                                              str(run / "checkpoints" / "last.ckpt")], "another experiment")
-    assert "(lit_icl.mmca.LatentFactorICLModule with lit_icl.mmca.LatentFactorDataModule)" in line
-    assert "this config builds lit_icl.coqe.CoQERegressionModule with lit_icl.coqe.RegressionDataModule" in line
-    assert f"--config {run / 'config.yaml'}" in line
+    for sub, verb in (("test", "test it"), ("fit", "resume it")):
+        line = assert_rejected(tmp_path, capsys, [sub, *reg_args(tmp_path, CONFIG), "--ckpt_path",
+                                                  str(run / "checkpoints" / "last.ckpt")], "another experiment")
+        assert "(lit_icl.mmca.LatentFactorICLModule with lit_icl.mmca.LatentFactorDataModule)" in line
+        assert "this config builds lit_icl.coqe.CoQERegressionModule with lit_icl.coqe.RegressionDataModule" in line
+        assert f"{verb} with --config {run / 'config.yaml'}" in line
+
+
+def test_a_folder_without_checkpoints_says_where_a_fit_writes_them(tmp_path, capsys) -> None:
+    (tmp_path / "nothing_here").mkdir()
+    assert_rejected(tmp_path, capsys, ["test", *reg_args(tmp_path, CONFIG), "--ckpt_path", str(tmp_path / "nothing_here")],
+                    "it holds none; a fit writes runs/<name>/version_N/checkpoints/last.ckpt")
 
 
 def test_an_old_class_path_of_the_same_class_is_not_another_experiment(tmp_path) -> None:

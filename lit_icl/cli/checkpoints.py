@@ -27,10 +27,10 @@ def check_ckpt_path(ckpt_path: str | None) -> dict[str, Any] | None:
         return None
     path = Path(ckpt_path)
     if path.is_dir():
-        raise ConfigError(
-            f"--ckpt_path {ckpt_path} is a folder, not a checkpoint file; pass a .ckpt file inside it "
-            f"(e.g. {path / 'checkpoints' / 'last.ckpt'} for a run folder)"
-        )
+        found = _checkpoints_in(path)
+        example = (f"e.g. {quote(found[0])}" if found else
+                   "it holds none; a fit writes runs/<name>/version_N/checkpoints/last.ckpt")
+        raise ConfigError(f"--ckpt_path {ckpt_path} is a folder, not a checkpoint file; pass a .ckpt file ({example})")
     if not path.is_file():
         raise ConfigError(
             f"--ckpt_path {ckpt_path} does not exist; pass an existing .ckpt file, or 'last' to resume the "
@@ -50,6 +50,12 @@ def check_ckpt_path(ckpt_path: str | None) -> dict[str, Any] | None:
             "pass a .ckpt written by `python -m lit_icl fit`"
         )
     return ckpt
+
+def _checkpoints_in(folder: Path) -> list[Path]:
+    """The ``.ckpt`` files under ``folder``, ``last.ckpt`` of the newest run first (what a user most likely means)."""
+    found = [p for p in folder.rglob("*.ckpt") if p.is_file()]
+    return sorted(found, key=lambda p: (p.name != "last.ckpt", -p.stat().st_mtime))
+
 
 def _import_class(path: Any) -> Any:
     """The object a dotted class path names (old paths resolve through their aliases), or ``None``."""
@@ -95,7 +101,8 @@ def check_ckpt_classes(ckpt_path: Any, ckpt: dict[str, Any], config: Any, subcom
     written = " with ".join(saved for _, saved, _, _ in pairs)
     built = " with ".join(wanted for _, _, wanted, _ in pairs)
     run_config = _run_config(ckpt_path)
-    fix = f"test it with --config {quote(run_config)}" if run_config else "pass the config of the experiment that wrote it"
+    verb = "resume it" if subcommand == "fit" else f"{subcommand} it"
+    fix = f"{verb} with --config {quote(run_config)}" if run_config else "pass the config of the experiment that wrote it"
     raise ConfigError(
         f"--ckpt_path {ckpt_path} was written by another experiment ({written}), but this config builds {built}; "
         f"{fix}, or a checkpoint of this config"

@@ -170,8 +170,9 @@ def read_table(path: str | Path, text_field: str, label_field: str, label_words:
                     try:
                         rows.append((number, json.loads(line)))
                     except json.JSONDecodeError as err:
+                        problem = err.msg.removesuffix(" at")  # "Invalid control character at" + " at column 3"
                         raise ConfigError(
-                            f"{p}: line {number} is not valid JSON ({err.msg} at column {err.colno}); each line of "
+                            f"{p}: line {number} is not valid JSON ({problem} at column {err.colno}); each line of "
                             f"a .jsonl holds one object such as {{\"{text_field}\": \"...\", \"{label_field}\": 0}}"
                         ) from None
     except UnicodeDecodeError as err:

@@ -149,6 +149,8 @@ GOOD_ROWS = [{"text": f"item {i}", "label": "ABC"[i % 3]} for i in range(30)]
 BAD_FILES = [
     ("train.jsonl", _jsonl(GOOD_ROWS[:4]) + '{"text": "cut off", "lab\n' + _jsonl(GOOD_ROWS[4:]),
      "train.jsonl: line 5 is not valid JSON"),
+    ("train.jsonl", _jsonl(GOOD_ROWS[:2]) + '{"text": "tab\there", "label": "A"}\n' + _jsonl(GOOD_ROWS[2:]),
+     "line 3 is not valid JSON (Invalid control character at column 14)"),
     ("train.jsonl", _jsonl(GOOD_ROWS[:2]) + "\n" + _jsonl([{"text": "no label"}]) + _jsonl(GOOD_ROWS[2:]),
      "train.jsonl: line 4 lacks 'label'"),
     ("train.jsonl", _jsonl([{"sentence": "x", "label": 0}]) + _jsonl(GOOD_ROWS), "line 1 lacks 'text' (its fields"),

@@ -252,13 +252,14 @@ class SequenceChunks(SeededChunks):
 
 # ------------------------------------------------------------------------------------------ data module
 def resolve_source(source: Source, root: str | os.PathLike[str], folder: str | None) -> tuple[str, Path]:
-    """``(source name, folder)``: ``auto`` is Omniglot if ``<root>/omniglot-py`` exists, else ``glyphs``."""
+    """``(source name, folder)``: ``auto`` is Omniglot if ``<root>/omniglot-py`` exists, else ``glyphs``; with an
+    explicit ``folder`` it is ``folder`` (the user's own images in Omniglot's layout, neither of the two)."""
     root = Path(root)
     check_literal("source", source, Source)
+    if folder is not None:
+        return ("folder" if source == "auto" else source), Path(folder)
     if source == "auto":
         source = "omniglot" if (root / "omniglot-py").is_dir() else "glyphs"
-    if folder is not None:
-        return source, Path(folder)
     return source, root / ("omniglot-py" if source == "omniglot" else "glyphs")
 
 
@@ -369,6 +370,11 @@ class OmniglotSequenceDataModule(LightningDataModule):
             raise ConfigError(
                 f"the glyphs stand-in is not at {self.folder}; run `python -m lit_icl.coqe.omniglot.glyphs --out "
                 f"{self.folder}` or set data.init_args.build_glyphs: true"
+            )
+        if self.source == "folder":
+            raise ConfigError(
+                f"--data.init_args.folder {self.folder}: no {'/ or '.join(SPLIT_FOLDERS)}/ there (Omniglot's layout); "
+                "point it at your images, or drop it to run on the glyphs stand-in"
             )
         raise ConfigError(f"Omniglot not found at {self.folder}; {OMNIGLOT_HELP}")
 

@@ -134,6 +134,7 @@ COQE_ROWS: list[tuple[str | tuple[str, ...], list[str], str]] = [
     # --- OmniglotSequenceDataModule
     (C, [D + "p_bursty", "1.5"], "p_bursty=1.5 must lie in [0, 1]"),
     (C, [D + "folder", "/no/such/omniglot"], "put torchvision's Omniglot folder"),
+    (C, [D + "source", "auto", D + "folder", "/no/such/omniglot"], "no images_background/ or images_evaluation/ there"),
     (C, [D + "batch_size", "6"], "batch_size=6 must be a positive multiple of chunk_size=4"),
     (C, [D + "test_sequences", "0"], "test_sequences=0"),
     (C, [D + "image_size", "4"], "image_size=4"),

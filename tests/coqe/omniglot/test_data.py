@@ -86,6 +86,8 @@ def test_auto_source_prefers_omniglot(tmp_path) -> None:
     (tmp_path / "omniglot-py").mkdir()
     assert resolve_source("auto", tmp_path, None) == ("omniglot", tmp_path / "omniglot-py")
     assert resolve_source("glyphs", tmp_path, "elsewhere") == ("glyphs", Path("elsewhere"))
+    # A folder of one's own is neither Omniglot nor the stand-in: the log line and the results say "folder".
+    assert resolve_source("auto", tmp_path, "mine") == ("folder", Path("mine"))
 
 
 # ------------------------------------------------------------------------------------------ classes
@@ -234,6 +236,7 @@ def test_datamodule_gathers_images_on_transfer(tmp_path) -> None:
         ({"n_common": 30}, "n_common=30"),
         ({"zipf_alpha": -1.0}, "zipf_alpha=-1.0"),
         ({"source": "mnist"}, "source='mnist'"),
+        ({"source": "auto", "folder": "/no/such/folder"}, "/no/such/folder: no images_background/ or images_evaluation/"),
         ({"folder": "/no/such/folder"}, "omniglot-py"),
         ({"source": "glyphs", "folder": "/no/such/glyphs", "build_glyphs": False}, "python -m lit_icl.coqe.omniglot.glyphs"),
         ({"train_batches_per_epoch": 0}, "train_batches_per_epoch=0"),
