@@ -133,13 +133,6 @@ class RepresentationMetrics(Callback):
             raise ConfigError(
                 f"RepresentationMetrics k={self.k} but episodes have only {n} points; choose k <= {n - 1}"
             )
-        # Without episodes, each evaluation batch is one set of points (avMNIST's (B, D) embeddings).
-        batch = getattr(getattr(datamodule, "hparams", None), "get", lambda _: None)("eval_batch_size")
-        if n is None and isinstance(batch, int) and self.k > batch - 1:
-            raise ConfigError(
-                f"RepresentationMetrics k={self.k} but each evaluation batch, one set of points, has "
-                f"eval_batch_size={batch}; choose k <= {batch - 1}"
-            )
         declared = getattr(model, "embedding_names", None)
         if self.pairs is not None and isinstance(declared, Mapping):
             for stage, names in declared.items():

@@ -54,8 +54,6 @@ BAD_ROWS = [
     (["--model.init_args.net.init_args.dropout", "1.5"], "dropout=1.5"),
     (["--model.init_args.net.init_args.dropout", "1.0"], "dropout=1.0 must lie in [0, 1); 0 means none"),
     (["--model.init_args.lr", "0"], "lr=0"),
-    (["--trainer.callbacks", '[{"class_path": "lit_icl.callbacks.RepresentationMetrics", "init_args": {"k": 500}}]'],
-     "RepresentationMetrics k=500 but each evaluation batch, one set of points, has eval_batch_size="),
 ]
 
 
