@@ -83,7 +83,7 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("fit", ["--ckpt_path", "last", "--trainer.logger.init_args.version", "3"], "looked for {tmp}/runs/tiny/version_3"),
     ("fit", ["--ckpt_path", "last", "--checkpoint.dirpath", "{tmp}/ck"], "looked for {tmp}/ck/last.ckpt"),
     ("test", ["--ckpt_path", "{inputs}"], "is a folder, not a checkpoint file; pass a .ckpt file (e.g. {inputs}/other_"),
-    ("fit", ["--ckpt_path", "{inputs}/../"], "pass a .ckpt file (e.g. {inputs}/other_"),
+    ("fit", ["--ckpt_path", "{inputs}/../"], "is a folder, not a checkpoint file; pass a .ckpt file (e.g. {inputs}/../inputs/other_"),
     ("test", ["--ckpt_path", "{inputs}/other_experiment.ckpt"], "was written by another experiment"),
     ("fit", ["--ckpt_path", "{inputs}/other_data.ckpt"], "lit_icl.mmca.LatentFactorDataModule"),
 ]

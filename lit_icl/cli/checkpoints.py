@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.legacy import current_class_path
 
 #: ``ckpt_path`` values that Lightning resolves itself (``last`` and ``best`` are resolved by :func:`resolve_ckpt_path`).
 SPECIAL_CKPT_PATHS = ("last", "best", "hpc")
@@ -58,7 +59,8 @@ def _checkpoints_in(folder: Path) -> list[Path]:
 
 
 def _import_class(path: Any) -> Any:
-    """The object a dotted class path names (old paths resolve through their aliases), or ``None``."""
+    """The object a dotted class path names (an old path of a moved class: where it lives now), or ``None``."""
+    path = current_class_path(path)
     if not isinstance(path, str) or "." not in path:
         return None
     module, _, name = path.rpartition(".")
@@ -68,7 +70,7 @@ def _import_class(path: Any) -> Any:
         return None
 
 def _same_class(a: str, b: str) -> bool:
-    """Whether two class paths name the same class (an aliased old module path included)."""
+    """Whether two class paths name the same class (an old path of a moved class included)."""
     cls_a, cls_b = _import_class(a), _import_class(b)
     return cls_a is cls_b if cls_a is not None and cls_b is not None else a == b
 
@@ -84,7 +86,7 @@ def check_ckpt_classes(ckpt_path: Any, ckpt: dict[str, Any], config: Any, subcom
     LightningCLI records the classes in the checkpoint (``hyper_parameters._class_path``,
     ``datamodule_hyper_parameters._class_path``) and would replace the config's model with the checkpoint's,
     ending in an unrelated error much later (or, worse, running). Paths are compared as the classes they name,
-    so a checkpoint written before a module moved (an aliased old path) still loads. ``test`` / ``validate`` /
+    so a checkpoint written before a module moved (an old path, :mod:`lit_icl.core.legacy`) still loads. ``test`` / ``validate`` /
     ``predict`` of the same module on another data module is a transfer evaluation (IC-SSL's Table 5 tests
     models trained on synthetic manifolds zero-shot on image manifolds) and is allowed; the model settings are
     still checked against the checkpoint's (:func:`check_ckpt_hparams`) and against the data before the run.
@@ -113,7 +115,7 @@ def _differences(saved: Any, wanted: Any, key: str) -> list[tuple[str, Any, Any]
 
     Only keys present on both sides are compared: a checkpoint of older code lacks today's new options (the
     config's default then applies) and the config spells out defaults the checkpoint may omit. ``class_path``
-    values are compared as the classes they name, so aliased old module paths match.
+    values are compared as the classes they name, so old paths of moved classes match.
     """
     if hasattr(wanted, "as_dict"):  # a jsonargparse Namespace
         wanted = wanted.as_dict()

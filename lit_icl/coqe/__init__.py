@@ -32,18 +32,6 @@ from lit_icl.coqe.regression import (
     RegressionTransformer,
     TwoLayerNN,
 )
-from lit_icl.core.compat import alias_modules
-
-# Module names before the one-folder-per-experiment layout: configs and checkpoints that name them still load.
-alias_modules({
-    "lit_icl.coqe.data": "lit_icl.coqe.omniglot.data",
-    "lit_icl.coqe.nets": "lit_icl.coqe.omniglot.nets",
-    "lit_icl.coqe.module": "lit_icl.coqe.omniglot.module",
-    "lit_icl.coqe.glyphs": "lit_icl.coqe.omniglot.glyphs",
-    "lit_icl.coqe.regression_data": "lit_icl.coqe.regression.data",
-    "lit_icl.coqe.regression_nets": "lit_icl.coqe.regression.nets",
-    "lit_icl.coqe.regression_module": "lit_icl.coqe.regression.module",
-})
 
 __all__ = [
     "Averaging", "CoQEClassificationModule", "CoQEClassifier", "CoQERegressionModule", "CoQERegressor",

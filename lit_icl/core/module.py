@@ -22,13 +22,18 @@ Three conventions live here so that each paper follows them without repeating co
 from __future__ import annotations
 
 import inspect
+import io
+import os
 import warnings
+from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.pytorch import LightningDataModule, LightningModule
 from torch import nn
 
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.legacy import upgrade_checkpoint
 
 
 class ICLModule(LightningModule):
@@ -55,6 +60,19 @@ class ICLModule(LightningModule):
             self.save_hyperparameters(frame=caller)
         for key in [k for k, v in self.hparams.items() if isinstance(v, nn.Module)]:
             del self.hparams[key]
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        """Lightning's ``load_from_checkpoint``, for checkpoints of older code too: the class paths of moved
+        files that such a checkpoint records are made current first (:mod:`lit_icl.core.legacy`)."""
+        if isinstance(checkpoint_path, (str, os.PathLike)) and Path(checkpoint_path).is_file():
+            checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+            if isinstance(checkpoint, dict) and upgrade_checkpoint(checkpoint):
+                buffer = io.BytesIO()
+                torch.save(checkpoint, buffer)
+                buffer.seek(0)
+                checkpoint_path = buffer
+        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     # ------------------------------------------------------------------ data binding
     def bind_datamodule(self, datamodule: LightningDataModule) -> None:

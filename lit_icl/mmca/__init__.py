@@ -18,12 +18,11 @@ One sub-package per experiment, each with ``data.py``, ``nets.py`` and ``module.
 Shared by both: :mod:`lit_icl.mmca.theory` (closed forms: Theorem 6.2's ``alpha*``, the Bayes weights of Eq. 3.3,
 the population losses) and :mod:`lit_icl.mmca.contracts` (what each module reads from its data module and net).
 
-Configs name the public names exported here (``lit_icl.mmca.DeepCrossAttention``). The modules' old file names
-(``lit_icl.mmca.nets``, ``lit_icl.mmca.avmnist_nets`` ...) stay importable as aliases (:data:`LEGACY_MODULES`), so
-configs and checkpoints written before the split still load.
+Configs name the public names exported here (``lit_icl.mmca.DeepCrossAttention``). Checkpoints written before
+the split name the old files (``lit_icl.mmca.nets``, ``lit_icl.mmca.avmnist_nets`` ...) and still load: loading
+rewrites those paths (:mod:`lit_icl.core.legacy`).
 """
 
-from lit_icl.core.compat import alias_modules
 from lit_icl.mmca.avmnist.data import AVMNISTDataModule
 from lit_icl.mmca.avmnist.module import AVMNISTModule
 from lit_icl.mmca.avmnist.nets import BidirectionalCrossAttention, MultimodalCrossAttention
@@ -32,24 +31,7 @@ from lit_icl.mmca.synthetic.diagnostics import WhiteningDiagnostic
 from lit_icl.mmca.synthetic.module import LatentFactorICLModule
 from lit_icl.mmca.synthetic.nets import BayesOptimal, DeepCrossAttention, SampleMean, SingleLayerLSA
 
-#: Module names before the split into experiments -> where the code lives now.
-LEGACY_MODULES = {
-    "lit_icl.mmca.data": "lit_icl.mmca.synthetic.data",
-    "lit_icl.mmca.nets": "lit_icl.mmca.synthetic.nets",
-    "lit_icl.mmca.module": "lit_icl.mmca.synthetic.module",
-    "lit_icl.mmca.diagnostics": "lit_icl.mmca.synthetic.diagnostics",
-    "lit_icl.mmca.figures": "lit_icl.mmca.synthetic.figures",
-    "lit_icl.mmca.avmnist_data": "lit_icl.mmca.avmnist.data",
-    "lit_icl.mmca.avmnist_nets": "lit_icl.mmca.avmnist.nets",
-    "lit_icl.mmca.avmnist_module": "lit_icl.mmca.avmnist.module",
-}
-# Not lit_icl.mmca.avmnist_build: it holds no class a config or checkpoint names, and an alias would import the
-# builder with the package, which makes `python -m lit_icl.mmca.avmnist.build` warn (runpy) and cannot serve the
-# old `python -m lit_icl.mmca.avmnist_build` anyway (runpy refuses a module found under another name).
-alias_modules(LEGACY_MODULES)
-
 __all__ = [
-    "LEGACY_MODULES",
     "AVMNISTDataModule",
     "AVMNISTModule",
     "BayesOptimal",

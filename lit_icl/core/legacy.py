@@ -1,0 +1,79 @@
+"""Where moved classes live now: the one registry of old module names, read when an old checkpoint is loaded.
+
+A checkpoint records its classes by import path (``hyper_parameters._class_path`` and each net's ``class_path``,
+as the config named them), and files have moved since some checkpoints were written (``lit_icl/mmca/nets.py``
+became ``lit_icl/mmca/synthetic/nets.py``). Loading rewrites such paths to today's (:func:`upgrade_checkpoint`):
+the CLI's ``--ckpt_path`` (:class:`lit_icl.cli.LitICLCLI`) and ``<Module>.load_from_checkpoint``
+(:class:`lit_icl.core.module.ICLModule`). Nothing else knows the old names, and importing them fails as for
+any module that does not exist. New configs name each paper's public names (``lit_icl.mmca.DeepCrossAttention``),
+which do not depend on files; a move adds its old module names here, with a checkpoint written before it under
+``tests/data/legacy/``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Module names before a move -> the module that holds the same classes now.
+MOVED_MODULES: dict[str, str] = {
+    # CoQE, before one folder per experiment
+    "lit_icl.coqe.data": "lit_icl.coqe.omniglot.data",
+    "lit_icl.coqe.nets": "lit_icl.coqe.omniglot.nets",
+    "lit_icl.coqe.module": "lit_icl.coqe.omniglot.module",
+    "lit_icl.coqe.glyphs": "lit_icl.coqe.omniglot.glyphs",
+    "lit_icl.coqe.regression_data": "lit_icl.coqe.regression.data",
+    "lit_icl.coqe.regression_nets": "lit_icl.coqe.regression.nets",
+    "lit_icl.coqe.regression_module": "lit_icl.coqe.regression.module",
+    # the multi-modal paper, before its split into synthetic/ and avmnist/
+    "lit_icl.mmca.data": "lit_icl.mmca.synthetic.data",
+    "lit_icl.mmca.nets": "lit_icl.mmca.synthetic.nets",
+    "lit_icl.mmca.module": "lit_icl.mmca.synthetic.module",
+    "lit_icl.mmca.diagnostics": "lit_icl.mmca.synthetic.diagnostics",
+    "lit_icl.mmca.figures": "lit_icl.mmca.synthetic.figures",
+    "lit_icl.mmca.avmnist_data": "lit_icl.mmca.avmnist.data",
+    "lit_icl.mmca.avmnist_nets": "lit_icl.mmca.avmnist.nets",
+    "lit_icl.mmca.avmnist_module": "lit_icl.mmca.avmnist.module",
+}
+
+#: The keys under which Lightning and jsonargparse record a class's import path.
+CLASS_PATH_KEYS = ("class_path", "_class_path")
+
+
+def current_class_path(path: Any) -> Any:
+    """Today's import path of a class named by an old one (``lit_icl.mmca.nets.DeepCrossAttention`` ->
+    ``lit_icl.mmca.synthetic.nets.DeepCrossAttention``); any other value is returned as it is."""
+    if not isinstance(path, str):
+        return path
+    module, _, name = path.rpartition(".")
+    moved = MOVED_MODULES.get(module)
+    return f"{moved}.{name}" if moved else path
+
+
+def upgrade_class_paths(tree: Any) -> tuple[Any, bool]:
+    """``tree`` with every recorded class path made current (dicts and lists rebuilt, nothing changed in place),
+    and whether any was old."""
+    if isinstance(tree, dict):
+        changed = False
+        out = {}
+        for key, value in tree.items():
+            if key in CLASS_PATH_KEYS and current_class_path(value) != value:
+                out[key], changed = current_class_path(value), True
+            else:
+                out[key], moved = upgrade_class_paths(value)
+                changed |= moved
+        return out, changed
+    if isinstance(tree, list):
+        items = [upgrade_class_paths(v) for v in tree]
+        return [v for v, _ in items], any(moved for _, moved in items)
+    return tree, False
+
+
+def upgrade_checkpoint(checkpoint: dict[str, Any]) -> bool:
+    """Make the class paths of a loaded checkpoint's module and data hyper-parameters current, in place;
+    returns whether any was old."""
+    changed = False
+    for key in ("hyper_parameters", "datamodule_hyper_parameters"):
+        if isinstance(checkpoint.get(key), dict):
+            checkpoint[key], moved = upgrade_class_paths(checkpoint[key])
+            changed |= moved
+    return changed
