@@ -66,7 +66,10 @@ class ICLModule(LightningModule):
         """Lightning's ``load_from_checkpoint``, for checkpoints of older code too: the class paths of moved
         files that such a checkpoint records are made current first (:mod:`lit_icl.core.legacy`)."""
         if isinstance(checkpoint_path, (str, os.PathLike)) and Path(checkpoint_path).is_file():
-            checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+            try:  # what Lightning itself can read; anything else is left to its own loading and errors
+                checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
+            except Exception:  # noqa: BLE001
+                checkpoint = None
             if isinstance(checkpoint, dict) and upgrade_checkpoint(checkpoint):
                 buffer = io.BytesIO()
                 torch.save(checkpoint, buffer)
