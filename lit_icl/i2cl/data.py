@@ -9,7 +9,7 @@ Sources (``task``):
   characters / random numbers labelled ``A`` / ``B`` / ``C``, generated as a pure function of
   ``(data_seed, split, index)``;
 - ``jsonl`` / ``csv``: any local ``train_file`` / ``test_file`` of (text, label) rows with a ``template`` and
-  ``label_words`` given in the config; ``python -m lit_icl.i2cl.prepare`` writes the offline movie-review task
+  ``label_words`` given in the config; ``python -m lit_icl.i2cl.build`` writes the offline movie-review task
   (``data/i2cl/movie_reviews``) in this format.
 
 Protocol (Sec. 3 and the public code): ``shots_per_class`` demonstrations per class (5; 1 for DBPedia) drawn
@@ -27,10 +27,6 @@ Calibration batches (``calibration_batches``): ``epoch`` walks a fresh shuffle o
 
 from __future__ import annotations
 
-import csv
-import json
-import string
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,232 +38,23 @@ from lit_icl.core.data import EpochSampler
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import check_int, check_literal, check_nonempty, check_positive
-from lit_icl.i2cl.prepare import ensure_offline, offline_hint
+from lit_icl.i2cl.build import ensure_offline, offline_hint
+from lit_icl.i2cl.tasks import (
+    SYNTHETIC_LABELS,
+    SYNTHETIC_TEMPLATE,
+    TASKS,
+    Example,
+    Source,
+    TaskData,
+    balanced_sample,
+    demo_sample,
+    load_hub,
+    read_table,
+    synthetic_example,
+)
 
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """Where a task lives on the hub and how it is prompted (App. A, Table 9)."""
-
-    hub_id: str
-    config: str | None
-    test_split: str
-    text_field: str
-    label_field: str
-    template: str
-    label_words: tuple[str, ...]
-    shots_per_class: int = 5
-    keep_labels: tuple[int, ...] | None = None  # hate_speech18: only {0: neutral, 1: hate}
-
-
-TASKS: dict[str, TaskSpec] = {
-    "sst2": TaskSpec("glue", "sst2", "validation", "sentence", "label", "Review: {text}\nSentiment:",
-                     ("negative", "positive")),
-    "sst5": TaskSpec("SetFit/sst5", None, "test", "text", "label", "Sentence: {text}\nSentiment:",
-                     ("terrible", "negative", "neutral", "positive", "great")),
-    "mr": TaskSpec("rotten_tomatoes", None, "test", "text", "label", "Review: {text}\nSentiment:",
-                   ("negative", "positive")),
-    "subj": TaskSpec("SetFit/subj", None, "test", "text", "label", "Sentence: {text}\nLabel:",
-                     ("objective", "subjective")),
-    "trec": TaskSpec("trec", None, "test", "text", "coarse_label", "Question: {text}\nAnswer Type:",
-                     ("Abbreviation", "Entity", "Description", "Person", "Location", "Number")),
-    "agnews": TaskSpec("ag_news", None, "test", "text", "label", "News: {text}\nType:",
-                       ("World", "Sports", "Business", "Technology")),
-    "dbpedia": TaskSpec("fancyzhx/dbpedia_14", None, "test", "content", "label", "Input: {text}\nLabel:",
-                        ("company", "school", "artist", "athlete", "politics", "transportation", "building",
-                         "nature", "village", "animal", "plant", "album", "film", "book"), shots_per_class=1),
-    # Only a train split exists: its first half gives train/holdout, its second half the test set.
-    "hate_speech18": TaskSpec("hate_speech18", None, "train", "text", "label", "Text: {text}\nLabel:",
-                              ("neutral", "hate"), keep_labels=(0, 1)),
-    "emoc": TaskSpec("emo", None, "test", "text", "label", "Dialogue: {text}\nEmotion:",
-                     ("others", "happy", "sad", "angry")),
-}
-SYNTHETIC_TEMPLATE = "Input: {text}\nLabel:"
-SYNTHETIC_LABELS = ("A", "B", "C")
-SPECIAL_CHARS = "!@#$%^&*()-_=+[]{};:'\",.<>/?\\|`~"
-SOURCES = (*TASKS, "synthetic", "jsonl", "csv")
-#: ``task``'s choices as a type (``--help`` lists them), built from :data:`TASKS` so they are written once.
 #: How calibration batches are drawn (see the module docstring).
 CalibrationBatches = Literal["epoch", "replacement"]
-Source = Literal[SOURCES]  # type: ignore[valid-type]
-
-Example = tuple[str, int]
-
-
-@dataclass
-class TaskData:
-    """Everything one (task, seed) run needs, as text."""
-
-    name: str
-    template: str
-    label_words: list[str]
-    demos: list[Example]
-    eval: list[Example]
-    holdout: list[Example]
-    extra_query: Example
-    meta: dict[str, Any] = field(default_factory=dict)
-    separator: str = "\n"  #: what ends each demonstration (the public code's ``example_separator``)
-
-    def query(self, text: str) -> str:
-        return self.template.format(text=text)
-
-    def demo(self, ex: Example) -> str:
-        return f"{self.query(ex[0])} {self.label_words[ex[1]]}{self.separator}"
-
-    @property
-    def demo_texts(self) -> list[str]:
-        return [self.demo(d) for d in self.demos]
-
-    @property
-    def prefix(self) -> str:
-        """The few-shot prompt's demonstration part: the demonstrations in a row, each ending in the separator."""
-        return "".join(self.demo_texts)
-
-
-# ---------------------------------------------------------------------- synthetic task (App. C.2)
-def synthetic_example(data_seed: int, split: str, index: int) -> Example:
-    """Class ``index % 3``: random lowercase string / random special characters / random numbers."""
-    g = make_generator(data_seed, "i2cl_synthetic", split, index)
-    label = index % 3
-    n = int(torch.randint(3, 7, (1,), generator=g))
-    if label == 0:
-        words = []
-        for _ in range(n):
-            k = int(torch.randint(3, 9, (1,), generator=g))
-            words.append("".join(string.ascii_lowercase[int(i)] for i in torch.randint(0, 26, (k,), generator=g)))
-        text = " ".join(words)
-    elif label == 1:
-        words = []
-        for _ in range(n):
-            k = int(torch.randint(2, 6, (1,), generator=g))
-            words.append("".join(SPECIAL_CHARS[int(i)] for i in torch.randint(0, len(SPECIAL_CHARS), (k,), generator=g)))
-        text = " ".join(words)
-    else:
-        text = " ".join(str(int(v)) for v in torch.randint(0, 10000, (n,), generator=g))
-    return text, label
-
-
-# ---------------------------------------------------------------------- readers
-def read_table(path: str | Path, text_field: str, label_field: str, label_words: list[str]) -> list[Example]:
-    """Rows of a local ``.jsonl`` / ``.csv``; labels are ints ``0..C-1`` or the label words themselves.
-
-    A file that is not UTF-8, a ``.jsonl`` line that is not a JSON object, or a row without the text or label
-    field is one :class:`ConfigError` naming the file and the line (1-based, as an editor shows it).
-    """
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"data file {str(p)!r} does not exist; give a .jsonl or .csv of (text, label) rows")
-    rows: list[tuple[int, Any]] = []  # (line number, row)
-    try:
-        with open(p, newline="" if p.suffix == ".csv" else None, encoding="utf-8") as f:
-            if p.suffix == ".csv":
-                reader = csv.DictReader(f)
-                rows = [(reader.line_num, row) for row in reader]
-            else:
-                for number, line in enumerate(f, start=1):
-                    if not line.strip():
-                        continue
-                    try:
-                        rows.append((number, json.loads(line)))
-                    except json.JSONDecodeError as err:
-                        problem = err.msg.removesuffix(" at")  # "Invalid control character at" + " at column 3"
-                        raise ConfigError(
-                            f"{p}: line {number} is not valid JSON ({problem} at column {err.colno}); each line of "
-                            f"a .jsonl holds one object such as {{\"{text_field}\": \"...\", \"{label_field}\": 0}}"
-                        ) from None
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{p} is not UTF-8 text (byte {err.start}: {err.reason}); save it as UTF-8") from None
-    except csv.Error as err:
-        raise ConfigError(f"{p}: unreadable CSV ({err}); give a .csv with a header row naming the columns") from None
-    if not rows:
-        raise ConfigError(f"{p} holds no rows; give a .{p.suffix.lstrip('.') or 'jsonl'} of (text, label) rows")
-    out = []
-    for number, row in rows:
-        where = f"{p}: line {number}"
-        if not isinstance(row, dict):
-            raise ConfigError(f"{where} holds a JSON {type(row).__name__}, not an object with {text_field!r} and "
-                              f"{label_field!r}")
-        missing = [k for k in (text_field, label_field) if row.get(k) is None]
-        if missing:
-            raise ConfigError(f"{where} lacks {' and '.join(map(repr, missing))} (its fields: {sorted(map(str, row))}); "
-                              "set text_field/label_field or fix the row")
-        out.append((str(row[text_field]), _label_id(row[label_field], label_words, where)))
-    return out
-
-
-def _label_id(value: Any, label_words: list[str], where: str) -> int:
-    if isinstance(value, str) and value in label_words:
-        return label_words.index(value)
-    try:
-        k = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{where}: label {value!r} is neither 0..{len(label_words) - 1} nor a label word") from None
-    if not 0 <= k < len(label_words):
-        raise ConfigError(f"{where}: label {k} outside 0..{len(label_words) - 1} (one label word per class)")
-    return k
-
-
-def load_hub(spec: TaskSpec, path: str | None) -> tuple[list[Example], list[Example]]:
-    """(train, test) examples of a hub task (or a local copy at ``path``) through ``datasets``."""
-    try:
-        import datasets
-    except ImportError:
-        raise ConfigError("the nine paper tasks need `datasets`; pip install 'lit_icl[i2cl]'") from None
-    source = path or spec.hub_id
-    try:
-        ds = datasets.load_dataset(source, spec.config) if path is None else datasets.load_dataset(source)
-    except Exception as err:  # noqa: BLE001 - datasets raises many types; the user needs one line
-        raise ConfigError(
-            f"cannot load {source!r} with datasets ({type(err).__name__}); give a local copy with `path`"
-        ) from None
-
-    def rows(split: str) -> list[Example]:
-        d = ds[split]
-        out = [(str(t), int(y)) for t, y in zip(d[spec.text_field], d[spec.label_field])]
-        if spec.keep_labels is not None:
-            out = [ex for ex in out if ex[1] in spec.keep_labels]
-        return out
-
-    if spec.test_split == "train":  # hate_speech18: split the only split in two halves
-        everything = rows("train")
-        half = len(everything) // 2
-        return everything[:half], everything[half:]
-    return rows("train"), rows(spec.test_split)
-
-
-# ---------------------------------------------------------------------- sampling
-def balanced_sample(pool: list[Example], n: int, n_classes: int, g: torch.Generator, exclude: set[int] = frozenset()) -> list[int]:
-    """Indices of ``n`` class-balanced examples (``n // C`` per class, the rest at random), in random order."""
-    by_class: list[list[int]] = [[] for _ in range(n_classes)]
-    for i, (_, y) in enumerate(pool):
-        if i not in exclude:
-            by_class[y].append(i)
-    chosen: list[int] = []
-    for idx in by_class:
-        perm = torch.randperm(len(idx), generator=g).tolist()
-        chosen += [idx[j] for j in perm[: n // n_classes]]
-    rest = [i for i in range(len(pool)) if i not in exclude and i not in set(chosen)]
-    need = min(n, len(pool) - len(exclude)) - len(chosen)
-    if need > 0:
-        perm = torch.randperm(len(rest), generator=g).tolist()
-        chosen += [rest[j] for j in perm[:need]]
-    order = torch.randperm(len(chosen), generator=g).tolist()
-    return [chosen[j] for j in order]
-
-
-def demo_sample(pool: list[Example], shots: int, n_classes: int, g: torch.Generator) -> list[int]:
-    """``shots`` per class, shuffled; a class with too few examples is refused."""
-    by_class: list[list[int]] = [[] for _ in range(n_classes)]
-    for i, (_, y) in enumerate(pool):
-        by_class[y].append(i)
-    chosen = []
-    for c, idx in enumerate(by_class):
-        if len(idx) < shots:
-            raise ConfigError(f"class {c} has {len(idx)} training examples, fewer than shots_per_class={shots}")
-        perm = torch.randperm(len(idx), generator=g).tolist()
-        chosen += [idx[j] for j in perm[:shots]]
-    order = torch.randperm(len(chosen), generator=g).tolist()
-    return [chosen[j] for j in order]
 
 
 class CalibrationItems(Dataset):
@@ -433,9 +220,9 @@ class I2CLDataModule(LightningDataModule):
             raise ConfigError(f"example_separator={example_separator!r} must be a non-empty string, e.g. '\\n'")
         check_literal("calibration_batches", calibration_batches, CalibrationBatches)
         for name, f in (("train_file", train_file), ("test_file", test_file)):
-            # the offline sentiment tasks are written on first use, as `python -m lit_icl.i2cl.prepare` would
+            # the offline sentiment tasks are written on first use, as `python -m lit_icl.i2cl.build` would
             if f is not None and not Path(f).is_file() and not ensure_offline(f):
-                hint = offline_hint(f, "offline movie reviews: python -m lit_icl.i2cl.prepare")
+                hint = offline_hint(f, "offline movie reviews: python -m lit_icl.i2cl.build")
                 raise ConfigError(f"{name}={f!r} does not exist ({hint})")
 
     @property

@@ -1,19 +1,19 @@
 """I2CL's LightningModule: context vectorisation, injection, noisy self-calibration (``fit``), evaluation (``test``).
 
 ``fit`` (Sec. 2.2-2.4): at the start, each demonstration runs on its own through the frozen LM and the attention and
-MLP outputs at its last token are kept (Eq. 2) and averaged (Eq. 3); then only the ``4L`` coefficients
-``(lambda^a, beta^a, lambda^m, beta^m)_l`` train, initialised to ``lambda = 0.1``, ``beta = 1``, by AdamW on the
-cross-entropy of the label word's first token at the query's last position over the full vocabulary (Eq. 5), with
-Eq. 6's relative noise ``gamma = 0.001``, for 100 epochs (``trainer.max_epochs``) at batch 2, the learning rate
-annealed by a cosine from 1e-2 to 1e-5 (Sec. 3) over one shuffle of the demonstrations per epoch. The noise is
-relative to each injected sub-layer output, as the authors' public code scales it (``noise_norm: sublayer``); Eq. 6
-as written scales it by the residual stream (``noise_norm: stream``, ``configs/i2cl/offline/paper_text.yaml``), which
-collapsed Gemma 3 270M to one label on three seeds of five. The code's other choices (hooks before post-norms, a 5 %
-warm-up and a cosine to 0, a fresh batch every step) are ``configs/i2cl/offline/public_code.yaml``
-(``experiments/results/i2cl_recipes_cpu.md`` has what each does). Several calibrated methods train side by side, each with its own
-optimiser and schedule (manual optimisation), on the same batches. Their Eq. 6 noise comes from the one global
-RNG stream in the order of ``methods``, so a method's noise draws (not its batches or initialisation) depend on
-which calibrated methods run before it: the same config reproduces bit for bit, but ``[noise_vector, i2cl]`` and
+MLP outputs at its last token are kept (Eq. 2) and averaged (Eq. 3); then only the ``4L`` coefficients ``(lambda^a,
+beta^a, lambda^m, beta^m)_l`` train, initialised to ``lambda = 0.1``, ``beta = 1``, by AdamW on the cross-entropy of
+the label word's first token at the query's last position over the full vocabulary (Eq. 5), with Eq. 6's relative
+noise ``gamma = 0.001``, for 100 epochs (``trainer.max_epochs``) at batch 2, the learning rate annealed by a cosine
+from 1e-2 to 1e-5 (Sec. 3) over one shuffle of the demonstrations per epoch. The noise is relative to each injected
+sub-layer output, as the authors' public code scales it (``noise_norm: sublayer``); Eq. 6 as written scales it by
+the residual stream (``noise_norm: stream``, ``configs/i2cl/offline/paper_text.yaml``), which collapsed Gemma 3 270M
+to one label on three seeds of five. The code's other choices (hooks before post-norms, a 5 % warm-up and a cosine
+to 0, a fresh batch every step) are ``configs/i2cl/offline/public_code.yaml``
+(``experiments/results/i2cl_recipes_cpu.md``). Several calibrated methods train side by side, each with its own
+optimiser and schedule (manual optimisation), on the same batches. Their Eq. 6 noise comes from the one global RNG
+stream in the order of ``methods``, so a method's noise draws (not its batches or initialisation) depend on which
+calibrated methods run before it: the same config reproduces bit for bit, but ``[noise_vector, i2cl]`` and
 ``[i2cl]`` calibrate I2CL under different noise samples.
 
 Methods (``methods``):
@@ -25,11 +25,11 @@ Methods (``methods``):
   replaces the query's last-token block output at one layer, chosen by accuracy on the 32 holdout queries;
 - ``icl_i2cl`` (App. C.3): I2CL with the demonstrations kept in the prompt, in calibration and at test;
 - ``i2cl_transfer`` (App. B.2, Algorithm 1, h = 0.8, tau = 0.5): calibrate on the target (a first, plain-loop
-  calibration at the start of ``fit``), compare its coefficients with the task-ids of ``transfer_from``
-  checkpoints, and recalibrate from the similarity-weighted average of their coefficients and context vectors.
+  calibration at the start of ``fit``), compare its coefficients with the task-ids of ``transfer_from`` checkpoints,
+  and recalibrate from the similarity-weighted average of their coefficients and context vectors.
 
-Checkpoints hold the coefficients and context vectors (the task-id of Sec. 3.3), not the LM's weights;
-loading one (``--ckpt_path`` or ``I2CLModule.load_from_checkpoint``) rebuilds the LM from ``model_name_or_path``.
+Checkpoints hold the coefficients and context vectors (the task-id of Sec. 3.3), not the LM's weights; loading one
+rebuilds the LM from ``model_name_or_path``. The calibration itself is :mod:`lit_icl.i2cl.calibration`.
 ``test`` rows: ``accuracy``, ``macro_f1`` (the public code's second metric), ``latency_ms_per_query``,
 ``cached_params`` (Table 1's last column, counted for this model and prompt), ``trainable_params`` per method,
 ``calibration_seconds`` per calibrated method, ``task_vector_layer``; coordinates ``task`` and ``seed``.
@@ -37,13 +37,11 @@ loading one (``--ckpt_path`` or ``I2CLModule.load_from_checkpoint``) rebuilds th
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
@@ -64,6 +62,17 @@ from lit_icl.core.validation import (
     check_range,
     check_unique,
 )
+from lit_icl.i2cl.calibration import (
+    InjectMethod,
+    LRSchedule,
+    calibrate,
+    calibration_loss,
+    injection_coefficients,
+    lr_lambda,
+    read_task_id,
+    task_similarity,
+    transfer_init,
+)
 from lit_icl.i2cl.contracts import I2CLData, I2CLNet
 from lit_icl.i2cl.data import TaskData
 from lit_icl.i2cl.nets import NoiseNorm
@@ -74,153 +83,6 @@ METHODS = (*BASELINES, *CALIBRATED)
 #: A ``methods`` entry, as a type (``--help`` lists the choices), built from :data:`METHODS`.
 Method = Literal[METHODS]  # type: ignore[valid-type]
 WITH_DEMOS = ("few_shot", "icl_i2cl")  # methods whose prompts carry the demonstration tokens
-
-
-#: The calibration's learning-rate schedule (see :func:`lr_lambda`).
-LRSchedule = Literal["cosine", "public_code"]
-#: How the coefficients enter Eq. 4 (see :func:`injection_coefficients`).
-InjectMethod = Literal["linear", "add"]
-
-
-def injection_coefficients(coef: Tensor, inject_method: str) -> Tensor:
-    """The ``(L, 2, 2)`` ``(lambda, beta)`` that Eq. 4 applies, from the trained coefficients.
-
-    ``linear`` (Eq. 4): both as trained. ``add`` (the public code's ``inject_method: add``): ``a + relu(lambda) v``,
-    so ``beta`` stays 1 and only the context vectors' weights are calibrated (half the parameters, and the LM's own
-    sub-layer outputs are never rescaled).
-    """
-    if inject_method == "add":
-        return torch.stack([F.relu(coef[..., 0]), torch.ones_like(coef[..., 1])], dim=-1)
-    return coef
-
-
-def cosine_lambda(step: int, total: int, lr: float, lr_min: float, warmup: int) -> float:
-    """LR multiplier: linear warm-up over ``warmup`` steps, then cosine from ``lr`` to ``lr_min`` at ``total``."""
-    if warmup > 0 and step < warmup:
-        return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    floor = lr_min / lr
-    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def public_code_lambda(step: int, total: int, warmup: int) -> float:
-    """The public code's LR multiplier: ``step / warmup`` up to ``warmup`` (so the first step has LR 0), then
-    ``(1 + cos(pi step / total)) / 2``, which reaches 0 at ``total`` (the cosine counts from step 0, not from the
-    end of the warm-up)."""
-    if warmup > 0 and step <= warmup:
-        return step / warmup
-    return 0.5 * (1.0 + math.cos(math.pi * min(step, total) / max(1, total)))
-
-
-def lr_lambda(schedule: str, step: int, total: int, lr: float, lr_min: float, warmup: int) -> float:
-    """``cosine``: :func:`cosine_lambda` (the paper: cosine to ``lr_min``); ``public_code``: :func:`public_code_lambda`."""
-    if schedule == "public_code":
-        return public_code_lambda(step, total, warmup)
-    return cosine_lambda(step, total, lr, lr_min, warmup)
-
-
-def calibration_loss(
-    net: I2CLNet, context: Tensor, coef: Tensor, prompts: Sequence[str], targets: Tensor, gamma: float,
-    noise_norm: NoiseNorm = "sublayer", inject_method: InjectMethod = "linear",
-) -> Tensor:
-    """Eq. 5 on one batch: CE of the label's first token at each prompt's last position, under Eq. 4 (+ Eq. 6)."""
-    ids, mask = net.encode(prompts)
-    with net.inject(context, injection_coefficients(coef, inject_method), gamma=gamma, noise_norm=noise_norm):
-        logits = net.last_logits(ids, mask)
-    return F.cross_entropy(logits, targets.to(logits.device))
-
-
-def calibrate(
-    net: I2CLNet,
-    context: Tensor,
-    coef_init: Tensor,
-    prompts: Sequence[str],
-    targets: Tensor,
-    *,
-    epochs: int = 100,
-    batch_size: int = 2,
-    lr: float = 1e-2,
-    lr_min: float = 1e-5,
-    weight_decay: float = 1e-3,
-    gamma: float = 1e-3,
-    warmup_fraction: float = 0.0,
-    seed: int = 0,
-    noise_norm: NoiseNorm = "sublayer",
-    lr_schedule: LRSchedule = "cosine",
-    replacement: bool = False,
-    inject_method: InjectMethod = "linear",
-) -> tuple[Tensor, list[float]]:
-    """Noisy self-calibration as a plain loop (Algorithm 1's first calibration, and for use outside Lightning).
-
-    ``replacement``: each step draws its batch afresh (distinct examples within a batch, as the public code)
-    instead of walking one shuffle per epoch. Returns the calibrated ``(L, 2, 2)`` coefficients and the mean loss
-    of each epoch.
-    """
-    coef = nn.Parameter(coef_init.detach().clone().float())
-    n = len(prompts)
-    steps_per_epoch = max(1, n // batch_size)
-    total = epochs * steps_per_epoch
-    opt = torch.optim.AdamW([coef], lr=lr, weight_decay=weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: lr_lambda(lr_schedule, s, total, lr, lr_min, int(warmup_fraction * total))
-    )
-    history = []
-    noise = torch.Generator().manual_seed(seed)
-    for epoch in range(epochs):
-        perm = torch.randperm(n, generator=make_generator(seed, "i2cl_plain_calibration", epoch)).tolist()
-        losses = []
-        for s in range(steps_per_epoch):
-            if replacement:
-                step = epoch * steps_per_epoch + s
-                idx = torch.randperm(n, generator=make_generator(seed, "i2cl_plain_draw", step))[:batch_size].tolist()
-            else:
-                idx = perm[s * batch_size : (s + 1) * batch_size]
-            opt.zero_grad()
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(int(torch.randint(2**62, (1,), generator=noise)))
-                loss = calibration_loss(net, context, coef, [prompts[i] for i in idx], targets[idx], gamma, noise_norm,
-                                        inject_method)
-            loss.backward()
-            opt.step()
-            sched.step()
-            losses.append(float(loss.detach()))
-        history.append(sum(losses) / len(losses))
-    return coef.detach(), history
-
-
-def task_similarity(c_new: Tensor, sources_coef: Tensor) -> Tensor:
-    """Algorithm 1, line 7: cosine similarity of the flattened task-id ``c_new`` (L, 2, 2) with each source's."""
-    return F.cosine_similarity(sources_coef.flatten(1).float(), c_new.flatten().float()[None], dim=1)
-
-
-def transfer_init(
-    c_new: Tensor, sources_coef: Tensor, sources_ctx: Tensor, threshold: float = 0.8, temperature: float = 0.5
-) -> tuple[Tensor, Tensor, Tensor] | None:
-    """Algorithm 1, lines 6-14: ``(v_avg, c_avg, weights)`` over sources with cosine(c_new, c_i) > h, else None."""
-    sims = task_similarity(c_new, sources_coef)
-    keep = sims > threshold
-    if not bool(keep.any()):
-        return None
-    p = torch.zeros_like(sims)
-    p[keep] = torch.softmax(sims[keep] / temperature, dim=0)
-    v = torch.einsum("k,k...->...", p, sources_ctx.float())
-    c = torch.einsum("k,k...->...", p, sources_coef.float())
-    return v, c, p
-
-
-def read_task_id(path: str) -> tuple[Tensor, Tensor]:
-    """``(coef (L, 2, 2), context (L, 2, D))`` of the ``i2cl`` method in an I2CL checkpoint (a task-id)."""
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except (OSError, RuntimeError) as err:
-        raise ConfigError(
-            f"cannot read task-id checkpoint {path!r} ({type(err).__name__}): give the last.ckpt of an I2CL fit of "
-            "each source task (configs/i2cl/offline/transfer.yaml shows the offline recipe)"
-        ) from None
-    sd = ckpt.get("state_dict", {})
-    if "coefs.i2cl" not in sd or "ctx_i2cl" not in sd:
-        raise ConfigError(f"{path!r} holds no calibrated 'i2cl' coefficients; give checkpoints of I2CL fits")
-    return sd["coefs.i2cl"].float(), sd["ctx_i2cl"].float()
 
 
 class I2CLModule(ICLModule):
@@ -236,9 +98,8 @@ class I2CLModule(ICLModule):
         warmup_fraction: linear warm-up share of the calibration steps (0 as the paper; the public code 0.05).
         inject_method: ``linear`` (Eq. 4: ``beta a + lambda v``) or ``add`` (the public code's other method,
             ``a + relu(lambda) v``: only the context vectors' weights calibrate); see :func:`injection_coefficients`.
-        lr_schedule: ``cosine`` (default: warm-up, then a cosine from ``lr`` to ``lr_min`` over the remaining
-            steps) or ``public_code`` (the authors' exact schedule, :func:`public_code_lambda`; it anneals to 0, so
-            it needs ``lr_min: 0``).
+        lr_schedule: ``cosine`` (default: warm-up, then a cosine from ``lr`` to ``lr_min``) or ``public_code``
+            (the authors' exact schedule, which anneals to 0, so it needs ``lr_min: 0``).
         init_lambda / init_beta: initial coefficients.
         transfer_from: I2CL checkpoints (other tasks' task-ids) for ``i2cl_transfer``.
         transfer_threshold / transfer_temperature: Algorithm 1's ``h`` and ``tau``.
@@ -561,8 +422,8 @@ class I2CLModule(ICLModule):
         assert data is not None
         self.task_vector = self.net.last_hidden_per_layer(data.prefix + data.query(data.extra_query[0]))
         if self.hparams.task_vector_layer is not None or not data.holdout:
-            self.tv_layer = self.hparams.task_vector_layer if self.hparams.task_vector_layer is not None else \
-                self.net.n_layers // 2
+            chosen = self.hparams.task_vector_layer
+            self.tv_layer = self.net.n_layers // 2 if chosen is None else chosen
             return
         texts = [t for t, _ in data.holdout]
         labels = torch.tensor([y for _, y in data.holdout])

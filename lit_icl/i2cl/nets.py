@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.validation import check_literal
-from lit_icl.i2cl.prepare import ensure_offline, offline_hint
+from lit_icl.i2cl.build import ensure_offline, offline_hint
 
 #: Index of each hooked sub-layer in the ``(L, 2, ...)`` context-vector and coefficient tensors.
 ATTN, MLP = 0, 1
@@ -170,7 +170,7 @@ class CausalLM(nn.Module):
     Args:
         model_name_or_path: hub id (e.g. ``meta-llama/Llama-2-7b-hf``) or local folder.
         gguf_file: optional GGUF file name inside ``model_name_or_path`` (dequantised on load; slow, so export
-            once with ``python -m lit_icl.i2cl.prepare`` for repeated use).
+            once with ``python -m lit_icl.i2cl.build`` for repeated use).
         dtype: ``auto`` (bfloat16 on a GPU, float32 on CPU), ``float32``, ``bfloat16`` or ``float16``.
         trust_remote_code: passed to ``from_pretrained``.
         hook_point: ``write`` (default) captures and injects what each sub-layer adds to the residual stream (Eq. 1

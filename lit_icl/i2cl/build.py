@@ -1,4 +1,4 @@
-"""One-time preparation of I2CL's offline assets under ``data/i2cl/`` (``python -m lit_icl.i2cl.prepare``).
+"""One-time preparation of I2CL's offline assets under ``data/i2cl/`` (``python -m lit_icl.i2cl.build``).
 
 Two things, both skipped when already present:
 
@@ -77,7 +77,7 @@ SENTIMENT_FILES = {
     "amazon_reviews": "amazonReviewSnippets_GroundTruth.txt",
 }
 # The movie-review file is UTF-8 but was read as latin-1 when the measured tables of the README were made; 104 of
-# its 10,568 kept sentences (accented names) carry mojibake. It stays latin-1 so that `prepare` keeps rebuilding
+# its 10,568 kept sentences (accented names) carry mojibake. It stays latin-1 so that `build` keeps rebuilding
 # the exact data behind those numbers; the other files are decoded as what they are.
 ENCODINGS = {"movie_reviews": "latin-1"}
 
@@ -152,7 +152,7 @@ def export_gguf(gguf: Path, out_dir: Path) -> None:
     tok.save_pretrained(out_dir)
 
 
-def prepare_tasks(out: Path, tasks: list[str], vader_sdist: Path | None = None) -> None:
+def build_tasks(out: Path, tasks: list[str], vader_sdist: Path | None = None) -> None:
     """Write the sentiment ``tasks`` under ``out`` (each into a sibling folder renamed when complete)."""
     with tempfile.TemporaryDirectory() as tmp:
         if vader_sdist is None:
@@ -168,7 +168,7 @@ def prepare_tasks(out: Path, tasks: list[str], vader_sdist: Path | None = None) 
             print(f"{out / task}: wrote {counts}")
 
 
-def prepare_model(out: Path, model: str, gguf: Path | None = None) -> Path:
+def build_model(out: Path, model: str, gguf: Path | None = None) -> Path:
     """Export offline ``model`` to ``out/<folder>`` (a sibling folder renamed when complete); returns the folder."""
     model_dir = out / OFFLINE_MODELS[model].folder
     with tempfile.TemporaryDirectory() as tmp:
@@ -186,7 +186,7 @@ def installed(package: str) -> bool:
 
 
 def _what(path: Path) -> tuple[Path, str, str] | None:
-    """``(out, kind, name)`` when ``path`` is something ``prepare`` writes: ``out/<model folder>`` or
+    """``(out, kind, name)`` when ``path`` is something ``build`` writes: ``out/<model folder>`` or
     ``out/<task>/{train,test}.jsonl``; ``None`` otherwise."""
     folders = {spec.folder: key for key, spec in OFFLINE_MODELS.items()}
     if path.name in folders:
@@ -197,9 +197,9 @@ def _what(path: Path) -> tuple[Path, str, str] | None:
 
 
 def ensure(path: str | Path, wait_seconds: float = 1800.0) -> bool:
-    """Build on first use the model folder or task file ``path`` names, if ``prepare`` writes it and what it needs
+    """Build on first use the model folder or task file ``path`` names, if ``build`` writes it and what it needs
     is installed; ``True`` when it exists afterwards. Processes starting together (DDP ranks) build once: the
-    one that creates ``out/.prepare.lock`` builds, the others wait for it."""
+    one that creates ``out/.build.lock`` builds, the others wait for it."""
     path = Path(path)
     what = _what(path)
     if path.exists() or what is None:
@@ -208,7 +208,7 @@ def ensure(path: str | Path, wait_seconds: float = 1800.0) -> bool:
     if kind == "model" and not installed(OFFLINE_MODELS[name].package):
         return False  # the caller's error names the install command
     out.mkdir(parents=True, exist_ok=True)
-    lock = out / ".prepare.lock"
+    lock = out / ".build.lock"
     deadline = time.monotonic() + wait_seconds
     while not path.exists():
         try:
@@ -220,12 +220,12 @@ def ensure(path: str | Path, wait_seconds: float = 1800.0) -> bool:
             continue
         try:
             if not path.exists():
-                print(f"lit_icl.i2cl: building {path} (first use; `python -m lit_icl.i2cl.prepare` does it ahead)",
+                print(f"lit_icl.i2cl: building {path} (first use; `python -m lit_icl.i2cl.build` does it ahead)",
                       file=sys.stderr)
                 if kind == "model":
-                    prepare_model(out, name)
+                    build_model(out, name)
                 else:
-                    prepare_tasks(out, [name])
+                    build_tasks(out, [name])
         finally:
             os.close(fd)
             lock.unlink(missing_ok=True)
@@ -234,17 +234,17 @@ def ensure(path: str | Path, wait_seconds: float = 1800.0) -> bool:
 
 def offline_hint(path: str | Path, otherwise: str = "give an existing HuggingFace model folder, or a hub id when "
                  "online") -> str:
-    """What makes ``path`` when ``prepare`` writes it (for an error message), else ``otherwise``."""
+    """What makes ``path`` when ``build`` writes it (for an error message), else ``otherwise``."""
     what = _what(Path(path))
     if what is None:
         return otherwise
     out, kind, name = what
     flags = "" if out == Path("data/i2cl") else f" --out {out}"
     if kind == "task":
-        return f"`python -m lit_icl.i2cl.prepare --skip-model{flags}` writes it (needs PyPI for the vaderSentiment sdist)"
+        return f"`python -m lit_icl.i2cl.build --skip-model{flags}` writes it (needs PyPI for the vaderSentiment sdist)"
     flags += "" if name == "smollm2" else f" --model {name}"
     return (f"`{OFFLINE_MODELS[name].install}` installs what a run exports it from on first use (or run "
-            f"`python -m lit_icl.i2cl.prepare{flags}` ahead)")
+            f"`python -m lit_icl.i2cl.build{flags}` ahead)")
 
 
 def ensure_offline(path: str | Path) -> bool:
@@ -256,7 +256,7 @@ def ensure_offline(path: str | Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m lit_icl.i2cl.prepare", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m lit_icl.i2cl.build", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="data/i2cl", help="output folder (default data/i2cl)")
     parser.add_argument("--vader-sdist", default=None, help="local vaderSentiment-3.3.2.tar.gz (else pip download)")
     parser.add_argument("--model", choices=[*OFFLINE_MODELS, "all"], default="smollm2",
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
         if task not in missing:
             print(f"{out / task}: present")
     if missing:
-        prepare_tasks(out, missing, Path(args.vader_sdist) if args.vader_sdist else None)
+        build_tasks(out, missing, Path(args.vader_sdist) if args.vader_sdist else None)
 
     if args.skip_model:
         return
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
         if (model_dir / "config.json").exists():
             print(f"{model_dir}: present")
         else:
-            prepare_model(out, model, Path(args.gguf) if args.gguf else None)
+            build_model(out, model, Path(args.gguf) if args.gguf else None)
 
 
 if __name__ == "__main__":
