@@ -48,7 +48,7 @@ def test_build_writes_omniglot_layout_and_bank(tmp_path) -> None:
 
 def test_two_builds_racing_for_one_folder_both_succeed(tmp_path, monkeypatch) -> None:
     """Two runs on a fresh machine may build the stand-in at once; the later rename keeps the first folder."""
-    from lit_icl.coqe import glyphs
+    from lit_icl.coqe.omniglot import glyphs
 
     out = tmp_path / "glyphs"
     real = glyphs._build_into
@@ -71,7 +71,7 @@ def test_two_builds_racing_for_one_folder_both_succeed(tmp_path, monkeypatch) ->
 
 
 def test_failed_build_leaves_nothing(tmp_path, monkeypatch) -> None:
-    from lit_icl.coqe import glyphs
+    from lit_icl.coqe.omniglot import glyphs
 
     def fail(*args) -> None:
         raise OSError("disk full")
