@@ -1,22 +1,27 @@
 """Data plumbing shared by papers whose episodes are generated on the fly.
 
 The pattern: a :class:`SeededChunks` dataset whose item ``i`` is a *chunk* of episodes generated in one vectorised
-call from a generator seeded by ``(data_seed, *stream, i)`` (each paper's ``data.py`` subclasses it); training uses :class:`EpochSampler` so item indices encode the epoch; the DataLoader stacks
-``batch_size / chunk_size`` chunks with :func:`collate_chunks`.
+call from a generator seeded by ``(data_seed, *stream, i)`` (each paper's ``data.py`` subclasses it); training uses
+:class:`EpochSampler` so item indices encode the epoch; the DataLoader stacks ``batch_size / chunk_size`` chunks with
+:func:`collate_chunks`. :class:`ChunkedDataModule` holds what the data modules built this way share: the check of
+their sizes against ``chunk_size``, the DDP shard of a training epoch and the loaders.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
+from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import derive_seed, make_generator
+from lit_icl.core.validation import check_int
 
 
 class SeededChunks(Dataset, ABC):
@@ -113,3 +118,38 @@ def chunk_loader(
 
 def _single_thread_worker(worker_id: int) -> None:
     torch.set_num_threads(1)
+
+
+def check_chunk_sizes(chunk_size: Any, sizes: Mapping[str, Any]) -> int:
+    """``chunk_size`` >= 1 and each of ``sizes`` (batch sizes, set sizes) a positive multiple of it, since items are
+    whole chunks; one :class:`ConfigError` naming the first that is not. Returns ``chunk_size``."""
+    check_int("chunk_size", chunk_size, minimum=1)
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value % chunk_size:
+            raise ConfigError(f"{name}={value!r} must be a positive multiple of chunk_size={chunk_size}; change one of them")
+    return chunk_size
+
+
+def world_and_rank(datamodule: LightningDataModule) -> tuple[int, int]:
+    """``(world size, global rank)`` of the trainer a data module is attached to; ``(1, 0)`` outside one."""
+    trainer = datamodule.trainer
+    return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+
+
+class ChunkedDataModule(LightningDataModule):
+    """A data module whose datasets are :class:`SeededChunks` (its ``hparams`` hold ``chunk_size``,
+    ``batch_size``, ``train_batches_per_epoch`` and ``num_workers``): the training epoch's items, sharded over DDP
+    ranks by an :class:`EpochSampler`, and the loaders that stack chunks into batches."""
+
+    def train_items(self) -> tuple[int, EpochSampler]:
+        """``(items per epoch over all ranks, this rank's sampler)``: ``train_batches_per_epoch`` steps of
+        ``batch_size / chunk_size`` chunks on every rank, so ``k`` ranks see what one process sees at ``k`` times
+        the batch."""
+        hp = self.hparams
+        world, rank = world_and_rank(self)
+        items = hp.train_batches_per_epoch * (hp.batch_size // hp.chunk_size) * world
+        return items, EpochSampler(items, world, rank)
+
+    def loader(self, dataset: Dataset, batch_size: int, sampler: Sampler[int] | None = None) -> DataLoader:
+        """:func:`chunk_loader` with this module's ``chunk_size`` and ``num_workers``."""
+        return chunk_loader(dataset, batch_size, self.hparams.chunk_size, self.hparams.num_workers, sampler)

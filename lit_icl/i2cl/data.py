@@ -34,7 +34,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
-from lit_icl.core.data import EpochSampler
+from lit_icl.core.data import EpochSampler, world_and_rank
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import check_int, check_literal, check_nonempty, check_positive
@@ -292,7 +292,7 @@ class I2CLDataModule(LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         data = self.task_data()
-        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
+        world, rank = world_and_rank(self)
         n = len(data.demos)
         # Whole batches per epoch (the public code's floor(N / 2) steps of 2) and the same count on every rank.
         per_epoch = max(world * self.hparams.batch_size, n - n % (world * self.hparams.batch_size))

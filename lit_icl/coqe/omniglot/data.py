@@ -33,17 +33,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import torch
-from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader
 
 from lit_icl.coqe.omniglot.glyphs import DEFAULT_CLASSES, DEFAULT_DRAWERS, build_glyphs
 from lit_icl.coqe.omniglot.images import OMNIGLOT_HELP, SPLIT_FOLDERS, index_folder, load_bank
-from lit_icl.core.data import EpochSampler, SeededChunks, collate_chunks
+from lit_icl.core.data import ChunkedDataModule, SeededChunks, check_chunk_sizes
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import check_int, check_literal, check_range
@@ -263,7 +262,7 @@ def resolve_source(source: Source, root: str | os.PathLike[str], folder: str | N
     return source, root / ("omniglot-py" if source == "omniglot" else "glyphs")
 
 
-class OmniglotSequenceDataModule(LightningDataModule):
+class OmniglotSequenceDataModule(ChunkedDataModule):
     """Bursty/Zipfian image-label sequences on Omniglot or the ``glyphs`` stand-in (CoQE Sec. 5.2, App. C.2).
 
     Args:
@@ -343,13 +342,8 @@ class OmniglotSequenceDataModule(LightningDataModule):
         if not 0.0 <= hp.p_bursty <= 1.0:
             raise ConfigError(f"p_bursty={hp.p_bursty} must lie in [0, 1]")
         check_range("image_size", hp.image_size, 8, 512, integer=True, hint="105 native, 28 downsampled")
-        check_int("chunk_size", hp.chunk_size, minimum=1)
-        for name in ("batch_size", "eval_batch_size", "val_sequences", "test_sequences"):
-            value = hp[name]
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value % hp.chunk_size:
-                raise ConfigError(
-                    f"{name}={value!r} must be a positive multiple of chunk_size={hp.chunk_size}; change one of them"
-                )
+        check_chunk_sizes(hp.chunk_size, {n: hp[n] for n in ("batch_size", "eval_batch_size", "val_sequences",
+                                                             "test_sequences")})
         check_int("train_batches_per_epoch", hp.train_batches_per_epoch, minimum=1)
         check_int("num_workers", hp.num_workers, minimum=0)
         if hp.max_classes is not None and (
@@ -412,23 +406,14 @@ class OmniglotSequenceDataModule(LightningDataModule):
         hp = self.hparams
         return SequenceChunks(self.split, kind, hp.chunk_size, length, self._n_exemplars, hp.data_seed, hp.p_bursty)
 
-    def _loader(self, ds: SequenceChunks, batch_size: int, sampler: Any = None) -> DataLoader:
-        hp = self.hparams
-        return DataLoader(
-            ds, batch_size=batch_size // hp.chunk_size, sampler=sampler, shuffle=False, collate_fn=collate_chunks,
-            num_workers=hp.num_workers, persistent_workers=False,
-        )
-
     def train_dataloader(self) -> DataLoader:
-        hp = self.hparams
-        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
-        items = hp.train_batches_per_epoch * (hp.batch_size // hp.chunk_size) * world
-        return self._loader(self._dataset("train", items), hp.batch_size, EpochSampler(items, world, rank))
+        items, sampler = self.train_items()
+        return self.loader(self._dataset("train", items), self.hparams.batch_size, sampler)
 
     def _eval_loaders(self, n: int) -> list[DataLoader]:
         """One loader per evaluator, in the order of :data:`EVALUATORS` (dataloader_idx 0 = ICL, 1 = IWL)."""
         hp = self.hparams
-        return [self._loader(self._dataset(kind, n // hp.chunk_size), hp.eval_batch_size) for kind in EVALUATORS]
+        return [self.loader(self._dataset(kind, n // hp.chunk_size), hp.eval_batch_size) for kind in EVALUATORS]
 
     def val_dataloader(self) -> list[DataLoader]:
         return self._eval_loaders(self.hparams.val_sequences)

@@ -40,11 +40,10 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 import torch
-from lightning.pytorch import LightningDataModule
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-from lit_icl.core.data import EpochSampler, SeededChunks, collate_chunks
+from lit_icl.core.data import ChunkedDataModule, SeededChunks, check_chunk_sizes, collate_chunks
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import (
@@ -276,7 +275,7 @@ class PromptChunks(SeededChunks):
         return meta if spec.generate_on_device else spec.generate(meta, torch.device("cpu"))
 
 
-class RegressionDataModule(LightningDataModule):
+class RegressionDataModule(ChunkedDataModule):
     """Prompts of one function class for training (ID), validation (ID) and test (ID and OOD shifts).
 
     Args:
@@ -364,11 +363,8 @@ class RegressionDataModule(LightningDataModule):
                 )
             if self.points_curriculum.start < 2:
                 raise ConfigError("curriculum_points must start at >= 2 points")
-        check_positive("chunk_size", hp.chunk_size, True)
-        for name in ("batch_size", "eval_batch_size", "val_prompts", "test_prompts"):
-            check_positive(name, hp[name], True)
-            if hp[name] % hp.chunk_size:
-                raise ConfigError(f"{name}={hp[name]} must be a multiple of chunk_size={hp.chunk_size}; change one of them")
+        check_chunk_sizes(hp.chunk_size, {n: hp[n] for n in ("batch_size", "eval_batch_size", "val_prompts",
+                                                             "test_prompts")})
         check_positive("train_batches_per_epoch", hp.train_batches_per_epoch, True)
         check_int("num_workers", hp.num_workers, 0)
 
@@ -391,33 +387,21 @@ class RegressionDataModule(LightningDataModule):
         return batch
 
     # -------------------------------------------------------------- loaders
-    def _loader(self, ds: Dataset, batch_size: int, sampler: Any = None) -> DataLoader:
-        hp = self.hparams
-        return DataLoader(
-            ds, batch_size=batch_size // hp.chunk_size, sampler=sampler, shuffle=False, collate_fn=_collate,
-            num_workers=hp.num_workers, persistent_workers=False,
-        )
-
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
-        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
-        per_step = (hp.batch_size // hp.chunk_size) * world
-        items = hp.train_batches_per_epoch * per_step
-        ds = PromptChunks(self.spec, "train", 0, items, per_step)
-        return self._loader(ds, hp.batch_size, EpochSampler(items, world, rank))
+        items, sampler = self.train_items()
+        ds = PromptChunks(self.spec, "train", 0, items, items // hp.train_batches_per_epoch)  # items per step
+        return self.loader(ds, hp.batch_size, sampler)
 
     def val_dataloader(self) -> DataLoader:
         hp = self.hparams
-        return self._loader(PromptChunks(self.spec, "val", 0, hp.val_prompts // hp.chunk_size), hp.eval_batch_size)
+        return self.loader(PromptChunks(self.spec, "val", 0, hp.val_prompts // hp.chunk_size), hp.eval_batch_size)
 
     def test_dataloader(self) -> list[DataLoader]:
         """One loader per shift, in the order of ``shifts`` (dataloader_idx 0 = ``id``)."""
         hp = self.hparams
         return [
-            self._loader(PromptChunks(self.spec, "test", i, hp.test_prompts // hp.chunk_size), hp.eval_batch_size)
+            self.loader(PromptChunks(self.spec, "test", i, hp.test_prompts // hp.chunk_size), hp.eval_batch_size)
             for i in range(len(self.shifts))
         ]
 
-
-def _collate(items: list[dict[str, Tensor]]) -> dict[str, Tensor]:
-    return collate_chunks(items)

@@ -47,7 +47,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from lit_icl.core.data import EpochSampler, collate_chunks
+from lit_icl.core.data import EpochSampler, collate_chunks, world_and_rank
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import check_int, check_literal, check_nonnegative, check_positive
@@ -379,9 +379,7 @@ class AVMNISTDataModule(LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         ds = self.dataset("train")
-        trainer = self.trainer
-        replicas = trainer.world_size if trainer is not None else 1
-        rank = trainer.global_rank if trainer is not None else 0
+        replicas, rank = world_and_rank(self)
         return self._loader(ds, EpochSampler(len(ds), num_replicas=replicas, rank=rank))
 
     @property

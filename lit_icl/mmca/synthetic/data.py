@@ -29,11 +29,10 @@ from collections.abc import Sequence
 from typing import Literal
 
 import torch
-from lightning.pytorch import LightningDataModule
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-from lit_icl.core.data import EpochSampler, SeededChunks, chunk_loader
+from lit_icl.core.data import ChunkedDataModule, SeededChunks, check_chunk_sizes
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.validation import check_int, check_nonempty, check_nonnegative, check_positive, check_unique
 from lit_icl.mmca.theory import alpha_star, check_norm_range
@@ -122,7 +121,7 @@ class LatentFactorPrompts(SeededChunks):
         return item
 
 
-class LatentFactorDataModule(LightningDataModule):
+class LatentFactorDataModule(ChunkedDataModule):
     """Prompts of the multi-modal latent-factor model (Sec. 3, App. H) for training and the ``L_te`` sweep.
 
     Args:
@@ -179,15 +178,8 @@ class LatentFactorDataModule(LightningDataModule):
             check_positive(name, hp[name], integer=True, hint="16 in App. H")
         norm_range = check_norm_range(hp.norm_range)
         check_positive("train_context_length", hp.train_context_length, integer=True, hint="100 in App. H")
-        chunk = check_positive("chunk_size", hp.chunk_size, integer=True)
         sizes = ["batch_size", "eval_batch_size", "val_prompts", "test_prompts"]
-        if hp.train_prompts is not None:
-            sizes.append("train_prompts")
-        for name in sizes:
-            if check_positive(name, hp[name], integer=True) % chunk:
-                raise ConfigError(
-                    f"{name}={hp[name]!r} must be a positive multiple of chunk_size={chunk}; change one of them"
-                )
+        check_chunk_sizes(hp.chunk_size, {n: hp[n] for n in sizes + ["train_prompts"] * (hp.train_prompts is not None)})
         if hp.train_prompts is not None and hp.train_prompts % hp.batch_size:
             raise ConfigError(
                 f"batch_size={hp.batch_size} must divide train_prompts={hp.train_prompts} so every epoch sees "
@@ -223,30 +215,23 @@ class LatentFactorDataModule(LightningDataModule):
             cycle,
         )
 
-    def _loader(self, dataset: Dataset, batch_size: int, sampler: EpochSampler | None = None) -> DataLoader:
-        hp = self.hparams
-        return chunk_loader(dataset, batch_size, hp.chunk_size, hp.num_workers, sampler)
-
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
-        world, rank = (
-            (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
-        )
-        items = hp.train_batches_per_epoch * (hp.batch_size // hp.chunk_size) * world
+        items, sampler = self.train_items()
         if self.train_prompts is None:
             ds = self._dataset("train", items, self.train_context_length)
         else:
             ds = self._dataset(
                 "train_fixed", items, self.train_context_length, self.train_prompts // hp.chunk_size
             )
-        return self._loader(ds, hp.batch_size, EpochSampler(items, world, rank))
+        return self.loader(ds, hp.batch_size, sampler)
 
     def val_dataloader(self) -> DataLoader:
         hp = self.hparams
         ds = self._dataset("val", hp.val_prompts // hp.chunk_size, self.train_context_length)
-        return self._loader(ds, hp.eval_batch_size)
+        return self.loader(ds, hp.eval_batch_size)
 
     def test_dataloader(self) -> DataLoader:
         hp = self.hparams
         ds = self._dataset("test", hp.test_prompts // hp.chunk_size, max(self.test_context_lengths))
-        return self._loader(ds, hp.eval_batch_size)
+        return self.loader(ds, hp.eval_batch_size)

@@ -88,7 +88,7 @@ BAD = [
     ([], "--data.init_args.shifts=[orthant, id]", "must start with id"),
     ([], "--data.init_args.shifts=[id, id]", "repeats 'id'"),
     ([], "--data.init_args.n_points=1", "n_points=1"),
-    ([], "--data.init_args.batch_size=10", "batch_size=10 must be a multiple of chunk_size=64"),
+    ([], "--data.init_args.batch_size=10", "batch_size=10 must be a positive multiple of chunk_size=64"),
     ([], "--data.init_args.curriculum_points=[11, 31, 2, 2000]", "its end must equal n_points=41"),
     ([], "--data.init_args.curriculum_points=[11, 41, 0, 1]", "an increment of 0 never grows 11 to 41"),
     ([], "--data.init_args.curriculum_dims=[5, 10]", "must be null or [start, end, inc, interval]"),
