@@ -16,7 +16,7 @@ and size, three methods are trained on ``configs/icssl/features.yaml``'s episode
 Each trained model is tested with separation rows (``RepresentationMetrics(rows=true)``); at the largest size
 the E2E model is also tested with the Transformer's checkpoint loaded beside it
 (``compare_checkpoints``), which gives Table 1's mNN / cycle-kNN / LCS alignment between our model, the
-Transformer and EIG on the same episodes. ``report`` pools the tests with ``python -m lit_icl.icssl.sweep``
+Transformer and EIG on the same episodes. ``report`` pools the tests with ``experiments/icssl_sweep.py``
 (``sweep.png`` and ``results.json`` in ``<out>/sweep``: accuracy and separation vs dataset size, mean ± sd over
 seeds, each method's steepest rise) and prints Table 1.
 
@@ -30,8 +30,9 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared runner beside this file
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared runner and the sweep beside this file
 from icssl_paper_tables import CONFIGS, _budget, length_table, tested_checkpoint
+from icssl_sweep import pool, sweep_report
 from runner import (
     REPO,
     Job,
@@ -71,7 +72,7 @@ def feature_dim(path: Path) -> int:
 
     if not path.is_file():
         raise SystemExit(f"no feature file at {path}: build the offline stand-in with `python -m "
-                         "lit_icl.icssl.features standin --out data/features_standin.pt` or pass --features")
+                         "lit_icl.icssl.build features-standin --out data/features_standin.pt` or pass --features")
     return int(torch.load(path, map_location="cpu", weights_only=False)["features"].shape[1])
 
 
@@ -153,8 +154,6 @@ def _runs(args: argparse.Namespace, suffix: str = "") -> list[str]:
 
 
 def report(args: argparse.Namespace) -> int:
-    from lit_icl.icssl.sweep import pool, sweep_report
-
     records = grid_records(args)
     tests = [(run, records[run].results) for run in _runs(args, "_test")
              if run in records and records[run].results is not None]

@@ -37,14 +37,8 @@ from lit_icl.core.validation import (
     check_range,
     check_unique,
 )
-from lit_icl.icssl.manifolds import (
-    TORUS_TAU,
-    Manifold,
-    PoseConfig,
-    PoseRotation,
-    get_manifold,
-    sample_episodes,
-)
+from lit_icl.icssl.manifolds import TORUS_TAU, Manifold, PoseConfig, PoseRotation
+from lit_icl.icssl.sampling import get_manifold, sample_episodes
 
 Split = Literal["train", "val", "test"]
 
@@ -215,7 +209,7 @@ class ManifoldDataModule(LightningDataModule):
         product_positive_fraction: fraction of points inside the geodesic ball of a product manifold (the
             paper gives no product threshold; 0.5 makes balanced classes).
         product_permute_factors: put each product episode's factor blocks in a random order (Sec. 4.3.2's
-            permutation; see :class:`~lit_icl.icssl.manifolds.ProductManifold`).
+            permutation; see :class:`~lit_icl.icssl.sampling.ProductManifold`).
         num_workers: DataLoader workers per device; generation takes about 1 ms per 64 episodes, so the
             default 0 keeps it in the training process.
         labeled_subset: which ``m`` points are labeled, in training and evaluation (see :func:`labeled_mask`):

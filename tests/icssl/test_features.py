@@ -1,4 +1,5 @@
-"""IC-SSL on image features (Sec. 4.2): the feature-file episodes, the ImageFolder reader, and the CLI."""
+"""IC-SSL on image features (Sec. 4.2): the feature-file episodes, the stand-in built on first use, and the CLI
+(feature extraction itself: test_build.py; the dataset-size sweep: test_sweep.py)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,11 @@ import json
 
 import pytest
 import torch
-from PIL import Image
 
 from lit_icl.cli import main
 from lit_icl.core.errors import ConfigError
 from lit_icl.icssl import ICSSLModule
-from lit_icl.icssl.features import FeatureEpisodeDataModule, embed_images, load_features, read_image_folder
+from lit_icl.icssl.features import FeatureEpisodeDataModule, load_features
 
 
 def _feature_file(path, classes: int = 4, per_class: int = 20, dim: int = 6) -> dict:
@@ -58,24 +58,11 @@ def test_dataset_size_is_a_fixed_pool_of_episodes(tmp_path) -> None:
 
 
 def test_missing_or_small_feature_files_are_refused(tmp_path) -> None:
-    with pytest.raises(ConfigError, match="python -m lit_icl.icssl.features standin --out"):
+    with pytest.raises(ConfigError, match="python -m lit_icl.icssl.build features-standin --out"):
         load_features(tmp_path / "none.pt")
     _feature_file(tmp_path / "f.pt", per_class=6)
     with pytest.raises(ConfigError, match="fewer than per_class=5"):
         _dm(tmp_path / "f.pt").check_config()
-
-
-def test_image_folder_reader_and_pooling(tmp_path) -> None:
-    for c, colour in enumerate([(255, 0, 0), (0, 0, 255)]):
-        (tmp_path / f"class{c}").mkdir()
-        for i in range(3):
-            Image.new("RGB", (20, 12), colour).save(tmp_path / f"class{c}" / f"{i}.png")
-    images, labels, classes = read_image_folder(tmp_path, size=8, per_class=2)
-    assert images.shape == (4, 3, 8, 8) and labels.tolist() == [0, 0, 1, 1] and classes == ["class0", "class1"]
-    red = (1.0 - 0.485) / 0.229
-    assert images[0, 0].allclose(torch.full((8, 8), red), atol=1e-5)
-    feats = embed_images(torch.nn.Conv2d(3, 5, 3), images, batch_size=3)
-    assert feats.shape == (4, 5) and torch.equal(feats[0], feats[1])
 
 
 PROJECTED = "configs/icssl/features/projected.yaml"
@@ -114,48 +101,16 @@ def test_cli_fits_tests_and_reloads_on_features(tmp_path, projected: bool) -> No
         assert representation.projection.weight.shape == (64, 8) and representation.n_points == 20
 
 
-def test_dataset_size_sweep_finds_the_largest_rise(tmp_path, capsys) -> None:
-    """Fig. 3's sweep from results files: curves per method and the size after the steepest accuracy rise."""
-    from lit_icl.core.results import result_row, write_results
-    from lit_icl.icssl.sweep import main as sweep_main
-    from lit_icl.icssl.sweep import phase_transition
-
-    # A baseline with a jump between 1000 and 1200 episodes, our model rising smoothly; two seeds each.
-    acc = {"Transformer": {200: 0.52, 1000: 0.55, 1200: 0.80, 5000: 0.85},
-           "ORIG+E2E-ICL": {200: 0.70, 1000: 0.76, 1200: 0.78, 5000: 0.84}}
-    runs = []
-    for method, curve in acc.items():
-        for size, value in curve.items():
-            for seed in (0, 1):
-                run = tmp_path / f"{method}-{size}-{seed}"
-                rows = [result_row("accuracy", value + 0.01 * seed, method=method, label_ratio=0.03,
-                                   n_labeled=3, dataset_size=size),
-                        result_row("separation", value - 0.5, method=method, embeddings="model", k=10)]
-                write_results(run, rows, {"seed": seed})
-                runs.append(str(run))
-    assert sweep_main([*runs, "--out", str(tmp_path / "sweep")]) == 0
-    out = json.loads((tmp_path / "sweep/results.json").read_text())["rows"]
-    transitions = {r["method"]: r["value"] for r in out if r["metric"] == "phase_transition"}
-    assert transitions == {"Transformer": 1200, "ORIG+E2E-ICL": 1000}
-    sep = [r for r in out if r["metric"] == "separation" and r["method"] == "Transformer"]
-    assert [r["dataset_size"] for r in sep] == [200, 1000, 1200, 5000]
-    assert sep[2]["value"] == pytest.approx(0.30) and sep[2]["n"] == 2
-    assert (tmp_path / "sweep/sweep.png").read_bytes()[:4] == b"\x89PNG"
-    assert "| Transformer | accuracy |" in capsys.readouterr().out
-    assert phase_transition([(5, 0.1, 0.0, 1)]) is None
-    assert phase_transition([(5, 0.6, 0.0, 1), (50, 0.6, 0.0, 1), (500, 0.5, 0.0, 1)]) is None  # never rises
-
-
 # ----------------------------------------------------------------------------------------------------------
 # The stand-in built on first use (the real build needs Fashion-MNIST and EfficientNet-Lite0; a small fake
 # builder stands in for it here, so what is tested is the data module's handling of the first use)
 # ----------------------------------------------------------------------------------------------------------
 @pytest.fixture
 def first_use(tmp_path, monkeypatch):
-    from lit_icl.icssl import features
+    from lit_icl.icssl import build, features
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(features, "standin_missing", lambda: None)
+    monkeypatch.setattr(build, "standin_missing", lambda: None)
     built = []
 
     def fake_build(out):
@@ -163,7 +118,7 @@ def first_use(tmp_path, monkeypatch):
         _feature_file(out, classes=features.STANDIN_CLASSES, per_class=features.STANDIN_PER_CLASS,
                       dim=features.STANDIN_DIM)
 
-    monkeypatch.setattr(features, "build_standin", fake_build)
+    monkeypatch.setattr(build, "build_feature_standin", fake_build)
     return built
 
 
@@ -185,21 +140,15 @@ def test_the_default_missing_stand_in_is_checked_then_built_whole(tmp_path, firs
 
 def test_only_the_stand_ins_own_path_is_built_and_a_missing_build_names_its_packages(tmp_path, first_use,
                                                                                       monkeypatch) -> None:
-    from lit_icl.icssl import features
+    from lit_icl.icssl import build, features
 
     mistyped = _dm("data/my_features.pt")
     assert not mistyped.builds_standin()
     with pytest.raises(ConfigError, match="no feature file at data/my_features.pt"):
         mistyped.check_config()
     assert not _dm(features.STANDIN_FILE, build_standin=False).builds_standin()
-    monkeypatch.setattr(features, "standin_missing", lambda: "Fashion-MNIST at /nowhere")
+    monkeypatch.setattr(build, "standin_missing", lambda: "Fashion-MNIST at /nowhere")
     with pytest.raises(ConfigError, match=r"needs Fashion-MNIST at /nowhere: `apt-get install dataset-fashion-mnist` "
                                           r"and `pip install -e '\.\[standins\]'`"):
         _dm(features.STANDIN_FILE).check_config()
     assert not first_use
-
-
-def test_what_the_build_lacks_is_named(tmp_path) -> None:
-    from lit_icl.icssl.features import standin_missing
-
-    assert standin_missing(tmp_path).startswith(f"Fashion-MNIST at {tmp_path}")

@@ -1,5 +1,5 @@
 """IC-SSL image manifolds (App. E.3): the folder reader on a tiny fixture in the on-disk layout, episodes,
-the offline stand-in builder, and a CLI run on a miniature."""
+the stand-in built on first use, and a CLI run on a miniature (the builders themselves: test_build.py)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,8 @@ from PIL import Image
 
 from lit_icl.cli import main
 from lit_icl.core.errors import ConfigError
-from lit_icl.icssl.image_manifolds import (
-    ImageManifoldDataModule,
-    build_standin,
-    load_sequences,
-    slerp,
-)
+from lit_icl.icssl.build import build_image_standin
+from lit_icl.icssl.image_manifolds import ImageManifoldDataModule, load_sequences
 
 
 def _write_fixture(root: Path, sequences: int = 4, frames: int = 6, size: int = 8) -> list[torch.Tensor]:
@@ -53,7 +49,7 @@ def test_reader_follows_app_e3_processing(tmp_path) -> None:
 
 
 def test_missing_data_says_where_it_goes_and_how_to_build_the_standin(tmp_path) -> None:
-    with pytest.raises(ConfigError, match="python -m lit_icl.icssl.image_manifolds standin --out"):
+    with pytest.raises(ConfigError, match="python -m lit_icl.icssl.build image-standin --out"):
         load_sequences(tmp_path / "nothing")
 
 
@@ -78,28 +74,8 @@ def test_episodes_label_halves_split_sequences_and_fix_the_test_set(tmp_path) ->
     assert len(dm._split("train")) == 2 and len(dm._split("val")) == 1 and len(dm._split("test")) == 2
 
 
-def test_standin_builder_writes_smooth_sequences_in_the_layout(tmp_path) -> None:
-    out = build_standin(tmp_path / "standin", sequences=2, frames=12, size=8, latent_dim=4, seed=0)
-    assert sorted(p.name for p in out.iterdir()) == ["seq_0001", "seq_0002"]
-    frames = load_sequences(out, image_size=8)
-    assert frames.shape == (2, 12, 64)
-    steps = (frames[:, 1:] - frames[:, :-1]).norm(dim=-1)
-    ends = (frames[:, -1] - frames[:, 0]).norm(dim=-1)
-    assert (steps.max(-1).values < ends).all(), "consecutive frames are closer than the endpoints"
-    again = build_standin(tmp_path / "again", sequences=2, frames=12, size=8, latent_dim=4, seed=0)
-    torch.testing.assert_close(load_sequences(again, image_size=8), frames)
-
-
-def test_slerp_keeps_the_norm_between_equal_norm_endpoints() -> None:
-    z0, z1 = torch.tensor([3.0, 0.0]), torch.tensor([0.0, 3.0])
-    path = slerp(z0, z1, torch.linspace(0, 1, 5))
-    torch.testing.assert_close(path[0], z0)
-    torch.testing.assert_close(path[-1], z1)
-    torch.testing.assert_close(path.norm(dim=-1), torch.full((5,), 3.0))
-
-
 def test_cli_evaluates_on_image_manifolds(tmp_path) -> None:
-    build_standin(tmp_path / "data", sequences=6, frames=10, size=8, latent_dim=4)
+    build_image_standin(tmp_path / "data", sequences=6, frames=10, size=8, latent_dim=4)
     args = [
         "test", "--config", "configs/icssl/image_manifolds.yaml",
         "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
@@ -135,7 +111,7 @@ def test_a_model_trained_on_synthetic_manifolds_is_tested_zero_shot_on_image_man
           "--data.init_args.val_episodes", "4", "--data.init_args.eval_label_ratios", "[0.2, 0.5]",
           "--data.init_args.train_label_ratio", "[0.2, 0.5]"])
     ckpt = tmp_path / "runs/synthetic/version_0/checkpoints/last.ckpt"
-    build_standin(tmp_path / "data", sequences=6, frames=10, size=8, latent_dim=4)
+    build_image_standin(tmp_path / "data", sequences=6, frames=10, size=8, latent_dim=4)
     args = ["--config", "configs/icssl/image_manifolds.yaml", "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
             "--trainer.logger.init_args.name", "transfer", "--trainer.enable_progress_bar", "false",
             "--trainer.callbacks", "[]", *size, "--data.init_args.root", str(tmp_path / "data"),
@@ -322,6 +298,6 @@ def test_the_stand_in_is_checked_by_its_shape_then_built_whole_on_first_use(tmp_
     assert len(list(root.glob("seq_*"))) == 12 and len(list(root.glob("seq_0001/*.png"))) == 10
     dm.setup("fit")
     # The same frames as the stand-in command writes (it is a pure function of its seed).
-    build_standin(tmp_path / "by_hand", 12, 10)
+    build_image_standin(tmp_path / "by_hand", 12, 10)
     assert torch.equal(dm.frames(), load_sequences(tmp_path / "by_hand"))
     assert not ImageManifoldDataModule(**small_standin).builds_standin(), "built once"

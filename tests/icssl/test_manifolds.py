@@ -1,4 +1,4 @@
-"""Tests for lit_icl.icssl.manifolds (paper Sec. 4.3, App. D, App. E.1-E.2).
+"""Tests for lit_icl.icssl.manifolds and lit_icl.icssl.sampling (paper Sec. 4.3, App. D, App. E.1-E.2).
 
 The closed-form geodesics are checked against *independent* numerical computations:
 
@@ -23,21 +23,17 @@ import torch
 from torch import Tensor
 
 from lit_icl.icssl.manifolds import (
-    MANIFOLD_NAMES,
     Cone,
     Cylinder,
-    Episodes,
     FlatTorus,
     Manifold,
     PoseConfig,
-    ProductManifold,
     Sphere,
     Spiral,
     apply_pose,
-    get_manifold,
     random_rotation,
-    sample_episodes,
 )
+from lit_icl.icssl.sampling import MANIFOLD_NAMES, Episodes, ProductManifold, get_manifold, sample_episodes
 
 TWO_PI = 2.0 * math.pi
 ALL_SPECS = ["sphere", "cylinder", "cone", "spiral", "torus", "sphere*cylinder*cone*spiral*torus"]

@@ -559,7 +559,7 @@ def test_nondefault_nets_match_the_reference_formulas(rep_kwargs: dict, head_kwa
 def test_eigenmap_backward_passes_gradcheck() -> None:
     """The hand-written backward of the eigenmap's applications (App. A.2, Eq. 15) against finite differences, in
     float64, for every input: the features, the Gram matrix and the three stacked effective weights."""
-    from lit_icl.icssl.nets import _EigenmapIterations, _effective_weights
+    from lit_icl.icssl.nets.eigenmap import _EigenmapIterations, _effective_weights
 
     gen = torch.Generator().manual_seed(0)
     b, n, k, layers, heads = 2, 7, 3, 2, 2

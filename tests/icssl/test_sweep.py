@@ -1,4 +1,5 @@
-"""The IC-SSL paper-table driver (experiments/icssl_paper_tables.py): its grid and its report."""
+"""The IC-SSL experiment drivers: the paper tables (experiments/icssl_paper_tables.py), the dataset-size sweep
+(experiments/icssl_fig3_sweep.py) and the sweep's report (experiments/icssl_sweep.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "icssl_paper_tables.py"
 
@@ -284,5 +286,43 @@ def test_sweep_rejects_an_empty_dataset_size(sweep) -> None:
 
 
 def test_sweep_names_the_stand_in_when_the_feature_file_is_missing(sweep, tmp_path) -> None:
-    with pytest.raises(SystemExit, match="lit_icl.icssl.features standin"):
+    with pytest.raises(SystemExit, match="lit_icl.icssl.build features-standin"):
         sweep.feature_dim(tmp_path / "missing.pt")
+
+
+# The sweep's curves and phase transitions (experiments/icssl_sweep.py, which the driver's report calls).
+@pytest.fixture(scope="module")
+def sweep_script():
+    return load_script(SCRIPT.with_name("icssl_sweep.py"))
+
+
+def test_dataset_size_sweep_finds_the_largest_rise(sweep_script, tmp_path, capsys) -> None:
+    """Fig. 3's sweep from results files: curves per method and the size after the steepest accuracy rise."""
+    from lit_icl.core.results import result_row, write_results
+
+    sweep_main, phase_transition = sweep_script.main, sweep_script.phase_transition
+
+    # A baseline with a jump between 1000 and 1200 episodes, our model rising smoothly; two seeds each.
+    acc = {"Transformer": {200: 0.52, 1000: 0.55, 1200: 0.80, 5000: 0.85},
+           "ORIG+E2E-ICL": {200: 0.70, 1000: 0.76, 1200: 0.78, 5000: 0.84}}
+    runs = []
+    for method, curve in acc.items():
+        for size, value in curve.items():
+            for seed in (0, 1):
+                run = tmp_path / f"{method}-{size}-{seed}"
+                rows = [result_row("accuracy", value + 0.01 * seed, method=method, label_ratio=0.03,
+                                   n_labeled=3, dataset_size=size),
+                        result_row("separation", value - 0.5, method=method, embeddings="model", k=10)]
+                write_results(run, rows, {"seed": seed})
+                runs.append(str(run))
+    assert sweep_main([*runs, "--out", str(tmp_path / "sweep")]) == 0
+    out = json.loads((tmp_path / "sweep/results.json").read_text())["rows"]
+    transitions = {r["method"]: r["value"] for r in out if r["metric"] == "phase_transition"}
+    assert transitions == {"Transformer": 1200, "ORIG+E2E-ICL": 1000}
+    sep = [r for r in out if r["metric"] == "separation" and r["method"] == "Transformer"]
+    assert [r["dataset_size"] for r in sep] == [200, 1000, 1200, 5000]
+    assert sep[2]["value"] == pytest.approx(0.30) and sep[2]["n"] == 2
+    assert (tmp_path / "sweep/sweep.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| Transformer | accuracy |" in capsys.readouterr().out
+    assert phase_transition([(5, 0.1, 0.0, 1)]) is None
+    assert phase_transition([(5, 0.6, 0.0, 1), (50, 0.6, 0.0, 1), (500, 0.5, 0.0, 1)]) is None  # never rises

@@ -5,10 +5,11 @@ Runs are ordinary ``fit`` + ``test`` runs of ``configs/icssl/features.yaml`` (or
 module has ``train_episodes``), one per dataset size, method and seed, tested with the representation-metrics
 callback's ``rows: true`` so their ``results.json`` hold separation rows too::
 
-    python -m lit_icl.icssl.sweep runs/icssl_features/version_* --label-ratio 0.03 --out sweep/
+    python experiments/icssl_sweep.py runs/icssl_features/version_* --label-ratio 0.03 --out sweep/
 
 writes ``sweep.png`` (accuracy and separation vs dataset size, mean ± sd over seeds) and ``results.json`` /
 ``results.csv`` (the curves and one ``phase_transition`` row per method) and prints the table.
+``experiments/icssl_fig3_sweep.py`` runs the whole sweep and reports it with :func:`pool` and :func:`sweep_report`.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def sweep_report(rows: Sequence[Row], label_ratio: float, out: str | Path | None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lit_icl.icssl.sweep", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python experiments/icssl_sweep.py", description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", help="run folders (or results.json files)")
     parser.add_argument("--label-ratio", type=float, default=0.03)
     parser.add_argument("--out", default=None, help="folder for sweep.png and results.json / results.csv")

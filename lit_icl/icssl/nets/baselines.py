@@ -23,7 +23,8 @@ from torch import Tensor, nn
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.spectral import pairwise_sq_dists
 from lit_icl.core.validation import check_int, check_positive, check_range
-from lit_icl.icssl.nets import ICSSLOutput, check_input_dim
+from lit_icl.icssl.nets.model import ICSSLOutput
+from lit_icl.icssl.nets.representations import check_input_dim
 
 #: Ridge on the intercepts. The paper's LR leaves them unpenalised, but an episode whose labeled points are
 #: all of one class (common at 3 % labels) then has no finite optimum; this tiny penalty keeps it finite
