@@ -20,11 +20,10 @@ from collections.abc import Sequence
 from typing import Literal
 
 import torch
-from lightning.pytorch import LightningDataModule
 from torch import Tensor
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader
 
-from lit_icl.core.data import EpochSampler, SeededChunks, chunk_loader
+from lit_icl.core.data import ChunkedDataModule, SeededChunks, check_chunk_sizes
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.validation import (
     check_fraction,
@@ -170,7 +169,7 @@ class EpisodeChunks(SeededChunks):
         return item
 
 
-class ManifoldDataModule(LightningDataModule):
+class ManifoldDataModule(ChunkedDataModule):
     """Episodes of ``n_points`` points on synthetic manifolds with geodesic-ball labels (IC-SSL Sec. 4.3).
 
     Manifolds are named ``sphere``, ``cylinder``, ``cone``, ``spiral`` (alias ``swiss_roll``), ``torus``
@@ -317,18 +316,8 @@ class ManifoldDataModule(LightningDataModule):
         ``**_`` takes what the CLI adds to the hyper-parameters (``_class_path``, ``_instantiator``).
         """
         check_int("n_points", n_points, minimum=2, hint="an episode needs at least 2 points")
-        check_positive("chunk_size", chunk_size, integer=True, hint="e.g. chunk_size=16")
-        for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
-            check_int(name, value)
-            if value < 1 or value % chunk_size:
-                raise ConfigError(
-                    f"{name}={value} must be a positive multiple of chunk_size={chunk_size}; "
-                    f"change one of them (e.g. chunk_size=16, {name}=64)"
-                )
-        for name, value in (("val_episodes", val_episodes), ("test_episodes", test_episodes)):
-            check_int(name, value)
-            if value < 1 or value % chunk_size:
-                raise ConfigError(f"{name}={value} must be a positive multiple of chunk_size={chunk_size}")
+        check_chunk_sizes(chunk_size, {"batch_size": batch_size, "eval_batch_size": eval_batch_size,
+                                       "val_episodes": val_episodes, "test_episodes": test_episodes})
         check_positive("train_batches_per_epoch", train_batches_per_epoch, integer=True)
         lo, hi = check_pair_ordered("train_label_ratio", train_label_ratio)
         check_label_ratios([lo, hi], n_points)
@@ -395,35 +384,28 @@ class ManifoldDataModule(LightningDataModule):
             stream=None if only is None else self.test_manifolds[only],
         )
 
-    def _loader(self, dataset: EpisodeChunks, batch_size: int, sampler: Sampler[int] | None = None) -> DataLoader:
-        hp = self.hparams
-        return chunk_loader(dataset, batch_size, hp.chunk_size, hp.num_workers, sampler)
-
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
-        # Every rank takes `train_batches_per_epoch` steps per epoch; the item space grows with the world size.
-        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
-        items = hp.train_batches_per_epoch * (hp.batch_size // hp.chunk_size) * world
-        ds = self._dataset("train", items, hp.chunk_size)
-        return self._loader(ds, hp.batch_size, EpochSampler(items, world, rank))
+        items, sampler = self.train_items()  # every rank takes train_batches_per_epoch steps per epoch
+        return self.loader(self._dataset("train", items, hp.chunk_size), hp.batch_size, sampler)
 
     def val_dataloader(self) -> DataLoader:
         hp = self.hparams
-        return self._loader(self._dataset("val", hp.val_episodes // hp.chunk_size, hp.chunk_size), hp.eval_batch_size)
+        return self.loader(self._dataset("val", hp.val_episodes // hp.chunk_size, hp.chunk_size), hp.eval_batch_size)
 
     def test_dataloader(self) -> DataLoader | list[DataLoader]:
         """The test episodes: one loader, or one per test manifold (``test_per_manifold``)."""
         hp = self.hparams
         items = hp.test_episodes // hp.chunk_size
         if self.test_set_names is None:
-            return self._loader(self._dataset("test", items, hp.chunk_size), hp.eval_batch_size)
+            return self.loader(self._dataset("test", items, hp.chunk_size), hp.eval_batch_size)
         return [
-            self._loader(self._dataset("test", items, hp.chunk_size, only=k), hp.eval_batch_size)
+            self.loader(self._dataset("test", items, hp.chunk_size, only=k), hp.eval_batch_size)
             for k in range(len(self.test_set_names))
         ]
 
     def predict_dataloader(self) -> DataLoader:
         """The mixed test episodes (``predict`` returns per-point probabilities at every evaluation ratio)."""
         hp = self.hparams
-        return self._loader(self._dataset("test", hp.test_episodes // hp.chunk_size, hp.chunk_size),
+        return self.loader(self._dataset("test", hp.test_episodes // hp.chunk_size, hp.chunk_size),
                             hp.eval_batch_size)

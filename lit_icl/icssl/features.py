@@ -33,7 +33,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from lit_icl.core.data import EpochSampler, SeededChunks, chunk_loader
+from lit_icl.core.data import EpochSampler, SeededChunks, chunk_loader, world_and_rank
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import (
@@ -338,7 +338,7 @@ class FeatureEpisodeDataModule(LightningDataModule):
                              self.labeled_range if train else None)
         if not train:
             return chunk_loader(ds, batch, 1, hp.num_workers)
-        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
+        world, rank = world_and_rank(self)
         items = hp.train_batches_per_epoch * batch * world
         return chunk_loader(ds, batch, 1, hp.num_workers, EpochSampler(items, world, rank))
 

@@ -41,7 +41,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from lit_icl.core.data import EpochSampler, SeededChunks, chunk_loader
+from lit_icl.core.data import EpochSampler, SeededChunks, chunk_loader, world_and_rank
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.validation import (
     check_int,
@@ -408,7 +408,7 @@ class ImageManifoldDataModule(LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
-        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
+        world, rank = world_and_rank(self)
         items = hp.train_batches_per_epoch * hp.batch_size * world
         return chunk_loader(self._dataset("train"), hp.batch_size, 1, hp.num_workers, EpochSampler(items, world, rank))
 
