@@ -65,6 +65,8 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
                                 [*PUBLIC, "--model.init_args.gamma", "0.003"]),
     "public_code_gamma_0.01": ("public_code.yaml with ten times the noise (gamma 0.01)",
                                [*PUBLIC, "--model.init_args.gamma", "0.01"]),
+    "fixed_beta": ("offline.yaml (the default) with beta held at 1, lambda calibrated alone (a + lambda v)",
+                   ["--model.init_args.inject_method", "fixed_beta"]),
     "few_shot": ("few-shot reference (demonstrations separated by a single newline) and zero-shot", []),
     "zero_shot": ("zero-shot alone (the same for every seed: the evaluation queries do not depend on it)", []),
 }

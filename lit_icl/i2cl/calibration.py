@@ -23,7 +23,7 @@ from lit_icl.i2cl.nets import NoiseNorm
 #: The calibration's learning-rate schedule (see :func:`lr_lambda`).
 LRSchedule = Literal["cosine", "public_code"]
 #: How the coefficients enter Eq. 4 (see :func:`injection_coefficients`).
-InjectMethod = Literal["linear", "add"]
+InjectMethod = Literal["linear", "add", "fixed_beta"]
 
 
 def injection_coefficients(coef: Tensor, inject_method: str) -> Tensor:
@@ -31,10 +31,13 @@ def injection_coefficients(coef: Tensor, inject_method: str) -> Tensor:
 
     ``linear`` (Eq. 4): both as trained. ``add`` (the public code's ``inject_method: add``): ``a + relu(lambda) v``,
     so ``beta`` stays 1 and only the context vectors' weights are calibrated (half the parameters, and the LM's own
-    sub-layer outputs are never rescaled).
+    sub-layer outputs are never rescaled). ``fixed_beta``: Eq. 4 with ``beta`` held at 1 and ``lambda`` as trained
+    (of either sign): what Gemma's calibrations taken apart point to, where the trained ``beta`` cost accuracy.
     """
     if inject_method == "add":
         return torch.stack([F.relu(coef[..., 0]), torch.ones_like(coef[..., 1])], dim=-1)
+    if inject_method == "fixed_beta":
+        return torch.stack([coef[..., 0], torch.ones_like(coef[..., 1])], dim=-1)
     return coef
 
 

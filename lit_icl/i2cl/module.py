@@ -96,8 +96,8 @@ class I2CLModule(ICLModule):
             public code), or ``stream``, the residual stream (Eq. 6 as written); see ``CausalLM.inject``.
         lr / lr_min: AdamW learning rate, annealed by a cosine to ``lr_min``; weight_decay: AdamW's.
         warmup_fraction: linear warm-up share of the calibration steps (0 as the paper; the public code 0.05).
-        inject_method: ``linear`` (Eq. 4: ``beta a + lambda v``) or ``add`` (the public code's other method,
-            ``a + relu(lambda) v``: only the context vectors' weights calibrate); see :func:`injection_coefficients`.
+        inject_method: ``linear`` (Eq. 4: ``beta a + lambda v``), ``add`` (the public code's other method,
+            ``a + relu(lambda) v``) or ``fixed_beta`` (``a + lambda v``): see :func:`injection_coefficients`.
         lr_schedule: ``cosine`` (default: warm-up, then a cosine from ``lr`` to ``lr_min``) or ``public_code``
             (the authors' exact schedule, which anneals to 0, so it needs ``lr_min: 0``).
         init_lambda / init_beta: initial coefficients.
@@ -488,8 +488,8 @@ class I2CLModule(ICLModule):
                 ms = 1000.0 * self.seconds[m] / self.queries[m]
                 rows.append(result_row("latency_ms_per_query", ms, method=m, **coords))
             rows.append(result_row("cached_params", self.cached_params(m), method=m, **coords))
-            # add calibrates lambda only (beta stays 1): 2L scalars; linear both: 4L
-            per_layer = 2 if self.hparams.inject_method == "add" else 4
+            # add and fixed_beta calibrate lambda only (beta stays 1): 2L scalars; linear both: 4L
+            per_layer = 4 if self.hparams.inject_method == "linear" else 2
             trainable = per_layer * self.net.n_layers if m in CALIBRATED else 0
             rows.append(result_row("trainable_params", trainable, method=m, **coords))
         for k, m in enumerate(self.calibrated):

@@ -87,7 +87,7 @@ BAD_ROWS = [
     (["--model.init_args.noise_norm", "code"], "noise_norm: Expected a typing.Literal['stream', 'sublayer']"),
     (["--model.init_args.lr_schedule", "linear"], "lr_schedule: Expected a typing.Literal['cosine', 'public_code']"),
     (["--model.init_args.lr_schedule", "public_code"], "lr_schedule=public_code anneals to 0"),
-    (["--model.init_args.inject_method", "scale"], "inject_method: Expected a typing.Literal['linear', 'add']"),
+    (["--model.init_args.inject_method", "scale"], "inject_method: Expected a typing.Literal['linear', 'add', 'fixed_beta']"),
     (["--model.init_args.net.init_args.hook_point", "stream"], "hook_point: Expected a typing.Literal['write', 'module']"),
     (["--data.init_args.calibration_batches", "shuffle"], "calibration_batches: Expected a typing.Literal['epoch'"),
     (["--data.init_args.example_separator", ""], "example_separator='' must be a non-empty string"),

@@ -153,21 +153,23 @@ def test_public_code_schedule_needs_lr_min_zero(net: CausalLM) -> None:
         I2CLModule(net=net, methods=["i2cl"], lr_schedule="linear", lr_min=0.0)
 
 
-def test_add_injection_calibrates_the_context_weights_only(tokenizer) -> None:
-    """inject_method add (the public code's): Eq. 4 with beta = 1 and relu(lambda), so a fit moves lambda, the
-    injected beta stays exactly 1, and the test rows count 2L trainable scalars."""
+@pytest.mark.parametrize("method", ["add", "fixed_beta"])
+def test_lambda_only_injections_calibrate_the_context_weights_only(tokenizer, method: str) -> None:
+    """inject_method add (the public code's): Eq. 4 with beta = 1 and relu(lambda); fixed_beta: beta = 1 and
+    lambda as trained. A fit moves lambda, the injected beta stays exactly 1, the rows count 2L trainable scalars."""
     coef = torch.tensor([[[-0.3, 0.5], [0.2, 2.0]]])
-    torch.testing.assert_close(injection_coefficients(coef, "add"), torch.tensor([[[0.0, 1.0], [0.2, 1.0]]]))
+    by_hand = {"add": [[[0.0, 1.0], [0.2, 1.0]]], "fixed_beta": [[[-0.3, 1.0], [0.2, 1.0]]]}
+    torch.testing.assert_close(injection_coefficients(coef, method), torch.tensor(by_hand[method]))
     assert injection_coefficients(coef, "linear") is coef
     net = CausalLM.from_objects(tiny_model("llama", len(tokenizer), init_range=0.2), tokenizer)
-    module = I2CLModule(net=net, methods=["i2cl"], inject_method="add", lr=0.05)
+    module = I2CLModule(net=net, methods=["i2cl"], inject_method=method, lr=0.05)
     dm = synthetic_dm(shots_per_class=2)
     trainer = Trainer(max_epochs=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                       enable_model_summary=False, accelerator="cpu")
     trainer.fit(module, datamodule=dm)
     lam = module.coefs["i2cl"].detach()[..., 0]
     assert not torch.allclose(lam, torch.full_like(lam, 0.1))  # calibrated
-    assert torch.equal(injection_coefficients(module.coefs["i2cl"].detach(), "add")[..., 1], torch.ones_like(lam))
+    assert torch.equal(injection_coefficients(module.coefs["i2cl"].detach(), method)[..., 1], torch.ones_like(lam))
     trainer.test(module, datamodule=dm)
     rows = {(r["metric"], r["method"]): r["value"] for r in module.test_rows}
     assert rows[("trainable_params", "i2cl")] == 2 * net.n_layers

@@ -36,6 +36,7 @@ EXPECTED = {
     "public_code_add": ("sublayer", "module", "public_code", 0.0, 0.05, "replacement", 0.001),
     "public_code_gamma_0.003": ("sublayer", "module", "public_code", 0.0, 0.05, "replacement", 0.003),
     "public_code_gamma_0.01": ("sublayer", "module", "public_code", 0.0, 0.05, "replacement", 0.01),
+    "fixed_beta": ("sublayer", "write", "cosine", 1e-5, 0.0, "epoch", 0.001),
 }
 
 
@@ -54,7 +55,7 @@ def test_each_recipe_sets_what_its_name_says(recipes, recipe, capsys, monkeypatc
     got = (model["noise_norm"], model["net"]["init_args"]["hook_point"], model["lr_schedule"], model["lr_min"],
            model["warmup_fraction"], data["calibration_batches"], model["gamma"])
     assert got == EXPECTED[recipe]
-    assert model["inject_method"] == ("add" if recipe == "public_code_add" else "linear")
+    assert model["inject_method"] == {"public_code_add": "add", "fixed_beta": "fixed_beta"}.get(recipe, "linear")
     assert model["methods"] == ["i2cl"] and data["data_seed"] == 3 and merged["seed_everything"] == 3
     assert model["net"]["init_args"]["model_name_or_path"] == "data/i2cl/gemma-3-270m"
 
