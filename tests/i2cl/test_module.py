@@ -154,7 +154,7 @@ def test_public_code_schedule_needs_lr_min_zero(net: CausalLM) -> None:
 
 
 @pytest.mark.parametrize("method", ["add", "fixed_beta"])
-def test_lambda_only_injections_calibrate_the_context_weights_only(tokenizer, method: str) -> None:
+def test_lambda_only_injections_calibrate_the_context_weights_only(tokenizer, method: str, tmp_path) -> None:
     """inject_method add (the public code's): Eq. 4 with beta = 1 and relu(lambda); fixed_beta: beta = 1 and
     lambda as trained. A fit moves lambda, the injected beta stays exactly 1, the rows count 2L trainable scalars."""
     coef = torch.tensor([[[-0.3, 0.5], [0.2, 2.0]]])
@@ -173,6 +173,12 @@ def test_lambda_only_injections_calibrate_the_context_weights_only(tokenizer, me
     trainer.test(module, datamodule=dm)
     rows = {(r["metric"], r["method"]): r["value"] for r in module.test_rows}
     assert rows[("trainable_params", "i2cl")] == 2 * net.n_layers
+    # The checkpoint reloads with its injection: the same coefficients enter Eq. 4.
+    trainer.save_checkpoint(tmp_path / "last.ckpt")
+    reloaded = I2CLModule.load_from_checkpoint(tmp_path / "last.ckpt", net=net)
+    assert reloaded.hparams.inject_method == method
+    assert torch.equal(injection_coefficients(reloaded.coefs["i2cl"].detach(), method),
+                       injection_coefficients(module.coefs["i2cl"].detach(), method))
 
 
 def test_transfer_weights_match_algorithm_1_by_hand() -> None:
