@@ -32,12 +32,12 @@ from lit_icl.callbacks.checkpoint import RunCheckpoint
 from lit_icl.callbacks.compile import CompileMode
 from lit_icl.callbacks.finite import FiniteGuard
 from lit_icl.cli.checkpoints import (
-    _where_last,
     check_ckpt_classes,
     check_ckpt_hparams,
     check_ckpt_path,
     pin_logger_version_for_resume,
     resolve_ckpt_path,
+    where_last,
 )
 from lit_icl.cli.checks import (
     check_config_files,
@@ -215,7 +215,7 @@ class LitICLCLI(LightningCLI):
             config.ckpt_path = resolve_ckpt_path(sub, config)
             path = config.get("ckpt_path")
             if sub == "fit" and path == "last":  # resumed in place; check the file it will resume from
-                path = _where_last(config)[0]
+                path = where_last(config)[0]
             ckpt = check_ckpt_path(None if path is None else str(path))
             if ckpt is not None:
                 check_ckpt_classes(path, ckpt, config, sub)

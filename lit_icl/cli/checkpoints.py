@@ -58,7 +58,7 @@ def _checkpoints_in(folder: Path) -> list[Path]:
     return sorted(found, key=lambda p: (p.name != "last.ckpt", -p.stat().st_mtime))
 
 
-def _import_class(path: Any) -> Any:
+def import_class(path: Any) -> Any:
     """The object a dotted class path names (an old path of a moved class: where it lives now), or ``None``."""
     path = current_class_path(path)
     if not isinstance(path, str) or "." not in path:
@@ -71,7 +71,7 @@ def _import_class(path: Any) -> Any:
 
 def _same_class(a: str, b: str) -> bool:
     """Whether two class paths name the same class (an old path of a moved class included)."""
-    cls_a, cls_b = _import_class(a), _import_class(b)
+    cls_a, cls_b = import_class(a), import_class(b)
     return cls_a is cls_b if cls_a is not None and cls_b is not None else a == b
 
 def _run_config(ckpt_path: Any) -> Path | None:
@@ -186,7 +186,7 @@ def _newest_run_with_last(root: Path) -> Path | None:
             candidates.append((int(match.group(1)), run))
     return max(candidates)[1] if candidates else None
 
-def _where_last(config: Any) -> tuple[Path | None, str]:
+def where_last(config: Any) -> tuple[Path | None, str]:
     """The ``last.ckpt`` a ``--ckpt_path last`` of this config means (``None`` if there is none), and where
     it was looked for (for the error). ``(None, "")`` when the CLI cannot tell (no logger to read)."""
     dirpath = config.checkpoint.get("dirpath") if config.get("checkpoint") is not None else None
@@ -220,7 +220,7 @@ def resolve_ckpt_path(subcommand: str, config: Any) -> Any:
     ckpt_path = config.get("ckpt_path")
     if ckpt_path not in ("last", "best"):
         return ckpt_path
-    last, looked = _where_last(config)
+    last, looked = where_last(config)
     if not looked:  # no logger and no checkpoint dirpath: leave it to Lightning
         return ckpt_path
     if ckpt_path == "last":

@@ -10,6 +10,7 @@ from typing import Any
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from lit_icl.cli.checkpoints import import_class
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.module import ICLModule
 
@@ -145,13 +146,11 @@ def check_same_experiment(config: Any) -> None:
     ``chunk_size`` to change), and only a successful build would reach the module's own check. A class outside
     lit_icl (a user's data module) is left to the module's contract check.
     """
-    from lit_icl.cli.checkpoints import _import_class
-
     model, data = config.get("model"), config.get("data")
     if model is None or data is None:
         return
-    model_cls = _import_class(getattr(model, "class_path", None))
-    data_cls = _import_class(getattr(data, "class_path", None))
+    model_cls = import_class(getattr(model, "class_path", None))
+    data_cls = import_class(getattr(data, "class_path", None))
     if model_cls is None or data_cls is None:
         return
     ours, theirs = experiment_package(model_cls), experiment_package(data_cls)
