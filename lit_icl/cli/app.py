@@ -50,7 +50,7 @@ from lit_icl.cli.messages import find_config_error, one_line_parser_error, train
 from lit_icl.cli.naming import DEFAULT_RUN_NAME, name_run_from_configs
 from lit_icl.cli.trainer_setup import add_compile, add_early_stopping, quiet_progress_bar
 from lit_icl.core.errors import ConfigError
-from lit_icl.core.legacy import upgrade_class_paths
+from lit_icl.core.legacy import upgrade_checkpoint, upgrade_hparams
 from lit_icl.core.module import ICLModule
 from lit_icl.core.results import ResultsWriter
 from lit_icl.core.validation import check_finite_tree, check_run_config
@@ -218,18 +218,20 @@ class LitICLCLI(LightningCLI):
                 path = where_last(config)[0]
             ckpt = check_ckpt_path(None if path is None else str(path))
             if ckpt is not None:
+                upgrade_checkpoint(ckpt)  # an older checkpoint's names compared as today's
                 check_ckpt_classes(path, ckpt, config, sub)
                 check_ckpt_hparams(path, ckpt, config)
 
     def _parse_ckpt_path(self) -> None:
         """The checkpoint's module settings into the config, as LightningCLI does, with the class paths of moved
-        files made current first (:mod:`lit_icl.core.legacy`): a checkpoint of older code names them."""
+        files and renamed arguments made current first (:mod:`lit_icl.core.legacy`): a checkpoint of older code
+        names them."""
         sub = self.config.get("subcommand")
         path = self.config[sub].get("ckpt_path") if sub else None
         if not path or not Path(path).is_file():
             return
         hparams = torch.load(path, weights_only=True, map_location="cpu").get("hyper_parameters") or {}
-        hparams, _ = upgrade_class_paths(hparams)
+        hparams, _ = upgrade_hparams(hparams)
         hparams.pop("_instantiator", None)
         if not hparams:
             return

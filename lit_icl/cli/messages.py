@@ -3,9 +3,11 @@ condensed to ``<option>: <problem>``, Lightning's trainer errors with the flag t
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
+from lit_icl.cli.checkpoints import import_class
 from lit_icl.core.errors import ConfigError
 
 
@@ -96,6 +98,10 @@ def one_line_parser_error(message: str) -> str:
         problem = f"{non_finite.group(1)} is not a finite number; give a finite value"
     if keys == ["trainer.precision"] and "Got value" in problem:
         problem = f"{problem.rsplit('Got value: ', 1)[1]} is not a precision; use one of {', '.join(precisions())}"
-    path = ".init_args.".join(keys)
+    # A class's options sit under its init_args; a dataclass's fields (CoQE's noise schedule) directly under it.
+    path = keys[0] if keys else ""
+    for i, key in enumerate(keys[1:]):
+        grouped = i < len(classes) and dataclasses.is_dataclass(import_class(classes[i]))
+        path += f"{'.' if grouped else '.init_args.'}{key}"
     where = f" (in {classes[-1]})" if classes and classes[-1].rsplit(".", 1)[-1] not in problem else ""
     return f"{'--' + path + ': ' if path else ''}{problem}{where}"

@@ -1,4 +1,5 @@
-"""Where moved classes live now: the one registry of old module names, read when an old checkpoint is loaded.
+"""Where moved classes live now and what renamed arguments are called now: the one registry of old names, read
+when an old checkpoint is loaded.
 
 A checkpoint records its classes by import path (``hyper_parameters._class_path`` and each net's ``class_path``,
 as the config named them), and files have moved since some checkpoints were written (``lit_icl/mmca/nets.py``
@@ -8,10 +9,15 @@ the CLI's ``--ckpt_path`` (:class:`lit_icl.cli.LitICLCLI`) and ``<Module>.load_f
 any module that does not exist. New configs name each paper's public names (``lit_icl.mmca.DeepCrossAttention``),
 which do not depend on files; a move adds its old module names here, with a checkpoint written before it under
 ``tests/data/legacy/``.
+
+Constructor arguments that were renamed or grouped (CoQE's five ``noise_*`` values became one ``noise``
+schedule) are rewritten the same way (:data:`RENAMED_ARGUMENTS`), so the constructors take only today's
+arguments.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 #: Module names before a move -> the module that holds the same classes now.
@@ -68,12 +74,54 @@ def upgrade_class_paths(tree: Any) -> tuple[Any, bool]:
     return tree, False
 
 
+#: CoQE's loose noise arguments (before one ``NoiseSchedule``) -> their field in ``noise``.
+_COQE_NOISE = {"noise_mean0": "mean0", "noise_std0": "std0", "noise_increment": "increment",
+               "noise_interval": "interval", "noise_delay": "delay"}
+
+
+def _group_coqe_noise(hparams: dict[str, Any]) -> dict[str, Any]:
+    """``noise_mean0: 5, noise_std0: 1, ...`` -> ``noise: {mean0: 5, std0: 1, ...}``; ``noise_mean0: null``
+    (noise-free training) -> ``noise: null``."""
+    out = {k: v for k, v in hparams.items() if k not in _COQE_NOISE}
+    if hparams.get("noise_mean0", 0.0) is None:
+        out["noise"] = None
+    else:
+        out["noise"] = {new: hparams[old] for old, new in _COQE_NOISE.items() if old in hparams}
+    return out
+
+
+#: Class name -> (an argument that only old hyper-parameters hold, the rewrite to today's arguments). Keyed by
+#: the class's name, not its path, since a class's recorded path has had several spellings.
+RENAMED_ARGUMENTS: dict[str, tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]] = {
+    "CoQEClassificationModule": ("noise_mean0", _group_coqe_noise),
+}
+
+
+def upgrade_arguments(hparams: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """A class's saved hyper-parameters (``_class_path`` and its arguments) with renamed arguments made current
+    (a new dict), and whether any was old."""
+    name = str(hparams.get("_class_path", "")).rpartition(".")[2]
+    marker, rewrite = RENAMED_ARGUMENTS.get(name, (None, None))
+    if rewrite is None or marker not in hparams:
+        return hparams, False
+    return rewrite(hparams), True
+
+
+def upgrade_hparams(hparams: Any) -> tuple[Any, bool]:
+    """Saved hyper-parameters with class paths and argument names made current, and whether any was old."""
+    hparams, moved = upgrade_class_paths(hparams)
+    if not isinstance(hparams, dict):
+        return hparams, moved
+    hparams, renamed = upgrade_arguments(hparams)
+    return hparams, moved or renamed
+
+
 def upgrade_checkpoint(checkpoint: dict[str, Any]) -> bool:
-    """Make the class paths of a loaded checkpoint's module and data hyper-parameters current, in place;
-    returns whether any was old."""
+    """Make the class paths and argument names of a loaded checkpoint's module and data hyper-parameters
+    current, in place; returns whether any was old."""
     changed = False
     for key in ("hyper_parameters", "datamodule_hyper_parameters"):
         if isinstance(checkpoint.get(key), dict):
-            checkpoint[key], moved = upgrade_class_paths(checkpoint[key])
-            changed |= moved
+            checkpoint[key], old = upgrade_hparams(checkpoint[key])
+            changed |= old
     return changed

@@ -25,6 +25,7 @@ import inspect
 import io
 import os
 import warnings
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,17 @@ from torch import nn
 
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.legacy import upgrade_checkpoint
+
+
+def plain_grouped_hparams(obj: LightningModule | LightningDataModule) -> None:
+    """Store arguments grouped in a dataclass (CoQE's ``NoiseSchedule``) as dicts in ``obj``'s saved
+    hyper-parameters, as a config writes them: a checkpoint then holds plain values and loads with
+    ``weights_only=True`` (as Lightning and the CLI read it), and ``hparams.yaml`` shows the values rather than a
+    Python object. The constructor that takes the group accepts the dict back (``load_from_checkpoint``)."""
+    for store in (obj.hparams, getattr(obj, "_hparams_initial", None) or {}):
+        for key, value in list(store.items()):
+            if is_dataclass(value) and not isinstance(value, type):
+                store[key] = asdict(value)
 
 
 class ICLModule(LightningModule):
@@ -60,6 +72,7 @@ class ICLModule(LightningModule):
             self.save_hyperparameters(frame=caller)
         for key in [k for k, v in self.hparams.items() if isinstance(v, nn.Module)]:
             del self.hparams[key]
+        plain_grouped_hparams(self)
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]

@@ -6,7 +6,13 @@ import importlib
 
 import pytest
 
-from lit_icl.core.legacy import MOVED_MODULES, current_class_path, upgrade_checkpoint, upgrade_class_paths
+from lit_icl.core.legacy import (
+    MOVED_MODULES,
+    current_class_path,
+    upgrade_checkpoint,
+    upgrade_class_paths,
+    upgrade_hparams,
+)
 
 
 def test_an_old_class_path_names_the_same_class_where_it_lives_now() -> None:
@@ -41,3 +47,21 @@ def test_a_checkpoints_nested_class_paths_are_upgraded_and_nothing_else() -> Non
     assert hparams["net"]["class_path"] == "lit_icl.mmca.nets.DeepCrossAttention"  # the input is not changed
     assert not upgrade_checkpoint(checkpoint)  # already current
     assert upgrade_class_paths([1, "x"]) == ([1, "x"], False)
+
+
+def test_coqes_loose_noise_arguments_become_one_schedule() -> None:
+    old = {"_class_path": "lit_icl.coqe.module.CoQEClassificationModule", "lr": 1e-4, "noise_mean0": 3.0,
+           "noise_std0": 1.0, "noise_increment": 1.0, "noise_interval": 1000, "noise_delay": 0, "noise_seed": 2}
+    checkpoint = {"hyper_parameters": old, "state_dict": {}}
+    assert upgrade_checkpoint(checkpoint)
+    assert checkpoint["hyper_parameters"] == {
+        "_class_path": "lit_icl.coqe.omniglot.module.CoQEClassificationModule", "lr": 1e-4, "noise_seed": 2,
+        "noise": {"mean0": 3.0, "std0": 1.0, "increment": 1.0, "interval": 1000, "delay": 0}}
+    assert "noise_mean0" in old  # the input is not changed
+    assert not upgrade_checkpoint(checkpoint)  # already current
+    free, renamed = upgrade_hparams({"_class_path": "lit_icl.coqe.CoQEClassificationModule", "noise_mean0": None,
+                                     "noise_std0": 1.0})
+    assert renamed and free == {"_class_path": "lit_icl.coqe.CoQEClassificationModule", "noise": None}
+    # The same key names on another class are that class's own.
+    other = {"_class_path": "my_package.Module", "noise_mean0": 1.0}
+    assert upgrade_hparams(other) == (other, False)

@@ -7,9 +7,10 @@ One objective for both nets of :mod:`lit_icl.coqe.omniglot.nets` (CoQE paper Sec
   (dynamic vectors for context classes, static otherwise, plus Gaussian noise on the non-context classes during
   training) and of the static logits (to speed up learning of the static vectors; not used at test time).
 
-Noise schedule (App. C.2): ``N(mu_0, 1)``, mean and standard deviation raised by 1 every 10^4 steps. In general
-``k = max(0, floor((step - noise_delay) / noise_interval))``, ``mean = noise_mean0 + noise_increment * k``,
-``std = noise_std0 + noise_increment * k``; the public code's variant is ``noise_std0: 3, noise_delay: 10000``.
+Noise schedule (App. C.2): ``N(mu_0, 1)``, mean and standard deviation raised by 1 every 10^4 steps; one
+:class:`NoiseSchedule` value (``noise: {mean0, std0, increment, interval, delay}`` in a config) holds it. In general
+``k = max(0, floor((step - delay) / interval))``, ``mean = mean0 + increment * k``, ``std = std0 + increment * k``;
+the public code's variant is ``noise: {std0: 3, delay: 10000}``.
 
 Validation and test run two evaluators (dataloader 0: ICL, 1: IWL) and log ``val/acc/icl``, ``val/acc/iwl``
 (``test/...`` likewise): the learning curves of Figs. 5 and 8 in TensorBoard. For CoQE they also log
@@ -23,6 +24,8 @@ a class that is in the context: where IWL is lost to the context path. ``test`` 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -48,12 +51,41 @@ from lit_icl.core.validation import check_int, check_literal, check_nonnegative,
 LRSchedule = Literal["constant", "warmup_rsqrt"]
 
 
-def noise_schedule(
-    step: int, mean0: float, std0: float = 1.0, increment: float = 1.0, interval: int = 10_000, delay: int = 0
-) -> tuple[float, float]:
-    """``(mean, std)`` of the logit noise at training step ``step`` (see the module docstring)."""
-    k = max(0, (step - delay) // interval)
-    return mean0 + increment * k, std0 + increment * k
+@dataclass(frozen=True)
+class NoiseSchedule:
+    """The Gaussian noise CoQE adds to the modified query logits during training (Sec. 4.2, App. C.2).
+
+    At step ``t`` the noise is ``N(mean, std^2)`` with ``k = max(0, floor((t - delay) / interval))``,
+    ``mean = mean0 + increment * k`` and ``std = std0 + increment * k``: it grows so that the static (in-weight)
+    logits of the classes outside the context are ever more unreliable, which keeps the model reading the context.
+
+    Attributes:
+        mean0: mu_0, the mean at the start (5 in the paper; Table 1 ablates 3, 7 and 9).
+        std0: the standard deviation at the start (1 in the paper, 3 in the public code).
+        increment: added to mean and standard deviation at every increase (1).
+        interval: training steps between increases (10^4).
+        delay: steps before the schedule starts counting (0 in the paper; 10^4 in the public code, whose first
+            increase thus comes after 2 x 10^4 steps).
+    """
+
+    mean0: float = 5.0
+    std0: float = 1.0
+    increment: float = 1.0
+    interval: int = 10_000
+    delay: int = 0
+
+    def at(self, step: int) -> tuple[float, float]:
+        """``(mean, std)`` of the logit noise at training step ``step``."""
+        k = max(0, (step - self.delay) // self.interval)
+        return self.mean0 + self.increment * k, self.std0 + self.increment * k
+
+    def check(self, name: str = "noise") -> None:
+        """One ConfigError naming the first bad value (``noise.interval=0 ...``)."""
+        check_range(f"{name}.mean0", self.mean0)  # any finite mean; `noise: null` turns the noise off
+        check_nonnegative(f"{name}.std0", self.std0)
+        check_nonnegative(f"{name}.increment", self.increment)
+        check_int(f"{name}.interval", self.interval, minimum=1, hint="steps between noise increases")
+        check_int(f"{name}.delay", self.delay, minimum=0)
 
 
 class CoQEClassificationModule(ICLModule):
@@ -67,11 +99,8 @@ class CoQEClassificationModule(ICLModule):
         lr_schedule: ``constant`` (App. C.2) or ``warmup_rsqrt``, Chan et al.'s
             ``lr * min(step / warmup, sqrt(warmup / step))``.
         warmup_steps: warm-up of ``warmup_rsqrt``.
-        noise_mean0: mu_0 of the CoQE logit noise (5); ``null`` trains without noise (Table 1's noise-free row).
-        noise_std0: initial standard deviation (1 in the paper, 3 in the public code).
-        noise_increment: added to mean and std every ``noise_interval`` steps (1).
-        noise_interval: steps between increments (10^4).
-        noise_delay: steps before the schedule starts counting (0; 10^4 in the public code).
+        noise: the schedule of the CoQE logit noise (:class:`NoiseSchedule`; the paper's N(5, 1) growing by 1
+            every 10^4 steps by default); ``null`` trains without noise (Table 1's noise-free row).
         noise_seed: seed of the noise; the noise of a step is a function of (seed, rank, step), so resume is exact.
     """
 
@@ -81,19 +110,19 @@ class CoQEClassificationModule(ICLModule):
         lr: float = 1e-4,
         lr_schedule: LRSchedule = "constant",
         warmup_steps: int = 4000,
-        noise_mean0: float | None = 5.0,
-        noise_std0: float = 1.0,
-        noise_increment: float = 1.0,
-        noise_interval: int = 10_000,
-        noise_delay: int = 0,
+        noise: NoiseSchedule | None = NoiseSchedule(),
         noise_seed: int = 0,
     ):
         super().__init__()
         self.save_reloadable_hparams()
+        if isinstance(noise, Mapping):  # saved hyper-parameters hold the schedule as plain values
+            noise = NoiseSchedule(**noise)
+        #: The logit-noise schedule, ``None`` for noise-free training.
+        self.noise_schedule = noise
         self.net = net if net is not None else CoQEClassifier()
-        self._validate(lr, lr_schedule, warmup_steps, noise_mean0, noise_std0, noise_increment, noise_interval, noise_delay)
+        self._validate(lr, lr_schedule, warmup_steps)
         self.method: str = self.net.method
-        self.uses_noise = self.method == "coqe" and noise_mean0 is not None
+        self.uses_noise = self.method == "coqe" and noise is not None
         #: Accuracies reported: the two evaluators, plus CoQE's static head on the IWL sequences.
         self.evaluators: tuple[str, ...] = EVALUATORS + (("iwl_static",) if self.method == "coqe" else ())
         self.acc = nn.ModuleDict(
@@ -104,10 +133,7 @@ class CoQEClassificationModule(ICLModule):
         self.data_source: str | None = None
         self._data_coords: dict[str, Any] = {}
 
-    def _validate(
-        self, lr: float, lr_schedule: str, warmup_steps: int, noise_mean0: float | None, noise_std0: float,
-        noise_increment: float, noise_interval: int, noise_delay: int,
-    ) -> None:
+    def _validate(self, lr: float, lr_schedule: str, warmup_steps: int) -> None:
         """Every argument check of the constructor, one ConfigError naming the option and the fix."""
         if not implements(self.net, SequenceNet) or self.net.method not in ("coqe", "transformer"):
             raise ConfigError(
@@ -117,12 +143,8 @@ class CoQEClassificationModule(ICLModule):
         check_positive("lr", lr, hint="1e-4 in App. C.2")
         check_literal("lr_schedule", lr_schedule, LRSchedule)
         check_int("warmup_steps", warmup_steps, minimum=1)
-        if noise_mean0 is not None:
-            check_range("noise_mean0", noise_mean0)  # any finite mean; null turns the noise off
-            check_nonnegative("noise_std0", noise_std0)
-            check_nonnegative("noise_increment", noise_increment)
-            check_int("noise_interval", noise_interval, minimum=1, hint="steps between noise increases")
-            check_int("noise_delay", noise_delay, minimum=0)
+        if self.noise_schedule is not None:
+            self.noise_schedule.check()
 
     # ---------------------------------------------------------------- data binding
     def validation_keys(self) -> set[str]:
@@ -163,11 +185,8 @@ class CoQEClassificationModule(ICLModule):
         """Noise ``(B, C)`` for this step's modified query logits, or ``None`` (Transformer / noise-free)."""
         if not self.uses_noise:
             return None
-        hp = self.hparams
-        mean, std = noise_schedule(
-            self.global_step, hp.noise_mean0, hp.noise_std0, hp.noise_increment, hp.noise_interval, hp.noise_delay
-        )
-        g = make_generator("coqe-logit-noise", hp.noise_seed, self.global_rank, self.global_step)
+        mean, std = self.noise_schedule.at(self.global_step)
+        g = make_generator("coqe-logit-noise", self.hparams.noise_seed, self.global_rank, self.global_step)
         z = torch.randn(batch_size, self.net.n_classes, generator=g)
         return (mean + std * z).to(device)
 
@@ -183,11 +202,7 @@ class CoQEClassificationModule(ICLModule):
             self.log("train/loss_orig", loss_orig)
             loss = loss + loss_orig
             if self.uses_noise:
-                hp = self.hparams
-                mean, _ = noise_schedule(
-                    self.global_step, hp.noise_mean0, hp.noise_std0, hp.noise_increment, hp.noise_interval,
-                    hp.noise_delay,
-                )
+                mean, _ = self.noise_schedule.at(self.global_step)
                 self.log("train/noise_mean", mean)
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/acc", (query.argmax(-1) == y).float().mean())
@@ -257,7 +272,8 @@ class CoQEClassificationModule(ICLModule):
         coords["depth"] = len(net.encoder.blocks)
         coords.update(self._data_coords)
         if self.method == "coqe":
-            coords["noise_mean0"] = self.hparams.noise_mean0
+            # Named as in the results tables written before the schedule became one value.
+            coords["noise_mean0"] = self.noise_schedule.mean0 if self.noise_schedule is not None else None
             coords["noise_on"] = net.noise_on
         return coords
 

@@ -145,9 +145,11 @@ COQE_ROWS: list[tuple[str | tuple[str, ...], list[str], str]] = [
     # --- CoQEClassificationModule
     (C, [M + "lr", "-1"], "lr=-1"),
     (C, [M + "warmup_steps", "0"], "warmup_steps=0"),
-    (C, [M + "noise_interval", "0"], "noise_interval=0"),
-    (C, [M + "noise_std0", "-1"], "noise_std0=-1"),
-    (C, [M + "noise_delay", "-3"], "noise_delay=-3"),
+    (C, [M + "noise.interval", "0"], "noise.interval=0"),
+    (C, [M + "noise.std0", "-1"], "noise.std0=-1"),
+    (C, [M + "noise.delay", "-3"], "noise.delay=-3"),
+    (C, [M + "noise.interval", "0.5"], "noise.interval"),  # a type error from the parser
+    (C, [M + "noise_mean0", "3"], "noise_mean0"),  # the loose name of older code
     # --- nets
     (C, [N + "resnet_channels", "[8, 8, 8]"], "must be 4 integers"),
     (C, [N + "heads", "3"], "not divisible by heads=3"),

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from lit_icl.coqe.layers import CausalTransformer
-from lit_icl.coqe.omniglot.module import noise_schedule
+from lit_icl.coqe.omniglot.module import NoiseSchedule
 from lit_icl.coqe.omniglot.nets import CoQEClassifier, ResNetEmbedder, SequenceTransformer
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.nets import count_parameters
@@ -205,15 +205,16 @@ def test_detach_static_stops_lmod_gradient_to_the_static_head() -> None:
 
 def test_noise_schedule_paper_and_public_code() -> None:
     # Paper (App. C.2): N(mu0, 1), mean and std +1 every 10^4 steps.
-    assert noise_schedule(0, 5.0) == (5.0, 1.0)
-    assert noise_schedule(9_999, 5.0) == (5.0, 1.0)
-    assert noise_schedule(10_000, 5.0) == (6.0, 2.0)
-    assert noise_schedule(99_999, 3.0) == (12.0, 10.0)
+    paper = NoiseSchedule()
+    assert paper.at(0) == (5.0, 1.0)
+    assert paper.at(9_999) == (5.0, 1.0)
+    assert paper.at(10_000) == (6.0, 2.0)
+    assert NoiseSchedule(mean0=3.0).at(99_999) == (12.0, 10.0)
     # Public code: N(5, 3^2), first increase after 2 x 10^4 steps.
-    code = {"std0": 3.0, "increment": 1.0, "interval": 10_000, "delay": 10_000}
-    assert noise_schedule(19_999, 5.0, **code) == (5.0, 3.0)
-    assert noise_schedule(20_000, 5.0, **code) == (6.0, 4.0)
-    assert noise_schedule(45_000, 5.0, **code) == (8.0, 6.0)
+    code = NoiseSchedule(5.0, std0=3.0, increment=1.0, interval=10_000, delay=10_000)
+    assert code.at(19_999) == (5.0, 3.0)
+    assert code.at(20_000) == (6.0, 4.0)
+    assert code.at(45_000) == (8.0, 6.0)
 
 
 def test_transformer_refuses_noise() -> None:
