@@ -36,7 +36,7 @@ NET = "--model.init_args.net.init_args."
 #: arm -> (base config and overlays, extra CLI arguments, what it stands for)
 ARMS: dict[str, tuple[list[str], list[str], str]] = {
     "coqe": (COQE, [], "CoQE, noise on every modified query logit (the default rule)"),
-    "coqe_noise_free": (COQE, ["--model.init_args.noise_mean0", "null"], "CoQE without noise (Table 1, first row)"),
+    "coqe_noise_free": (COQE, ["--model.init_args.noise", "null"], "CoQE without noise (Table 1, first row)"),
     "coqe_non_context": (
         COQE, [NET + "noise_on", "non_context"], "CoQE, noise on non-context classes only (the earlier rule)"
     ),
