@@ -10,8 +10,8 @@ any module that does not exist. New configs name each paper's public names (``li
 which do not depend on files; a move adds its old module names here, with a checkpoint written before it under
 ``tests/data/legacy/``.
 
-Constructor arguments that were renamed or grouped (CoQE's five ``noise_*`` values became one ``noise``
-schedule) are rewritten the same way (:data:`RENAMED_ARGUMENTS`), so the constructors take only today's
+Constructor arguments that were renamed, grouped or moved (CoQE's five ``noise_*`` values became one ``noise``
+schedule; IC-SSL's label ratios now live in the data module alone) are rewritten the same way (:data:`RENAMED_ARGUMENTS`), so the constructors take only today's
 arguments.
 """
 
@@ -90,10 +90,17 @@ def _group_coqe_noise(hparams: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _drop_icssl_label_ratios(hparams: dict[str, Any]) -> dict[str, Any]:
+    """``ICSSLModule`` no longer takes ``label_ratios``: the data module's ``eval_label_ratios`` (saved beside it,
+    and required to agree with a model copy when the checkpoint was written) are the ratios."""
+    return {k: v for k, v in hparams.items() if k != "label_ratios"}
+
+
 #: Class name -> (an argument that only old hyper-parameters hold, the rewrite to today's arguments). Keyed by
 #: the class's name, not its path, since a class's recorded path has had several spellings.
 RENAMED_ARGUMENTS: dict[str, tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]] = {
     "CoQEClassificationModule": ("noise_mean0", _group_coqe_noise),
+    "ICSSLModule": ("label_ratios", _drop_icssl_label_ratios),
 }
 
 

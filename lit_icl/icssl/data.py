@@ -67,6 +67,15 @@ def check_label_ratios(ratios: Sequence[float], n_points: int) -> None:
             )
 
 
+def check_eval_label_ratios(ratios: Sequence[float], n_points: int) -> list[float]:
+    """The one check of ``eval_label_ratios``, which only the data module holds (the module reads them from it):
+    a non-empty list without repeats (one metric each) of ratios that leave labeled and unlabeled points."""
+    ratios = check_nonempty("eval_label_ratios", ratios, example="[0.1, 0.25, 0.5]")
+    check_unique("eval_label_ratios", ratios)
+    check_label_ratios(ratios, n_points)
+    return [float(r) for r in ratios]
+
+
 def ratio_key(ratio: float) -> str:
     """The name under which a ratio's metrics are logged, e.g. ``label_ratio=0.25``."""
     return f"label_ratio={ratio:g}"
@@ -321,9 +330,7 @@ class ManifoldDataModule(ChunkedDataModule):
         check_positive("train_batches_per_epoch", train_batches_per_epoch, integer=True)
         lo, hi = check_pair_ordered("train_label_ratio", train_label_ratio)
         check_label_ratios([lo, hi], n_points)
-        eval_label_ratios = check_nonempty("eval_label_ratios", eval_label_ratios, example="[0.1, 0.25, 0.5]")
-        check_unique("eval_label_ratios", eval_label_ratios)
-        check_label_ratios(eval_label_ratios, n_points)
+        check_eval_label_ratios(eval_label_ratios, n_points)
         check_int("data_seed", data_seed)
         check_pair_ordered("pose_scale", pose_scale, low=0.0, low_inclusive=False)
         check_pair_ordered("pose_translation", pose_translation)

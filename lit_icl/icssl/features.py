@@ -40,12 +40,10 @@ from lit_icl.core.validation import (
     check_fraction,
     check_int,
     check_literal,
-    check_nonempty,
     check_nonnegative,
     check_pair_ordered,
-    check_unique,
 )
-from lit_icl.icssl.data import LabeledSubset, check_label_ratios, labeled_count
+from lit_icl.icssl.data import LabeledSubset, check_eval_label_ratios, check_label_ratios, labeled_count
 
 STANDIN_COMMAND = "python -m lit_icl.icssl.build features-standin --out {path}"
 #: Where a run builds the stand-in on first use (only there: a mistyped path to one's own features stays an error).
@@ -245,10 +243,7 @@ class FeatureEpisodeDataModule(LightningDataModule):
         check_literal("labeled_subset", labeled_subset, LabeledSubset)
         lo, hi = check_pair_ordered("train_label_ratio", train_label_ratio)
         check_label_ratios([lo, hi], 2 * per_class)
-        # As ManifoldDataModule: an empty list would leave the module to fall back to its default ratios.
-        eval_label_ratios = check_nonempty("eval_label_ratios", eval_label_ratios, example="[0.1, 0.25, 0.5]")
-        check_unique("eval_label_ratios", eval_label_ratios)
-        check_label_ratios(eval_label_ratios, 2 * per_class)
+        check_eval_label_ratios(eval_label_ratios, 2 * per_class)
         check_int("data_seed", data_seed)
         check_nonnegative("num_workers", num_workers, integer=True)
 

@@ -46,13 +46,17 @@ from lit_icl.core.errors import ConfigError
 from lit_icl.core.validation import (
     check_int,
     check_literal,
-    check_nonempty,
     check_nonnegative,
     check_pair_ordered,
     check_positive,
-    check_unique,
 )
-from lit_icl.icssl.data import DEFAULT_LABEL_RATIOS, LabeledSubset, check_label_ratios, labeled_count
+from lit_icl.icssl.data import (
+    DEFAULT_LABEL_RATIOS,
+    LabeledSubset,
+    check_eval_label_ratios,
+    check_label_ratios,
+    labeled_count,
+)
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 STANDIN_COMMAND = "python -m lit_icl.icssl.build image-standin --out {root}"
@@ -330,10 +334,7 @@ class ImageManifoldDataModule(LightningDataModule):
         check_int("train_batches_per_epoch", train_batches_per_epoch, minimum=1)
         lo, hi = check_pair_ordered("train_label_ratio", train_label_ratio)
         check_label_ratios([lo, hi], n_points)
-        # As ManifoldDataModule: an empty list would leave the module to fall back to its default ratios.
-        eval_label_ratios = check_nonempty("eval_label_ratios", eval_label_ratios, example="[0.1, 0.25, 0.5]")
-        check_unique("eval_label_ratios", eval_label_ratios)
-        check_label_ratios(eval_label_ratios, n_points)
+        check_eval_label_ratios(eval_label_ratios, n_points)
         check_int("data_seed", data_seed)
         check_nonnegative("num_workers", num_workers, integer=True)
         check_literal("labeled_subset", labeled_subset, LabeledSubset)

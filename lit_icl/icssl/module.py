@@ -45,16 +45,12 @@ from lit_icl.core.spectral import laplacian_eigenmap
 from lit_icl.core.validation import (
     check_int,
     check_literal,
-    check_nonempty,
     check_nonnegative,
     check_positive,
-    check_unique,
 )
 from lit_icl.icssl.contracts import ICSSLDataModule, ICSSLNet, TwoStageNet
 from lit_icl.icssl.data import (
-    DEFAULT_LABEL_RATIOS,
     balanced_accuracy,
-    check_label_ratios,
     labeled_count,
     labeled_mask,
     ratio_key,
@@ -118,13 +114,11 @@ def _slot(ratio: float) -> str:
 class ICSSLModule(ICLModule):
     """Trains an IC-SSL net with the semi-supervised cross-entropy of Eq. (4) on the unlabeled points.
 
-    Episode size and evaluation label ratios belong to the data module; :meth:`bind_datamodule` reads them and
-    checks the net against them.
+    Episode size and evaluation label ratios belong to the data module alone (its ``eval_label_ratios``, checked
+    there); :meth:`bind_datamodule` reads them, and the nets check themselves against the data.
 
     Args:
         net: the network, e.g. ``SemiSupervisedICL(InContextEigenmap(), GDICLHead())`` (ORIG+E2E-ICL, default).
-        label_ratios: evaluation ratios for validation and test; ``None`` (default) takes the data module's
-            ``eval_label_ratios``; if both are given they must agree.
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
         lr_schedule: ``"cosine"`` (linear warm-up, then cosine decay to 0 over the run) or ``"constant"``.
@@ -136,7 +130,6 @@ class ICSSLModule(ICLModule):
     def __init__(
         self,
         net: nn.Module | None = None,
-        label_ratios: Sequence[float] | None = None,
         lr: float = 3e-3,
         weight_decay: float = 0.0,
         lr_schedule: LRSchedule = "cosine",
@@ -148,6 +141,7 @@ class ICSSLModule(ICLModule):
         self.net = net if net is not None else SemiSupervisedICL()
         self._validate(self.net, lr, weight_decay, lr_schedule, warmup_steps, eig_reference)
         self.n_points: int | None = self.net.n_points
+        #: The data module's ``eval_label_ratios`` (set by :meth:`bind_datamodule`; one metric each).
         self.label_ratios: list[float] = []
         self.num_classes: int = int(self.net.num_classes)
         self.labeled_subset = "random"
@@ -162,11 +156,6 @@ class ICSSLModule(ICLModule):
         #: What ``validation_step`` returns under ``embeddings`` (lets RepresentationMetrics check its pairs early).
         base = ("model", "eig") if eig_reference else ("model",)
         self.embedding_names = {"val": base, "test": base}
-        if label_ratios is not None:
-            check_unique("label_ratios", check_nonempty("label_ratios", label_ratios, example="[0.1, 0.25]"))
-            if self.n_points is not None:
-                check_label_ratios(label_ratios, self.n_points)
-            self._set_label_ratios(label_ratios)
 
     @staticmethod
     def _validate(
@@ -205,35 +194,29 @@ class ICSSLModule(ICLModule):
         return {f"val/acc/{ratio_key(r)}" for r in self.label_ratios} | {"val/loss"}
 
     def bind_datamodule(self, datamodule: LightningDataModule) -> None:
-        """Take ``n_points`` and ``eval_label_ratios`` from the data (and check the model's own ratios, if set)."""
+        """Take ``n_points``, ``eval_label_ratios`` and the test sets from the data (which checked them)."""
         if not implements(datamodule, ICSSLDataModule):
             raise ConfigError(
                 f"{type(datamodule).__name__} lacks what lit_icl.icssl.contracts.ICSSLDataModule lists (n_points, "
                 "eval_label_ratios, ...); ICSSLModule needs an IC-SSL data module such as "
                 "lit_icl.icssl.ManifoldDataModule"
             )
-        n, ratios = datamodule.n_points, datamodule.eval_label_ratios
         # The nets check themselves against the data (`check_config`, called by the CLI before a run starts).
-        if self.hparams.get("label_ratios") is not None:
-            mine = [float(r) for r in self.hparams.label_ratios]
-            if mine != [float(r) for r in ratios]:
-                raise ConfigError(
-                    f"model label_ratios {mine} differ from the data's eval_label_ratios {list(ratios)}; "
-                    "set them in one place (the data module) and leave the model's unset"
-                )
-        check_label_ratios(ratios, n)
-        self.n_points = n
+        self.n_points = datamodule.n_points
         self.labeled_subset = datamodule.labeled_subset
         # Data with a fixed pool of training episodes (Sec. 4.2's "dataset size") tags the rows with it.
         size = datamodule.train_episodes
         self.dataset_size = int(size) if size is not None else None
         self.test_sets = list(datamodule.test_set_names or [None])
-        self._set_label_ratios(ratios)
+        self._set_label_ratios(datamodule.eval_label_ratios)
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        if not self.label_ratios:  # no data module and no explicit ratios: the paper's protocol
-            self._set_label_ratios(DEFAULT_LABEL_RATIOS)
+        if not self.label_ratios:
+            raise ConfigError(
+                "ICSSLModule reads its label ratios from its data module, and has none; run it with an IC-SSL data "
+                "module (trainer.fit(model, datamodule=lit_icl.icssl.ManifoldDataModule(...)))"
+            )
 
     def compile_targets(self) -> list[nn.Module]:
         """A two-stage net's representation and head (evaluation calls them one by one, the head once per label

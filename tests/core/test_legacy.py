@@ -65,3 +65,9 @@ def test_coqes_loose_noise_arguments_become_one_schedule() -> None:
     # The same key names on another class are that class's own.
     other = {"_class_path": "my_package.Module", "noise_mean0": 1.0}
     assert upgrade_hparams(other) == (other, False)
+
+
+def test_icssl_modules_label_ratios_are_dropped_for_the_data_modules() -> None:
+    hparams = {"_class_path": "lit_icl.icssl.ICSSLModule", "label_ratios": None, "lr": 0.003}
+    assert upgrade_hparams(hparams) == ({"_class_path": "lit_icl.icssl.ICSSLModule", "lr": 0.003}, True)
+    assert upgrade_hparams({"_class_path": "lit_icl.icssl.ICSSLModule", "lr": 0.003})[1] is False

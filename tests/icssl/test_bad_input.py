@@ -54,9 +54,8 @@ ICSSL_ROWS: list[tuple[list[str], list[str], str]] = [
     (ID, [M + "weight_decay", "-0.1"], "weight_decay=-0.1 must be >= 0"),
     (ID, [M + "warmup_steps", "-5"], "warmup_steps=-5 must be >= 0"),
     (ID, [REP + ".init_args.n_points", "30"], "built for n_points=30 but the data has n_points=20"),
-    # values shared by data and model live in the data module; a model copy that disagrees is refused
-    (ID, [M + "label_ratios", "[0.1, 0.3]"], "differ from the data's eval_label_ratios [0.1, 0.25, 0.5]"),
-    (ID, [M + "label_ratios", "[0.1, 0.1]"], "label_ratios"),
+    # values shared by data and model live in the data module alone: the model has no label_ratios
+    (ID, [M + "label_ratios", "[0.1, 0.3]"], "label_ratios"),
     # --- ManifoldDataModule
     (ID, [D + "eval_label_ratios", "[0.25, 1.2]"], "label ratio 1.2 is outside (0, 1)"),
     (ID, [D + "eval_label_ratios", "[0.01]"], "leaves no labeled point"),
