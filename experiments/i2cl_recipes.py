@@ -29,11 +29,13 @@ from runner import (
     REPO,
     Job,
     add_job_args,
+    add_stage_arg,
+    drive,
     logged_scalars,
     logger_args,
     markdown_table,
     mean_sd,
-    run_stage,
+    parse_driver_args,
 )
 
 CONFIG = REPO / "configs" / "i2cl" / "offline.yaml"
@@ -208,28 +210,35 @@ def tidy_rows(args: argparse.Namespace) -> list[dict[str, object]]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("stage", choices=["fit", "test", "report"])
+    add_stage_arg(p)
     p.add_argument("--models", nargs="+", choices=list(MODELS), default=["gemma"])
     p.add_argument("--recipes", nargs="+", choices=list(RECIPES), default=["paper", "sublayer_noise", "public_code", "zero_shot"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     p.add_argument("--out", type=Path, default=REPO / "runs" / "i2cl_recipes")
     p.add_argument("--csv", type=Path, help="report: also write the per-seed values as a tidy CSV here")
     add_job_args(p)
-    args = p.parse_args(argv)
-    if args.stage == "report":
-        print(report(args))
-        if args.csv is not None:
-            import csv
+    args = parse_driver_args(p, argv, __file__)
+    args.out = args.out.resolve()
+    return args
 
-            rows = tidy_rows(args)
-            with open(args.csv, "w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=["model", "recipe", "seed", "method", "metric", "value"])
-                writer.writeheader()
-                writer.writerows(rows)
-        return
-    run_stage(args, fit_jobs, test_jobs)
+
+def report_and_csv(args: argparse.Namespace) -> str:
+    """The report's tables, writing the per-seed values to ``--csv`` when given."""
+    if args.csv is not None:
+        import csv
+
+        rows = tidy_rows(args)
+        with open(args.csv, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=["model", "recipe", "seed", "method", "metric", "value"])
+            writer.writeheader()
+            writer.writerows(rows)
+    return report(args)
+
+
+def main(argv: list[str] | None = None) -> None:
+    drive(parse_args(argv), fit_jobs, test_jobs, report_and_csv, parse_args)
 
 
 if __name__ == "__main__":

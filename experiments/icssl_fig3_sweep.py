@@ -43,7 +43,9 @@ from runner import (
     markdown_table,
     mean_sd,
     overlay_argv,
-    run_stage,
+    add_stage_arg,
+    drive,
+    parse_driver_args,
 )
 from tidy import RunRecord, add_report_args, check_out, grid_records
 
@@ -182,7 +184,7 @@ def training_length(args: argparse.Namespace, records: dict[str, RunRecord]) -> 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("stage", choices=("fit", "test", "report"))
+    add_stage_arg(parser)
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "icssl_fig3")
     parser.add_argument("--features", type=Path, default=REPO / "data" / "features_standin.pt")
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 300, 1000, 3000],
@@ -201,7 +203,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_job_args(parser)
     add_convergence_args(parser)
     add_report_args(parser)
-    args = parser.parse_args(argv)
+    args = parse_driver_args(parser, argv, __file__)
     args.out, args.features = args.out.resolve(), args.features.resolve()
     check_out(parser, args)
     if min(args.sizes) < 1:
@@ -215,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.stage == "report":
         sys.exit(report(args))
     args.input_dim = feature_dim(args.features)
-    run_stage(args, fit_jobs, test_jobs)
+    drive(args, fit_jobs, test_jobs, report, parse_args)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,9 @@ from runner import (
     markdown_table,
     mean_sd,
     overlay_argv,
-    run_stage,
+    add_stage_arg,
+    drive,
+    parse_driver_args,
 )
 from tidy import RunRecord, add_report_args, check_out, grid_records
 
@@ -478,7 +480,7 @@ def report(args: argparse.Namespace) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("stage", choices=("fit", "test", "report"))
+    add_stage_arg(parser)
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "icssl_tables")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=300, help="training steps of each E2E model")
@@ -493,7 +495,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_job_args(parser)
     add_convergence_args(parser)
     add_report_args(parser)
-    args = parser.parse_args(argv)
+    args = parse_driver_args(parser, argv, __file__)
     args.out = args.out.resolve()
     check_out(parser, args)
     if args.eig_steps is None:
@@ -503,11 +505,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    if args.stage == "report":
-        print(report(args))
-        return
-    run_stage(args, fit_jobs, test_jobs)
+    drive(parse_args(argv), fit_jobs, test_jobs, report, parse_args)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,9 @@ from runner import (
     logger_args,
     markdown_table,
     mean_sd,
-    run_stage,
+    add_stage_arg,
+    drive,
+    parse_driver_args,
 )
 from tidy import add_report_args, check_out, grid_records, load
 
@@ -111,7 +113,7 @@ def report(args: argparse.Namespace) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("stage", choices=("fit", "test", "report"))
+    add_stage_arg(parser)
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "icssl_swiss_roll")
     parser.add_argument("--tables-out", type=Path, default=REPO / "runs" / "icssl_converged",
                         help="the converged Tables 2-4 run holding the two reference models (its run folder or "
@@ -124,18 +126,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--test-episodes", type=int, default=512)
     add_job_args(parser)
     add_report_args(parser)
-    args = parser.parse_args(argv)
+    args = parse_driver_args(parser, argv, __file__)
     args.out, args.tables_out = args.out.resolve(), args.tables_out.resolve()
     check_out(parser, args)
     return args
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    if args.stage == "report":
-        print(report(args))
-        return
-    run_stage(args, fit_jobs, test_jobs)
+    drive(parse_args(argv), fit_jobs, test_jobs, report, parse_args)
 
 
 if __name__ == "__main__":

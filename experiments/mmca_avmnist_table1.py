@@ -43,7 +43,9 @@ from runner import (
     markdown_table,
     mean_sd,
     overlay_argv,
-    run_stage,
+    add_stage_arg,
+    drive,
+    parse_driver_args,
 )
 from tidy import RunRecord, add_report_args, check_out, grid_records
 
@@ -244,7 +246,7 @@ def ordering(found: dict[str, dict[int, dict]]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("stage", choices=("fit", "test", "report"))
+    add_stage_arg(parser)
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "mmca_avmnist_table1")
     parser.add_argument("--root", type=Path, default=None,
                         help="the data folder (default: the config's, the offline stand-in data/avmnist_lite)")
@@ -266,7 +268,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "a file with `trainer: {deterministic: warn}` for a GPU")
     add_job_args(parser)
     add_report_args(parser)
-    args = parser.parse_args(argv)
+    args = parse_driver_args(parser, argv, __file__)
     if args.min_epochs is not None and not 1 <= args.min_epochs <= args.max_epochs:
         parser.error(f"--min-epochs {args.min_epochs} must lie in [1, --max-epochs {args.max_epochs}]")
     args.out = args.out.resolve()
@@ -275,11 +277,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    if args.stage == "report":
-        print(report(args))
-        return
-    run_stage(args, fit_jobs, test_jobs)
+    drive(parse_args(argv), fit_jobs, test_jobs, report, parse_args)
 
 
 if __name__ == "__main__":

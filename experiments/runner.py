@@ -5,6 +5,13 @@ whose ``last.ckpt`` exists resumes from it (``--ckpt_path last``), so a grid of 
 and restarted. Every command line is written at the top of the job's log, so any single number can be re-run by
 hand. ``fit`` jobs run as subprocesses; ``test`` jobs run in forked workers that imported Lightning once.
 
+Executors: a driver's ``--executor local`` (the default) runs its jobs here, ``--jobs`` at a time; ``--executor
+slurm`` hands the same jobs to SLURM through submitit, one job array per stage (``experiments/cluster.py``). Either
+way each job writes ``job.json`` (what it runs) and ``job_state.json`` (executor, SLURM job id, node, state, exit
+code, log) into its run folder, and the grid's own command line goes to ``<out>/grid.json``, so a driver's
+``report`` can say which jobs failed or are missing and give the command that reruns them. Stage ``all`` runs
+``fit``, then ``test``, then prints the report.
+
 The ``done`` marker records the job's wall-clock and CPU seconds and the commit of the code that ran it, and this
 file is also a small command over finished grids:
 
@@ -20,6 +27,7 @@ the config values that vary, steps, CPU seconds and commit; no checkpoints, logs
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import resource
@@ -29,9 +37,9 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,6 +57,58 @@ class Job:
     @property
     def done(self) -> bool:
         return (self.folder / "done").is_file()
+
+    @property
+    def stage(self) -> str:
+        return self.argv[0]
+
+    def write_spec(self, threads: int) -> Path:
+        """``job.json`` in the run folder: the job itself, which ``runner.py run-job FOLDER`` runs on any host."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        spec = {**asdict(self), "folder": str(self.folder), "after": [str(f) for f in self.after], "threads": threads}
+        (self.folder / "job.json").write_text(json.dumps(spec, indent=1) + "\n")
+        return self.folder / "job.json"
+
+    @classmethod
+    def read_spec(cls, folder: Path) -> tuple[Job, int]:
+        """The job ``write_spec`` wrote into ``folder``, and its torch threads."""
+        spec = json.loads((folder / "job.json").read_text())
+        job = cls(spec["name"], spec["argv"], Path(spec["folder"]), [Path(f) for f in spec["after"]])
+        return job, spec["threads"]
+
+
+#: What ``job_state.json`` says of a job: handed to an executor, running, finished (``done``) or failed.
+JOB_STATES = ("submitted", "running", "done", "failed")
+
+
+def write_state(folder: Path, state: str, **fields: object) -> None:
+    """Record a job's state in ``folder/job_state.json``, keeping what earlier states recorded (its SLURM id, the
+    node, the logs) unless ``fields`` replace it; written whole, then renamed, so a reader never sees half a file."""
+    assert state in JOB_STATES, state
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {**read_state(folder), **fields, "state": state, "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    tmp = folder / "job_state.json.tmp"
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    tmp.replace(folder / "job_state.json")
+
+
+def read_state(folder: Path) -> dict:
+    """``job_state.json`` of a run folder, or ``{}`` (a job that was never run by this runner)."""
+    try:
+        return json.loads((folder / "job_state.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def slurm_fields() -> dict[str, object]:
+    """Where this process runs, as SLURM tells it (empty outside a SLURM job): the job id as ``squeue`` shows it
+    (``<array job>_<task>`` for an array task), the node and how often SLURM has requeued the job."""
+    env = os.environ
+    if "SLURM_JOB_ID" not in env:
+        return {}
+    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    return {"executor": "slurm", "job_id": f"{array}_{task}" if array and task else env["SLURM_JOB_ID"],
+            "node": env.get("SLURMD_NODENAME"), "restarts": int(env.get("SLURM_RESTART_COUNT", "0"))}
 
 
 def logger_args(out: Path, name: str, version: str) -> list[str]:
@@ -70,12 +130,42 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
+STAGES = ("fit", "test", "all", "report")
+
+
+def add_stage_arg(parser: argparse.ArgumentParser) -> None:
+    """The driver's stage: ``fit``, ``test``, ``all`` (fit, then test, then the report) or ``report``."""
+    parser.add_argument("stage", choices=STAGES,
+                        help="fit: train the grid; test: test what it trained; all: fit, test and report in one "
+                             "go (on SLURM the test array waits for the fit array); report: the tables")
+
+
 def add_job_args(parser: argparse.ArgumentParser) -> None:
-    """The options every driver shares for running its jobs: how many at a time, threads, a filter, dry run."""
-    parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    """The options every driver shares for running its jobs: where (the executor), how many at a time, threads, a
+    filter, dry run; ``--executor slurm`` adds the SLURM options of ``experiments/cluster.py``."""
+    from cluster import add_slurm_args
+
+    parser.add_argument("--executor", choices=("local", "slurm"), default="local",
+                        help="local: run the jobs here, --jobs at a time; slurm: submit each stage as a SLURM job "
+                             "array through submitit (pip install -e '.[cluster]'), --jobs of them at a time")
+    parser.add_argument("--jobs", type=_positive_int, default=2, help="runs at a time (on SLURM: per job array)")
+    parser.add_argument("--threads", type=_positive_int, default=1, help="torch threads per run")
     parser.add_argument("--only", nargs="+", default=[""], help="only jobs whose name contains one of these")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    add_slurm_args(parser)
+
+
+def parse_driver_args(parser: argparse.ArgumentParser, argv: list[str] | None, script: str) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, keeping the command line (``args.script``, ``args.argv``: what ``report`` gives
+    as the command that reruns a grid's unfinished jobs) and refusing an executor that cannot run here."""
+    from cluster import check_slurm_args
+
+    args = parser.parse_args(argv)
+    args.script = Path(script).resolve()
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    if args.executor == "slurm":
+        check_slurm_args(parser, args)
+    return args
 
 
 def add_convergence_args(parser: argparse.ArgumentParser, patience: int | None = None) -> None:
@@ -162,10 +252,120 @@ def logged_scalars(run: Path, tags: Iterable[str]) -> dict[str, dict[int, float]
 
 
 def run_stage(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace], list[Job]],
-              test_jobs: Callable[[argparse.Namespace], list[Job]]) -> NoReturn:
-    """Run a driver's ``fit`` or ``test`` stage (``args.stage``) and exit 1 if any job failed."""
-    jobs = fit_jobs(args) if args.stage == "fit" else test_jobs(args)
-    sys.exit(1 if run_all(select(jobs, args.only), args) else 0)
+              test_jobs: Callable[[argparse.Namespace], list[Job]],
+              report: Callable[[argparse.Namespace], str] | None = None) -> NoReturn:
+    """Run a driver's ``fit``, ``test`` or ``all`` stage (``args.stage``) on its executor and exit 1 if any job
+    failed or is missing. ``all`` runs the fits, then the tests (built once the fits have finished, since a test
+    may read its fit's checkpoints), then prints ``report(args)``."""
+    if args.executor == "slurm":
+        from cluster import run_stage_on_slurm
+
+        sys.exit(run_stage_on_slurm(args, fit_jobs, test_jobs, report))
+    if not args.dry_run:
+        record_grid(args)
+    failed = 0
+    if args.stage in ("fit", "all"):
+        failed += run_all(select(fit_jobs(args), args.only), args, "fit")
+    if args.stage in ("test", "all"):
+        failed += run_all(select(test_jobs(args), args.only), args, "test")
+    if args.stage == "all" and not args.dry_run:
+        failed = finish_all(args, fit_jobs, test_jobs, report)
+    sys.exit(1 if failed else 0)
+
+
+def drive(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace], list[Job]],
+          test_jobs: Callable[[argparse.Namespace], list[Job]], report: Callable[[argparse.Namespace], Any],
+          parse_args: Callable[[list[str]], argparse.Namespace]) -> None:
+    """A driver's ``main``: ``report`` prints the tables (and, on stderr, the jobs of the grid that did not finish,
+    with the command that reruns them); ``fit``, ``test`` and ``all`` run on the chosen executor."""
+    if args.stage != "report":
+        run_stage(args, fit_jobs, test_jobs, report)
+    _print_report(report(args))
+    if args.out.is_dir() and (args.out / "grid.json").is_file():
+        ran = parse_args([*json.loads((args.out / "grid.json").read_text())["argv"], "--executor", "local"])
+        ran.out = args.out  # the grid as it was run, wherever its folder is now
+        lines = unfinished(select(fit_jobs(ran), ran.only) + select(test_jobs(ran), ran.only), ran)
+        if lines:
+            print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def _print_report(text: Any) -> None:
+    """A report function returns its tables, or prints them itself and returns ``None``/an exit code."""
+    if isinstance(text, str):
+        print(text, flush=True)
+
+
+def finish_all(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace], list[Job]],
+               test_jobs: Callable[[argparse.Namespace], list[Job]],
+               report: Callable[[argparse.Namespace], str] | None) -> int:
+    """After stage ``all``: the report on stdout, the jobs that did not finish on stderr; their number."""
+    jobs = select(fit_jobs(args), args.only) + select(test_jobs(args), args.only)
+    if report is not None:
+        _print_report(report(args))
+    lines = unfinished(jobs, args)
+    if lines:
+        print("\n".join(lines), file=sys.stderr, flush=True)
+    return sum(not job.done for job in jobs)
+
+
+def record_grid(args: argparse.Namespace) -> None:
+    """``<out>/grid.json``: the driver command that runs this grid, which ``report`` gives to rerun what is
+    missing (finished jobs are skipped, interrupted fits resume)."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "grid.json").write_text(json.dumps({"cwd": os.getcwd(), "script": str(args.script),
+                                                    "argv": args.argv}, indent=1) + "\n")
+
+
+def rerun_command(out: Path) -> str | None:
+    """The command ``record_grid`` kept for the grid under ``out``, with stage ``all``, as one shell line."""
+    try:
+        grid = json.loads((out / "grid.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    argv = list(grid["argv"])
+    stages = [i for i, a in enumerate(argv) if a in STAGES[:3]]
+    if stages:
+        argv[stages[0]] = "all"
+    cwd, script = Path(grid["cwd"]), Path(grid["script"])
+    script = script.relative_to(cwd) if script.is_relative_to(cwd) else script
+    line = " ".join(shlex.quote(a) for a in ["python", str(script), *argv])
+    return line if cwd == Path.cwd() else f"cd {shlex.quote(str(cwd))} && {line}"
+
+
+def unfinished(jobs: list[Job], args: argparse.Namespace) -> list[str]:
+    """Lines naming each job without a ``done`` marker and why (from its ``job_state.json`` and, for a SLURM job,
+    the queue), then the command that reruns them; ``[]`` when every job finished."""
+    missing = [job for job in jobs if not job.done]
+    if not missing:
+        return []
+    from cluster import queue_states
+
+    queued = queue_states([read_state(j.folder).get("job_id") for j in missing])
+    lines = [f"{len(missing)} of {len(jobs)} jobs did not finish:"]
+    for job in missing:
+        lines.append(f"- {job.name}: {why_unfinished(job, queued)}")
+    command = rerun_command(args.out)
+    if command is not None:
+        lines.append(f"Rerun them (finished jobs are skipped, interrupted fits resume from last.ckpt): {command}")
+    return lines
+
+
+def why_unfinished(job: Job, queued: dict[str, str]) -> str:
+    """One job's reason, from its recorded state and, for a SLURM job, its state in the queue."""
+    state = read_state(job.folder)
+    log = job.folder / f"{job.stage}.log"
+    where = f"SLURM job {state['job_id']}" if state.get("job_id") else "local"
+    if not state:
+        blocked = [f for f in job.after if not (f / "done").is_file()]
+        return f"not run (its fit {blocked[0]} has not finished)" if blocked else "not run"
+    if state["state"] == "failed":
+        return f"failed with exit code {state.get('rc')} ({where}); see {log}"
+    if state.get("job_id") in queued:
+        return f"{queued[state['job_id']].lower()} ({where})"
+    if state["state"] == "submitted":
+        return f"submitted but never started ({where}: cancelled, or its dependency failed)"
+    return (f"started but did not finish ({where}; killed, timed out, preempted or its node was lost); the last "
+            f"lines are in {log}")
 
 
 def select(jobs: list[Job], only: list[str]) -> list[Job]:
@@ -208,8 +408,10 @@ def run_job(job: Job, threads: int, dry: bool) -> tuple[Job, int, float]:
         return job, 0, 0.0
     job.folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    log_path = job.folder / f"{job.stage}.log"
+    write_state(job.folder, "running", **{"executor": "local", "job_id": None, **slurm_fields(), "log": str(log_path)})
     start = time.perf_counter()
-    with open(job.folder / f"{job.argv[0]}.log", "a") as log:
+    with open(log_path, "a") as log:
         log.write(f"$ {line}\n")
         log.flush()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
@@ -220,6 +422,7 @@ def run_job(job: Job, threads: int, dry: bool) -> tuple[Job, int, float]:
     wall = time.perf_counter() - start
     if rc == 0:
         write_done(job.folder, wall, usage.ru_utime + usage.ru_stime, code_commit())
+    write_state(job.folder, "done" if rc == 0 else "failed", rc=rc)
     return job, rc, wall
 
 
@@ -234,9 +437,11 @@ def run_job_in_process(job: Job, threads: int) -> tuple[Job, int, float]:
 
     torch.set_num_threads(threads)
     job.folder.mkdir(parents=True, exist_ok=True)
+    log_path = job.folder / f"{job.stage}.log"
+    write_state(job.folder, "running", executor="local", job_id=None, log=str(log_path))
     start = time.perf_counter()
     before = resource.getrusage(resource.RUSAGE_SELF)  # this worker runs one job at a time
-    with open(job.folder / f"{job.argv[0]}.log", "a") as log, contextlib.redirect_stdout(log), \
+    with open(log_path, "a") as log, contextlib.redirect_stdout(log), \
             contextlib.redirect_stderr(log):
         print("$ python -m lit_icl " + " ".join(shlex.quote(c) for c in job.argv), flush=True)
         import logging
@@ -256,6 +461,7 @@ def run_job_in_process(job: Job, threads: int) -> tuple[Job, int, float]:
     if rc == 0:
         write_done(job.folder, wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
                    code_commit())
+    write_state(job.folder, "done" if rc == 0 else "failed", rc=rc)
     return job, rc, wall
 
 
@@ -263,16 +469,23 @@ def _in_process_star(item: tuple[Job, int]) -> tuple[Job, int, float]:
     return run_job_in_process(*item)
 
 
-def run_all(jobs: list[Job], args: argparse.Namespace) -> int:
+def runnable(jobs: list[Job], executor: str) -> list[Job]:
+    """The jobs not yet done whose fits have finished, saying how many there are and which wait on others."""
     todo = [j for j in jobs if not j.done]
     blocked = [j for j in todo if not all((f / "done").is_file() for f in j.after)]
-    print(f"{len(jobs)} jobs, {len(jobs) - len(todo)} done, {len(todo) - len(blocked)} to run with {args.jobs} "
-          "at a time", flush=True)
+    print(f"{len(jobs)} jobs, {len(jobs) - len(todo)} done, {len(todo) - len(blocked)} to run ({executor})",
+          flush=True)
     if blocked:
-        print(f"{len(blocked)} wait for runs that have not finished (run `fit` first), e.g. {blocked[0].name}")
-        todo = [j for j in todo if j not in blocked]
+        print(f"{len(blocked)} wait for runs that have not finished (run `fit` first), e.g. {blocked[0].name}",
+              flush=True)
+    return [j for j in todo if j not in blocked]
+
+
+def run_all(jobs: list[Job], args: argparse.Namespace, stage: str) -> int:
+    """Run the jobs of one stage here, ``args.jobs`` at a time; the number that failed."""
+    todo = runnable(jobs, f"{args.jobs} at a time")
     failed = 0
-    if args.stage == "test" and not args.dry_run and todo:
+    if stage == "test" and not args.dry_run and todo:
         import multiprocessing
 
         import lit_icl.cli  # noqa: F401 - imported once here, inherited by the forked workers
@@ -292,6 +505,25 @@ def run_all(jobs: list[Job], args: argparse.Namespace) -> int:
                 print(f"{time.strftime('%H:%M:%S')} {job.name}: {status}, {secs:.0f} s", flush=True)
             failed += rc != 0
     return failed
+
+
+def run_job_from_spec(folder: Path) -> int:
+    """Run the job in ``folder/job.json`` (a SLURM task's work) unless it is done; its exit code.
+
+    A fit that SLURM requeued, or that a resubmitted grid runs again, finds its ``last.ckpt`` and resumes from it.
+    A job whose fit has not finished exits 3 at once, naming it.
+    """
+    job, threads = Job.read_spec(folder)
+    if job.done:
+        print(f"{job.name}: already done", flush=True)
+        return 0
+    blocked = [f for f in job.after if not (f / "done").is_file()]
+    if blocked:
+        write_state(job.folder, "failed", rc=3, **slurm_fields())
+        print(f"{job.name}: its fit {blocked[0]} has not finished; rerun the grid once it has", file=sys.stderr)
+        return 3
+    _, rc, _ = run_job(job, threads, dry=False)
+    return rc
 
 
 def cost(sources: list[Path]) -> str:
@@ -321,10 +553,14 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     c = sub.add_parser("cost", help="wall-clock and CPU hours of the finished jobs of each grid (folder or CSV)")
     c.add_argument("sources", type=Path, nargs="+")
+    r = sub.add_parser("run-job", help="run the job a driver wrote into FOLDER/job.json (what a SLURM task runs)")
+    r.add_argument("folder", type=Path)
     t = sub.add_parser("tidy", help="write the finished runs under SOURCE as one tidy CSV (see experiments/tidy.py)")
     t.add_argument("source", type=Path)
     t.add_argument("dest", type=Path)
     args = parser.parse_args(argv)
+    if args.command == "run-job":
+        sys.exit(run_job_from_spec(args.folder))
     if args.command == "cost":
         missing = [str(p) for p in args.sources if not (p.is_dir() or (p.suffix == ".csv" and p.is_file()))]
         if missing:

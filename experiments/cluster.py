@@ -1,0 +1,224 @@
+"""The SLURM executor of the experiment drivers: a grid's stages as SLURM job arrays, submitted through submitit.
+
+    python experiments/mmca_avmnist_table1.py all --executor slurm --partition gpu --gpus-per-job 1 --jobs 8 \\
+        --time-min 240 --overlay my_gpu_trainer.yaml --out runs/table1
+
+Each stage of a driver (``fit``, ``test``) becomes one job array: task ``i`` runs ``python experiments/runner.py
+run-job FOLDER`` on the job the driver wrote into ``FOLDER/job.json``, exactly what ``--executor local`` runs (same
+command line, threads, ``done`` marker, resume from ``last.ckpt``). ``--jobs`` caps how many tasks of an array run
+at once (``--array=0-N%jobs``); ``--gpus-per-job``, ``--cpus-per-job``, ``--mem-gb``, ``--time-min`` and
+``--partition`` size each task, and ``--sbatch KEY=VALUE`` passes any other ``sbatch`` option
+(``account=...``, ``qos=...``, ``constraint=a100``).
+
+Stage ``all`` submits the fit array, then a one-CPU *stage job* that depends on it (``--dependency=afterany``, not
+polling): once every fit has ended, that job builds the test jobs (a test may read its fit's checkpoints, so they
+are built after the fits) and submits the test array. The driver waits until no job of the grid is left in the
+queue (``--no-wait``: it returns after submitting), then prints the report, and names any job that did not finish
+with the command that reruns it. Every job is submitted with ``--requeue``: a task that SLURM requeues (node
+failure, preemption, ``scontrol requeue``) runs again and resumes from its last checkpoint; so does a grid
+resubmitted after a time limit or a ``scancel``, which skips every job that is ``done``.
+
+submitit keeps its batch scripts, pickles and logs under ``<out>/slurm/<job id>/``; each job's own log is in its run
+folder (``fit.log``, ``test.log``), with ``job_state.json`` (SLURM job id, node, requeues, state, exit code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+#: The job state ``squeue`` gives to a job that is still in the queue, by its ``%T`` name.
+QUEUE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
+                "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "PREEMPTED")
+
+
+def add_slurm_args(parser: argparse.ArgumentParser) -> None:
+    """The options of ``--executor slurm`` (ignored by ``--executor local``)."""
+    group = parser.add_argument_group("SLURM (--executor slurm)")
+    group.add_argument("--partition", default=None, help="the partition of every job (default: the cluster's)")
+    group.add_argument("--gpus-per-job", type=int, default=0, help="GPUs of each job (with an overlay that trains "
+                       "on the GPU, e.g. `trainer: {accelerator: gpu, devices: 1}`)")
+    group.add_argument("--cpus-per-job", type=int, default=None, help="CPUs of each job (default: --threads)")
+    group.add_argument("--mem-gb", type=float, default=None, help="memory of each job in GB (default: the cluster's)")
+    group.add_argument("--time-min", type=int, default=240,
+                       help="time limit of each job in minutes; a fit cut by it resumes when the grid is resubmitted")
+    group.add_argument("--sbatch", nargs="+", default=[], metavar="KEY=VALUE",
+                       help="more sbatch options for every job, e.g. account=myproject qos=high constraint=a100 "
+                            "(a KEY alone is a flag, e.g. exclusive)")
+    group.add_argument("--no-wait", action="store_true",
+                       help="return once the grid is submitted instead of waiting for it and printing the report")
+    group.add_argument("--poll-s", type=float, default=10.0, help=argparse.SUPPRESS)  # the wait's squeue interval
+    # Set on the stage job that stage `all` submits after the fits: it submits the tests.
+    group.add_argument("--from-stage", choices=("fit", "test"), default="fit", help=argparse.SUPPRESS)
+
+
+def check_slurm_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, in one line, a SLURM run that cannot start: no submitit, no ``sbatch``, or bad sizes."""
+    try:
+        import submitit  # noqa: F401
+    except ImportError:
+        parser.error("--executor slurm needs submitit: pip install -e '.[cluster]'")
+    if shutil.which("sbatch") is None or shutil.which("squeue") is None:
+        parser.error("--executor slurm needs SLURM's sbatch and squeue on PATH (on a machine without a cluster, "
+                     "scripts/slurm_local.sh start runs one); or use --executor local")
+    for name in ("gpus_per_job", "cpus_per_job", "time_min", "mem_gb"):
+        value = getattr(args, name)
+        if value is not None and value < (0 if name == "gpus_per_job" else 1e-9):
+            parser.error(f"--{name.replace('_', '-')} {value} must be positive")
+    for item in args.sbatch:
+        if not item.split("=", 1)[0].strip() or item.startswith("-"):
+            parser.error(f"--sbatch {item!r}: give each option as KEY=VALUE without dashes, e.g. account=myproject")
+    if args.stage == "report":
+        return
+    args.sbatch_options = {key.strip(): (value if sep else True)
+                           for key, sep, value in (item.partition("=") for item in args.sbatch)}
+
+
+def grid_name(args: argparse.Namespace) -> str:
+    """The SLURM job name of every job of a grid: the driver and a hash of its ``--out``, so ``squeue --name``
+    finds exactly this grid's jobs and two grids of one driver never wait on each other."""
+    digest = hashlib.sha1(str(args.out).encode()).hexdigest()[:8]
+    return f"lit_icl.{args.script.stem}.{digest}"
+
+
+def executor(args: argparse.Namespace, *, stage_job: bool = False, dependency: str | None = None) -> Any:
+    """A submitit SLURM executor sized by the driver's options (``stage_job``: one CPU for ten minutes, the job
+    that submits the test array)."""
+    import submitit
+
+    folder = args.out / "slurm" / "%j"
+    ex = submitit.SlurmExecutor(folder=folder)
+    extra: dict[str, Any] = {"requeue": True, **({} if stage_job else args.sbatch_options)}
+    if dependency is not None:
+        extra["dependency"] = dependency
+    params: dict[str, Any] = {
+        "job_name": grid_name(args),
+        "time": 10 if stage_job else args.time_min,
+        "cpus_per_task": 1 if stage_job else (args.cpus_per_job or args.threads),
+        "array_parallelism": args.jobs,
+        "additional_parameters": extra,
+        "stderr_to_stdout": True,
+    }
+    if args.partition:
+        params["partition"] = args.partition
+    if args.gpus_per_job and not stage_job:
+        params["gpus_per_node"] = args.gpus_per_job
+    if args.mem_gb and not stage_job:
+        params["mem"] = f"{int(args.mem_gb * 1024)}MB"
+    ex.update_parameters(**params)
+    return ex
+
+
+def submit_array(args: argparse.Namespace, jobs: Sequence[Any]) -> str | None:
+    """Submit ``jobs`` (runner ``Job``s) as one SLURM job array; the array's job id, or ``None`` if none."""
+    import submitit
+    from runner import REPO, write_state
+
+    if not jobs:
+        return None
+    for job in jobs:
+        job.write_spec(args.threads)
+    task = submitit.helpers.CommandFunction([sys.executable, str(REPO / "experiments" / "runner.py"), "run-job"],
+                                            cwd=REPO)
+    submitted = executor(args).map_array(task, [str(job.folder) for job in jobs])
+    for job, handle in zip(jobs, submitted):
+        write_state(job.folder, "submitted", executor="slurm", job_id=handle.job_id, rc=None,
+                    slurm_log=str(handle.paths.stdout), log=str(job.folder / f"{job.stage}.log"))
+    array = submitted[0].job_id.split("_")[0]
+    print(f"submitted {len(jobs)} {jobs[0].stage} jobs as SLURM array {array} ({grid_name(args)}, "
+          f"{args.jobs} at a time)", flush=True)
+    return array
+
+
+def submit_tests_after(args: argparse.Namespace, fit_array: str) -> str:
+    """The stage job of ``all``: once every task of ``fit_array`` has ended, it runs this driver again with
+    ``--from-stage test --no-wait``, which builds the test jobs and submits them."""
+    import submitit
+    from runner import REPO
+
+    command = [sys.executable, str(args.script), *args.argv, "--from-stage", "test", "--no-wait"]
+    ex = executor(args, stage_job=True, dependency=f"afterany:{fit_array}")
+    job = ex.submit(submitit.helpers.CommandFunction(command, cwd=REPO))
+    print(f"submitted the test stage as SLURM job {job.job_id}, after array {fit_array}", flush=True)
+    return job.job_id
+
+
+def queue_states(job_ids: Sequence[str | None] = (), name: str | None = None) -> dict[str, str]:
+    """``{job id: state}`` of the jobs still in SLURM's queue, one entry per array task (``123_4``), for the
+    given ids or job name; ``{}`` where SLURM is not installed."""
+    if shutil.which("squeue") is None:
+        return {}
+    command = ["squeue", "--noheader", "--array", "--format=%i %T"]
+    ids = sorted({str(i).split("_")[0] for i in job_ids if i})
+    if name is not None:
+        command.append(f"--name={name}")
+    elif ids:
+        command.append(f"--jobs={','.join(ids)}")
+    else:
+        return {}
+    found = subprocess.run(command, capture_output=True, text=True)
+    if found.returncode != 0:  # e.g. ids that the controller has already forgotten
+        return {}
+    states = {}
+    for line in found.stdout.splitlines():
+        job_id, _, state = line.strip().partition(" ")
+        if state in QUEUE_STATES:
+            states[job_id] = state
+    return states
+
+
+def wait_for_grid(args: argparse.Namespace) -> None:
+    """Wait until no job of the grid is left in the queue, printing how many are pending and running as that
+    changes."""
+    last = None
+    while True:
+        states = queue_states(name=grid_name(args))
+        if not states:
+            return
+        summary = ", ".join(f"{sum(s == k for s in states.values())} {k.lower()}"
+                            for k in sorted(set(states.values())))
+        if summary != last:
+            print(f"{time.strftime('%H:%M:%S')} waiting for {len(states)} SLURM jobs: {summary}", flush=True)
+            last = summary
+        time.sleep(args.poll_s)
+
+
+def run_stage_on_slurm(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace], list],
+                       test_jobs: Callable[[argparse.Namespace], list],
+                       report: Callable[[argparse.Namespace], str] | None) -> int:
+    """``--executor slurm``: submit the stage's jobs that are not done (a dry run prints them), wait for them
+    unless ``--no-wait``, and return the number of the driver's jobs that did not finish (0 when not waiting)."""
+    from runner import finish_all, record_grid, runnable, select, unfinished
+
+    if args.dry_run:
+        for stage, build in (("fit", fit_jobs), ("test", test_jobs)):
+            if args.stage in (stage, "all"):
+                for job in runnable(select(build(args), args.only), "dry run, SLURM"):
+                    print(f"{grid_name(args)} {stage}: python -m lit_icl {' '.join(job.argv)}")
+        return 0
+    if args.from_stage == "fit":
+        record_grid(args)
+    fit_array = None
+    if args.stage in ("fit", "all") and args.from_stage == "fit":
+        fit_array = submit_array(args, runnable(select(fit_jobs(args), args.only), "SLURM"))
+    if args.stage == "test" or (args.stage == "all" and fit_array is None):
+        submit_array(args, runnable(select(test_jobs(args), args.only), "SLURM"))
+    elif args.stage == "all":
+        submit_tests_after(args, fit_array)
+    if args.no_wait:
+        return 0
+    wait_for_grid(args)
+    if args.stage == "all":
+        return finish_all(args, fit_jobs, test_jobs, report)
+    jobs = select((fit_jobs if args.stage == "fit" else test_jobs)(args), args.only)
+    lines = unfinished(jobs, args)
+    if lines:
+        print("\n".join(lines), file=sys.stderr, flush=True)
+    return sum(not job.done for job in jobs)
