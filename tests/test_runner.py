@@ -115,3 +115,129 @@ def test_best_checkpoint_is_the_highest_step_by_number_not_by_name(runner, tmp_p
     for name in ("best-epoch=72-step=15914.ckpt", "best-epoch=259-step=56680.ckpt"):
         (ckpts / name).touch()
     assert runner.best_checkpoint(tmp_path).name == "best-epoch=259-step=56680.ckpt"
+
+
+def _driver_parser(runner):
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="driver")
+    runner.add_stage_arg(parser)
+    parser.add_argument("--out", type=Path)
+    runner.add_job_args(parser)
+    return parser
+
+
+def _grid(runner, out: Path):
+    """A two-job grid of real ``python -m lit_icl`` calls (``--help``: a real process, seconds long)."""
+    fit = runner.Job("fit a s0", ["fit", "--help"], out / "a" / "s0")
+    test = runner.Job("test a s0", ["test", "--help"], out / "a" / "s0_test", after=[fit.folder])
+    return (lambda args: [fit]), (lambda args: [test] if fit.done else [])
+
+
+def test_stage_all_fits_then_tests_then_reports_and_records_each_jobs_state(runner, tmp_path, capsys) -> None:
+    parser = _driver_parser(runner)
+    argv = ["all", "--out", str(tmp_path / "grid"), "--jobs", "1"]
+    args = runner.parse_driver_args(parser, argv, "experiments/driver.py")
+    args.out = args.out.resolve()
+    fits, tests = _grid(runner, args.out)
+    with pytest.raises(SystemExit) as stop:
+        runner.drive(args, fits, tests, lambda a: "THE REPORT", lambda argv: runner.parse_driver_args(
+            parser, argv, "experiments/driver.py"))
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    # The tests were built after the fit had finished (a test may read its fit's checkpoints), then the report.
+    assert out.index("fit a s0: ok") < out.index("test a s0: ok") < out.index("THE REPORT")
+    for folder in (args.out / "a" / "s0", args.out / "a" / "s0_test"):
+        state = runner.read_state(folder)
+        assert state["state"] == "done" and state["rc"] == 0 and state["executor"] == "local"
+        assert (folder / "done").is_file()
+    assert json.loads((args.out / "grid.json").read_text())["argv"] == argv
+
+
+def test_report_names_each_unfinished_job_with_its_reason_and_the_command_that_reruns_the_grid(runner, tmp_path) -> None:
+    import argparse
+
+    out = tmp_path / "grid"
+    jobs = [runner.Job(f"fit {n}", ["fit"], out / n) for n in ("done", "failed", "killed", "cancelled", "never")]
+    test = runner.Job("test never", ["test"], out / "never_test", after=[out / "never"])
+    jobs[0].folder.mkdir(parents=True)
+    runner.write_done(jobs[0].folder, 1.0, 1.0)
+    runner.write_state(jobs[1].folder, "running", executor="local", job_id=None)
+    runner.write_state(jobs[1].folder, "failed", rc=1)
+    runner.write_state(jobs[2].folder, "running", executor="slurm", job_id="41_2")  # SIGKILL: no exit recorded
+    runner.write_state(jobs[3].folder, "submitted", executor="slurm", job_id="42_0")
+    args = argparse.Namespace(out=out, script=Path("experiments/driver.py").resolve(),
+                              argv=["fit", "--seeds", "0", "1", "--executor", "slurm"])
+    runner.record_grid(args)
+    lines = runner.unfinished([*jobs, test], args)
+    assert lines[0] == "5 of 6 jobs did not finish:"
+    assert f"- fit failed: failed with exit code 1 (local); see {out / 'failed' / 'fit.log'}" in lines
+    assert any(line.startswith("- fit killed: started but did not finish (SLURM job 41_2;") for line in lines)
+    assert any(line.startswith("- fit cancelled: submitted but never started (SLURM job 42_0") for line in lines)
+    assert "- fit never: not run" in lines
+    assert f"- test never: not run (its fit {out / 'never'} has not finished)" in lines
+    # The grid's own command with stage `all`: finished jobs are skipped, interrupted fits resume.
+    assert lines[-1].endswith("python experiments/driver.py all --seeds 0 1 --executor slurm")
+    assert runner.unfinished(jobs[:1], args) == []
+
+
+def test_a_slurm_task_runs_the_job_its_folder_holds_and_refuses_one_whose_fit_has_not_finished(runner, tmp_path, capsys) -> None:
+    fit = runner.Job("fit a", ["fit", "--help"], tmp_path / "a")
+    test = runner.Job("test a", ["test", "--help"], tmp_path / "a_test", after=[fit.folder])
+    test.write_spec(threads=3)
+    assert runner.Job.read_spec(test.folder) == (test, 3)
+    with pytest.raises(SystemExit) as stop:
+        runner.main(["run-job", str(test.folder)])
+    assert stop.value.code == 3 and f"its fit {fit.folder} has not finished" in capsys.readouterr().err
+    assert runner.read_state(test.folder)["state"] == "failed" and not test.done
+    fit.write_spec(threads=1)
+    with pytest.raises(SystemExit) as stop:
+        runner.main(["run-job", str(fit.folder)])
+    assert stop.value.code == 0 and fit.done and runner.read_state(fit.folder)["state"] == "done"
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["--sbatch", "=x"], "--sbatch '=x': give each option as KEY=VALUE without dashes, e.g. account=myproject"),
+    (["--time-min", "0"], "--time-min 0 must be positive"),
+    (["--gpus-per-job", "-1"], "--gpus-per-job -1 must be positive"),
+])
+def test_a_slurm_grid_that_cannot_run_is_refused_in_one_line(runner, tmp_path, monkeypatch, capsys, argv, problem) -> None:
+    import shutil
+
+    monkeypatch.setattr(shutil, "which", lambda tool: f"/usr/bin/{tool}")  # as if SLURM were installed
+    monkeypatch.setitem(sys.modules, "submitit", sys.modules["runner"])  # any module: as if submitit were installed
+    parser = _driver_parser(runner)
+    with pytest.raises(SystemExit) as stop:
+        runner.parse_driver_args(parser, ["fit", "--executor", "slurm", *argv], "driver.py")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and err[-1] == f"driver: error: {problem}"
+
+
+def test_the_slurm_executor_names_what_it_needs_when_it_is_missing(runner, monkeypatch, capsys) -> None:
+    import shutil
+
+    parser = _driver_parser(runner)
+    monkeypatch.setitem(sys.modules, "submitit", None)  # `import submitit` raises ImportError
+    with pytest.raises(SystemExit) as stop:
+        runner.parse_driver_args(parser, ["fit", "--executor", "slurm"], "driver.py")
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith("--executor slurm needs submitit: pip install -e '.[cluster]'")
+    monkeypatch.setitem(sys.modules, "submitit", sys.modules["runner"])  # any module: submitit "installed"
+    monkeypatch.setattr(shutil, "which", lambda tool: None)
+    with pytest.raises(SystemExit):
+        runner.parse_driver_args(parser, ["fit", "--executor", "slurm"], "driver.py")
+    assert "scripts/slurm_local.sh start runs one" in capsys.readouterr().err
+    # The local executor needs neither.
+    assert runner.parse_driver_args(parser, ["fit"], "driver.py").executor == "local"
+
+
+def test_every_job_of_a_grid_shares_a_slurm_name_of_its_own(runner) -> None:
+    import argparse
+
+    from cluster import grid_name
+
+    def name(out: str) -> str:
+        return grid_name(argparse.Namespace(out=Path(out), script=Path("experiments/mmca_avmnist_table1.py")))
+
+    assert name("/runs/a") == name("/runs/a") != name("/runs/b")
+    assert name("/runs/a").startswith("lit_icl.mmca_avmnist_table1.")
