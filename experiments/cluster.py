@@ -61,6 +61,8 @@ def add_slurm_args(parser: argparse.ArgumentParser) -> None:
 
 def check_slurm_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse, in one line, a SLURM run that cannot start: no submitit, no ``sbatch``, or bad sizes."""
+    if args.stage == "report":  # reads the grid's folders; submits nothing
+        return
     try:
         import submitit  # noqa: F401
     except ImportError:
@@ -75,8 +77,6 @@ def check_slurm_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     for item in args.sbatch:
         if not item.split("=", 1)[0].strip() or item.startswith("-"):
             parser.error(f"--sbatch {item!r}: give each option as KEY=VALUE without dashes, e.g. account=myproject")
-    if args.stage == "report":
-        return
     args.sbatch_options = {key.strip(): (value if sep else True)
                            for key, sep, value in (item.partition("=") for item in args.sbatch)}
 
