@@ -61,8 +61,6 @@ def add_slurm_args(parser: argparse.ArgumentParser) -> None:
 
 def check_slurm_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse, in one line, a SLURM run that cannot start: no submitit, no ``sbatch``, or bad sizes."""
-    if args.stage == "report":  # reads the grid's folders; submits nothing
-        return
     try:
         import submitit  # noqa: F401
     except ImportError:

@@ -157,14 +157,14 @@ def add_job_args(parser: argparse.ArgumentParser) -> None:
 
 def parse_driver_args(parser: argparse.ArgumentParser, argv: list[str] | None, script: str) -> argparse.Namespace:
     """``parser.parse_args(argv)``, keeping the command line (``args.script``, ``args.argv``: what ``report`` gives
-    as the command that reruns a grid's unfinished jobs) and refusing an executor that cannot run here."""
+    as the command that reruns a grid's unfinished jobs). ``run_stage`` calls ``args.check_executor()`` before
+    anything runs, which refuses an executor that cannot run here (``report`` needs none)."""
     from cluster import check_slurm_args
 
     args = parser.parse_args(argv)
     args.script = Path(script).resolve()
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    if args.executor == "slurm":
-        check_slurm_args(parser, args)
+    args.check_executor = lambda: check_slurm_args(parser, args) if args.executor == "slurm" else None
     return args
 
 
@@ -257,6 +257,7 @@ def run_stage(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace],
     """Run a driver's ``fit``, ``test`` or ``all`` stage (``args.stage``) on its executor and exit 1 if any job
     failed or is missing. ``all`` runs the fits, then the tests (built once the fits have finished, since a test
     may read its fit's checkpoints), then prints ``report(args)``."""
+    args.check_executor()
     if args.executor == "slurm":
         from cluster import run_stage_on_slurm
 
@@ -282,7 +283,7 @@ def drive(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace], lis
         run_stage(args, fit_jobs, test_jobs, report)
     _print_report(report(args))
     if args.out.is_dir() and (args.out / "grid.json").is_file():
-        ran = parse_args([*json.loads((args.out / "grid.json").read_text())["argv"], "--executor", "local"])
+        ran = parse_args(json.loads((args.out / "grid.json").read_text())["argv"])
         ran.out = args.out  # the grid as it was run, wherever its folder is now
         lines = unfinished(select(fit_jobs(ran), ran.only) + select(test_jobs(ran), ran.only), ran)
         if lines:

@@ -208,7 +208,7 @@ def test_a_slurm_grid_that_cannot_run_is_refused_in_one_line(runner, tmp_path, m
     monkeypatch.setitem(sys.modules, "submitit", sys.modules["runner"])  # any module: as if submitit were installed
     parser = _driver_parser(runner)
     with pytest.raises(SystemExit) as stop:
-        runner.parse_driver_args(parser, ["fit", "--executor", "slurm", *argv], "driver.py")
+        runner.parse_driver_args(parser, ["fit", "--executor", "slurm", *argv], "driver.py").check_executor()
     err = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and err[-1] == f"driver: error: {problem}"
 
@@ -219,16 +219,17 @@ def test_the_slurm_executor_names_what_it_needs_when_it_is_missing(runner, monke
     parser = _driver_parser(runner)
     monkeypatch.setitem(sys.modules, "submitit", None)  # `import submitit` raises ImportError
     with pytest.raises(SystemExit) as stop:
-        runner.parse_driver_args(parser, ["fit", "--executor", "slurm"], "driver.py")
+        runner.parse_driver_args(parser, ["fit", "--executor", "slurm"], "driver.py").check_executor()
     assert stop.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1].endswith("--executor slurm needs submitit: pip install -e '.[cluster]'")
     monkeypatch.setitem(sys.modules, "submitit", sys.modules["runner"])  # any module: submitit "installed"
     monkeypatch.setattr(shutil, "which", lambda tool: None)
     with pytest.raises(SystemExit):
-        runner.parse_driver_args(parser, ["fit", "--executor", "slurm"], "driver.py")
+        runner.parse_driver_args(parser, ["fit", "--executor", "slurm"], "driver.py").check_executor()
     assert "scripts/slurm_local.sh start runs one" in capsys.readouterr().err
-    # The local executor needs neither.
-    assert runner.parse_driver_args(parser, ["fit"], "driver.py").executor == "local"
+    # The local executor needs neither, nor does reading a grid that ran on SLURM.
+    assert runner.parse_driver_args(parser, ["fit"], "driver.py").check_executor() is None
+    assert runner.parse_driver_args(parser, ["report", "--executor", "slurm"], "driver.py").executor == "slurm"
 
 
 def test_every_job_of_a_grid_shares_a_slurm_name_of_its_own(runner) -> None:
