@@ -3,14 +3,15 @@
 The pattern: a :class:`SeededChunks` dataset whose item ``i`` is a *chunk* of episodes generated in one vectorised
 call from a generator seeded by ``(data_seed, *stream, i)`` (each paper's ``data.py`` subclasses it); training uses
 :class:`EpochSampler` so item indices encode the epoch; the DataLoader stacks ``batch_size / chunk_size`` chunks with
-:func:`collate_chunks`. :class:`ChunkedDataModule` holds what the data modules built this way share: the check of
-their sizes against ``chunk_size``, the DDP shard of a training epoch and the loaders.
+:func:`collate_chunks`. :class:`ChunkedDataModule` holds what the data modules built this way share: the checks of
+their batch and set sizes, epoch size, seed and workers, the DDP shard of a training epoch and the loaders, so a
+paper's data module states only how to make its datasets.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -137,9 +138,34 @@ def world_and_rank(datamodule: LightningDataModule) -> tuple[int, int]:
 
 
 class ChunkedDataModule(LightningDataModule):
-    """A data module whose datasets are :class:`SeededChunks` (its ``hparams`` hold ``chunk_size``,
-    ``batch_size``, ``train_batches_per_epoch`` and ``num_workers``): the training epoch's items, sharded over DDP
-    ranks by an :class:`EpochSampler`, and the loaders that stack chunks into batches."""
+    """A data module whose datasets are :class:`SeededChunks`: the checks of the arguments every such module
+    takes, the training epoch's items (sharded over DDP ranks by an :class:`EpochSampler`) and the loaders that
+    stack chunks into batches.
+
+    Its ``hparams`` (a subclass's ``save_hyperparameters()``) hold ``batch_size``, ``eval_batch_size``,
+    ``train_batches_per_epoch``, ``data_seed``, ``num_workers`` and, where an item is a chunk of several
+    examples, ``chunk_size`` (an item is one example otherwise).
+    """
+
+    @property
+    def chunk_size(self) -> int:
+        """Examples per dataset item: ``chunk_size``, or 1 for a module whose items are single examples."""
+        return int(self.hparams.get("chunk_size", 1))
+
+    def check_loader_args(self, *set_sizes: str) -> None:
+        """One :class:`ConfigError` for the first bad shared argument: the batch sizes and the named set sizes
+        (``val_episodes``, ...) positive multiples of ``chunk_size`` (items are whole chunks), at least one
+        step per epoch, an integer ``data_seed``, no negative ``num_workers``."""
+        hp = self.hparams
+        sizes = {name: hp[name] for name in ("batch_size", "eval_batch_size", *set_sizes)}
+        if "chunk_size" in hp:
+            check_chunk_sizes(hp.chunk_size, sizes)
+        else:
+            for name, value in sizes.items():
+                check_int(name, value, minimum=1)
+        check_int("train_batches_per_epoch", hp.train_batches_per_epoch, minimum=1)
+        check_int("data_seed", hp.data_seed)
+        check_int("num_workers", hp.num_workers, minimum=0, hint="0 generates the data in the training process")
 
     def train_items(self) -> tuple[int, EpochSampler]:
         """``(items per epoch over all ranks, this rank's sampler)``: ``train_batches_per_epoch`` steps of
@@ -147,9 +173,22 @@ class ChunkedDataModule(LightningDataModule):
         the batch."""
         hp = self.hparams
         world, rank = world_and_rank(self)
-        items = hp.train_batches_per_epoch * (hp.batch_size // hp.chunk_size) * world
+        items = hp.train_batches_per_epoch * (hp.batch_size // self.chunk_size) * world
         return items, EpochSampler(items, world, rank)
 
     def loader(self, dataset: Dataset, batch_size: int, sampler: Sampler[int] | None = None) -> DataLoader:
         """:func:`chunk_loader` with this module's ``chunk_size`` and ``num_workers``."""
-        return chunk_loader(dataset, batch_size, self.hparams.chunk_size, self.hparams.num_workers, sampler)
+        return chunk_loader(dataset, batch_size, self.chunk_size, self.hparams.num_workers, sampler)
+
+    def train_loader(self, dataset: Callable[[int], Dataset]) -> DataLoader:
+        """The training loader of ``dataset(items)``, a dataset of this epoch's :meth:`train_items` items."""
+        items, sampler = self.train_items()
+        return self.loader(dataset(items), self.hparams.batch_size, sampler)
+
+    def eval_loader(self, dataset: Dataset) -> DataLoader:
+        """A validation/test loader: ``dataset`` in order, ``eval_batch_size`` examples a batch."""
+        return self.loader(dataset, self.hparams.eval_batch_size)
+
+    def set_items(self, size: str) -> int:
+        """Items of a fixed evaluation set whose size in examples is the argument ``size`` (``val_episodes``)."""
+        return self.hparams[size] // self.chunk_size

@@ -23,14 +23,13 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from lit_icl.core.data import ChunkedDataModule, SeededChunks, check_chunk_sizes
+from lit_icl.core.data import ChunkedDataModule, SeededChunks
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.validation import (
     check_fraction,
     check_int,
     check_literal,
     check_nonempty,
-    check_nonnegative,
     check_pair_ordered,
     check_positive,
     check_range,
@@ -178,7 +177,34 @@ class EpisodeChunks(SeededChunks):
         return item
 
 
-class ManifoldDataModule(ChunkedDataModule):
+class EpisodeDataModule(ChunkedDataModule):
+    """What the IC-SSL data modules share beyond :class:`~lit_icl.core.data.ChunkedDataModule`: episodes of
+    ``n_points`` points, the range of training label counts, the evaluation label ratios (held here alone: the
+    module reads them) and the labeled subset, as :class:`~lit_icl.icssl.contracts.ICSSLDataModule` lists them.
+
+    A subclass's ``hparams`` hold ``train_label_ratio``, ``eval_label_ratios`` and ``labeled_subset``; its
+    constructor calls :meth:`init_episodes` once its episode size is known. By default it has one test set and
+    fresh training episodes every epoch.
+    """
+
+    #: Names of separate test sets (one test dataloader each); ``None``: one test set.
+    test_set_names: list[str] | None = None
+    #: Size of a fixed pool of training episodes (Sec. 4.2's "dataset size"); ``None``: fresh every epoch.
+    train_episodes: int | None = None
+
+    def init_episodes(self, n_points: int) -> None:
+        """Check the label arguments against episodes of ``n_points`` (one ConfigError each) and keep them."""
+        hp = self.hparams
+        lo, hi = check_pair_ordered("train_label_ratio", hp.train_label_ratio)
+        check_label_ratios([lo, hi], n_points)
+        self.eval_label_ratios = check_eval_label_ratios(hp.eval_label_ratios, n_points)
+        self.labeled_subset = check_literal("labeled_subset", hp.labeled_subset, LabeledSubset)
+        self.n_points = n_points
+        #: ``(low, high)`` labeled points of a training episode (drawn uniformly between them).
+        self.labeled_range = (labeled_count(lo, n_points), labeled_count(hi, n_points))
+
+
+class ManifoldDataModule(EpisodeDataModule):
     """Episodes of ``n_points`` points on synthetic manifolds with geodesic-ball labels (IC-SSL Sec. 4.3).
 
     Manifolds are named ``sphere``, ``cylinder``, ``cone``, ``spiral`` (alias ``swiss_roll``), ``torus``
@@ -253,23 +279,14 @@ class ManifoldDataModule(ChunkedDataModule):
         super().__init__()
         self.save_hyperparameters()
         # Everything is checked before anything is built, each message naming the option as the user wrote it.
-        self._validate(**self.hparams)
-        self.labeled_subset = labeled_subset
-        #: Episodes are fresh every epoch (no fixed pool of training episodes; see ``ICSSLDataModule``).
-        self.train_episodes: int | None = None
+        self._validate()
         self.train_manifolds = list(train_manifolds)
         self.val_manifolds = list(val_manifolds) if val_manifolds is not None else list(train_manifolds)
         self.test_manifolds = list(test_manifolds) if test_manifolds is not None else list(train_manifolds)
-        #: Names of the separate test sets (the module tags its rows with them); ``None``: one test set.
-        self.test_set_names: list[str] | None = (
-            list(self.test_manifolds) if test_per_manifold and len(self.test_manifolds) > 1 else None
-        )
-        self.n_points = n_points
+        if test_per_manifold and len(self.test_manifolds) > 1:
+            self.test_set_names = list(self.test_manifolds)  # one test set per manifold, tagging the rows
         self.test_episodes = test_episodes
         self.data_seed = data_seed
-        self.eval_label_ratios = [float(r) for r in eval_label_ratios]
-        lo, hi = (float(r) for r in train_label_ratio)
-        self.labeled_range = (labeled_count(lo, n_points), labeled_count(hi, n_points))
         try:
             self.pose = PoseConfig(tuple(pose_scale), tuple(pose_translation), pose_rotation)
         except ValueError as err:
@@ -292,62 +309,26 @@ class ManifoldDataModule(ChunkedDataModule):
             )
         self.ambient_dim = dims.pop()
 
-    @staticmethod
-    def _validate(
-        *,
-        train_manifolds: Sequence[str],
-        val_manifolds: Sequence[str] | None,
-        test_manifolds: Sequence[str] | None,
-        test_per_manifold: bool,
-        n_points: int,
-        batch_size: int,
-        chunk_size: int,
-        train_batches_per_epoch: int,
-        val_episodes: int,
-        test_episodes: int,
-        eval_batch_size: int,
-        train_label_ratio: tuple[float, float],
-        eval_label_ratios: Sequence[float],
-        data_seed: int,
-        pose_scale: tuple[float, float],
-        pose_translation: tuple[float, float],
-        pose_rotation: str,
-        cylinder_height: float,
-        torus_tau: float,
-        product_positive_fraction: float,
-        product_permute_factors: bool,
-        num_workers: int,
-        labeled_subset: str,
-        **_: object,
-    ) -> None:
-        """The constructor's argument checks (the manifold names themselves are checked when built).
-
-        ``**_`` takes what the CLI adds to the hyper-parameters (``_class_path``, ``_instantiator``).
-        """
-        check_int("n_points", n_points, minimum=2, hint="an episode needs at least 2 points")
-        check_chunk_sizes(chunk_size, {"batch_size": batch_size, "eval_batch_size": eval_batch_size,
-                                       "val_episodes": val_episodes, "test_episodes": test_episodes})
-        check_positive("train_batches_per_epoch", train_batches_per_epoch, integer=True)
-        lo, hi = check_pair_ordered("train_label_ratio", train_label_ratio)
-        check_label_ratios([lo, hi], n_points)
-        check_eval_label_ratios(eval_label_ratios, n_points)
-        check_int("data_seed", data_seed)
-        check_pair_ordered("pose_scale", pose_scale, low=0.0, low_inclusive=False)
-        check_pair_ordered("pose_translation", pose_translation)
-        check_literal("pose_rotation", pose_rotation, PoseRotation)
-        check_positive("cylinder_height", cylinder_height, hint="the paper leaves it open; 2.0 is the default")
-        check_range("torus_tau", torus_tau, low=0.0, high=math.pi * math.sqrt(2.0), low_inclusive=False,
+    def _validate(self) -> None:
+        """The constructor's argument checks (the manifold names themselves are checked when built)."""
+        hp = self.hparams
+        check_int("n_points", hp.n_points, minimum=2, hint="an episode needs at least 2 points")
+        self.check_loader_args("val_episodes", "test_episodes")
+        self.init_episodes(hp.n_points)
+        check_pair_ordered("pose_scale", hp.pose_scale, low=0.0, low_inclusive=False)
+        check_pair_ordered("pose_translation", hp.pose_translation)
+        check_literal("pose_rotation", hp.pose_rotation, PoseRotation)
+        check_positive("cylinder_height", hp.cylinder_height, hint="the paper leaves it open; 2.0 is the default")
+        check_range("torus_tau", hp.torus_tau, low=0.0, high=math.pi * math.sqrt(2.0), low_inclusive=False,
                     hint="App. E.1.5 states 0.5; the default sqrt(pi/2) = 1.2533 covers 1/8 of the surface")
         # Checked even when no product manifold is used, so a typo never waits for a later config change.
-        check_fraction("product_positive_fraction", product_positive_fraction, closed_high=True)
-        check_nonnegative("num_workers", num_workers, integer=True, hint="0 generates data in the main process")
-        check_literal("labeled_subset", labeled_subset, LabeledSubset)
-        if not isinstance(test_per_manifold, bool):
-            raise ConfigError(f"test_per_manifold={test_per_manifold!r} must be true or false")
-        if not isinstance(product_permute_factors, bool):
-            raise ConfigError(f"product_permute_factors={product_permute_factors!r} must be true or false")
-        manifold_lists = {"train_manifolds": train_manifolds, "val_manifolds": val_manifolds,
-                          "test_manifolds": test_manifolds}
+        check_fraction("product_positive_fraction", hp.product_positive_fraction, closed_high=True)
+        if not isinstance(hp.test_per_manifold, bool):
+            raise ConfigError(f"test_per_manifold={hp.test_per_manifold!r} must be true or false")
+        if not isinstance(hp.product_permute_factors, bool):
+            raise ConfigError(f"product_permute_factors={hp.product_permute_factors!r} must be true or false")
+        manifold_lists = {"train_manifolds": hp.train_manifolds, "val_manifolds": hp.val_manifolds,
+                          "test_manifolds": hp.test_manifolds}
         for name, names in manifold_lists.items():
             if names is not None:
                 for spec in check_nonempty(name, names, example="[cylinder]"):
@@ -392,27 +373,19 @@ class ManifoldDataModule(ChunkedDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        hp = self.hparams
-        items, sampler = self.train_items()  # every rank takes train_batches_per_epoch steps per epoch
-        return self.loader(self._dataset("train", items, hp.chunk_size), hp.batch_size, sampler)
+        return self.train_loader(lambda items: self._dataset("train", items, self.chunk_size))
 
     def val_dataloader(self) -> DataLoader:
-        hp = self.hparams
-        return self.loader(self._dataset("val", hp.val_episodes // hp.chunk_size, hp.chunk_size), hp.eval_batch_size)
+        return self.eval_loader(self._dataset("val", self.set_items("val_episodes"), self.chunk_size))
 
     def test_dataloader(self) -> DataLoader | list[DataLoader]:
         """The test episodes: one loader, or one per test manifold (``test_per_manifold``)."""
-        hp = self.hparams
-        items = hp.test_episodes // hp.chunk_size
+        items = self.set_items("test_episodes")
         if self.test_set_names is None:
-            return self.loader(self._dataset("test", items, hp.chunk_size), hp.eval_batch_size)
-        return [
-            self.loader(self._dataset("test", items, hp.chunk_size, only=k), hp.eval_batch_size)
-            for k in range(len(self.test_set_names))
-        ]
+            return self.eval_loader(self._dataset("test", items, self.chunk_size))
+        return [self.eval_loader(self._dataset("test", items, self.chunk_size, only=k))
+                for k in range(len(self.test_set_names))]
 
     def predict_dataloader(self) -> DataLoader:
         """The mixed test episodes (``predict`` returns per-point probabilities at every evaluation ratio)."""
-        hp = self.hparams
-        return self.loader(self._dataset("test", hp.test_episodes // hp.chunk_size, hp.chunk_size),
-                            hp.eval_batch_size)
+        return self.eval_loader(self._dataset("test", self.set_items("test_episodes"), self.chunk_size))

@@ -22,18 +22,16 @@ training and a test part (``test_fraction``), so test episodes show unseen image
 from __future__ import annotations
 
 import pickle
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from lit_icl.core.data import EpochSampler, SeededChunks, chunk_loader, world_and_rank
+from lit_icl.core.data import SeededChunks
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import (
@@ -41,9 +39,8 @@ from lit_icl.core.validation import (
     check_int,
     check_literal,
     check_nonnegative,
-    check_pair_ordered,
 )
-from lit_icl.icssl.data import LabeledSubset, check_eval_label_ratios, check_label_ratios, labeled_count
+from lit_icl.icssl.data import EpisodeDataModule, LabeledSubset
 
 STANDIN_COMMAND = "python -m lit_icl.icssl.build features-standin --out {path}"
 #: Where a run builds the stand-in on first use (only there: a mistyped path to one's own features stays an error).
@@ -159,7 +156,7 @@ class FeatureEpisodes(SeededChunks):
         return item
 
 
-class FeatureEpisodeDataModule(LightningDataModule):
+class FeatureEpisodeDataModule(EpisodeDataModule):
     """IC-SSL episodes from a feature file (Sec. 4.2): 2 classes x ``per_class`` images per episode.
 
     Args:
@@ -199,53 +196,16 @@ class FeatureEpisodeDataModule(LightningDataModule):
     ):
         super().__init__()
         self.save_hyperparameters()
-        self._validate(**self.hparams)
-        self.n_points = 2 * per_class
-        #: Sec. 4.2's "dataset size"; the IC-SSL module tags its result rows with it.
-        self.train_episodes = train_episodes
-        lo, hi = (float(r) for r in train_label_ratio)
-        self.eval_label_ratios = [float(r) for r in eval_label_ratios]
-        self.labeled_subset = labeled_subset
-        #: One test set (see ``lit_icl.icssl.contracts.ICSSLDataModule``).
-        self.test_set_names: list[str] | None = None
-        self.labeled_range = (labeled_count(lo, self.n_points), labeled_count(hi, self.n_points))
-        self._split_cache: dict[str, tuple[Tensor, list[Tensor]]] | None = None
-
-    @staticmethod
-    def _validate(
-        *,
-        per_class: int,
-        train_episodes: int,
-        val_episodes: int,
-        test_episodes: int,
-        test_fraction: float,
-        feature_scale: float,
-        normalize: str,
-        batch_size: int,
-        eval_batch_size: int,
-        train_batches_per_epoch: int,
-        train_label_ratio: tuple[float, float],
-        eval_label_ratios: Sequence[float],
-        data_seed: int,
-        labeled_subset: str,
-        num_workers: int,
-        **_: object,
-    ) -> None:
-        """The constructor's argument checks (``**_``: ``features``, checked when read, and what the CLI adds)."""
         check_int("per_class", per_class, minimum=1)
-        for name, value in (("train_episodes", train_episodes), ("val_episodes", val_episodes),
-                            ("test_episodes", test_episodes), ("batch_size", batch_size),
-                            ("eval_batch_size", eval_batch_size), ("train_batches_per_epoch", train_batches_per_epoch)):
-            check_int(name, value, minimum=1)
+        # An item is one episode (no chunk_size); the pool, too, is counted in episodes.
+        self.check_loader_args("train_episodes", "val_episodes", "test_episodes")
         check_fraction("test_fraction", test_fraction)
         check_nonnegative("feature_scale", feature_scale)
         check_literal("normalize", normalize, FeatureNormalization)
-        check_literal("labeled_subset", labeled_subset, LabeledSubset)
-        lo, hi = check_pair_ordered("train_label_ratio", train_label_ratio)
-        check_label_ratios([lo, hi], 2 * per_class)
-        check_eval_label_ratios(eval_label_ratios, 2 * per_class)
-        check_int("data_seed", data_seed)
-        check_nonnegative("num_workers", num_workers, integer=True)
+        self.init_episodes(2 * per_class)
+        #: Sec. 4.2's "dataset size"; the IC-SSL module tags its result rows with it.
+        self.train_episodes = train_episodes
+        self._split_cache: dict[str, tuple[Tensor, list[Tensor]]] | None = None
 
     @property
     def ambient_dim(self) -> int:
@@ -326,22 +286,18 @@ class FeatureEpisodeDataModule(LightningDataModule):
         self._split_cache = {"train": (feats, train_idx), "test": (feats, test_idx)}
         return self._split_cache
 
-    def _loader(self, split: str, pool: int, batch: int, train: bool) -> DataLoader:
+    def _dataset(self, split: str, size: str) -> FeatureEpisodes:
+        """The ``hparams[size]`` episodes of ``split`` (training: a pool revisited by the epoch's items)."""
         hp = self.hparams
         feats, by_class = self._splits()["train" if split == "train" else "test"]
-        ds = FeatureEpisodes(feats, by_class, split, hp.per_class, pool, hp.data_seed, hp.feature_scale,
-                             self.labeled_range if train else None)
-        if not train:
-            return chunk_loader(ds, batch, 1, hp.num_workers)
-        world, rank = world_and_rank(self)
-        items = hp.train_batches_per_epoch * batch * world
-        return chunk_loader(ds, batch, 1, hp.num_workers, EpochSampler(items, world, rank))
+        return FeatureEpisodes(feats, by_class, split, hp.per_class, hp[size], hp.data_seed, hp.feature_scale,
+                               self.labeled_range if split == "train" else None)
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader("train", self.hparams.train_episodes, self.hparams.batch_size, True)
+        return self.train_loader(lambda items: self._dataset("train", "train_episodes"))
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader("val", self.hparams.val_episodes, self.hparams.eval_batch_size, False)
+        return self.eval_loader(self._dataset("val", "val_episodes"))
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader("test", self.hparams.test_episodes, self.hparams.eval_batch_size, False)
+        return self.eval_loader(self._dataset("test", "test_episodes"))

@@ -36,27 +36,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from lit_icl.core.data import EpochSampler, SeededChunks, chunk_loader, world_and_rank
+from lit_icl.core.data import SeededChunks
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.validation import (
     check_int,
-    check_literal,
-    check_nonnegative,
-    check_pair_ordered,
     check_positive,
 )
-from lit_icl.icssl.data import (
-    DEFAULT_LABEL_RATIOS,
-    LabeledSubset,
-    check_eval_label_ratios,
-    check_label_ratios,
-    labeled_count,
-)
+from lit_icl.icssl.data import DEFAULT_LABEL_RATIOS, EpisodeDataModule, LabeledSubset
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 STANDIN_COMMAND = "python -m lit_icl.icssl.build image-standin --out {root}"
@@ -244,7 +234,7 @@ class ImageEpisodes(SeededChunks):
         return item
 
 
-class ImageManifoldDataModule(LightningDataModule):
+class ImageManifoldDataModule(EpisodeDataModule):
     """Episodes from image-manifold sequences (App. E.3) for :class:`~lit_icl.icssl.ICSSLModule`.
 
     Args:
@@ -285,40 +275,6 @@ class ImageManifoldDataModule(LightningDataModule):
     ):
         super().__init__()
         self.save_hyperparameters()
-        self._validate(**self.hparams)
-        lo, hi = (float(r) for r in train_label_ratio)
-        self.root = Path(root)
-        self.n_points = n_points
-        self.eval_label_ratios = [float(r) for r in eval_label_ratios]
-        self.labeled_subset = labeled_subset
-        # One test set, and training sequences revisited in new frame orders rather than a fixed episode pool
-        # (see ``lit_icl.icssl.contracts.ICSSLDataModule``).
-        self.test_set_names: list[str] | None = None
-        self.train_episodes: int | None = None
-        self.labeled_range = (labeled_count(lo, n_points), labeled_count(hi, n_points))
-        self.ambient_dim = image_size * image_size
-        self._frames: Tensor | None = None
-        self._from_cache = False
-
-    @staticmethod
-    def _validate(
-        *,
-        n_points: int,
-        image_size: int,
-        pixel_scale: float,
-        train_sequences: int,
-        val_sequences: int,
-        batch_size: int,
-        eval_batch_size: int,
-        train_batches_per_epoch: int,
-        train_label_ratio: tuple[float, float],
-        eval_label_ratios: Sequence[float],
-        data_seed: int,
-        labeled_subset: str,
-        num_workers: int,
-        **_: object,
-    ) -> None:
-        """The constructor's argument checks (``**_``: ``root``, checked when read, and what the CLI adds)."""
         check_int("n_points", n_points, minimum=2, hint="an episode needs at least 2 points")
         check_int("image_size", image_size, minimum=1, hint="App. E.3.2 uses 32")
         check_positive("pixel_scale", pixel_scale, hint="App. E.3.2 uses 0.001")
@@ -329,15 +285,12 @@ class ImageManifoldDataModule(LightningDataModule):
                 f"val_sequences={val_sequences} must be below train_sequences={train_sequences} "
                 "(validation sequences are carved from the training range)"
             )
-        check_int("batch_size", batch_size, minimum=1)
-        check_int("eval_batch_size", eval_batch_size, minimum=1)
-        check_int("train_batches_per_epoch", train_batches_per_epoch, minimum=1)
-        lo, hi = check_pair_ordered("train_label_ratio", train_label_ratio)
-        check_label_ratios([lo, hi], n_points)
-        check_eval_label_ratios(eval_label_ratios, n_points)
-        check_int("data_seed", data_seed)
-        check_nonnegative("num_workers", num_workers, integer=True)
-        check_literal("labeled_subset", labeled_subset, LabeledSubset)
+        self.check_loader_args()  # an item is one episode (no chunk_size)
+        self.init_episodes(n_points)
+        self.root = Path(root)
+        self.ambient_dim = image_size * image_size
+        self._frames: Tensor | None = None
+        self._from_cache = False
 
     def builds_standin(self) -> bool:
         """Whether this run builds the stand-in (``root`` is the stand-in's folder, missing, and
@@ -408,13 +361,11 @@ class ImageManifoldDataModule(LightningDataModule):
                              self.labeled_range if split == "train" else None)
 
     def train_dataloader(self) -> DataLoader:
-        hp = self.hparams
-        world, rank = world_and_rank(self)
-        items = hp.train_batches_per_epoch * hp.batch_size * world
-        return chunk_loader(self._dataset("train"), hp.batch_size, 1, hp.num_workers, EpochSampler(items, world, rank))
+        # Training sequences are revisited in new frame orders: the epoch's items index them modulo their count.
+        return self.train_loader(lambda items: self._dataset("train"))
 
     def val_dataloader(self) -> DataLoader:
-        return chunk_loader(self._dataset("val"), self.hparams.eval_batch_size, 1, self.hparams.num_workers)
+        return self.eval_loader(self._dataset("val"))
 
     def test_dataloader(self) -> DataLoader:
-        return chunk_loader(self._dataset("test"), self.hparams.eval_batch_size, 1, self.hparams.num_workers)
+        return self.eval_loader(self._dataset("test"))

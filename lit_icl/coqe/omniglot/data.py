@@ -42,10 +42,10 @@ from torch.utils.data import DataLoader
 
 from lit_icl.coqe.omniglot.glyphs import DEFAULT_CLASSES, DEFAULT_DRAWERS, build_glyphs
 from lit_icl.coqe.omniglot.images import OMNIGLOT_HELP, SPLIT_FOLDERS, index_folder, load_bank
-from lit_icl.core.data import ChunkedDataModule, SeededChunks, check_chunk_sizes
+from lit_icl.core.data import ChunkedDataModule, SeededChunks
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
-from lit_icl.core.validation import check_int, check_literal, check_range
+from lit_icl.core.validation import check_literal, check_range
 
 SEQ_LEN = 9  # 8 image-label pairs and the query
 BURSTY_SHOTS = 3  # context items of the query's class (and of the distractor) in a bursty sequence
@@ -262,6 +262,27 @@ def resolve_source(source: Source, root: str | os.PathLike[str], folder: str | N
     return source, root / ("omniglot-py" if source == "omniglot" else "glyphs")
 
 
+def check_folder(source: str, folder: Path, download: bool, build_glyphs: bool) -> None:
+    """One ConfigError when the image folder is missing and this run will not build or download it."""
+    if any((folder / s).is_dir() for s in SPLIT_FOLDERS):
+        return
+    if source == "glyphs" and build_glyphs:
+        return  # built in prepare_data
+    if source == "omniglot" and download:
+        return  # downloaded in prepare_data
+    if source == "glyphs":
+        raise ConfigError(
+            f"the glyphs stand-in is not at {folder}; run `python -m lit_icl.coqe.omniglot.glyphs --out "
+            f"{folder}` or set data.init_args.build_glyphs: true"
+        )
+    if source == "folder":
+        raise ConfigError(
+            f"--data.init_args.folder {folder}: no {'/ or '.join(SPLIT_FOLDERS)}/ there (Omniglot's layout); "
+            "point it at your images, or drop it to run on the glyphs stand-in"
+        )
+    raise ConfigError(f"Omniglot not found at {folder}; {OMNIGLOT_HELP}")
+
+
 class OmniglotSequenceDataModule(ChunkedDataModule):
     """Bursty/Zipfian image-label sequences on Omniglot or the ``glyphs`` stand-in (CoQE Sec. 5.2, App. C.2).
 
@@ -322,7 +343,7 @@ class OmniglotSequenceDataModule(ChunkedDataModule):
         self._validate()
         self.source, self.folder = resolve_source(source, root, folder)
         rank_zero_info(f"lit_icl.coqe: image source = {self.source} ({self.folder})")
-        self._check_folder(download, build_glyphs)
+        check_folder(self.source, self.folder, download, build_glyphs)
         self.n_base = self._count_classes()
         if max_classes is not None:
             if max_classes > self.n_base:
@@ -342,35 +363,11 @@ class OmniglotSequenceDataModule(ChunkedDataModule):
         if not 0.0 <= hp.p_bursty <= 1.0:
             raise ConfigError(f"p_bursty={hp.p_bursty} must lie in [0, 1]")
         check_range("image_size", hp.image_size, 8, 512, integer=True, hint="105 native, 28 downsampled")
-        check_chunk_sizes(hp.chunk_size, {n: hp[n] for n in ("batch_size", "eval_batch_size", "val_sequences",
-                                                             "test_sequences")})
-        check_int("train_batches_per_epoch", hp.train_batches_per_epoch, minimum=1)
-        check_int("num_workers", hp.num_workers, minimum=0)
+        self.check_loader_args("val_sequences", "test_sequences")
         if hp.max_classes is not None and (
             isinstance(hp.max_classes, bool) or not isinstance(hp.max_classes, int) or hp.max_classes < 1
         ):
             raise ConfigError(f"max_classes={hp.max_classes!r} must be a positive integer or null (all classes)")
-
-    # -------------------------------------------------------------- source
-    def _check_folder(self, download: bool, build_glyphs: bool) -> None:
-        exists = any((self.folder / s).is_dir() for s in SPLIT_FOLDERS)
-        if exists:
-            return
-        if self.source == "glyphs" and build_glyphs:
-            return  # built in prepare_data
-        if self.source == "omniglot" and download:
-            return  # downloaded in prepare_data
-        if self.source == "glyphs":
-            raise ConfigError(
-                f"the glyphs stand-in is not at {self.folder}; run `python -m lit_icl.coqe.omniglot.glyphs --out "
-                f"{self.folder}` or set data.init_args.build_glyphs: true"
-            )
-        if self.source == "folder":
-            raise ConfigError(
-                f"--data.init_args.folder {self.folder}: no {'/ or '.join(SPLIT_FOLDERS)}/ there (Omniglot's layout); "
-                "point it at your images, or drop it to run on the glyphs stand-in"
-            )
-        raise ConfigError(f"Omniglot not found at {self.folder}; {OMNIGLOT_HELP}")
 
     def _count_classes(self) -> int:
         """Classes in the folder (listing only, no image read); the stand-in's fixed count if not built yet."""
@@ -407,19 +404,17 @@ class OmniglotSequenceDataModule(ChunkedDataModule):
         return SequenceChunks(self.split, kind, hp.chunk_size, length, self._n_exemplars, hp.data_seed, hp.p_bursty)
 
     def train_dataloader(self) -> DataLoader:
-        items, sampler = self.train_items()
-        return self.loader(self._dataset("train", items), self.hparams.batch_size, sampler)
+        return self.train_loader(lambda items: self._dataset("train", items))
 
-    def _eval_loaders(self, n: int) -> list[DataLoader]:
+    def _eval_loaders(self, size: str) -> list[DataLoader]:
         """One loader per evaluator, in the order of :data:`EVALUATORS` (dataloader_idx 0 = ICL, 1 = IWL)."""
-        hp = self.hparams
-        return [self.loader(self._dataset(kind, n // hp.chunk_size), hp.eval_batch_size) for kind in EVALUATORS]
+        return [self.eval_loader(self._dataset(kind, self.set_items(size))) for kind in EVALUATORS]
 
     def val_dataloader(self) -> list[DataLoader]:
-        return self._eval_loaders(self.hparams.val_sequences)
+        return self._eval_loaders("val_sequences")
 
     def test_dataloader(self) -> list[DataLoader]:
-        return self._eval_loaders(self.hparams.test_sequences)
+        return self._eval_loaders("test_sequences")
 
     def on_after_batch_transfer(self, batch: dict[str, Tensor], dataloader_idx: int) -> dict[str, Tensor]:
         """Gather the images on the device; the bank moves there once."""

@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from lit_icl.core.data import ChunkedDataModule, SeededChunks, check_chunk_sizes, collate_chunks
+from lit_icl.core.data import ChunkedDataModule, SeededChunks, collate_chunks
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import (
@@ -363,10 +363,7 @@ class RegressionDataModule(ChunkedDataModule):
                 )
             if self.points_curriculum.start < 2:
                 raise ConfigError("curriculum_points must start at >= 2 points")
-        check_chunk_sizes(hp.chunk_size, {n: hp[n] for n in ("batch_size", "eval_batch_size", "val_prompts",
-                                                             "test_prompts")})
-        check_positive("train_batches_per_epoch", hp.train_batches_per_epoch, True)
-        check_int("num_workers", hp.num_workers, 0)
+        self.check_loader_args("val_prompts", "test_prompts")
 
     # -------------------------------------------------------------- generation
     @property
@@ -388,20 +385,14 @@ class RegressionDataModule(ChunkedDataModule):
 
     # -------------------------------------------------------------- loaders
     def train_dataloader(self) -> DataLoader:
-        hp = self.hparams
-        items, sampler = self.train_items()
-        ds = PromptChunks(self.spec, "train", 0, items, items // hp.train_batches_per_epoch)  # items per step
-        return self.loader(ds, hp.batch_size, sampler)
+        per_step = self.train_items()[0] // self.hparams.train_batches_per_epoch  # items per step (curriculum)
+        return self.train_loader(lambda items: PromptChunks(self.spec, "train", 0, items, per_step))
 
     def val_dataloader(self) -> DataLoader:
-        hp = self.hparams
-        return self.loader(PromptChunks(self.spec, "val", 0, hp.val_prompts // hp.chunk_size), hp.eval_batch_size)
+        return self.eval_loader(PromptChunks(self.spec, "val", 0, self.set_items("val_prompts")))
 
     def test_dataloader(self) -> list[DataLoader]:
         """One loader per shift, in the order of ``shifts`` (dataloader_idx 0 = ``id``)."""
-        hp = self.hparams
-        return [
-            self.loader(PromptChunks(self.spec, "test", i, hp.test_prompts // hp.chunk_size), hp.eval_batch_size)
-            for i in range(len(self.shifts))
-        ]
+        items = self.set_items("test_prompts")
+        return [self.eval_loader(PromptChunks(self.spec, "test", i, items)) for i in range(len(self.shifts))]
 

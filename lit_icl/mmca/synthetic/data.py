@@ -32,9 +32,9 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from lit_icl.core.data import ChunkedDataModule, SeededChunks, check_chunk_sizes
+from lit_icl.core.data import ChunkedDataModule, SeededChunks
 from lit_icl.core.errors import ConfigError
-from lit_icl.core.validation import check_int, check_nonempty, check_nonnegative, check_positive, check_unique
+from lit_icl.core.validation import check_nonempty, check_positive, check_unique
 from lit_icl.mmca.theory import alpha_star, check_norm_range
 
 Split = Literal["train", "train_fixed", "val", "test"]
@@ -178,20 +178,16 @@ class LatentFactorDataModule(ChunkedDataModule):
             check_positive(name, hp[name], integer=True, hint="16 in App. H")
         norm_range = check_norm_range(hp.norm_range)
         check_positive("train_context_length", hp.train_context_length, integer=True, hint="100 in App. H")
-        sizes = ["batch_size", "eval_batch_size", "val_prompts", "test_prompts"]
-        check_chunk_sizes(hp.chunk_size, {n: hp[n] for n in sizes + ["train_prompts"] * (hp.train_prompts is not None)})
+        self.check_loader_args("val_prompts", "test_prompts", *["train_prompts"] * (hp.train_prompts is not None))
         if hp.train_prompts is not None and hp.train_prompts % hp.batch_size:
             raise ConfigError(
                 f"batch_size={hp.batch_size} must divide train_prompts={hp.train_prompts} so every epoch sees "
                 f"whole passes; use batch_size={hp.train_prompts} for full-batch gradient descent (App. H)"
             )
-        check_positive("train_batches_per_epoch", hp.train_batches_per_epoch, integer=True)
         lengths = check_nonempty("test_context_lengths", hp.test_context_lengths, example="[10, 100, 800]")
         for value in lengths:
             check_positive("test_context_lengths entry", value, integer=True, hint="e.g. [10, 100, 800]")
         check_unique("test_context_lengths", lengths)
-        check_int("data_seed", hp.data_seed)
-        check_nonnegative("num_workers", hp.num_workers, integer=True)
         return norm_range, lengths
 
     @property
@@ -216,22 +212,14 @@ class LatentFactorDataModule(ChunkedDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        hp = self.hparams
-        items, sampler = self.train_items()
         if self.train_prompts is None:
-            ds = self._dataset("train", items, self.train_context_length)
-        else:
-            ds = self._dataset(
-                "train_fixed", items, self.train_context_length, self.train_prompts // hp.chunk_size
-            )
-        return self.loader(ds, hp.batch_size, sampler)
+            return self.train_loader(lambda items: self._dataset("train", items, self.train_context_length))
+        cycle = self.set_items("train_prompts")  # the fixed training set, walked again every epoch
+        return self.train_loader(lambda items: self._dataset("train_fixed", items, self.train_context_length, cycle))
 
     def val_dataloader(self) -> DataLoader:
-        hp = self.hparams
-        ds = self._dataset("val", hp.val_prompts // hp.chunk_size, self.train_context_length)
-        return self.loader(ds, hp.eval_batch_size)
+        return self.eval_loader(self._dataset("val", self.set_items("val_prompts"), self.train_context_length))
 
     def test_dataloader(self) -> DataLoader:
-        hp = self.hparams
-        ds = self._dataset("test", hp.test_prompts // hp.chunk_size, max(self.test_context_lengths))
-        return self.loader(ds, hp.eval_batch_size)
+        lengths = max(self.test_context_lengths)
+        return self.eval_loader(self._dataset("test", self.set_items("test_prompts"), lengths))
