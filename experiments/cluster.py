@@ -141,7 +141,8 @@ def submit_tests_after(args: argparse.Namespace, fit_array: str) -> str:
     import submitit
     from runner import REPO
 
-    command = [sys.executable, str(args.script), *args.argv, "--from-stage", "test", "--no-wait"]
+    # The flags go first: a driver may end its command line with a catch-all of CLI overrides (``-- ...``).
+    command = [sys.executable, str(args.script), "--from-stage", "test", "--no-wait", *args.argv]
     ex = executor(args, stage_job=True, dependency=f"afterany:{fit_array}")
     job = ex.submit(submitit.helpers.CommandFunction(command, cwd=REPO))
     print(f"submitted the test stage as SLURM job {job.job_id}, after array {fit_array}", flush=True)

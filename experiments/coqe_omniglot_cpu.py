@@ -4,31 +4,30 @@ The CoQE paper's Omniglot claims (Fig. 4/5, Table 1) in small, with ``configs/co
 overlay ``configs/coqe/omniglot/cpu.yaml`` (28x28 images of 200 characters, narrow nets, 4,000 steps), and
 ``transformer.yaml`` after it for the baseline::
 
-    python experiments/coqe_omniglot_cpu.py run --out runs/coqe_cpu --seeds 0 1 2 --jobs 2
+    python experiments/coqe_omniglot_cpu.py all --out runs/coqe_cpu --seeds 0 1 2 --jobs 2
     python experiments/coqe_omniglot_cpu.py report --out runs/coqe_cpu \\
         --md experiments/results/coqe_omniglot_cpu.md --fig docs/figures/coqe_omniglot_cpu.png
 
-``run`` trains and tests every arm x seed as ``python -m lit_icl fit`` then ``test`` subprocesses (one thread
-each, ``--jobs`` at a time) and records their wall times. An arm whose test results exist is skipped, and a fit
-with a ``last.ckpt`` resumes from it (exactly: the CLI's resume), so an interrupted sweep picks up where it
-stopped. ``report`` reads each fit run's TensorBoard curves (``val/acc/icl``, ``val/acc/iwl``,
-``val/acc/iwl_static``) and each test run's ``results.json`` and writes a Markdown table (mean ± sd over
-seeds) and a learning-curve figure.
+Every arm x seed is one ``python -m lit_icl fit`` run (``runs/coqe_cpu/<arm>/s<seed>``), then one ``test`` of its
+last checkpoint (``<arm>/s<seed>_test``), run through ``experiments/runner.py``: ``--jobs`` at a time here, or
+as SLURM job arrays with ``--executor slurm``; finished runs are skipped and an interrupted fit resumes from its
+``last.ckpt``. CLI overrides for every fit follow ``--`` (``-- --trainer.max_steps 24000``). ``report`` reads
+each test's ``results.json`` (from the run folders, or from the tidy CSV that ``report --csv`` writes) and each
+fit's TensorBoard curves (``val/acc/icl``, ``val/acc/iwl``, ``val/acc/iwl_static``; run folders only) and
+writes a Markdown table (mean ± sd over seeds) and a learning-curve figure.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared runner beside this file
+from runner import REPO, Job, add_job_args, add_stage_arg, drive, logged_scalars, logger_args, parse_driver_args
+from tidy import add_report_args, check_out, grid_records
+
 COQE = ["configs/coqe/omniglot.yaml", "configs/coqe/omniglot/cpu.yaml"]
 TRANSFORMER = [*COQE, "configs/coqe/omniglot/transformer.yaml"]
 NET = "--model.init_args.net.init_args."
@@ -55,87 +54,52 @@ ARMS: dict[str, tuple[list[str], list[str], str]] = {
 ACCURACIES = ("icl", "iwl", "iwl_static")
 
 
-def run_one(out: Path, arm: str, seed: int, extra: list[str]) -> str:
-    """fit, then test on the fit's last checkpoint; returns a one-line status."""
-    config, args, _ = ARMS[arm]
-    folder = out / arm / f"seed{seed}"
-    if _test_results(folder) is not None:
-        return f"{arm} seed {seed}: done already"
-    folder.mkdir(parents=True, exist_ok=True)
-    configs = [arg for path in config for arg in ("--config", path)]
-    common = [
-        *configs, *args, *extra, "--seed_everything", str(seed), "--data.init_args.data_seed", str(seed),
-        "--trainer.logger.init_args.save_dir", str(folder), "--trainer.logger.init_args.name", arm,
-        "--trainer.enable_progress_bar", "false",
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    times = {}
-    for stage in ("fit", "test"):
-        cmd = [sys.executable, "-m", "lit_icl", stage, *common]
-        last = _last_checkpoint(folder)
-        if last is not None:  # fit: resume an interrupted run; test: the trained weights
-            cmd += ["--ckpt_path", str(last)]
-        elif stage == "test":
-            return f"{arm} seed {seed}: fit wrote no checkpoint; see {folder / 'fit.log'}"
-        start = time.time()
-        with open(folder / f"{stage}.log", "a") as log:
-            proc = subprocess.run(cmd, check=False, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        times[f"{stage}_s"] = round(time.time() - start, 1)
-        if proc.returncode:
-            return f"{arm} seed {seed}: {stage} failed (exit {proc.returncode}); see {folder / (stage + '.log')}"
-    (folder / "times.json").write_text(json.dumps(times))
-    return f"{arm} seed {seed}: fit {times['fit_s']:.0f} s, test {times['test_s']:.0f} s"
+def fit_jobs(args: argparse.Namespace) -> list[Job]:
+    """One training run per (seed, arm), seed by seed."""
+    jobs = []
+    for seed in args.seeds:
+        for arm in args.arms:
+            config, overrides, _ = ARMS[arm]
+            argv = ["fit", *[a for path in config for a in ("--config", str(REPO / path))], *overrides, *args.extra,
+                    "--seed_everything", str(seed), "--data.init_args.data_seed", str(seed),
+                    "--trainer.enable_progress_bar", "false", *logger_args(args.out, arm, f"s{seed}")]
+            jobs.append(Job(f"fit {arm} s{seed}", argv, args.out / arm / f"s{seed}"))
+    return jobs
 
 
-def _last_checkpoint(folder: Path) -> Path | None:
-    """The newest ``last.ckpt`` of a run folder (a resumed fit writes into the next version)."""
-    found = sorted(folder.glob("*/version_*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
-    return found[-1] if found else None
+def test_jobs(args: argparse.Namespace) -> list[Job]:
+    """Each fit tested from its last checkpoint, with the config it saved (its arm's overrides included)."""
+    jobs = []
+    for fit in fit_jobs(args):
+        arm, seed = fit.folder.parent.name, fit.folder.name
+        folder = fit.folder.parent / f"{seed}_test"
+        argv = ["test", "--config", str(fit.folder / "config.yaml"),
+                "--ckpt_path", str(fit.folder / "checkpoints" / "last.ckpt"), "--trainer.enable_progress_bar", "false",
+                *logger_args(args.out, arm, folder.name)]
+        jobs.append(Job(f"test {arm} {seed}", argv, folder, after=[fit.folder]))
+    return jobs
 
 
-def _test_results(folder: Path) -> dict | None:
-    found = sorted(folder.glob("*/version_*/results.json"))
-    return json.loads(found[-1].read_text()) if found else None
-
-
-def _curves(folder: Path) -> tuple[dict[str, list[tuple[int, float]]], float]:
-    """Validation curves ``{accuracy: [(step, value)]}`` and the training wall time in seconds.
-
-    The wall time runs from the first logged training step to the last validation of each fit version
-    (summed over versions, so a resumed run counts only the time it trained; start-up is not included).
-    """
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    curves: dict[str, dict[int, float]] = {}
-    seconds = 0.0
-    for run in sorted(folder.glob("*/version_*")):  # a resumed fit continues its curves in the next version
-        acc = EventAccumulator(str(run))
-        acc.Reload()
-        tags = acc.Tags()["scalars"]
-        for a in ACCURACIES:
-            if f"val/acc/{a}" in tags:
-                curves.setdefault(a, {}).update({e.step: e.value for e in acc.Scalars(f"val/acc/{a}")})
-        if "train/loss" in tags and "val/acc/icl" in tags:
-            seconds += max(0.0, acc.Scalars("val/acc/icl")[-1].wall_time - acc.Scalars("train/loss")[0].wall_time)
-    return {a: sorted(points.items()) for a, points in curves.items()}, seconds
-
-
-def collect(out: Path) -> dict[str, dict[int, dict]]:
-    """``{arm: {seed: {"test": {accuracy: value}, "curves": ..., "times": ...}}}`` for every finished run."""
+def collect(args: argparse.Namespace) -> dict[str, dict[int, dict]]:
+    """``{arm: {seed: {"test": {accuracy: value}, "curves": ..., "fit_s": ..., "steps": ...}}}`` for every tested
+    run: test accuracies per evaluator, validation curves ``{accuracy: [(step, value)]}`` (run folders only),
+    the fit's wall-clock seconds and the steps its checkpoint trained."""
+    records = grid_records(args)
     found: dict[str, dict[int, dict]] = {}
     for arm in ARMS:
-        for folder in sorted((out / arm).glob("seed*")):
-            results = _test_results(folder)
-            if results is None:
+        for seed in args.seeds:
+            test, fit = records.get(f"{arm}/s{seed}_test"), records.get(f"{arm}/s{seed}")
+            if test is None or test.results is None:
                 continue
-            test = {r["evaluator"]: r["value"] for r in results["rows"] if r["metric"] == "accuracy"}
-            times = json.loads((folder / "times.json").read_text()) if (folder / "times.json").exists() else {}
-            curves, train_s = _curves(folder)
-            if train_s:
-                times["train_s"] = train_s
-            steps = results["meta"].get("trained_steps")
-            found.setdefault(arm, {})[int(folder.name[4:])] = {
-                "test": test, "curves": curves, "times": times, "steps": steps,
+            folder = args.out / arm / f"s{seed}"
+            curves = {}
+            if folder.is_dir():
+                logged = logged_scalars(folder, [f"val/acc/{a}" for a in ACCURACIES])
+                curves = {a: sorted(logged[f"val/acc/{a}"].items()) for a in ACCURACIES if logged[f"val/acc/{a}"]}
+            found.setdefault(arm, {})[seed] = {
+                "test": {r["evaluator"]: r["value"] for r in test.results["rows"] if r["metric"] == "accuracy"},
+                "curves": curves, "fit_s": fit.wall if fit is not None else None,
+                "steps": test.results["meta"].get("trained_steps"),
             }
     return found
 
@@ -154,13 +118,12 @@ def dominated_by(point: tuple[float, float], others: list[tuple[float, float]]) 
 
 def table(found: dict[str, dict[int, dict]]) -> str:
     lines = [
-        "| arm | seeds | ICL (test) | IWL evaluator (test) | IWL, static head alone (test) | steps | training time (s) |",
+        "| arm | seeds | ICL (test) | IWL evaluator (test) | IWL, static head alone (test) | steps | fit wall-clock (s) |",
         "|---|---|---|---|---|---|---|",
     ]
     for arm, seeds in found.items():
         cells = [_mean_sd([s["test"][a] for s in seeds.values() if a in s["test"]]) for a in ACCURACIES]
-        fit = [s["times"].get("train_s", s["times"].get("fit_s")) for s in seeds.values()]
-        fit = [f for f in fit if f is not None]
+        fit = [s["fit_s"] for s in seeds.values() if s["fit_s"] is not None]
         steps = sorted({s["steps"] for s in seeds.values()})
         fit_cell = f"{min(fit):.0f}-{max(fit):.0f}" if fit else "-"
         lines.append(
@@ -222,37 +185,41 @@ def figure(found: dict[str, dict[int, dict]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="train and test arms x seeds")
-    run.add_argument("--out", type=Path, default=Path("runs/coqe_cpu"))
-    run.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
-    run.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    run.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
-    run.add_argument("extra", nargs=argparse.REMAINDER, help="more CLI overrides after --, for every run")
-    rep = sub.add_parser("report", help="table and figure from finished runs")
-    rep.add_argument("--out", type=Path, default=Path("runs/coqe_cpu"))
-    rep.add_argument("--md", type=Path, help="write the table here (printed otherwise)")
-    rep.add_argument("--fig", type=Path, help="write the learning-curve figure here")
-    args = parser.parse_args(argv)
-    if args.command == "run":
-        extra = [a for a in args.extra if a != "--"]
-        jobs = [(arm, seed) for seed in args.seeds for arm in args.arms]
-        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            for line in pool.map(lambda job: run_one(args.out.resolve(), job[0], job[1], extra), jobs):
-                print(line, flush=True)
-        return
-    found = collect(args.out)
+def report(args: argparse.Namespace) -> str:
+    """The table (also written to ``--md``) and, with ``--fig``, the learning-curve figure."""
+    found = collect(args)
     if not found:
-        raise SystemExit(f"no finished runs under {args.out}; start them with `run` first")
+        raise SystemExit(f"no tested runs under {args.out}; start them with `all` (or `fit`, then `test`) first")
     text = table(found)
     if args.md:
         args.md.write_text(text)
-    else:
-        print(text)
     if args.fig:
         figure(found, args.fig)
+    return text
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_stage_arg(parser)
+    parser.add_argument("--out", type=Path, default=REPO / "runs" / "coqe_cpu")
+    parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--md", type=Path, help="report: also write the table here")
+    parser.add_argument("--fig", type=Path, help="report: write the learning-curve figure here")
+    add_job_args(parser)
+    add_report_args(parser)
+    parser.epilog = "Anything after -- goes to every fit as CLI overrides, e.g. -- --trainer.max_steps 24000."
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = parse_driver_args(parser, argv[:cut], __file__)
+    args.argv, args.extra = argv, argv[cut + 1:]  # the whole command line, for the rerun command
+    args.out = args.out.resolve()
+    check_out(parser, args)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    drive(parse_args(argv), fit_jobs, test_jobs, report, parse_args)
 
 
 if __name__ == "__main__":

@@ -7,16 +7,14 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 SCRIPT = Path(__file__).parents[3] / "experiments/coqe_omniglot_cpu.py"
 
 
 @pytest.fixture(scope="module")
 def driver():
-    spec = importlib.util.spec_from_file_location("coqe_omniglot_cpu", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_pareto_dominance(driver) -> None:
@@ -26,19 +24,24 @@ def test_pareto_dominance(driver) -> None:
     assert driver.dominated_by((0.90, 0.65), others) == [(0.92, 0.70)]  # itself is not a dominator
 
 
-def _fake_run(folder: Path, arm: str, acc: dict[str, float], fit_s: float) -> None:
-    out = folder / arm / "version_1"
-    out.mkdir(parents=True)
+def _fake_run(out: Path, arm: str, seed: int, acc: dict[str, float], fit_s: float) -> None:
+    """A finished fit (``done`` marker with its wall time) and its test's ``results.json``, as the runner leaves
+    them."""
+    fit, test = out / arm / f"s{seed}", out / arm / f"s{seed}_test"
+    for folder, wall in ((fit, fit_s), (test, 30.0)):
+        folder.mkdir(parents=True)
+        (folder / "done").write_text(f"{wall} s\ncpu {wall} s\n")
     rows = [{"metric": "accuracy", "evaluator": k, "value": v} for k, v in acc.items()]
-    (out / "results.json").write_text(json.dumps({"rows": rows, "meta": {"trained_steps": 4000}}))
-    (folder / "times.json").write_text(json.dumps({"fit_s": fit_s, "test_s": 30.0}))
+    (test / "results.json").write_text(json.dumps({"rows": rows, "meta": {"trained_steps": 4000}}))
 
 
-def test_collect_and_table_average_over_seeds(driver, tmp_path) -> None:
-    _fake_run(tmp_path / "coqe/seed0", "coqe", {"icl": 0.9, "iwl": 0.6, "iwl_static": 0.8}, 600)
-    _fake_run(tmp_path / "coqe/seed1", "coqe", {"icl": 0.8, "iwl": 0.7, "iwl_static": 0.9}, 700)
-    _fake_run(tmp_path / "transformer_bursty/seed0", "transformer_bursty", {"icl": 0.95, "iwl": 0.65}, 500)
-    found = driver.collect(tmp_path)
+def test_collect_and_table_average_over_seeds_from_run_folders_and_from_their_csv(driver, tmp_path) -> None:
+    out = tmp_path / "grid"
+    _fake_run(out, "coqe", 0, {"icl": 0.9, "iwl": 0.6, "iwl_static": 0.8}, 600)
+    _fake_run(out, "coqe", 1, {"icl": 0.8, "iwl": 0.7, "iwl_static": 0.9}, 700)
+    _fake_run(out, "transformer_bursty", 0, {"icl": 0.95, "iwl": 0.65}, 500)
+    args = driver.parse_args(["report", "--out", str(out), "--seeds", "0", "1", "--csv", str(tmp_path / "g.csv")])
+    found = driver.collect(args)
     assert sorted(found) == ["coqe", "transformer_bursty"] and sorted(found["coqe"]) == [0, 1]
     text = driver.table(found)
     assert "| `coqe` | 0, 1 | 0.850 ± 0.071 | 0.650 ± 0.071 | 0.850 ± 0.071 | 4000 | 600-700 |" in text
@@ -47,6 +50,31 @@ def test_collect_and_table_average_over_seeds(driver, tmp_path) -> None:
     assert "CoQE seed 1 (0.800, 0.700): not dominated" in text
     driver.figure(found, tmp_path / "fig.png")  # no curves in the fake runs: empty panels, still a figure
     assert (tmp_path / "fig.png").read_bytes()[:4] == b"\x89PNG"
+    # The tidy CSV that `report --csv` wrote gives the same table with no run folders.
+    again = driver.parse_args(["report", "--out", str(tmp_path / "g.csv"), "--seeds", "0", "1"])
+    assert driver.table(driver.collect(again)) == text
+
+
+def test_grid_fits_every_arm_per_seed_and_tests_each_from_its_last_checkpoint(driver, tmp_path) -> None:
+    args = driver.parse_args(["fit", "--out", str(tmp_path), "--arms", "coqe_noise_free", "transformer_iid",
+                              "--seeds", "0", "1", "--", "--trainer.max_steps", "24000"])
+    fits = driver.fit_jobs(args)
+    assert [j.name for j in fits] == ["fit coqe_noise_free s0", "fit transformer_iid s0", "fit coqe_noise_free s1",
+                                      "fit transformer_iid s1"]
+    for fit in fits:
+        arm, seed = fit.folder.parent.name, fit.folder.name[1:]
+        configs = [fit.argv[i + 1] for i, a in enumerate(fit.argv) if a == "--config"]
+        assert configs == [str(driver.REPO / c) for c in driver.ARMS[arm][0]]
+        assert fit.argv[fit.argv.index("--seed_everything") + 1] == seed
+        assert fit.argv[fit.argv.index("--data.init_args.data_seed") + 1] == seed
+        # The arm's own overrides, then the user's after --, so the user's win.
+        assert fit.argv.index("--trainer.max_steps") > max((fit.argv.index(a) for a in driver.ARMS[arm][1]
+                                                             if a.startswith("--")), default=0)
+    assert fits[0].argv[fits[0].argv.index("--model.init_args.noise") + 1] == "null"
+    for test, fit in zip(driver.test_jobs(args), fits):
+        assert test.after == [fit.folder] and test.folder == fit.folder.with_name(fit.folder.name + "_test")
+        assert test.argv[:3] == ["test", "--config", str(fit.folder / "config.yaml")]
+        assert test.argv[test.argv.index("--ckpt_path") + 1] == str(fit.folder / "checkpoints" / "last.ckpt")
 
 
 def test_transformer_curves_reads_tensorboard_and_draws(tmp_path, capsys) -> None:
