@@ -159,17 +159,23 @@ def _epochs_trained(ckpt: Path) -> int:
     return torch.load(ckpt, map_location="cpu", weights_only=False)["epoch"]
 
 
-def test_a_killed_fit_is_reported_and_resubmitting_resumes_it_from_its_last_checkpoint(slurm, avmnist, tmp_path) -> None:
+def _fit_in_flight(slurm: dict[str, str], avmnist: tuple[Path, Path], out: Path, seed: int):
+    """Submit one 12-epoch Table 1 fit (``--no-wait``) and wait until it runs past its first checkpoint; its grid
+    arguments, run folder, ``last.ckpt`` and SLURM job id."""
     root, overlay = avmnist
-    grid = ["--root", str(root), "--overlay", str(overlay), "--max-epochs", "12", "--seeds", "0", "--only", "full s",
-            "--poll-s", "1"]
-    out = tmp_path / "slurm"
+    grid = ["--root", str(root), "--overlay", str(overlay), "--max-epochs", "12", "--seeds", str(seed),
+            "--only", "full s", "--poll-s", "1"]
     _driver(TABLE1, slurm, "fit", "--executor", "slurm", "--no-wait", "--out", str(out), *grid)
-    run = out / "full" / "s0"
+    run = out / "full" / f"s{seed}"
     last = run / "checkpoints" / "last.ckpt"
     _wait(lambda: last.is_file() and _state(run)["state"] == "running", "the fit's first checkpoint")
     time.sleep(0.5)  # the checkpoint written whole; the fit is in its next epoch
-    job_id = _state(run)["job_id"]
+    return grid, run, last, _state(run)["job_id"]
+
+
+def test_a_killed_fit_is_reported_and_resubmitting_resumes_it_from_its_last_checkpoint(slurm, avmnist, tmp_path) -> None:
+    out = tmp_path / "slurm"
+    grid, run, last, job_id = _fit_in_flight(slurm, avmnist, out, seed=0)
     subprocess.run(["scancel", "--signal=KILL", job_id], env=slurm, check=True)
     _wait(lambda: job_id not in _queue(slurm), "the killed job to leave the queue")
     assert not (run / "done").exists()
@@ -194,16 +200,8 @@ def test_a_killed_fit_is_reported_and_resubmitting_resumes_it_from_its_last_chec
 
 
 def test_a_job_that_slurm_requeues_resumes_from_its_last_checkpoint_by_itself(slurm, avmnist, tmp_path) -> None:
-    root, overlay = avmnist
-    grid = ["--root", str(root), "--overlay", str(overlay), "--max-epochs", "12", "--seeds", "1", "--only", "full s",
-            "--poll-s", "1"]
     out = tmp_path / "slurm"
-    _driver(TABLE1, slurm, "fit", "--executor", "slurm", "--no-wait", "--out", str(out), *grid)
-    run = out / "full" / "s1"
-    last = run / "checkpoints" / "last.ckpt"
-    _wait(lambda: last.is_file() and _state(run)["state"] == "running", "the fit's first checkpoint")
-    time.sleep(0.5)
-    job_id = _state(run)["job_id"]
+    grid, run, last, job_id = _fit_in_flight(slurm, avmnist, out, seed=1)
     subprocess.run(["scontrol", "requeue", job_id], env=slurm, check=True)
     _wait(lambda: (run / "done").is_file(), "the requeued job to finish")
     state = _state(run)
