@@ -214,9 +214,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.stage == "report":
-        sys.exit(report(args))
-    args.input_dim = feature_dim(args.features)
+    if args.stage != "report":  # the report reads finished runs, not the feature file
+        args.input_dim = feature_dim(args.features)
     drive(args, fit_jobs, test_jobs, report, parse_args)
 
 

@@ -281,13 +281,16 @@ def drive(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace], lis
     with the command that reruns them); ``fit``, ``test`` and ``all`` run on the chosen executor."""
     if args.stage != "report":
         run_stage(args, fit_jobs, test_jobs, report)
-    _print_report(report(args))
+    code = report(args)
+    _print_report(code)
     if args.out.is_dir() and (args.out / "grid.json").is_file():
         ran = parse_args(json.loads((args.out / "grid.json").read_text())["argv"])
         ran.out = args.out  # the grid as it was run, wherever its folder is now
         lines = unfinished(select(fit_jobs(ran), ran.only) + select(test_jobs(ran), ran.only), ran)
         if lines:
             print("\n".join(lines), file=sys.stderr, flush=True)
+    if isinstance(code, int) and code:  # a report that prints itself returns its exit code
+        sys.exit(code)
 
 
 def _print_report(text: Any) -> None:
