@@ -31,7 +31,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 #: The job state ``squeue`` gives to a job that is still in the queue, by its ``%T`` name.
@@ -162,7 +161,7 @@ def queue_states(job_ids: Sequence[str | None] = (), name: str | None = None) ->
         command.append(f"--jobs={','.join(ids)}")
     else:
         return {}
-    found = subprocess.run(command, capture_output=True, text=True)
+    found = subprocess.run(command, capture_output=True, text=True, check=False)
     if found.returncode != 0:  # e.g. ids that the controller has already forgotten
         return {}
     states = {}

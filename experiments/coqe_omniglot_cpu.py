@@ -25,7 +25,16 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared runner beside this file
-from runner import REPO, Job, add_job_args, add_stage_arg, drive, logged_scalars, logger_args, parse_driver_args
+from runner import (
+    REPO,
+    Job,
+    add_job_args,
+    add_stage_arg,
+    drive,
+    logged_scalars,
+    logger_args,
+    parse_driver_args,
+)
 from tidy import add_report_args, check_out, grid_records
 
 COQE = ["configs/coqe/omniglot.yaml", "configs/coqe/omniglot/cpu.yaml"]

@@ -382,7 +382,7 @@ def code_commit() -> str | None:
     changes), or ``None`` outside a git checkout."""
     try:
         found = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty", "--abbrev=12"],
-                               capture_output=True, text=True, timeout=30)
+                               capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
     return found.stdout.strip() or None if found.returncode == 0 else None
