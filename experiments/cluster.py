@@ -38,6 +38,34 @@ QUEUE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", 
                 "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "PREEMPTED")
 
 
+class RunJob:
+    """What a SLURM task runs: ``python experiments/runner.py run-job FOLDER``, streaming its output to the task's
+    log, and failing the task when it fails.
+
+    It is *checkpointable* in submitit's sense: when SLURM warns a task that its time limit is near (``--signal
+    USR2``, 90 s before), submitit calls :meth:`checkpoint` and requeues the task with what it returns, this same
+    job; the requeued task finds the fit's ``last.ckpt`` and resumes. So a fit longer than ``--time-min`` runs in
+    several sittings by itself, up to ``--max-requeues`` of them; each sitting loses only the work since its last
+    checkpoint. (The fit itself ends at the warning signal; its checkpoints are written atomically.)
+    """
+
+    def __init__(self, command: list[str], cwd: str):
+        self.command = command
+        self.cwd = cwd
+
+    def __call__(self, folder: str) -> int:
+        done = subprocess.run([*self.command, folder], cwd=self.cwd, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(self.command)} {folder} exited with {done.returncode}; see the job's "
+                               "log in its run folder")
+        return 0
+
+    def checkpoint(self, folder: str) -> Any:
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, folder)
+
+
 def add_slurm_args(parser: argparse.ArgumentParser) -> None:
     """The options of ``--executor slurm`` (ignored by ``--executor local``)."""
     group = parser.add_argument_group("SLURM (--executor slurm)")
@@ -47,10 +75,13 @@ def add_slurm_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--cpus-per-job", type=int, default=None, help="CPUs of each job (default: --threads)")
     group.add_argument("--mem-gb", type=float, default=None, help="memory of each job in GB (default: the cluster's)")
     group.add_argument("--time-min", type=int, default=240,
-                       help="time limit of each job in minutes; a fit cut by it resumes when the grid is resubmitted")
+                       help="time limit of each job in minutes; a fit that needs longer requeues itself and resumes "
+                            "from its last checkpoint (--max-requeues times)")
     group.add_argument("--sbatch", nargs="+", default=[], metavar="KEY=VALUE",
                        help="more sbatch options for every job, e.g. account=myproject qos=high constraint=a100 "
                             "(a KEY alone is a flag, e.g. exclusive)")
+    group.add_argument("--max-requeues", type=int, default=10,
+                       help="how often a job cut by --time-min requeues itself to resume from its last checkpoint")
     group.add_argument("--no-wait", action="store_true",
                        help="return once the grid is submitted instead of waiting for it and printing the report")
     group.add_argument("--poll-s", type=float, default=10.0, help=argparse.SUPPRESS)  # the wait's squeue interval
@@ -67,9 +98,9 @@ def check_slurm_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     if shutil.which("sbatch") is None or shutil.which("squeue") is None:
         parser.error("--executor slurm needs SLURM's sbatch and squeue on PATH (on a machine without a cluster, "
                      "scripts/slurm_local.sh start runs one); or use --executor local")
-    for name in ("gpus_per_job", "cpus_per_job", "time_min", "mem_gb"):
+    for name in ("gpus_per_job", "cpus_per_job", "time_min", "mem_gb", "max_requeues"):
         value = getattr(args, name)
-        if value is not None and value < (0 if name == "gpus_per_job" else 1e-9):
+        if value is not None and value < (0 if name in ("gpus_per_job", "max_requeues") else 1e-9):
             parser.error(f"--{name.replace('_', '-')} {value} must be positive")
     for item in args.sbatch:
         if not item.split("=", 1)[0].strip() or item.startswith("-"):
@@ -91,7 +122,7 @@ def executor(args: argparse.Namespace, *, stage_job: bool = False, dependency: s
     import submitit
 
     folder = args.out / "slurm" / "%j"
-    ex = submitit.SlurmExecutor(folder=folder)
+    ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=args.max_requeues)
     extra: dict[str, Any] = {"requeue": True, **({} if stage_job else args.sbatch_options)}
     if dependency is not None:
         extra["dependency"] = dependency
@@ -115,15 +146,16 @@ def executor(args: argparse.Namespace, *, stage_job: bool = False, dependency: s
 
 def submit_array(args: argparse.Namespace, jobs: Sequence[Any]) -> str | None:
     """Submit ``jobs`` (runner ``Job``s) as one SLURM job array; the array's job id, or ``None`` if none."""
-    import submitit
+    import cloudpickle
     from runner import REPO, write_state
 
     if not jobs:
         return None
     for job in jobs:
         job.write_spec(args.threads)
-    task = submitit.helpers.CommandFunction([sys.executable, str(REPO / "experiments" / "runner.py"), "run-job"],
-                                            cwd=REPO)
+    # The task's class travels in the pickle, so the node needs no import path to experiments/.
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    task = RunJob([sys.executable, str(REPO / "experiments" / "runner.py"), "run-job"], cwd=str(REPO))
     submitted = executor(args).map_array(task, [str(job.folder) for job in jobs])
     for job, handle in zip(jobs, submitted):
         write_state(job.folder, "submitted", executor="slurm", job_id=handle.job_id, rc=None,

@@ -212,3 +212,23 @@ def test_a_job_that_slurm_requeues_resumes_from_its_last_checkpoint_by_itself(sl
     assert _epochs_trained(last) == _epochs_trained(tmp_path / "local" / "full" / "s1" / "checkpoints" / "last.ckpt")
     assert _rows(TABLE1, out, slurm, tmp_path / "s.csv") == _rows(TABLE1, tmp_path / "local", slurm,
                                                                     tmp_path / "l.csv")
+
+
+def test_a_fit_longer_than_its_time_limit_requeues_itself_and_resumes(slurm, avmnist, tmp_path) -> None:
+    # --time-min 2: SLURM warns each sitting after 30 s (submitit's USR2, 90 s before the limit); the task
+    # requeues itself and the next sitting resumes from the fit's last checkpoint, until the fit is done.
+    root, overlay = avmnist
+    grid = ["--root", str(root), "--overlay", str(overlay), "--max-epochs", "60", "--seeds", "2", "--only", "full s"]
+    out = tmp_path / "slurm"
+    _driver(TABLE1, slurm, "fit", "--executor", "slurm", "--time-min", "2", "--poll-s", "1", "--out", str(out), *grid)
+    run = out / "full" / "s2"
+    state = _state(run)
+    assert state["state"] == "done" and state["restarts"] >= 1
+    log = (run / "fit.log").read_text()
+    assert log.count("$ ") == state["restarts"] + 1  # one sitting per requeue, each from the last checkpoint
+    assert log.count(f"Restoring states from the checkpoint path at {run / 'checkpoints' / 'last.ckpt'}") == \
+        state["restarts"]
+    _driver(TABLE1, slurm, "fit", "--out", str(tmp_path / "local"), *grid)
+    assert _rows(TABLE1, out, slurm, tmp_path / "s.csv") == _rows(TABLE1, tmp_path / "local", slurm,
+                                                                    tmp_path / "l.csv")
+    assert _epochs_trained(run / "checkpoints" / "last.ckpt") == 59
