@@ -15,8 +15,9 @@ polling): once every fit has ended, that job builds the test jobs (a test may re
 are built after the fits) and submits the test array. The driver waits until no job of the grid is left in the
 queue (``--no-wait``: it returns after submitting), then prints the report, and names any job that did not finish
 with the command that reruns it. Every job is submitted with ``--requeue``: a task that SLURM requeues (node
-failure, preemption, ``scontrol requeue``) runs again and resumes from its last checkpoint; so does a grid
-resubmitted after a time limit or a ``scancel``, which skips every job that is ``done``.
+failure, preemption, ``scontrol requeue``) runs again and resumes from its last checkpoint; a task warned of its
+time limit requeues itself (:class:`RunJob`); and a grid resubmitted after a ``scancel`` skips every job that is
+``done`` and resumes the rest.
 
 submitit keeps its batch scripts, pickles and logs under ``<out>/slurm/<job id>/``; each job's own log is in its run
 folder (``fit.log``, ``test.log``), with ``job_state.json`` (SLURM job id, node, requeues, state, exit code).
