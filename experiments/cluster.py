@@ -145,6 +145,35 @@ def executor(args: argparse.Namespace, *, stage_job: bool = False, dependency: s
     return ex
 
 
+def sbatch_options(args: argparse.Namespace) -> list[str]:
+    """The ``sbatch`` options a grid's jobs are sized with, as :func:`executor` gives them to submitit."""
+    options = [f"--job-name={grid_name(args)}", f"--time={args.time_min}",
+               f"--cpus-per-task={args.cpus_per_job or args.threads}"]
+    if args.partition:
+        options.append(f"--partition={args.partition}")
+    if args.gpus_per_job:
+        options.append(f"--gpus-per-node={args.gpus_per_job}")
+    if args.mem_gb:
+        options.append(f"--mem={int(args.mem_gb * 1024)}MB")
+    options += [f"--{key}" if value is True else f"--{key}={value}" for key, value in args.sbatch_options.items()]
+    return options
+
+
+def check_submission(args: argparse.Namespace) -> None:
+    """Ask SLURM whether it would take the grid's jobs (``sbatch --test-only``: nothing is queued) before anything
+    is written, and stop with one line and exit 2 if it would not (an unknown partition, account or QOS, more
+    GPUs, CPUs, memory or time than the cluster allows)."""
+    tried = subprocess.run(["sbatch", "--test-only", *sbatch_options(args), "--wrap", "true"], capture_output=True,
+                           text=True, check=False)
+    if tried.returncode != 0:
+        errors = [line.removeprefix("sbatch: error: ") for line in tried.stderr.splitlines() if "error" in line]
+        reason = errors[-1] if errors else tried.stderr.strip() or f"exit code {tried.returncode}"
+        print(f"{args.script.name}: error: SLURM would not take the grid's jobs ({reason}); check that sbatch "
+              "reaches the cluster (sinfo), then --partition, --gpus-per-job, --cpus-per-job, --mem-gb, --time-min "
+              "and --sbatch", file=sys.stderr)
+        sys.exit(2)
+
+
 def submit_array(args: argparse.Namespace, jobs: Sequence[Any]) -> str | None:
     """Submit ``jobs`` (runner ``Job``s) as one SLURM job array; the array's job id, or ``None`` if none."""
     import cloudpickle
@@ -235,6 +264,7 @@ def run_stage_on_slurm(args: argparse.Namespace, fit_jobs: Callable[[argparse.Na
                     print(f"{grid_name(args)} {stage}: python -m lit_icl {' '.join(job.argv)}")
         return 0
     if args.from_stage == "fit":
+        check_submission(args)
         record_grid(args)
     fit_array = None
     if args.stage in ("fit", "all") and args.from_stage == "fit":

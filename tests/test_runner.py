@@ -242,3 +242,18 @@ def test_every_job_of_a_grid_shares_a_slurm_name_of_its_own(runner) -> None:
 
     assert name("/runs/a") == name("/runs/a") != name("/runs/b")
     assert name("/runs/a").startswith("lit_icl.mmca_avmnist_table1.")
+
+
+def test_the_sbatch_options_of_a_grid_follow_its_sizing_flags(runner, tmp_path, monkeypatch) -> None:
+    from cluster import grid_name, sbatch_options
+
+    monkeypatch.setitem(sys.modules, "submitit", sys.modules["runner"])  # as if submitit were installed
+    monkeypatch.setattr("shutil.which", lambda tool: f"/usr/bin/{tool}")
+    args = runner.parse_driver_args(_driver_parser(runner), [
+        "fit", "--out", str(tmp_path), "--executor", "slurm", "--threads", "4", "--partition", "gpu",
+        "--gpus-per-job", "1", "--mem-gb", "1.5", "--time-min", "90", "--sbatch", "account=lab", "exclusive"],
+        "experiments/driver.py")
+    args.check_executor()
+    assert sbatch_options(args) == [f"--job-name={grid_name(args)}", "--time=90", "--cpus-per-task=4",
+                                    "--partition=gpu", "--gpus-per-node=1", "--mem=1536MB", "--account=lab",
+                                    "--exclusive"]

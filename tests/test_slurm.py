@@ -232,3 +232,15 @@ def test_a_fit_longer_than_its_time_limit_requeues_itself_and_resumes(slurm, avm
     assert _rows(TABLE1, out, slurm, tmp_path / "s.csv") == _rows(TABLE1, tmp_path / "local", slurm,
                                                                     tmp_path / "l.csv")
     assert _epochs_trained(run / "checkpoints" / "last.ckpt") == 59
+
+
+@pytest.mark.parametrize("options, reason", [(["--partition", "gpu"], "invalid partition specified: gpu"),
+                                             (["--cpus-per-job", "64"], "Requested node configuration is not available")])
+def test_jobs_the_cluster_would_not_take_are_refused_in_one_line_before_anything_is_written(slurm, tmp_path, options,
+                                                                                          reason) -> None:
+    refused = _driver(TABLE1, slurm, "all", "--executor", "slurm", *options, "--out", str(tmp_path / "grid"),
+                      "--seeds", "0", check=False)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.count("\n") == 1 and reason in refused.stderr
+    assert refused.stderr.startswith("mmca_avmnist_table1.py: error: SLURM would not take the grid's jobs (")
+    assert not (tmp_path / "grid").exists()
