@@ -117,46 +117,41 @@ def grid_name(args: argparse.Namespace) -> str:
     return f"lit_icl.{args.script.stem}.{digest}"
 
 
+def job_sizes(args: argparse.Namespace, *, stage_job: bool = False) -> dict[str, Any]:
+    """The ``sbatch`` options that size a grid's jobs, by submitit's names (``sbatch``'s with ``_`` for ``-``).
+
+    ``stage_job``: the job that submits the test array, one CPU for ten minutes and no GPU; it keeps the partition
+    and the ``--sbatch`` options, since a cluster may take no job without the account or QOS they name.
+    """
+    sizes: dict[str, Any] = {"job_name": grid_name(args), "time": 10 if stage_job else args.time_min,
+                             "cpus_per_task": 1 if stage_job else (args.cpus_per_job or args.threads)}
+    if args.partition:
+        sizes["partition"] = args.partition
+    if args.gpus_per_job and not stage_job:
+        sizes["gpus_per_node"] = args.gpus_per_job
+    if args.mem_gb and not stage_job:
+        sizes["mem"] = f"{int(args.mem_gb * 1024)}MB"
+    return sizes
+
+
 def executor(args: argparse.Namespace, *, stage_job: bool = False, dependency: str | None = None) -> Any:
-    """A submitit SLURM executor sized by the driver's options (``stage_job``: one CPU for ten minutes, the job
-    that submits the test array)."""
+    """A submitit SLURM executor with :func:`job_sizes`, the ``--sbatch`` options and ``--requeue``."""
     import submitit
 
-    folder = args.out / "slurm" / "%j"
-    ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=args.max_requeues)
-    extra: dict[str, Any] = {"requeue": True, **({} if stage_job else args.sbatch_options)}
+    ex = submitit.SlurmExecutor(folder=args.out / "slurm" / "%j", max_num_timeout=args.max_requeues)
+    extra: dict[str, Any] = {"requeue": True, **args.sbatch_options}
     if dependency is not None:
         extra["dependency"] = dependency
-    params: dict[str, Any] = {
-        "job_name": grid_name(args),
-        "time": 10 if stage_job else args.time_min,
-        "cpus_per_task": 1 if stage_job else (args.cpus_per_job or args.threads),
-        "array_parallelism": args.jobs,
-        "additional_parameters": extra,
-        "stderr_to_stdout": True,
-    }
-    if args.partition:
-        params["partition"] = args.partition
-    if args.gpus_per_job and not stage_job:
-        params["gpus_per_node"] = args.gpus_per_job
-    if args.mem_gb and not stage_job:
-        params["mem"] = f"{int(args.mem_gb * 1024)}MB"
-    ex.update_parameters(**params)
+    ex.update_parameters(**job_sizes(args, stage_job=stage_job), array_parallelism=args.jobs,
+                         additional_parameters=extra, stderr_to_stdout=True)
     return ex
 
 
 def sbatch_options(args: argparse.Namespace) -> list[str]:
-    """The ``sbatch`` options a grid's jobs are sized with, as :func:`executor` gives them to submitit."""
-    options = [f"--job-name={grid_name(args)}", f"--time={args.time_min}",
-               f"--cpus-per-task={args.cpus_per_job or args.threads}"]
-    if args.partition:
-        options.append(f"--partition={args.partition}")
-    if args.gpus_per_job:
-        options.append(f"--gpus-per-node={args.gpus_per_job}")
-    if args.mem_gb:
-        options.append(f"--mem={int(args.mem_gb * 1024)}MB")
-    options += [f"--{key}" if value is True else f"--{key}={value}" for key, value in args.sbatch_options.items()]
-    return options
+    """The command-line form of what :func:`executor` gives submitit for a grid's jobs (``--requeue`` aside)."""
+    options = {**job_sizes(args), **args.sbatch_options}
+    return [f"--{key.replace('_', '-')}" if value is True else f"--{key.replace('_', '-')}={value}"
+            for key, value in options.items()]
 
 
 def check_submission(args: argparse.Namespace) -> None:
@@ -255,7 +250,7 @@ def run_stage_on_slurm(args: argparse.Namespace, fit_jobs: Callable[[argparse.Na
                        report: Callable[[argparse.Namespace], str] | None) -> int:
     """``--executor slurm``: submit the stage's jobs that are not done (a dry run prints them), wait for them
     unless ``--no-wait``, and return the number of the driver's jobs that did not finish (0 when not waiting)."""
-    from runner import finish_all, record_grid, runnable, select, unfinished
+    from runner import finish_all, print_unfinished, record_grid, runnable, select
 
     if args.dry_run:
         for stage, build in (("fit", fit_jobs), ("test", test_jobs)):
@@ -278,8 +273,4 @@ def run_stage_on_slurm(args: argparse.Namespace, fit_jobs: Callable[[argparse.Na
     wait_for_grid(args)
     if args.stage == "all":
         return finish_all(args, fit_jobs, test_jobs, report)
-    jobs = select((fit_jobs if args.stage == "fit" else test_jobs)(args), args.only)
-    lines = unfinished(jobs, args)
-    if lines:
-        print("\n".join(lines), file=sys.stderr, flush=True)
-    return sum(not job.done for job in jobs)
+    return print_unfinished(select((fit_jobs if args.stage == "fit" else test_jobs)(args), args.only), args)

@@ -286,9 +286,7 @@ def drive(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace], lis
     if args.out.is_dir() and (args.out / "grid.json").is_file():
         ran = parse_args(json.loads((args.out / "grid.json").read_text())["argv"])
         ran.out = args.out  # the grid as it was run, wherever its folder is now
-        lines = unfinished(select(fit_jobs(ran), ran.only) + select(test_jobs(ran), ran.only), ran)
-        if lines:
-            print("\n".join(lines), file=sys.stderr, flush=True)
+        print_unfinished(select(fit_jobs(ran), ran.only) + select(test_jobs(ran), ran.only), ran)
     if isinstance(code, int) and code:  # a report that prints itself returns its exit code
         sys.exit(code)
 
@@ -306,6 +304,11 @@ def finish_all(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace]
     jobs = select(fit_jobs(args), args.only) + select(test_jobs(args), args.only)
     if report is not None:
         _print_report(report(args))
+    return print_unfinished(jobs, args)
+
+
+def print_unfinished(jobs: list[Job], args: argparse.Namespace) -> int:
+    """Print :func:`unfinished`'s lines on stderr (nothing when every job finished); the number not done."""
     lines = unfinished(jobs, args)
     if lines:
         print("\n".join(lines), file=sys.stderr, flush=True)
