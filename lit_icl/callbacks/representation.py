@@ -21,6 +21,7 @@ from torchmetrics import Metric
 
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.results import result_row
+from lit_icl.core.validation import check_bool
 from lit_icl.metrics.functional import validate_k
 from lit_icl.metrics.representation import LCSKNN, CycleKNN, MutualKNN, SeparationScore
 
@@ -83,8 +84,7 @@ class RepresentationMetrics(Callback):
     ) -> None:
         super().__init__()
         self.k = validate_k(k)
-        if not isinstance(rows, bool):
-            raise ConfigError(f"rows={rows!r} must be true or false")
+        check_bool("rows", rows)
         self.rows = rows
         #: Result rows of the last test epoch (filled only with ``rows=True``).
         self.test_rows: list[dict[str, Any]] = []

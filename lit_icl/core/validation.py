@@ -107,6 +107,14 @@ def check_fraction(name: str, value: Any, *, closed_high: bool = False, hint: st
     return check_range(name, value, 0.0, 1.0, low_inclusive=False, high_inclusive=closed_high, hint=hint)
 
 
+def check_bool(name: str, value: Any) -> bool:
+    """``True`` or ``False`` (not ``1``, not ``"yes"``): jsonargparse refuses others on the command line, this
+    refuses them from Python."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name}={value!r} must be true or false")
+    return value
+
+
 def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
     """One of ``choices`` (compared with ``==``)."""
     options = list(choices)

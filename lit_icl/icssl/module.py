@@ -43,6 +43,7 @@ from lit_icl.core.protocols import implements
 from lit_icl.core.results import result_row
 from lit_icl.core.spectral import laplacian_eigenmap
 from lit_icl.core.validation import (
+    check_bool,
     check_int,
     check_literal,
     check_nonnegative,
@@ -171,8 +172,7 @@ class ICSSLModule(ICLModule):
         check_positive("lr", lr, hint="e.g. lr: 0.003")
         check_nonnegative("weight_decay", weight_decay, hint="0.0 disables it")
         check_int("warmup_steps", warmup_steps, minimum=0, hint="0 disables the warm-up")
-        if not isinstance(eig_reference, bool):
-            raise ConfigError(f"eig_reference={eig_reference!r} must be true or false")
+        check_bool("eig_reference", eig_reference)
 
     def _set_label_ratios(self, ratios: Sequence[float]) -> None:
         """One accuracy metric per ratio (torchmetrics states are not checkpointed, so this is free to redo)."""

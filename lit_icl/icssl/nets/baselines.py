@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.spectral import pairwise_sq_dists
-from lit_icl.core.validation import check_int, check_positive, check_range
+from lit_icl.core.validation import check_bool, check_int, check_positive, check_range
 from lit_icl.icssl.nets.model import ICSSLOutput
 from lit_icl.icssl.nets.representations import check_input_dim
 
@@ -151,8 +151,7 @@ class LogisticRegressionHead(nn.Module):
     def __init__(self, num_classes: int = 2, l2: float = 1.0, standardize: bool = True, max_iter: int = 50):
         super().__init__()
         _check_lr_args(num_classes, l2, max_iter)
-        if not isinstance(standardize, bool):
-            raise ConfigError(f"standardize={standardize!r} must be true or false")
+        check_bool("standardize", standardize)
         self.num_classes = num_classes
         self.l2 = float(l2)
         self.standardize = standardize
@@ -272,8 +271,7 @@ class ICLTransformerBaseline(nn.Module):
         check_int("dim_feedforward", dim_feedforward, minimum=1)
         check_int("feature_dim", feature_dim, minimum=1)
         check_range("dropout", dropout, 0.0, 1.0, high_inclusive=False)
-        if not isinstance(input_norm, bool):
-            raise ConfigError(f"input_norm={input_norm!r} must be true or false")
+        check_bool("input_norm", input_norm)
         self.input_dim = input_dim
         self.input_norm = input_norm
         self.num_classes = num_classes

@@ -13,7 +13,7 @@ from torch.autograd.function import once_differentiable
 
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.precision import float32_region
-from lit_icl.core.validation import check_int, check_literal, check_nonnegative, check_positive
+from lit_icl.core.validation import check_bool, check_int, check_literal, check_nonnegative, check_positive
 
 #: Options with fixed choices, typed once: ``--help`` lists them and ``check_literal`` reads them from here.
 EigenmapInit = Literal["subspace", "lemma2"]
@@ -287,8 +287,7 @@ class EigenmapTransformer(nn.Module):
         ``init="lemma2"``)."""
         check_literal("init", init, EigenmapInit)
         check_positive("mu", mu, hint="the shift of Lemma 2's power step; it must exceed the top of G")
-        if not isinstance(learn_init, bool):
-            raise ConfigError(f"learn_init={learn_init!r} must be true or false")
+        check_bool("learn_init", learn_init)
         if init == "lemma2":
             if num_heads is None:
                 num_heads = 1

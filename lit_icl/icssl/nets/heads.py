@@ -8,9 +8,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from lit_icl.core.errors import ConfigError
 from lit_icl.core.precision import float32_region
-from lit_icl.core.validation import check_int, check_literal, check_positive
+from lit_icl.core.validation import check_bool, check_int, check_literal, check_positive
 from lit_icl.icssl.nets.laplacian import _sq_dists
 
 #: Options with fixed choices, typed once: ``--help`` lists them and ``check_literal`` reads them from here.
@@ -77,8 +76,7 @@ class GDICLHead(nn.Module):
         # Both are stored as logs (learned in log space), so they must be positive.
         check_positive("step_size", step_size, hint="the GD step alpha is learned as a log; e.g. 1.0")
         check_positive("gamma", gamma, hint="the RBF inverse bandwidth is learned as a log; e.g. 300")
-        if not isinstance(normalize_kernel, bool):
-            raise ConfigError(f"normalize_kernel={normalize_kernel!r} must be true or false")
+        check_bool("normalize_kernel", normalize_kernel)
         self.num_classes = num_classes
         self.num_layers = num_layers
         self.kernel = kernel

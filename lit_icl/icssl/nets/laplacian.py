@@ -14,7 +14,14 @@ from torch import Tensor, nn
 
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.precision import float32_region
-from lit_icl.core.validation import check_int, check_literal, check_nonempty, check_nonnegative, check_range
+from lit_icl.core.validation import (
+    check_bool,
+    check_int,
+    check_literal,
+    check_nonempty,
+    check_nonnegative,
+    check_range,
+)
 
 #: Options with fixed choices, typed once: ``--help`` lists them and ``check_literal`` reads them from here.
 Activation = Literal["rbf", "linear"]
@@ -207,8 +214,7 @@ class LaplacianTransformer(nn.Module):
         # M of App. A.1, started at I (Lemma 1) and stored as M = I + init_lr_scale * delta. Adam moves every
         # entry of a parameter by about lr per step whatever its gradient, so a raw n x n M is scrambled
         # (100^2 entries of noise) long before a useful gradient reaches it; the scale keeps M near I.
-        if not isinstance(learn_init, bool):
-            raise ConfigError(f"learn_init={learn_init!r} must be true or false")
+        check_bool("learn_init", learn_init)
         self.register_buffer("init_base", torch.eye(n_points))
         if learn_init:
             self.init_delta = nn.Parameter(torch.zeros(n_points, n_points))
