@@ -5,17 +5,21 @@ call from a generator seeded by ``(data_seed, *stream, i)`` (each paper's ``data
 :class:`EpochSampler` so item indices encode the epoch; the DataLoader stacks ``batch_size / chunk_size`` chunks with
 :func:`collate_chunks`. :class:`ChunkedDataModule` holds what the data modules built this way share: the checks of
 their batch and set sizes, epoch size, seed and workers, the DDP shard of a training epoch and the loaders, so a
-paper's data module states only how to make its datasets.
+paper's data module states only how to make its datasets. :class:`StandinOnFirstUse` is the other shared piece:
+a data module whose default location holds an offline stand-in builds it there on first use.
 """
 
 from __future__ import annotations
 
+import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
@@ -192,3 +196,51 @@ class ChunkedDataModule(LightningDataModule):
     def set_items(self, size: str) -> int:
         """Items of a fixed evaluation set whose size in examples is the argument ``size`` (``val_episodes``)."""
         return self.hparams[size] // self.chunk_size
+
+
+class StandinOnFirstUse(ABC):
+    """Mixin for a data module whose data location defaults to an offline stand-in that it builds on first use.
+
+    The subclass names the hyper-parameter that holds the location (:attr:`location_arg`) and the stand-in's
+    location (:attr:`standin_location`), and writes :meth:`build_standin_into` and :meth:`standin_notice`; its
+    ``build_standin`` hyper-parameter turns building off, so that a missing location is an error instead.
+    ``prepare_data`` (once per node, before any setup) builds it.
+    """
+
+    #: The hyper-parameter naming the data's location (``root``, ``features``).
+    location_arg: ClassVar[str]
+    #: Where the stand-in lives, relative to the working folder.
+    standin_location: ClassVar[str]
+
+    def data_location(self) -> Path:
+        return Path(self.hparams[self.location_arg])
+
+    def builds_standin(self) -> bool:
+        """Whether this run builds the stand-in: the location is the stand-in's (by any spelling of the path), it
+        does not exist yet, and ``build_standin`` is on."""
+        path = self.data_location()
+        return (bool(self.hparams.build_standin) and not path.exists()
+                and path.resolve() == Path(self.standin_location).resolve())
+
+    def prepare_data(self) -> None:
+        """Build the stand-in on first use, into a hidden sibling renamed when complete: an interrupted build
+        leaves nothing behind that would look like data (the next run clears it and starts again)."""
+        if not self.builds_standin():
+            return
+        path = self.data_location()
+        partial = path.parent / f".{path.name}.partial"
+        rank_zero_info(self.standin_notice())
+        if partial.is_dir():
+            shutil.rmtree(partial)
+        partial.unlink(missing_ok=True)
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        self.build_standin_into(partial)
+        partial.rename(path)
+
+    @abstractmethod
+    def build_standin_into(self, path: Path) -> None:
+        """Write the whole stand-in at ``path`` (a file or a folder)."""
+
+    @abstractmethod
+    def standin_notice(self) -> str:
+        """The one line logged before building: what is built where, and about how long it takes."""

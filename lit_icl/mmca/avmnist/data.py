@@ -35,7 +35,6 @@ avMNIST) stays an error.
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Literal
 
@@ -43,11 +42,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from lit_icl.core.data import EpochSampler, collate_chunks, world_and_rank
+from lit_icl.core.data import EpochSampler, StandinOnFirstUse, collate_chunks, world_and_rank
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import check_int, check_literal, check_nonnegative, check_positive
@@ -241,7 +239,46 @@ class CorruptedAVMNIST(Dataset):
         return {"image": image, "audio": audio, "label": self.data["label"][rows], "row": rows}
 
 
-class AVMNISTDataModule(LightningDataModule):
+def batch_loader(dataset: CorruptedAVMNIST, sampler: EpochSampler | None = None) -> DataLoader:
+    """A loader of ``dataset``'s items, each already a whole batch (handed through by ``collate_chunks`` of one
+    item).
+
+    ``batch_size=1`` (not ``None``) puts a BatchSampler around the sampler, which reads it lazily: Lightning may
+    create the iterator before it calls ``set_epoch`` (it does on resume), and a sampler read at creation would
+    replay epoch 0. The DataLoader's own generator keeps iterator creation off the global RNG, which dropout uses.
+    """
+    return DataLoader(
+        dataset,
+        batch_size=1,
+        sampler=sampler,
+        shuffle=False,
+        collate_fn=collate_chunks,
+        generator=torch.Generator().manual_seed(0),
+    )
+
+
+def checked_train_rows(root: str, builds_standin: bool) -> int:
+    """Rows in the train files under ``root``, after checking that the data is there, readable and shaped as
+    the layout says, with digit labels. Every file's header, shape and labels are read (images and audio
+    memory-mapped, so this is cheap), so a broken or ill-shaped file stops the run before the logger creates
+    anything. A stand-in still to be built is checked by what building it needs; nothing is written here."""
+    if not builds_standin:
+        n_train = int(check_split(root, "train")[2].shape[0])
+        check_split(root, "test")
+        return n_train
+    from lit_icl.mmca.avmnist import build
+
+    needs = build.standin_needs()
+    if needs:
+        raise ConfigError(
+            f"avMNIST not found under {root}, and building the offline stand-in avmnist_lite there on "
+            f"first use needs {' and '.join(needs)} (or put MultiBench's avmnist folder at another root and "
+            "set data.init_args.root)"
+        )
+    return STANDIN_TRAIN
+
+
+class AVMNISTDataModule(StandinOnFirstUse, LightningDataModule):
     """Corrupted avMNIST (or the ``avmnist_lite`` stand-in) in the MultiBench layout.
 
     ``val_dataloader`` returns two loaders, the validation rows and the test split: Table 1 reports the best
@@ -260,6 +297,8 @@ class AVMNISTDataModule(LightningDataModule):
             before the run (``prepare_data``, once per node); ``false`` makes a missing ``root`` an error.
     """
 
+    location_arg, standin_location = "root", STANDIN_ROOT
+
     def __init__(
         self,
         root: str = "data/avmnist",
@@ -274,7 +313,6 @@ class AVMNISTDataModule(LightningDataModule):
         super().__init__()
         self.save_hyperparameters()
         self.root = str(root)
-        self.build_standin = build_standin
         self.noise_std = float(check_nonnegative("noise_std", noise_std))
         self.audio_size = None if audio_size is None else check_int("audio_size", audio_size, minimum=4)
         self.val_size = check_int("val_size", val_size, minimum=0, hint="0 = no validation rows")
@@ -285,25 +323,8 @@ class AVMNISTDataModule(LightningDataModule):
         self._data: dict[str, dict[str, Tensor]] | None = None
 
     def _check_layout(self) -> None:
-        """The data is there, readable and shaped as the layout says, with digit labels, and its split sizes fit
-        ``val_size`` and ``batch_size`` (before the run starts)."""
-        if self.builds_standin():
-            # Checked by what building it needs and by the shape it will have; nothing is written here.
-            from lit_icl.mmca.avmnist import build
-
-            needs = build.standin_needs()
-            if needs:
-                raise ConfigError(
-                    f"avMNIST not found under {self.root}, and building the offline stand-in avmnist_lite there on "
-                    f"first use needs {' and '.join(needs)} (or put MultiBench's avmnist folder at another root and "
-                    "set data.init_args.root)"
-                )
-            n_train = STANDIN_TRAIN
-        else:
-            # Every file's header, shape and labels (images and audio memory-mapped, so this is cheap), so a
-            # broken or ill-shaped file stops the run before the logger creates anything.
-            n_train = int(check_split(self.root, "train")[2].shape[0])
-            check_split(self.root, "test")
+        """The data is there and fits ``val_size`` and ``batch_size`` (before the run starts)."""
+        n_train = checked_train_rows(self.root, self.builds_standin())
         if self.val_size >= n_train:
             raise ConfigError(
                 f"val_size={self.val_size} leaves no training rows ({n_train} rows in train_data.npy); "
@@ -315,27 +336,14 @@ class AVMNISTDataModule(LightningDataModule):
                 "lower batch_size or val_size"
             )
 
-    def builds_standin(self) -> bool:
-        """Whether this run builds the stand-in (``root`` is the stand-in's folder, missing, and
-        ``build_standin`` is on)."""
-        root = Path(self.root)
-        return bool(self.build_standin) and not root.exists() and root.resolve() == Path(STANDIN_ROOT).resolve()
+    def standin_notice(self) -> str:
+        return (f"Building the avMNIST stand-in avmnist_lite in {self.root} (first use; 1,590 spoken digits from "
+                "espeak-ng and flite, about 30 s)")
 
-    def prepare_data(self) -> None:
-        """Build the stand-in on first use. Written to a hidden sibling folder and renamed when complete, so an
-        interrupted build leaves no half-filled ``root`` behind (the next run starts it again)."""
-        if not self.builds_standin():
-            return
+    def build_standin_into(self, path: Path) -> None:
         from lit_icl.mmca.avmnist import build
 
-        root = Path(self.root)
-        partial = root.parent / f".{root.name}.partial"
-        rank_zero_info(f"Building the avMNIST stand-in avmnist_lite in {root} (first use; 1,590 spoken digits from "
-                       "espeak-ng and flite, about 30 s)")
-        if partial.exists():
-            shutil.rmtree(partial)
-        build.build_standin(partial)
-        partial.rename(root)
+        build.build_standin(path)
 
     def _load(self) -> dict[str, dict[str, Tensor]]:
         if self._data is None:
@@ -363,24 +371,10 @@ class AVMNISTDataModule(LightningDataModule):
             shuffle=train,
         )
 
-    def _loader(self, dataset: CorruptedAVMNIST, sampler: EpochSampler | None = None) -> DataLoader:
-        # Items are whole batches, handed through by collate_chunks of one item. batch_size=1 (not None) puts a
-        # BatchSampler around the sampler, which reads it lazily: Lightning may create the iterator before it
-        # calls set_epoch (it does on resume), and a sampler read at creation would replay epoch 0. The
-        # DataLoader's own generator keeps iterator creation off the global RNG, which dropout uses.
-        return DataLoader(
-            dataset,
-            batch_size=1,
-            sampler=sampler,
-            shuffle=False,
-            collate_fn=collate_chunks,
-            generator=torch.Generator().manual_seed(0),
-        )
-
     def train_dataloader(self) -> DataLoader:
         ds = self.dataset("train")
         replicas, rank = world_and_rank(self)
-        return self._loader(ds, EpochSampler(len(ds), num_replicas=replicas, rank=rank))
+        return batch_loader(ds, EpochSampler(len(ds), num_replicas=replicas, rank=rank))
 
     @property
     def eval_splits(self) -> list[str]:
@@ -388,7 +382,7 @@ class AVMNISTDataModule(LightningDataModule):
         return ["val", "test"] if self.val_size else ["test"]
 
     def val_dataloader(self) -> list[DataLoader]:
-        return [self._loader(self.dataset(split)) for split in self.eval_splits]
+        return [batch_loader(self.dataset(split)) for split in self.eval_splits]
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(self.dataset("test"))
+        return batch_loader(self.dataset("test"))
