@@ -16,16 +16,18 @@ step, the same episodes as one process with ``k * b``.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Literal
 
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from lit_icl.core.data import ChunkedDataModule, SeededChunks
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.validation import (
+    check_bool,
     check_fraction,
     check_int,
     check_literal,
@@ -36,7 +38,7 @@ from lit_icl.core.validation import (
     check_unique,
 )
 from lit_icl.icssl.manifolds import TORUS_TAU, Manifold, PoseConfig, PoseRotation
-from lit_icl.icssl.sampling import get_manifold, sample_episodes
+from lit_icl.icssl.sampling import get_manifolds, sample_episodes
 
 Split = Literal["train", "val", "test"]
 
@@ -177,20 +179,42 @@ class EpisodeChunks(SeededChunks):
         return item
 
 
-class EpisodeDataModule(ChunkedDataModule):
-    """What the IC-SSL data modules share beyond :class:`~lit_icl.core.data.ChunkedDataModule`: episodes of
-    ``n_points`` points, the range of training label counts, the evaluation label ratios (held here alone: the
-    module reads them) and the labeled subset, as :class:`~lit_icl.icssl.contracts.ICSSLDataModule` lists them.
+class EpisodeDataModule(ChunkedDataModule, ABC):
+    """What the IC-SSL data modules share beyond :class:`~lit_icl.core.data.ChunkedDataModule`: the label
+    arguments, the seed and workers (taken here, so a subclass's constructor passes them on with ``**kwargs``),
+    episodes of ``n_points`` points with the evaluation label ratios held here alone (the module reads them), as
+    :class:`~lit_icl.icssl.contracts.ICSSLDataModule` lists them, and the loaders of its splits.
 
-    A subclass's ``hparams`` hold ``train_label_ratio``, ``eval_label_ratios`` and ``labeled_subset``; its
-    constructor calls :meth:`init_episodes` once its episode size is known. By default it has one test set and
-    fresh training episodes every epoch.
+    A subclass passes its own arguments' values up by calling ``super().__init__(**kwargs)`` first (this records
+    every argument as ``hparams``), takes ``eval_label_ratios`` itself (its default differs by data set), calls
+    :meth:`init_episodes` once its episode size is known, and writes :meth:`dataset`. By default it has one test
+    set and fresh training episodes every epoch.
+
+    Args:
+        train_label_ratio: ``(low, high)``: each training episode labels ``m`` points, ``m`` uniform between
+            ``round(low * n)`` and ``round(high * n)``.
+        labeled_subset: which ``m`` points are labeled, in training and evaluation (see :func:`labeled_mask`):
+            ``random`` (the paper's protocol) or ``stratified`` (at least one labeled point per class).
+        data_seed: seed of all data (episodes, splits, label counts), independent of ``seed_everything``.
+        num_workers: DataLoader workers per device; making an episode takes well under a millisecond, so the
+            default 0 keeps it in the training process.
     """
 
     #: Names of separate test sets (one test dataloader each); ``None``: one test set.
     test_set_names: list[str] | None = None
     #: Size of a fixed pool of training episodes (Sec. 4.2's "dataset size"); ``None``: fresh every epoch.
     train_episodes: int | None = None
+
+    def __init__(
+        self,
+        train_label_ratio: tuple[float, float] = (0.03, 0.39),
+        labeled_subset: LabeledSubset = "random",
+        data_seed: int = 0,
+        num_workers: int = 0,
+    ):
+        super().__init__()
+        # Records the subclass's arguments too: Lightning collects those of every constructor in the call.
+        self.save_hyperparameters()
 
     def init_episodes(self, n_points: int) -> None:
         """Check the label arguments against episodes of ``n_points`` (one ConfigError each) and keep them."""
@@ -202,6 +226,27 @@ class EpisodeDataModule(ChunkedDataModule):
         self.n_points = n_points
         #: ``(low, high)`` labeled points of a training episode (drawn uniformly between them).
         self.labeled_range = (labeled_count(lo, n_points), labeled_count(hi, n_points))
+
+    @abstractmethod
+    def dataset(self, split: Split, items: int | None = None, only: int | None = None) -> Dataset:
+        """The episodes of ``split``. ``items``: the training epoch's item count (``None`` for an evaluation set,
+        whose size the subclass knows); ``only=k``: the ``k``-th of :attr:`test_set_names`."""
+
+    def train_dataloader(self) -> DataLoader:
+        return self.train_loader(lambda items: self.dataset("train", items))
+
+    def val_dataloader(self) -> DataLoader:
+        return self.eval_loader(self.dataset("val"))
+
+    def test_dataloader(self) -> DataLoader | list[DataLoader]:
+        """The test episodes: one loader, or one per named test set (``test_set_names``)."""
+        if self.test_set_names is None:
+            return self.eval_loader(self.dataset("test"))
+        return [self.eval_loader(self.dataset("test", only=k)) for k in range(len(self.test_set_names))]
+
+    def predict_dataloader(self) -> DataLoader:
+        """All test episodes in one set (``predict`` returns per-point probabilities at every evaluation ratio)."""
+        return self.eval_loader(self.dataset("test"))
 
 
 class ManifoldDataModule(EpisodeDataModule):
@@ -229,10 +274,7 @@ class ManifoldDataModule(EpisodeDataModule):
         val_episodes: size of the fixed validation set.
         test_episodes: size of the fixed test set.
         eval_batch_size: episodes per validation/test step.
-        train_label_ratio: ``(low, high)``: each training episode labels ``m`` points, ``m`` uniform between
-            ``round(low * n)`` and ``round(high * n)``.
         eval_label_ratios: label ratios swept in validation and test (the module reads them from here).
-        data_seed: seed of all generated data, independent of ``seed_everything``.
         pose_scale: range of the random isotropic scale (App. D).
         pose_translation: range of the random x/y translation (App. D).
         pose_rotation: ``planar`` (about z, App. D), ``haar`` (any 3-D rotation, App. E.1) or ``none``.
@@ -244,10 +286,8 @@ class ManifoldDataModule(EpisodeDataModule):
             paper gives no product threshold; 0.5 makes balanced classes).
         product_permute_factors: put each product episode's factor blocks in a random order (Sec. 4.3.2's
             permutation; see :class:`~lit_icl.icssl.sampling.ProductManifold`).
-        num_workers: DataLoader workers per device; generation takes about 1 ms per 64 episodes, so the
-            default 0 keeps it in the training process.
-        labeled_subset: which ``m`` points are labeled, in training and evaluation (see :func:`labeled_mask`):
-            ``random`` (the paper's protocol) or ``stratified`` (at least one labeled point per class).
+        **kwargs: ``train_label_ratio``, ``labeled_subset``, ``data_seed`` and ``num_workers``, as
+            :class:`EpisodeDataModule` takes them.
     """
 
     def __init__(
@@ -263,9 +303,7 @@ class ManifoldDataModule(EpisodeDataModule):
         val_episodes: int = 512,
         test_episodes: int = 2048,
         eval_batch_size: int = 128,
-        train_label_ratio: tuple[float, float] = (0.03, 0.39),
         eval_label_ratios: Sequence[float] = DEFAULT_LABEL_RATIOS,
-        data_seed: int = 0,
         pose_scale: tuple[float, float] = (0.02, 0.1),
         pose_translation: tuple[float, float] = (-1.0, 1.0),
         pose_rotation: PoseRotation = "planar",
@@ -273,34 +311,23 @@ class ManifoldDataModule(EpisodeDataModule):
         torus_tau: float = TORUS_TAU,
         product_positive_fraction: float = 0.5,
         product_permute_factors: bool = False,
-        num_workers: int = 0,
-        labeled_subset: LabeledSubset = "random",
+        **kwargs,
     ):
-        super().__init__()
-        self.save_hyperparameters()
+        super().__init__(**kwargs)
         # Everything is checked before anything is built, each message naming the option as the user wrote it.
         self._validate()
-        self.train_manifolds = list(train_manifolds)
-        self.val_manifolds = list(val_manifolds) if val_manifolds is not None else list(train_manifolds)
-        self.test_manifolds = list(test_manifolds) if test_manifolds is not None else list(train_manifolds)
+        splits = {"train": list(train_manifolds), "val": list(val_manifolds or train_manifolds),
+                  "test": list(test_manifolds or train_manifolds)}
+        self.test_manifolds = splits["test"]
         if test_per_manifold and len(self.test_manifolds) > 1:
             self.test_set_names = list(self.test_manifolds)  # one test set per manifold, tagging the rows
-        self.test_episodes = test_episodes
-        self.data_seed = data_seed
         try:
             self.pose = PoseConfig(tuple(pose_scale), tuple(pose_translation), pose_rotation)
         except ValueError as err:
             raise ConfigError(str(err)) from None
-        options = {"height": cylinder_height, "tau": torus_tau, "positive_fraction": product_positive_fraction,
-                   "permute_factors": product_permute_factors}
-        self._manifolds = {
-            split: self._build(names, options)
-            for split, names in (
-                ("train", self.train_manifolds),
-                ("val", self.val_manifolds),
-                ("test", self.test_manifolds),
-            )
-        }
+        self._manifolds = {split: get_manifolds(
+            names, height=cylinder_height, tau=torus_tau, positive_fraction=product_positive_fraction,
+            permute_factors=product_permute_factors) for split, names in splits.items()}
         dims = {m.ambient_dim for ms in self._manifolds.values() for m in ms}
         if len(dims) > 1:
             raise ConfigError(
@@ -323,69 +350,26 @@ class ManifoldDataModule(EpisodeDataModule):
                     hint="App. E.1.5 states 0.5; the default sqrt(pi/2) = 1.2533 covers 1/8 of the surface")
         # Checked even when no product manifold is used, so a typo never waits for a later config change.
         check_fraction("product_positive_fraction", hp.product_positive_fraction, closed_high=True)
-        if not isinstance(hp.test_per_manifold, bool):
-            raise ConfigError(f"test_per_manifold={hp.test_per_manifold!r} must be true or false")
-        if not isinstance(hp.product_permute_factors, bool):
-            raise ConfigError(f"product_permute_factors={hp.product_permute_factors!r} must be true or false")
-        manifold_lists = {"train_manifolds": hp.train_manifolds, "val_manifolds": hp.val_manifolds,
-                          "test_manifolds": hp.test_manifolds}
-        for name, names in manifold_lists.items():
-            if names is not None:
-                for spec in check_nonempty(name, names, example="[cylinder]"):
+        check_bool("test_per_manifold", hp.test_per_manifold)
+        check_bool("product_permute_factors", hp.product_permute_factors)
+        for split in ("train", "val", "test"):
+            if hp[f"{split}_manifolds"] is not None:
+                for spec in check_nonempty(f"{split}_manifolds", hp[f"{split}_manifolds"], example="[cylinder]"):
                     if not isinstance(spec, str):
-                        raise ConfigError(f"{name} entry {spec!r} must be a manifold name such as 'cylinder'")
+                        raise ConfigError(f"{split}_manifolds entry {spec!r} must be a manifold name such as 'cylinder'")
 
-    @staticmethod
-    def _build(names: Sequence[str], options: dict[str, float]) -> list[Manifold]:
-        if not names:
-            raise ConfigError("a manifold list is empty; name at least one manifold, e.g. ['cylinder']")
-        out = []
-        for name in names:
-            # Pass only the options that apply: a cylinder has a height, a product a positive fraction.
-            parts = name.lower().split("*")
-            opts = {}
-            if "cylinder" in parts:
-                opts["height"] = options["height"]
-            if "torus" in parts or "flat_torus" in parts:
-                opts["tau"] = options["tau"]
-            if len(parts) > 1:
-                opts["positive_fraction"] = options["positive_fraction"]
-                opts["permute_factors"] = options["permute_factors"]
-            try:
-                out.append(get_manifold(name, **opts))
-            except ValueError as err:
-                raise ConfigError(str(err)) from None
-        return out
-
-    def _dataset(self, split: Split, length: int, chunk: int, only: int | None = None) -> EpisodeChunks:
-        """Episodes of ``split``; ``only=k``: episodes of its ``k``-th manifold alone, in a stream of their own."""
+    def dataset(self, split: Split, items: int | None = None, only: int | None = None) -> EpisodeChunks:
+        """Episodes of ``split`` (``items`` chunks in training; ``val_episodes`` / ``test_episodes`` otherwise);
+        ``only=k``: episodes of its ``k``-th manifold alone, in a stream of their own."""
         manifolds = self._manifolds[split] if only is None else [self._manifolds[split][only]]
         return EpisodeChunks(
             split,
             manifolds,
             self.n_points,
-            chunk,
-            length,
-            self.data_seed,
+            self.chunk_size,
+            items if items is not None else self.set_items(f"{split}_episodes"),
+            self.hparams.data_seed,
             self.pose,
             self.labeled_range if split == "train" else None,
             stream=None if only is None else self.test_manifolds[only],
         )
-
-    def train_dataloader(self) -> DataLoader:
-        return self.train_loader(lambda items: self._dataset("train", items, self.chunk_size))
-
-    def val_dataloader(self) -> DataLoader:
-        return self.eval_loader(self._dataset("val", self.set_items("val_episodes"), self.chunk_size))
-
-    def test_dataloader(self) -> DataLoader | list[DataLoader]:
-        """The test episodes: one loader, or one per test manifold (``test_per_manifold``)."""
-        items = self.set_items("test_episodes")
-        if self.test_set_names is None:
-            return self.eval_loader(self._dataset("test", items, self.chunk_size))
-        return [self.eval_loader(self._dataset("test", items, self.chunk_size, only=k))
-                for k in range(len(self.test_set_names))]
-
-    def predict_dataloader(self) -> DataLoader:
-        """The mixed test episodes (``predict`` returns per-point probabilities at every evaluation ratio)."""
-        return self.eval_loader(self._dataset("test", self.set_items("test_episodes"), self.chunk_size))

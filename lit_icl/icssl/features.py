@@ -27,11 +27,9 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
-from torch.utils.data import DataLoader
 
-from lit_icl.core.data import SeededChunks
+from lit_icl.core.data import SeededChunks, StandinOnFirstUse
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import (
@@ -40,7 +38,7 @@ from lit_icl.core.validation import (
     check_literal,
     check_nonnegative,
 )
-from lit_icl.icssl.data import EpisodeDataModule, LabeledSubset
+from lit_icl.icssl.data import EpisodeDataModule
 
 STANDIN_COMMAND = "python -m lit_icl.icssl.build features-standin --out {path}"
 #: Where a run builds the stand-in on first use (only there: a mistyped path to one's own features stays an error).
@@ -156,7 +154,31 @@ class FeatureEpisodes(SeededChunks):
         return item
 
 
-class FeatureEpisodeDataModule(EpisodeDataModule):
+def split_features(path: str | Path, test_fraction: float, normalize: FeatureNormalization,
+                   data_seed: int) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+    """Read a feature file, hold out ``test_fraction`` of each class's images (seeded by ``data_seed``) and
+    normalise: ``(features, training image ids per class, held-out image ids per class)``."""
+    data = load_features(path)
+    feats, labels = data["features"].float(), data["labels"].long()
+    g = make_generator(data_seed, "feature_split")
+    train_idx, test_idx = [], []
+    for c in labels.unique():
+        members = (labels == c).nonzero().flatten()
+        members = members[torch.randperm(members.numel(), generator=g)]
+        n_test = int(round(test_fraction * members.numel()))
+        test_idx.append(members[:n_test])
+        train_idx.append(members[n_test:])
+    if len(train_idx) < 2:
+        raise ConfigError(f"{path} has {len(train_idx)} class(es); episodes need 2")
+    if normalize == "l2":
+        feats = F.normalize(feats, dim=-1)
+    elif normalize == "standard":
+        ref = feats[torch.cat(train_idx)]  # training-image statistics only
+        feats = (feats - ref.mean(0)) / ref.std(0).clamp_min(1e-6)
+    return feats, train_idx, test_idx
+
+
+class FeatureEpisodeDataModule(StandinOnFirstUse, EpisodeDataModule):
     """IC-SSL episodes from a feature file (Sec. 4.2): 2 classes x ``per_class`` images per episode.
 
     Args:
@@ -168,11 +190,15 @@ class FeatureEpisodeDataModule(EpisodeDataModule):
         feature_scale: multiplies the features (after ``normalize``); the RBF attention and EIG graph
             bandwidths of the IC-SSL nets expect distances of order 0.01-0.1.
         normalize: ``"l2"`` (unit rows), ``"standard"`` (z-score with training-image statistics) or ``"none"``.
-        batch_size / eval_batch_size / train_batches_per_epoch / train_label_ratio / eval_label_ratios /
-        data_seed / labeled_subset: as :class:`~lit_icl.icssl.ManifoldDataModule`.
+        batch_size / eval_batch_size / train_batches_per_epoch / eval_label_ratios: as
+            :class:`~lit_icl.icssl.ManifoldDataModule`.
         build_standin: when ``features`` is :data:`STANDIN_FILE` and does not exist, build the offline stand-in
             there before the run (``prepare_data``, once per node); ``false`` makes a missing file an error.
+        **kwargs: ``train_label_ratio``, ``labeled_subset``, ``data_seed`` and ``num_workers``, as
+            :class:`~lit_icl.icssl.data.EpisodeDataModule` takes them.
     """
+
+    location_arg, standin_location = "features", STANDIN_FILE
 
     def __init__(
         self,
@@ -187,15 +213,11 @@ class FeatureEpisodeDataModule(EpisodeDataModule):
         batch_size: int = 32,
         eval_batch_size: int = 64,
         train_batches_per_epoch: int = 100,
-        train_label_ratio: tuple[float, float] = (0.03, 0.39),
         eval_label_ratios: list[float] = (0.03, 0.39),
-        data_seed: int = 0,
-        labeled_subset: LabeledSubset = "random",
-        num_workers: int = 0,
         build_standin: bool = True,
+        **kwargs,
     ):
-        super().__init__()
-        self.save_hyperparameters()
+        super().__init__(**kwargs)
         check_int("per_class", per_class, minimum=1)
         # An item is one episode (no chunk_size); the pool, too, is counted in episodes.
         self.check_loader_args("train_episodes", "val_episodes", "test_episodes")
@@ -205,26 +227,17 @@ class FeatureEpisodeDataModule(EpisodeDataModule):
         self.init_episodes(2 * per_class)
         #: Sec. 4.2's "dataset size"; the IC-SSL module tags its result rows with it.
         self.train_episodes = train_episodes
-        self._split_cache: dict[str, tuple[Tensor, list[Tensor]]] | None = None
+        self._splits: tuple[Tensor, list[Tensor], list[Tensor]] | None = None
 
     @property
     def ambient_dim(self) -> int:
-        if self.builds_standin():
-            return STANDIN_DIM
-        return int(self._splits()["train"][0].shape[1])
-
-    def builds_standin(self) -> bool:
-        """Whether this run builds the stand-in (``features`` is the stand-in's file, missing, and
-        ``build_standin`` is on)."""
-        path = Path(self.hparams.features)
-        return (bool(self.hparams.build_standin) and not path.exists()
-                and path.resolve() == Path(STANDIN_FILE).resolve())
+        return STANDIN_DIM if self.builds_standin() else int(self.splits()[0].shape[1])
 
     def check_config(self, **_: object) -> None:
         """Before a run: the feature file exists and every class has enough images for an episode. A stand-in
         still to be built is checked by the shape it will have, and by what building it needs."""
         if not self.builds_standin():
-            self._splits()
+            self.splits()
             return
         from lit_icl.icssl import build  # not at the top: lit_icl.icssl must not import build
 
@@ -238,20 +251,14 @@ class FeatureEpisodeDataModule(EpisodeDataModule):
         n_test = round(self.hparams.test_fraction * STANDIN_PER_CLASS)
         self._check_split_sizes(min(n_test, STANDIN_PER_CLASS - n_test))
 
-    def prepare_data(self) -> None:
-        """Build the stand-in on first use, into a hidden sibling renamed when complete (an interrupted build
-        leaves no half-written file that would look valid)."""
-        if not self.builds_standin():
-            return
+    def standin_notice(self) -> str:
+        return (f"Building the IC-SSL feature stand-in at {self.hparams.features} (first use; Fashion-MNIST "
+                "through EfficientNet-Lite0, about 2 minutes)")
+
+    def build_standin_into(self, path: Path) -> None:
         from lit_icl.icssl import build
 
-        path = Path(self.hparams.features)
-        partial = path.parent / f".{path.name}.partial"
-        rank_zero_info(f"Building the IC-SSL feature stand-in at {path} (first use; Fashion-MNIST through "
-                       "EfficientNet-Lite0, about 2 minutes)")
-        partial.parent.mkdir(parents=True, exist_ok=True)
-        build.build_feature_standin(partial)
-        partial.rename(path)
+        build.build_feature_standin(path)
 
     def _check_split_sizes(self, short: int) -> None:
         if short < self.hparams.per_class:
@@ -260,44 +267,19 @@ class FeatureEpisodeDataModule(EpisodeDataModule):
                 f"per_class={self.hparams.per_class}; lower per_class or test_fraction, or add images"
             )
 
-    def _splits(self) -> dict[str, tuple[Tensor, list[Tensor]]]:
-        if self._split_cache is not None:
-            return self._split_cache
-        hp = self.hparams
-        data = load_features(hp.features)
-        feats, labels = data["features"].float(), data["labels"].long()
-        g = make_generator(hp.data_seed, "feature_split")
-        train_idx, test_idx = [], []
-        for c in labels.unique():
-            members = (labels == c).nonzero().flatten()
-            members = members[torch.randperm(members.numel(), generator=g)]
-            n_test = int(round(hp.test_fraction * members.numel()))
-            test_idx.append(members[:n_test])
-            train_idx.append(members[n_test:])
-        if len(train_idx) < 2:
-            raise ConfigError(f"{hp.features} has {len(train_idx)} class(es); episodes need 2")
-        self._check_split_sizes(min(min(len(t) for t in train_idx), min(len(t) for t in test_idx)))
-        if hp.normalize == "l2":
-            feats = F.normalize(feats, dim=-1)
-        elif hp.normalize == "standard":
-            ref = feats[torch.cat(train_idx)]
-            feats = (feats - ref.mean(0)) / ref.std(0).clamp_min(1e-6)
-        # Indices are re-based so that each split's episodes index its own class lists.
-        self._split_cache = {"train": (feats, train_idx), "test": (feats, test_idx)}
-        return self._split_cache
+    def splits(self) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        """:func:`split_features` of this run's file, read once, with enough images of each class."""
+        if self._splits is None:
+            hp = self.hparams
+            splits = split_features(hp.features, hp.test_fraction, hp.normalize, hp.data_seed)
+            self._check_split_sizes(min(len(ids) for ids in (*splits[1], *splits[2])))
+            self._splits = splits
+        return self._splits
 
-    def _dataset(self, split: str, size: str) -> FeatureEpisodes:
-        """The ``hparams[size]`` episodes of ``split`` (training: a pool revisited by the epoch's items)."""
+    def dataset(self, split: str, items: int | None = None, only: int | None = None) -> FeatureEpisodes:
+        """The ``<split>_episodes`` episodes of ``split`` (training: a pool that the epoch's items revisit)."""
+        feats, train_ids, test_ids = self.splits()
         hp = self.hparams
-        feats, by_class = self._splits()["train" if split == "train" else "test"]
-        return FeatureEpisodes(feats, by_class, split, hp.per_class, hp[size], hp.data_seed, hp.feature_scale,
+        return FeatureEpisodes(feats, train_ids if split == "train" else test_ids, split, hp.per_class,
+                               hp[f"{split}_episodes"], hp.data_seed, hp.feature_scale,
                                self.labeled_range if split == "train" else None)
-
-    def train_dataloader(self) -> DataLoader:
-        return self.train_loader(lambda items: self._dataset("train", "train_episodes"))
-
-    def val_dataloader(self) -> DataLoader:
-        return self.eval_loader(self._dataset("val", "val_episodes"))
-
-    def test_dataloader(self) -> DataLoader:
-        return self.eval_loader(self._dataset("test", "test_episodes"))

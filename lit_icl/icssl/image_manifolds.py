@@ -38,15 +38,14 @@ from pathlib import Path
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
-from torch.utils.data import DataLoader
 
-from lit_icl.core.data import SeededChunks
+from lit_icl.core.data import SeededChunks, StandinOnFirstUse
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.validation import (
     check_int,
     check_positive,
 )
-from lit_icl.icssl.data import DEFAULT_LABEL_RATIOS, EpisodeDataModule, LabeledSubset
+from lit_icl.icssl.data import DEFAULT_LABEL_RATIOS, EpisodeDataModule
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 STANDIN_COMMAND = "python -m lit_icl.icssl.build image-standin --out {root}"
@@ -234,7 +233,7 @@ class ImageEpisodes(SeededChunks):
         return item
 
 
-class ImageManifoldDataModule(EpisodeDataModule):
+class ImageManifoldDataModule(StandinOnFirstUse, EpisodeDataModule):
     """Episodes from image-manifold sequences (App. E.3) for :class:`~lit_icl.icssl.ICSSLModule`.
 
     Args:
@@ -247,13 +246,14 @@ class ImageManifoldDataModule(EpisodeDataModule):
         val_sequences: the last this many training sequences form the validation set (not trained on).
         batch_size / eval_batch_size: episodes per step.
         train_batches_per_epoch: steps per epoch; sequences repeat in new frame orders across epochs.
-        train_label_ratio: ``(low, high)`` range of the training label ratio (as ``ManifoldDataModule``).
         eval_label_ratios: ratios swept in validation and test.
-        data_seed: seed of the frame orders and label counts.
-        labeled_subset: ``random`` or ``stratified`` (see :func:`lit_icl.icssl.data.labeled_mask`).
         build_standin: when ``root`` is :data:`STANDIN_ROOT` and does not exist, build the offline stand-in there
             before the run (``prepare_data``, once per node); ``false`` makes a missing ``root`` an error.
+        **kwargs: ``train_label_ratio``, ``labeled_subset``, ``data_seed`` (of the frame orders and label
+            counts) and ``num_workers``, as :class:`~lit_icl.icssl.data.EpisodeDataModule` takes them.
     """
+
+    location_arg, standin_location = "root", STANDIN_ROOT
 
     def __init__(
         self,
@@ -266,15 +266,11 @@ class ImageManifoldDataModule(EpisodeDataModule):
         batch_size: int = 16,
         eval_batch_size: int = 64,
         train_batches_per_epoch: int = 100,
-        train_label_ratio: tuple[float, float] = (0.03, 0.39),
         eval_label_ratios: Sequence[float] = DEFAULT_LABEL_RATIOS,
-        data_seed: int = 0,
-        labeled_subset: LabeledSubset = "random",
-        num_workers: int = 0,
         build_standin: bool = True,
+        **kwargs,
     ):
-        super().__init__()
-        self.save_hyperparameters()
+        super().__init__(**kwargs)
         check_int("n_points", n_points, minimum=2, hint="an episode needs at least 2 points")
         check_int("image_size", image_size, minimum=1, hint="App. E.3.2 uses 32")
         check_positive("pixel_scale", pixel_scale, hint="App. E.3.2 uses 0.001")
@@ -292,12 +288,6 @@ class ImageManifoldDataModule(EpisodeDataModule):
         self._frames: Tensor | None = None
         self._from_cache = False
 
-    def builds_standin(self) -> bool:
-        """Whether this run builds the stand-in (``root`` is the stand-in's folder, missing, and
-        ``build_standin`` is on)."""
-        return (bool(self.hparams.build_standin) and not self.root.exists()
-                and self.root.resolve() == Path(STANDIN_ROOT).resolve())
-
     def check_config(self, **_: object) -> None:
         """Before a run: the data must be there (one line saying where it goes and how to build the stand-in),
         fit ``n_points`` and ``train_sequences``, and decode. Nothing is written here (see :meth:`setup`); a
@@ -307,22 +297,14 @@ class ImageManifoldDataModule(EpisodeDataModule):
         else:
             self.frames()
 
-    def prepare_data(self) -> None:
-        """Build the stand-in on first use. Written to a hidden sibling folder and renamed when complete, so an
-        interrupted build leaves no half-filled ``root`` behind (the next run starts it again)."""
-        if not self.builds_standin():
-            return
+    def standin_notice(self) -> str:
+        return (f"Building the image-manifold stand-in in {self.root} (first use; {STANDIN_SEQUENCES} sequences "
+                f"of {STANDIN_FRAMES} frames, about a minute)")
+
+    def build_standin_into(self, path: Path) -> None:
         from lit_icl.icssl import build  # not at the top: lit_icl.icssl must not import build
 
-        partial = self.root.parent / f".{self.root.name}.partial"
-        rank_zero_info(f"Building the image-manifold stand-in in {self.root} (first use; "
-                       f"{STANDIN_SEQUENCES} sequences of {STANDIN_FRAMES} frames, about a minute)")
-        if partial.exists():
-            import shutil
-
-            shutil.rmtree(partial)
-        build.build_image_standin(partial, STANDIN_SEQUENCES, STANDIN_FRAMES)
-        partial.rename(self.root)
+        build.build_image_standin(path, STANDIN_SEQUENCES, STANDIN_FRAMES)
 
     def setup(self, stage: str) -> None:
         """The run has passed every check: cache freshly decoded frames in the data folder (if writable)."""
@@ -355,17 +337,9 @@ class ImageManifoldDataModule(EpisodeDataModule):
         return {"train": frames[:fit_end], "val": frames[fit_end: hp.train_sequences],
                 "test": frames[hp.train_sequences:]}[split]
 
-    def _dataset(self, split: str) -> ImageEpisodes:
+    def dataset(self, split: str, items: int | None = None, only: int | None = None) -> ImageEpisodes:
+        """One episode per sequence of ``split``; training sequences are revisited in new frame orders (the
+        epoch's items index them modulo their count)."""
         hp = self.hparams
         return ImageEpisodes(self._split(split), split, self.n_points, hp.pixel_scale, hp.data_seed,
                              self.labeled_range if split == "train" else None)
-
-    def train_dataloader(self) -> DataLoader:
-        # Training sequences are revisited in new frame orders: the epoch's items index them modulo their count.
-        return self.train_loader(lambda items: self._dataset("train"))
-
-    def val_dataloader(self) -> DataLoader:
-        return self.eval_loader(self._dataset("val"))
-
-    def test_dataloader(self) -> DataLoader:
-        return self.eval_loader(self._dataset("test"))

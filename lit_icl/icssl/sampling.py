@@ -11,6 +11,7 @@ Typical use::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -176,13 +177,9 @@ def get_manifold(spec: str, **options: Any) -> Manifold:
     """
     if not isinstance(spec, str):
         raise TypeError(f"manifold spec must be a string, got {type(spec).__name__}")
-    parts = spec.split("*")
-    classes = [_resolve(p, spec) for p in parts]
+    classes = [_resolve(p, spec) for p in spec.split("*")]
     is_product = len(classes) > 1
-
-    accepting = set(ProductManifold.option_names) if is_product else set()
-    for cls in classes:
-        accepting.update(cls.option_names)
+    accepting = _accepted_options(classes)
     for key in options:
         if key not in accepting:
             raise ConfigError(
@@ -195,6 +192,30 @@ def get_manifold(spec: str, **options: Any) -> Manifold:
         return factors[0]
     product_opts = {k: v for k, v in options.items() if k in ProductManifold.option_names}
     return ProductManifold(tuple(factors), **product_opts)
+
+
+def _accepted_options(classes: Sequence[type[Manifold]]) -> set[str]:
+    """The options some part of a spec takes: its factors' own, and a product's."""
+    accepting = set(ProductManifold.option_names) if len(classes) > 1 else set()
+    for cls in classes:
+        accepting.update(cls.option_names)
+    return accepting
+
+
+def get_manifolds(specs: Sequence[str], **options: Any) -> list[Manifold]:
+    """:func:`get_manifold` for each of ``specs``, given only the ``options`` that apply to it (a cylinder its
+    ``height``, a product its ``positive_fraction``), so that one set of options serves a list of manifolds.
+
+    Raises:
+        ConfigError: a spec that is not a string, or an unknown manifold name.
+    """
+    out = []
+    for spec in specs:
+        if not isinstance(spec, str):
+            raise ConfigError(f"manifold {spec!r} must be a name such as 'cylinder'")
+        accepting = _accepted_options([_resolve(p, spec) for p in spec.split("*")])
+        out.append(get_manifold(spec, **{k: v for k, v in options.items() if k in accepting}))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------
