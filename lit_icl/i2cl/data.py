@@ -27,7 +27,6 @@ Calibration batches (``calibration_batches``): ``epoch`` walks a fresh shuffle o
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -37,26 +36,71 @@ from torch.utils.data import DataLoader, Dataset
 from lit_icl.core.data import EpochSampler, world_and_rank
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
-from lit_icl.core.validation import check_int, check_literal, check_nonempty, check_positive
-from lit_icl.i2cl.build import ensure_offline, offline_hint
+from lit_icl.core.validation import check_int, check_literal, check_positive
 from lit_icl.i2cl.tasks import (
-    SYNTHETIC_LABELS,
-    SYNTHETIC_TEMPLATE,
-    TASKS,
     Example,
     Source,
     TaskData,
+    TaskFormat,
+    TaskSource,
     balanced_sample,
     demo_sample,
-    load_hub,
-    read_table,
-    synthetic_example,
 )
 
 #: How calibration batches are drawn (see the module docstring).
 CalibrationBatches = Literal["epoch", "replacement"]
 
 
+# ---------------------------------------------------------------------- sampling
+def sample_task_data(
+    train: list[Example],
+    test: list[Example],
+    fmt: TaskFormat,
+    name: str,
+    *,
+    eval_samples: int,
+    holdout_samples: int,
+    data_seed: int,
+    eval_seed: int,
+    separator: str = "\n",
+) -> TaskData:
+    """One seed's task (see the module docstring): its demonstrations, holdout and extra query from ``train``, and
+    the evaluation set from ``test``.
+
+    Args:
+        train / test: the task's pools.
+        fmt: the template, label words and demonstrations per class.
+        name: the task's name in results.
+        eval_samples / holdout_samples: class-balanced test queries / task-vector holdout queries.
+        data_seed: draws the demonstrations, the holdout and the extra query.
+        eval_seed: draws the evaluation set (fixed across seeds and methods).
+        separator: what ends each demonstration.
+    """
+    C = len(fmt.label_words)
+    demo_idx = demo_sample(train, fmt.shots, C, make_generator(data_seed, "i2cl_demos"))
+    used = set(demo_idx)
+    g_hold = make_generator(data_seed, "i2cl_holdout")
+    hold_idx = balanced_sample(train, holdout_samples, C, g_hold, exclude=used) if holdout_samples else []
+    used |= set(hold_idx)
+    rest = [i for i in range(len(train)) if i not in used]
+    if not rest:
+        raise ConfigError("the train split has no example left for the task vector's extra query; use a larger pool")
+    extra = train[rest[int(torch.randint(len(rest), (1,), generator=g_hold))]]
+    eval_idx = balanced_sample(test, eval_samples, C, make_generator(eval_seed, "i2cl_eval"))
+    return TaskData(
+        name=name,
+        template=fmt.template,
+        label_words=fmt.label_words,
+        demos=[train[i] for i in demo_idx],
+        eval=[test[i] for i in eval_idx],
+        holdout=[train[i] for i in hold_idx],
+        extra_query=extra,
+        meta={"train_pool": len(train), "test_pool": len(test)},
+        separator=separator,
+    )
+
+
+# ---------------------------------------------------------------------- datasets and loaders
 class CalibrationItems(Dataset):
     """Item ``epoch * N + i`` is demonstration ``perm_epoch[i]`` as a query: a fresh shuffle every epoch."""
 
@@ -72,6 +116,21 @@ class CalibrationItems(Dataset):
         perm = torch.randperm(n, generator=make_generator(self.seed, "i2cl_calibration", epoch))
         text, label = self.demos[int(perm[i])]
         return {"text": text, "label": label}
+
+
+class _Cyclic(Dataset):
+    """Global index ``epoch * per_epoch + i`` -> calibration item ``epoch * N + i`` (``i < per_epoch <= N``)."""
+
+    def __init__(self, inner: CalibrationItems, per_epoch: int):
+        self.inner, self.per_epoch = inner, per_epoch
+
+    def __len__(self) -> int:
+        return self.per_epoch
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        epoch, i = divmod(index, self.per_epoch)
+        n = len(self.inner)
+        return self.inner[epoch * n + (i % n)]
 
 
 class DrawnItems(Dataset):
@@ -107,8 +166,34 @@ class EvalItems(Dataset):
         return {"text": text, "label": label}
 
 
+def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """A batch: the texts as a list, the labels as a tensor."""
+    return {"text": [it["text"] for it in items], "label": torch.tensor([it["label"] for it in items])}
+
+
+def calibration_loader(demos: list[Example], seed: int, batch_size: int, how: CalibrationBatches = "epoch",
+                       world: int = 1, rank: int = 0) -> DataLoader:
+    """Rank ``rank``'s calibration batches of ``batch_size`` demonstrations, drawn ``how`` (see the module
+    docstring) from ``seed``, over ``world`` DDP ranks."""
+    n, block = len(demos), world * batch_size
+    # Whole batches per epoch (the public code's floor(N / 2) steps of 2) and the same count on every rank.
+    per_epoch = max(block, n - n % block)
+    if how == "replacement":
+        # one global batch of world * batch_size distinct demonstrations per step; rank r takes its share
+        items: Dataset = DrawnItems(demos, seed, block)
+    else:
+        items = _Cyclic(CalibrationItems(demos, seed), per_epoch)
+    return DataLoader(items, batch_size=batch_size, sampler=EpochSampler(per_epoch, world, rank), collate_fn=collate)
+
+
+# ---------------------------------------------------------------------- the data module
 class I2CLDataModule(LightningDataModule):
     """One task and one seed of I2CL's protocol (see the module docstring).
+
+    The options are checked once, when it is built: where the examples come from by its ``source``
+    (:class:`~lit_icl.i2cl.tasks.TaskSource`), how they are prompted by its ``format``
+    (:class:`~lit_icl.i2cl.tasks.TaskFormat`), the draws and batches here; :func:`sample_task_data` draws the run's
+    examples and :func:`calibration_loader` batches its demonstrations.
 
     Args:
         task: one of :data:`TASKS`, ``synthetic``, ``jsonl`` or ``csv``.
@@ -155,75 +240,44 @@ class I2CLDataModule(LightningDataModule):
     ):
         super().__init__()
         self.save_hyperparameters()
-        self._validate(**self.hparams)
-        spec = TASKS.get(task)
-        self.template = template or (spec.template if spec else SYNTHETIC_TEMPLATE)
-        words = label_words if label_words is not None else list(spec.label_words if spec else SYNTHETIC_LABELS)
-        self.label_words = [str(w) for w in words]
-        self.shots = int(shots_per_class if shots_per_class is not None else (spec.shots_per_class if spec else 5))
-        self.task_name = task if task not in ("jsonl", "csv") else Path(test_file).parent.name or task
+        self.source = TaskSource(task=task, path=path, train_file=train_file, test_file=test_file,
+                                 text_field=text_field, label_field=label_field, synthetic_train=synthetic_train,
+                                 synthetic_test=synthetic_test, max_chars=max_chars)
+        self.format = TaskFormat.resolve(task, template, label_words, shots_per_class)
+        self._check_draws_and_batches()
+        # last: a missing offline task is written on first use, so only once every other option is valid
+        self.source.ensure_files()
         self._data: TaskData | None = None
 
-    @staticmethod
-    def _validate(
-        *,
-        task: str,
-        train_file: str | None,
-        test_file: str | None,
-        template: str | None,
-        label_words: list[str] | None,
-        shots_per_class: int | None,
-        eval_samples: int,
-        holdout_samples: int,
-        data_seed: int,
-        eval_seed: int,
-        synthetic_train: int,
-        synthetic_test: int,
-        max_chars: int | None,
-        batch_size: int,
-        eval_batch_size: int,
-        example_separator: str = "\n",
-        calibration_batches: str = "epoch",
-        **_: object,
-    ) -> None:
-        """The constructor's argument checks (``**_``: the options with nothing to check, and what the CLI adds
-        to the hyper-parameters)."""
-        check_literal("task", task, Source)
-        spec = TASKS.get(task)
-        if task in ("jsonl", "csv"):
-            if not train_file or not test_file:
-                raise ConfigError(f"task={task!r} needs train_file and test_file (local .{task} files of text, label)")
-            if template is None or label_words is None:
-                raise ConfigError(f"task={task!r} needs template (with {{text}}) and label_words in the config")
-        template = template or (spec.template if spec else SYNTHETIC_TEMPLATE)
-        if "{text}" not in template:
-            raise ConfigError(f"template={template!r} must contain {{text}}, e.g. 'Review: {{text}}\\nSentiment:'")
-        words = label_words if label_words is not None else list(spec.label_words if spec else SYNTHETIC_LABELS)
-        words = [str(w) for w in check_nonempty("label_words", words, "[negative, positive]")]
-        if len(words) < 2 or len(set(words)) != len(words):
-            raise ConfigError(f"label_words={words} must name at least two distinct classes")
-        if spec is not None and label_words is not None and len(label_words) != len(spec.label_words):
-            raise ConfigError(f"task {task!r} has {len(spec.label_words)} classes; give {len(spec.label_words)} label_words")
-        check_positive("shots_per_class", shots_per_class if shots_per_class is not None
-                       else (spec.shots_per_class if spec else 5), integer=True)
-        check_positive("eval_samples", eval_samples, integer=True)
-        check_int("holdout_samples", holdout_samples, minimum=0)
-        check_int("data_seed", data_seed)
-        check_int("eval_seed", eval_seed)
-        check_positive("synthetic_train", synthetic_train, integer=True)
-        check_positive("synthetic_test", synthetic_test, integer=True)
-        if max_chars is not None:
-            check_positive("max_chars", max_chars, integer=True)
-        check_positive("batch_size", batch_size, integer=True)
-        check_positive("eval_batch_size", eval_batch_size, integer=True)
-        if not isinstance(example_separator, str) or not example_separator:
-            raise ConfigError(f"example_separator={example_separator!r} must be a non-empty string, e.g. '\\n'")
-        check_literal("calibration_batches", calibration_batches, CalibrationBatches)
-        for name, f in (("train_file", train_file), ("test_file", test_file)):
-            # the offline sentiment tasks are written on first use, as `python -m lit_icl.i2cl.build` would
-            if f is not None and not Path(f).is_file() and not ensure_offline(f):
-                hint = offline_hint(f, "offline movie reviews: python -m lit_icl.i2cl.build")
-                raise ConfigError(f"{name}={f!r} does not exist ({hint})")
+    def _check_draws_and_batches(self) -> None:
+        """The checks of the options that neither the source nor the format checks."""
+        hp = self.hparams
+        check_positive("eval_samples", hp.eval_samples, integer=True)
+        check_int("holdout_samples", hp.holdout_samples, minimum=0)
+        check_int("data_seed", hp.data_seed)
+        check_int("eval_seed", hp.eval_seed)
+        check_positive("batch_size", hp.batch_size, integer=True)
+        check_positive("eval_batch_size", hp.eval_batch_size, integer=True)
+        if not isinstance(hp.example_separator, str) or not hp.example_separator:
+            raise ConfigError(f"example_separator={hp.example_separator!r} must be a non-empty string, e.g. '\\n'")
+        check_literal("calibration_batches", hp.calibration_batches, CalibrationBatches)
+
+    @property
+    def template(self) -> str:
+        return self.format.template
+
+    @property
+    def label_words(self) -> list[str]:
+        return self.format.label_words
+
+    @property
+    def shots(self) -> int:
+        """Demonstrations per class."""
+        return self.format.shots
+
+    @property
+    def task_name(self) -> str:
+        return self.source.name
 
     @property
     def data_seed(self) -> int:
@@ -239,86 +293,22 @@ class I2CLDataModule(LightningDataModule):
     def n_classes(self) -> int:
         return len(self.label_words)
 
-    # -------------------------------------------------------------- loading and sampling
-    def _pools(self) -> tuple[list[Example], list[Example]]:
-        hp = self.hparams
-        if hp.task == "synthetic":
-            train = [synthetic_example(hp.eval_seed, "train", i) for i in range(hp.synthetic_train)]
-            test = [synthetic_example(hp.eval_seed, "test", i) for i in range(hp.synthetic_test)]
-        elif hp.task in ("jsonl", "csv"):
-            train = read_table(hp.train_file, hp.text_field, hp.label_field, self.label_words)
-            test = read_table(hp.test_file, hp.text_field, hp.label_field, self.label_words)
-        else:
-            train, test = load_hub(TASKS[hp.task], hp.path)
-        if hp.max_chars is not None:
-            train = [(t[: hp.max_chars], y) for t, y in train]
-            test = [(t[: hp.max_chars], y) for t, y in test]
-        return train, test
-
     def task_data(self) -> TaskData:
         """Load once and sample this seed's demonstrations, the holdout and the fixed evaluation set."""
-        if self._data is not None:
-            return self._data
-        hp = self.hparams
-        train, test = self._pools()
-        C = self.n_classes
-        demo_idx = demo_sample(train, self.shots, C, make_generator(hp.data_seed, "i2cl_demos"))
-        used = set(demo_idx)
-        g_hold = make_generator(hp.data_seed, "i2cl_holdout")
-        hold_idx = balanced_sample(train, hp.holdout_samples, C, g_hold, exclude=used) if hp.holdout_samples else []
-        used |= set(hold_idx)
-        rest = [i for i in range(len(train)) if i not in used]
-        if not rest:
-            raise ConfigError("the train split has no example left for the task vector's extra query; use a larger pool")
-        extra = train[rest[int(torch.randint(len(rest), (1,), generator=g_hold))]]
-        eval_idx = balanced_sample(test, hp.eval_samples, C, make_generator(hp.eval_seed, "i2cl_eval"))
-        self._data = TaskData(
-            name=self.task_name,
-            template=self.template,
-            label_words=self.label_words,
-            demos=[train[i] for i in demo_idx],
-            eval=[test[i] for i in eval_idx],
-            holdout=[train[i] for i in hold_idx],
-            extra_query=extra,
-            meta={"train_pool": len(train), "test_pool": len(test)},
-            separator=hp.example_separator,
-        )
+        if self._data is None:
+            hp = self.hparams
+            # the synthetic pools come from eval_seed, so every data_seed draws from the same examples
+            train, test = self.source.pools(self.label_words, synthetic_seed=hp.eval_seed)
+            self._data = sample_task_data(train, test, self.format, self.task_name, eval_samples=hp.eval_samples,
+                                          holdout_samples=hp.holdout_samples, data_seed=hp.data_seed,
+                                          eval_seed=hp.eval_seed, separator=hp.example_separator)
         return self._data
 
-    # -------------------------------------------------------------- loaders
-    @staticmethod
-    def _collate(items: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"text": [it["text"] for it in items], "label": torch.tensor([it["label"] for it in items])}
-
     def train_dataloader(self) -> DataLoader:
-        data = self.task_data()
-        world, rank = world_and_rank(self)
-        n = len(data.demos)
-        # Whole batches per epoch (the public code's floor(N / 2) steps of 2) and the same count on every rank.
-        per_epoch = max(world * self.hparams.batch_size, n - n % (world * self.hparams.batch_size))
-        if self.hparams.calibration_batches == "replacement":
-            # one global batch of world * batch_size distinct demonstrations per step; rank r takes its share
-            items: Dataset = DrawnItems(data.demos, self.hparams.data_seed, world * self.hparams.batch_size)
-        else:
-            items = _Cyclic(CalibrationItems(data.demos, self.hparams.data_seed), per_epoch)
-        return DataLoader(items, batch_size=self.hparams.batch_size, sampler=EpochSampler(per_epoch, world, rank),
-                          collate_fn=self._collate)
+        hp = self.hparams
+        return calibration_loader(self.task_data().demos, hp.data_seed, hp.batch_size, hp.calibration_batches,
+                                  *world_and_rank(self))
 
     def test_dataloader(self) -> DataLoader:
         return DataLoader(EvalItems(self.task_data().eval), batch_size=self.hparams.eval_batch_size,
-                          shuffle=False, collate_fn=self._collate)
-
-
-class _Cyclic(Dataset):
-    """Global index ``epoch * per_epoch + i`` -> calibration item ``epoch * N + i`` (``i < per_epoch <= N``)."""
-
-    def __init__(self, inner: CalibrationItems, per_epoch: int):
-        self.inner, self.per_epoch = inner, per_epoch
-
-    def __len__(self) -> int:
-        return self.per_epoch
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        epoch, i = divmod(index, self.per_epoch)
-        n = len(self.inner)
-        return self.inner[epoch * n + (i % n)]
+                          shuffle=False, collate_fn=collate)

@@ -1,6 +1,7 @@
 """I2CL's tasks as text (App. A, Table 9): where each lives and how it is prompted, the readers of hub, local and
-synthetic sources, and the class-balanced draws of demonstrations and queries. :mod:`lit_icl.i2cl.data` turns
-them into the loaders of a run.
+synthetic sources, and the class-balanced draws of demonstrations and queries. A run's :class:`TaskSource` (where
+its examples come from) and :class:`TaskFormat` (how they are prompted) check its options once;
+:mod:`lit_icl.i2cl.data` turns them into the loaders of a run.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import torch
 
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
+from lit_icl.core.validation import check_literal, check_nonempty, check_positive
+from lit_icl.i2cl.build import ensure_offline, offline_hint
 
 
 @dataclass(frozen=True)
@@ -58,11 +61,111 @@ TASKS: dict[str, TaskSpec] = {
 SYNTHETIC_TEMPLATE = "Input: {text}\nLabel:"
 SYNTHETIC_LABELS = ("A", "B", "C")
 SPECIAL_CHARS = "!@#$%^&*()-_=+[]{};:'\",.<>/?\\|`~"
-SOURCES = (*TASKS, "synthetic", "jsonl", "csv")
+#: The sources read from local (text, label) files; they have no template or label words of their own.
+FILE_SOURCES = ("jsonl", "csv")
+SOURCES = (*TASKS, "synthetic", *FILE_SOURCES)
 #: ``task``'s choices as a type (``--help`` lists them), built from :data:`TASKS` so they are written once.
 Source = Literal[SOURCES]  # type: ignore[valid-type]
 
 Example = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class TaskFormat:
+    """How a run prompts its task: the ``template`` (with ``{text}``), one label word per class and the
+    demonstrations per class (``shots``), each the paper's (App. A, :data:`TASKS`) unless the config gives it."""
+
+    template: str
+    label_words: list[str]
+    shots: int
+
+    @classmethod
+    def resolve(cls, task: str, template: str | None, label_words: list[str] | None,
+                shots_per_class: int | None) -> TaskFormat:
+        """``task``'s format with the config's overrides (``None``: the task's own), checked: one one-line
+        :class:`ConfigError` for the first bad value."""
+        spec = TASKS.get(task)
+        if task in FILE_SOURCES and (template is None or label_words is None):
+            raise ConfigError(f"task={task!r} needs template (with {{text}}) and label_words in the config")
+        template = template or (spec.template if spec else SYNTHETIC_TEMPLATE)
+        if "{text}" not in template:
+            raise ConfigError(f"template={template!r} must contain {{text}}, e.g. 'Review: {{text}}\\nSentiment:'")
+        words = label_words if label_words is not None else list(spec.label_words if spec else SYNTHETIC_LABELS)
+        words = [str(w) for w in check_nonempty("label_words", words, "[negative, positive]")]
+        if len(words) < 2 or len(set(words)) != len(words):
+            raise ConfigError(f"label_words={words} must name at least two distinct classes")
+        if spec is not None and label_words is not None and len(label_words) != len(spec.label_words):
+            raise ConfigError(f"task {task!r} has {len(spec.label_words)} classes; give {len(spec.label_words)} label_words")
+        shots = shots_per_class if shots_per_class is not None else (spec.shots_per_class if spec else 5)
+        return cls(template, words, check_positive("shots_per_class", shots, integer=True))
+
+
+@dataclass(frozen=True)
+class TaskSource:
+    """Where a run's (text, label) examples come from, checked when built.
+
+    Args:
+        task: one of :data:`TASKS`, ``synthetic``, ``jsonl`` or ``csv``.
+        path: local copy of a hub task for ``datasets.load_dataset`` (default: the hub id).
+        train_file / test_file: the (text, label) files of ``jsonl`` / ``csv``.
+        text_field / label_field: column names in ``jsonl`` / ``csv`` files.
+        synthetic_train / synthetic_test: pool sizes of the synthetic task.
+        max_chars: truncate texts to this many characters (None: keep them whole).
+    """
+
+    task: Source
+    path: str | None = None
+    train_file: str | None = None
+    test_file: str | None = None
+    text_field: str = "text"
+    label_field: str = "label"
+    synthetic_train: int = 300
+    synthetic_test: int = 600
+    max_chars: int | None = None
+
+    def __post_init__(self) -> None:
+        check_literal("task", self.task, Source)
+        if self.task in FILE_SOURCES and not (self.train_file and self.test_file):
+            raise ConfigError(f"task={self.task!r} needs train_file and test_file (local .{self.task} files of "
+                              "text, label)")
+        check_positive("synthetic_train", self.synthetic_train, integer=True)
+        check_positive("synthetic_test", self.synthetic_test, integer=True)
+        if self.max_chars is not None:
+            check_positive("max_chars", self.max_chars, integer=True)
+
+    @property
+    def name(self) -> str:
+        """The task's name in results: ``task``, or for local files the folder of ``test_file``."""
+        return self.task if self.task not in FILE_SOURCES else Path(self.test_file).parent.name or self.task
+
+    def ensure_files(self) -> None:
+        """Refuse a missing ``train_file`` / ``test_file`` (a separate step, so that a caller can check every other
+        option first and write nothing for a bad config)."""
+        for name, f in (("train_file", self.train_file), ("test_file", self.test_file)):
+            # the offline sentiment tasks are written on first use, as `python -m lit_icl.i2cl.build` would
+            if f is not None and not Path(f).is_file() and not ensure_offline(f):
+                hint = offline_hint(f, "offline movie reviews: python -m lit_icl.i2cl.build")
+                raise ConfigError(f"{name}={f!r} does not exist ({hint})")
+
+    def pools(self, label_words: list[str], synthetic_seed: int) -> tuple[list[Example], list[Example]]:
+        """The (train, test) examples, texts cut to ``max_chars``.
+
+        Args:
+            label_words: the classes, in order (a file's label may be its label word).
+            synthetic_seed: generates the synthetic task's examples.
+        """
+        if self.task == "synthetic":
+            train = [synthetic_example(synthetic_seed, "train", i) for i in range(self.synthetic_train)]
+            test = [synthetic_example(synthetic_seed, "test", i) for i in range(self.synthetic_test)]
+        elif self.task in FILE_SOURCES:
+            train = read_table(self.train_file, self.text_field, self.label_field, label_words)
+            test = read_table(self.test_file, self.text_field, self.label_field, label_words)
+        else:
+            train, test = load_hub(TASKS[self.task], self.path)
+        if self.max_chars is not None:
+            train = [(t[: self.max_chars], y) for t, y in train]
+            test = [(t[: self.max_chars], y) for t, y in test]
+        return train, test
 
 
 @dataclass

@@ -16,13 +16,8 @@ pytest.importorskip("tokenizers")
 from lit_icl.core.data import EpochSampler
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
-from lit_icl.i2cl.data import (
-    CalibrationItems,
-    DrawnItems,
-    I2CLDataModule,
-    balanced_sample,
-    synthetic_example,
-)
+from lit_icl.i2cl.data import CalibrationItems, DrawnItems, I2CLDataModule
+from lit_icl.i2cl.tasks import balanced_sample, synthetic_example
 
 
 # ---------------------------------------------------------------------- data protocol
