@@ -262,9 +262,14 @@ def resolve_source(source: Source, root: str | os.PathLike[str], folder: str | N
     return source, root / ("omniglot-py" if source == "omniglot" else "glyphs")
 
 
+def has_images(folder: Path) -> bool:
+    """Whether ``folder`` holds images in Omniglot's layout (either split folder)."""
+    return any((folder / s).is_dir() for s in SPLIT_FOLDERS)
+
+
 def check_folder(source: str, folder: Path, download: bool, build_glyphs: bool) -> None:
     """One ConfigError when the image folder is missing and this run will not build or download it."""
-    if any((folder / s).is_dir() for s in SPLIT_FOLDERS):
+    if has_images(folder):
         return
     if source == "glyphs" and build_glyphs:
         return  # built in prepare_data
@@ -281,6 +286,64 @@ def check_folder(source: str, folder: Path, download: bool, build_glyphs: bool) 
             "point it at your images, or drop it to run on the glyphs stand-in"
         )
     raise ConfigError(f"Omniglot not found at {folder}; {OMNIGLOT_HELP}")
+
+
+def find_images(
+    source: Source, root: str | os.PathLike[str], folder: str | None, download: bool, build_glyphs: bool
+) -> tuple[str, Path]:
+    """The ``(source name, folder)`` of a run (:func:`resolve_source`), logged once; a ConfigError when the folder
+    is missing and the run will not build or download it (:func:`check_folder`)."""
+    source, path = resolve_source(source, root, folder)
+    rank_zero_info(f"lit_icl.coqe: image source = {source} ({path})")
+    check_folder(source, path, download, build_glyphs)
+    return source, path
+
+
+def folder_sizes(source: str, folder: Path) -> tuple[int, int]:
+    """``(classes, drawings per class)`` of the folder from its listing (no image read); before the folder exists
+    (built or downloaded in ``prepare_data``), the counts it will have: the stand-in's, or Omniglot's."""
+    if has_images(folder):
+        index = index_folder(folder)
+        return index.n_classes, index.n_exemplars
+    return (DEFAULT_CLASSES, DEFAULT_DRAWERS) if source == "glyphs" else (1623, 20)
+
+
+def check_max_classes(max_classes: int | None) -> None:
+    """``max_classes`` is a positive integer or ``None`` (all classes); checked before the folder is looked at."""
+    if max_classes is not None and (isinstance(max_classes, bool) or not isinstance(max_classes, int) or max_classes < 1):
+        raise ConfigError(f"max_classes={max_classes!r} must be a positive integer or null (all classes)")
+
+
+def use_classes(max_classes: int | None, n_classes: int, folder: Path) -> int:
+    """How many characters a run uses: the first ``max_classes`` of the folder's ``n_classes``, or all of them."""
+    if max_classes is None:
+        return n_classes
+    if max_classes > n_classes:
+        raise ConfigError(
+            f"max_classes={max_classes} exceeds the {n_classes} classes of {folder}; use at most {n_classes} or null"
+        )
+    return max_classes
+
+
+def prepare_folder(source: str, folder: Path) -> None:
+    """Build the glyphs stand-in, or download Omniglot, into ``folder`` when it holds no images yet."""
+    if has_images(folder):
+        return
+    if source == "glyphs":
+        rank_zero_info(f"lit_icl.coqe: building the glyphs stand-in in {folder} (once)")
+        build_glyphs(folder)
+    else:
+        _download_omniglot(folder)
+
+
+def read_bank(source: str, folder: Path, image_size: int, n_base: int) -> Tensor:
+    """The images of the first ``n_base`` characters, ``(n_base, K, H, W)`` uint8 (from the cached ``.pt``); a
+    ConfigError when the folder no longer holds the classes it was counted with."""
+    bank = load_bank(folder, image_size)
+    expected = folder_sizes(source, folder)[0]
+    if bank.shape[0] != expected:
+        raise ConfigError(f"{folder} has {bank.shape[0]} classes, expected {expected}")
+    return bank[:n_base].contiguous()  # max_classes: the first characters only
 
 
 class OmniglotSequenceDataModule(ChunkedDataModule):
@@ -340,63 +403,29 @@ class OmniglotSequenceDataModule(ChunkedDataModule):
     ):
         super().__init__()
         self.save_hyperparameters()
-        self._validate()
-        self.source, self.folder = resolve_source(source, root, folder)
-        rank_zero_info(f"lit_icl.coqe: image source = {self.source} ({self.folder})")
-        check_folder(self.source, self.folder, download, build_glyphs)
-        self.n_base = self._count_classes()
-        if max_classes is not None:
-            if max_classes > self.n_base:
-                raise ConfigError(
-                    f"max_classes={max_classes} exceeds the {self.n_base} classes of {self.folder}; use at most "
-                    f"{self.n_base} or null"
-                )
-            self.n_base = max_classes
+        # The checks that need no image folder come first, then the folder's, then the class split's.
+        if not 0.0 <= p_bursty <= 1.0:
+            raise ConfigError(f"p_bursty={p_bursty} must lie in [0, 1]")
+        check_range("image_size", image_size, 8, 512, integer=True, hint="105 native, 28 downsampled")
+        self.check_loader_args("val_sequences", "test_sequences")
+        check_max_classes(max_classes)
+        self.source, self.folder = find_images(source, root, folder, download, build_glyphs)
+        n_classes, self._n_exemplars = folder_sizes(self.source, self.folder)
+        self.n_base = use_classes(max_classes, n_classes, self.folder)
         self.split = make_class_split(self.n_base, n_holdout, n_common, zipf_alpha, augment, class_seed)
         #: Output classes of the nets: the training classes (labels 0 .. n_labels - 1).
         self.n_labels = len(self.split.train)
         self.bank: Tensor | None = None
 
-    def _validate(self) -> None:
-        """The argument checks that need no image folder, one ConfigError each (the folder's are in setup)."""
-        hp = self.hparams
-        if not 0.0 <= hp.p_bursty <= 1.0:
-            raise ConfigError(f"p_bursty={hp.p_bursty} must lie in [0, 1]")
-        check_range("image_size", hp.image_size, 8, 512, integer=True, hint="105 native, 28 downsampled")
-        self.check_loader_args("val_sequences", "test_sequences")
-        if hp.max_classes is not None and (
-            isinstance(hp.max_classes, bool) or not isinstance(hp.max_classes, int) or hp.max_classes < 1
-        ):
-            raise ConfigError(f"max_classes={hp.max_classes!r} must be a positive integer or null (all classes)")
-
-    def _count_classes(self) -> int:
-        """Classes in the folder (listing only, no image read); the stand-in's fixed count if not built yet."""
-        if any((self.folder / s).is_dir() for s in SPLIT_FOLDERS):
-            index = index_folder(self.folder)
-            self._n_exemplars = index.n_exemplars
-            return index.n_classes
-
-        self._n_exemplars = DEFAULT_DRAWERS if self.source == "glyphs" else 20
-        return DEFAULT_CLASSES if self.source == "glyphs" else 1623
-
     def prepare_data(self) -> None:
         """Rank 0: build the glyphs stand-in or download Omniglot when missing, and fill the bank cache."""
-        if not any((self.folder / s).is_dir() for s in SPLIT_FOLDERS):
-            if self.source == "glyphs":
-                rank_zero_info(f"lit_icl.coqe: building the glyphs stand-in in {self.folder} (once)")
-                build_glyphs(self.folder)
-            else:
-                _download_omniglot(self.folder)
+        prepare_folder(self.source, self.folder)
         load_bank(self.folder, self.hparams.image_size)
 
     def setup(self, stage: str) -> None:
         if self.bank is None:
-            bank = load_bank(self.folder, self.hparams.image_size)
-            expected = self._count_classes()
-            if bank.shape[0] != expected:
-                raise ConfigError(f"{self.folder} has {bank.shape[0]} classes, expected {expected}")
-            self.bank = bank[: self.n_base].contiguous()  # max_classes: the first characters only
-            self._n_exemplars = bank.shape[1]
+            self.bank = read_bank(self.source, self.folder, self.hparams.image_size, self.n_base)
+            self._n_exemplars = self.bank.shape[1]
 
     # -------------------------------------------------------------- loaders
     def _dataset(self, kind: Literal["train", "icl", "iwl"], length: int) -> SequenceChunks:
@@ -420,9 +449,7 @@ class OmniglotSequenceDataModule(ChunkedDataModule):
         """Gather the images on the device; the bank moves there once."""
         if self.bank is None:
             raise RuntimeError("OmniglotSequenceDataModule.setup() was not called: no image bank")
-        device = batch["classes"].device
-        if self.bank.device != device:
-            self.bank = self.bank.to(device)
+        self.bank = self.bank.to(batch["classes"].device)  # the bank itself when already there
         batch["images"] = gather_images(self.bank, batch["classes"], batch["exemplars"], batch["augment"])
         return batch
 

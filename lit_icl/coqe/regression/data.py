@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal, get_args
 
 import torch
@@ -212,21 +213,58 @@ def sample_prompts(
 
 
 # ------------------------------------------------------------------------------------------ datasets
+def parse_shifts(shifts: list[str] | None) -> tuple[Shift, ...]:
+    """The test distributions named by ``shifts`` (``null`` = ``[id]``): a non-empty list without repeats."""
+    names = check_unique("shifts", check_nonempty("shifts", ["id"] if shifts is None else shifts, "[id, orthant]"))
+    return tuple(parse_shift(s) for s in names)
+
+
 @dataclass(frozen=True)
 class PromptSpec:
-    """Everything that determines a chunk besides its seed (picklable; what a DataLoader worker needs)."""
+    """Everything that determines a chunk besides its seed (picklable; what a DataLoader worker needs).
+
+    Built from the data module's arguments, each single value already checked where it was parsed; the spec
+    checks how they fit together, one ConfigError each.
+    """
 
     function_class: str
     n_dims: int
     n_points: int
     chunk_size: int
     sparsity: int
+    hidden: int
     shifts: tuple[Shift, ...]
-    first_layer: Tensor | None
     dims_curriculum: Curriculum | None
     points_curriculum: Curriculum | None
     data_seed: int
     generate_on_device: bool
+
+    def __post_init__(self) -> None:
+        if self.function_class == "combination" and self.n_dims != 5:
+            raise ConfigError(f"combination functions are defined on 5 dimensions; set n_dims: 5 (got {self.n_dims})")
+        check_int("n_points", self.n_points, 2, hint="a prompt needs at least one example and one query")
+        if self.function_class == "sparse":
+            check_positive("sparsity", self.sparsity, True)
+            if self.sparsity > self.n_dims:
+                raise ConfigError(f"sparsity={self.sparsity} exceeds n_dims={self.n_dims}; choose s <= d")
+        if self.function_class == "relu":
+            check_positive("hidden", self.hidden, True)
+        if self.shifts[0].name != "id":
+            names = [s.name for s in self.shifts]
+            raise ConfigError(f"shifts={names} must start with id (dataloader 0 is the in-distribution test)")
+        dims, points = self.dims_curriculum, self.points_curriculum
+        if dims is not None and dims.end != self.n_dims:
+            raise ConfigError(f"curriculum_dims ends at {dims.end}; its end must equal n_dims={self.n_dims}")
+        if points is not None:
+            if points.end != self.n_points:
+                raise ConfigError(f"curriculum_points ends at {points.end}; its end must equal n_points={self.n_points}")
+            if points.start < 2:
+                raise ConfigError("curriculum_points must start at >= 2 points")
+
+    @cached_property
+    def first_layer(self) -> Tensor | None:
+        """The ReLU class's first layer, shared by all prompts of every split (None for the other classes)."""
+        return relu_first_layer(self.data_seed, self.n_dims, self.hidden) if self.function_class == "relu" else None
 
     def curriculum_at(self, step: int) -> tuple[int, int]:
         """(points, active dims) of training step ``step``."""
@@ -323,52 +361,23 @@ class RegressionDataModule(ChunkedDataModule):
     ):
         super().__init__()
         self.save_hyperparameters()
-        self.function_class = check_literal("function_class", function_class, FunctionClass)
-        self.n_dims = DEFAULT_DIMS[function_class] if n_dims is None else check_positive("n_dims", n_dims, True)
-        names = check_unique("shifts", check_nonempty("shifts", ["id"] if shifts is None else shifts, "[id, orthant]"))
-        self.shifts = [parse_shift(s) for s in names]
-        self.dims_curriculum = parse_curriculum("curriculum_dims", curriculum_dims)
-        self.points_curriculum = parse_curriculum("curriculum_points", curriculum_points)
-        self._validate()
-        #: Points per evaluation prompt (read by nets' checks and the RepresentationMetrics callback).
-        self.n_points = n_points
-        #: The ReLU class's first layer, shared by all prompts (None for the other classes).
-        self.first_layer = relu_first_layer(data_seed, self.n_dims, hidden) if function_class == "relu" else None
-        self.spec = PromptSpec(
-            self.function_class, self.n_dims, n_points, chunk_size, sparsity, tuple(self.shifts), self.first_layer,
-            self.dims_curriculum, self.points_curriculum, data_seed, generate_on_device,
+        self.spec = PromptSpec(  # the arguments in order, each checked as it is parsed, then together
+            check_literal("function_class", function_class, FunctionClass),
+            DEFAULT_DIMS[function_class] if n_dims is None else check_positive("n_dims", n_dims, True),
+            n_points, chunk_size, sparsity, hidden, parse_shifts(shifts),
+            parse_curriculum("curriculum_dims", curriculum_dims), parse_curriculum("curriculum_points", curriculum_points),
+            data_seed, generate_on_device,
         )
-
-    def _validate(self) -> None:
-        """The checks between arguments (each single value is checked where it is parsed), one ConfigError each."""
-        hp = self.hparams
-        if self.function_class == "combination" and self.n_dims != 5:
-            raise ConfigError(f"combination functions are defined on 5 dimensions; set n_dims: 5 (got {hp.n_dims})")
-        check_int("n_points", hp.n_points, 2, hint="a prompt needs at least one example and one query")
-        if self.function_class == "sparse":
-            check_positive("sparsity", hp.sparsity, True)
-            if hp.sparsity > self.n_dims:
-                raise ConfigError(f"sparsity={hp.sparsity} exceeds n_dims={self.n_dims}; choose s <= d")
-        if self.function_class == "relu":
-            check_positive("hidden", hp.hidden, True)
-        if self.shifts[0].name != "id":
-            names = [s.name for s in self.shifts]
-            raise ConfigError(f"shifts={names} must start with id (dataloader 0 is the in-distribution test)")
-        if self.dims_curriculum is not None and self.dims_curriculum.end != self.n_dims:
-            raise ConfigError(f"curriculum_dims ends at {self.dims_curriculum.end}; its end must equal n_dims={self.n_dims}")
-        if self.points_curriculum is not None:
-            if self.points_curriculum.end != hp.n_points:
-                raise ConfigError(
-                    f"curriculum_points ends at {self.points_curriculum.end}; its end must equal n_points={hp.n_points}"
-                )
-            if self.points_curriculum.start < 2:
-                raise ConfigError("curriculum_points must start at >= 2 points")
         self.check_loader_args("val_prompts", "test_prompts")
+        #: What the nets, the module and the RepresentationMetrics callback read: the function class, the input
+        #: dimension, the points per evaluation prompt and the ReLU class's shared first layer (None otherwise).
+        self.function_class, self.n_dims, self.n_points = self.spec.function_class, self.spec.n_dims, n_points
+        self.first_layer = self.spec.first_layer
 
     # -------------------------------------------------------------- generation
     @property
     def shift_names(self) -> list[str]:
-        return [s.name for s in self.shifts]
+        return [s.name for s in self.spec.shifts]
 
     def curriculum_at(self, step: int) -> tuple[int, int]:
         """(points, active dims) of training step ``step``."""
@@ -385,8 +394,9 @@ class RegressionDataModule(ChunkedDataModule):
 
     # -------------------------------------------------------------- loaders
     def train_dataloader(self) -> DataLoader:
-        per_step = self.train_items()[0] // self.hparams.train_batches_per_epoch  # items per step (curriculum)
-        return self.train_loader(lambda items: PromptChunks(self.spec, "train", 0, items, per_step))
+        # A training item's index gives its step (for the curriculum): an epoch's items over its steps.
+        steps = self.hparams.train_batches_per_epoch
+        return self.train_loader(lambda items: PromptChunks(self.spec, "train", 0, items, items // steps))
 
     def val_dataloader(self) -> DataLoader:
         return self.eval_loader(PromptChunks(self.spec, "val", 0, self.set_items("val_prompts")))
@@ -394,5 +404,4 @@ class RegressionDataModule(ChunkedDataModule):
     def test_dataloader(self) -> list[DataLoader]:
         """One loader per shift, in the order of ``shifts`` (dataloader_idx 0 = ``id``)."""
         items = self.set_items("test_prompts")
-        return [self.eval_loader(PromptChunks(self.spec, "test", i, items)) for i in range(len(self.shifts))]
-
+        return [self.eval_loader(PromptChunks(self.spec, "test", i, items)) for i in range(len(self.spec.shifts))]
