@@ -3,6 +3,7 @@ wrote a file (run folders, checkouts, home folders) in any tracked text file."""
 
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 import subprocess
@@ -55,3 +56,47 @@ EXAMPLES = [
 @pytest.mark.parametrize("line, machine", EXAMPLES)
 def test_the_machine_path_pattern(line: str, machine: bool) -> None:
     assert bool(MACHINE_PATH.search(line.format(r="/"))) is machine
+
+
+#: Lines a data module may have of its own (code, not its docstrings, comments or blank lines): the shared
+#: plumbing (batch and set sizes, seeds, workers, loaders, stand-ins built on first use) lives in
+#: ``lit_icl.core.data``, so a paper's data module says only how its datasets are made.
+DATA_MODULE_LINES = 80
+
+
+def own_code_lines(source: str, node: ast.ClassDef) -> int:
+    """Non-blank, non-comment lines of a class that are not docstrings."""
+    docs: set[int] = set()
+    for inner in ast.walk(node):
+        if isinstance(inner, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+            if inner.body and isinstance(inner.body[0], ast.Expr) and isinstance(inner.body[0].value, ast.Constant) \
+                    and isinstance(inner.body[0].value.value, str):
+                docs.update(range(inner.body[0].lineno, inner.body[0].end_lineno + 1))
+    lines = source.splitlines()[node.lineno - 1: node.end_lineno]
+    return sum(1 for number, line in enumerate(lines, start=node.lineno)
+               if number not in docs and line.strip() and not line.strip().startswith("#"))
+
+
+def data_module_sizes() -> dict[str, int]:
+    sizes = {}
+    for path in sorted((ROOT / "lit_icl").rglob("*.py")):
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ClassDef) and node.name.endswith("DataModule") and any(
+                    isinstance(b, (ast.Name, ast.Attribute)) for b in node.bases) and not any(
+                    getattr(b, "id", None) == "Protocol" for b in node.bases):
+                sizes[f"{path.relative_to(ROOT)}:{node.name}"] = own_code_lines(source, node)
+    return sizes
+
+
+def test_data_modules_state_only_how_their_data_is_made() -> None:
+    sizes = data_module_sizes()
+    assert len(sizes) >= 8, sorted(sizes)  # every paper's data modules were found
+    long = {name: n for name, n in sizes.items() if n > DATA_MODULE_LINES}
+    assert not long, f"data modules over {DATA_MODULE_LINES} lines of their own code: {long}"
+
+
+def test_own_code_lines_leaves_out_docstrings_and_comments() -> None:
+    source = 'class A:\n    """Doc\n    more."""\n\n    # why\n    x = 1\n    def f(self):\n        """Doc."""\n        return 2\n'
+    node = ast.parse(source).body[0]
+    assert own_code_lines(source, node) == 4  # class line, x = 1, def, return
