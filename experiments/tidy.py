@@ -21,7 +21,9 @@ The CSV has one row per run and metric. Its columns:
 
 Besides the ``results.json`` rows, a run has a ``wall_s`` row (the job's wall-clock seconds), ``stopping.<field>``
 rows (its own early-stopping record, ``stopping.json``) and ``meta.stopping.<field>`` rows (the record of the
-checkpoint a test scored, ``meta.stopping``). Values keep their JSON types: a string that would read as a
+checkpoint a test scored, ``meta.stopping``). A driver whose report reads logged curves names their TensorBoard
+tags (:data:`Scalars`); each logged point is a ``logged.<tag>`` row whose ``steps`` is the point's step, so the
+curves, too, come back from the CSV. Values keep their JSON types: a string that would read as a
 number or a boolean is written quoted.
 """
 
@@ -30,12 +32,15 @@ from __future__ import annotations
 import csv
 import json
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner import read_done
+from runner import logged_scalars, read_done
 
+#: The logged TensorBoard tags a report reads, each with how many of its last points it needs (``None``: all).
+Scalars = Mapping[str, "int | None"]
 #: The columns every row has, in this order; the row keys of ``results.json`` and the config values follow.
 RUN_COLUMNS = ("run", "seed", "metric", "value", "steps", "cpu_s", "commit")
 #: Config keys (dotted, ``init_args`` left out) that never go into the CSV: where a run wrote, not what it ran.
@@ -57,6 +62,8 @@ class RunRecord:
     stopping: dict[str, Any] | None = None
     #: The run's config, flattened to dotted keys (``model.net.head.kernel``; ``init_args`` left out).
     config: dict[str, Any] = field(default_factory=dict)
+    #: ``{tag: {step: value}}``: the logged points of the TensorBoard tags the report asked for.
+    scalars: dict[str, dict[int, float]] = field(default_factory=dict)
 
     @property
     def seed(self) -> Any:
@@ -86,8 +93,9 @@ def _kept(key: str, value: Any) -> bool:
     return not (isinstance(value, str) and value.startswith("/"))
 
 
-def read_run(folder: Path) -> RunRecord:
-    """One finished run folder's record (its ``done`` marker, ``results.json``, ``stopping.json``, config)."""
+def read_run(folder: Path, scalars: Scalars | None = None) -> RunRecord:
+    """One finished run folder's record (its ``done`` marker, ``results.json``, ``stopping.json``, config, and the
+    last points of the logged ``scalars``)."""
     import yaml
 
     wall, cpu, commit = None, None, None
@@ -104,7 +112,13 @@ def read_run(folder: Path) -> RunRecord:
         meta = results.get("meta", {})
         results = {"rows": results["rows"],
                    "meta": {"trained_steps": meta.get("trained_steps"), "stopping": meta.get("stopping")}}
-    return RunRecord(wall, cpu, commit, results, stopping, flatten(config or {}))
+    logged = {}
+    if scalars and any(folder.glob("events.out.tfevents.*")):
+        for tag, points in logged_scalars(folder, list(scalars)).items():
+            keep = sorted(points)[-scalars[tag]:] if scalars[tag] is not None else sorted(points)
+            if keep:
+                logged[tag] = {step: points[step] for step in keep}
+    return RunRecord(wall, cpu, commit, results, stopping, flatten(config or {}), logged)
 
 
 #: The files that mark a finished run: the runner's marker, a test's results, a fit's early-stopping record (the
@@ -112,10 +126,10 @@ def read_run(folder: Path) -> RunRecord:
 FINISHED = ("done", "results.json", "stopping.json")
 
 
-def read_folders(root: Path) -> dict[str, RunRecord]:
+def read_folders(root: Path, scalars: Scalars | None = None) -> dict[str, RunRecord]:
     """Every finished run under ``root`` (a folder with one of :data:`FINISHED`), by its path relative to ``root``."""
     folders = sorted({path.parent for name in FINISHED for path in root.rglob(name) if path.is_file()})
-    return {folder.relative_to(root).as_posix(): read_run(folder) for folder in folders}
+    return {folder.relative_to(root).as_posix(): read_run(folder, scalars) for folder in folders}
 
 
 def _encode(value: Any) -> str:
@@ -168,11 +182,14 @@ def rows(records: dict[str, RunRecord]) -> list[dict[str, Any]]:
         for prefix, stopping in (("stopping", record.stopping),
                                  ("meta.stopping", (record.results or {}).get("meta", {}).get("stopping"))):
             out.extend({**base, "metric": f"{prefix}.{k}", "value": v} for k, v in (stopping or {}).items())
+        for tag, points in record.scalars.items():
+            out.extend({**base, "metric": f"logged.{tag}", "steps": step, "value": v} for step, v in points.items())
         for row in (record.results or {}).get("rows", []):
-            clash = set(row) & (set(RUN_COLUMNS) - {"metric", "value"})
+            # A key that repeats the run's own column (I2CL's rows carry their seed) is that column.
+            clash = {k for k in set(row) & (set(RUN_COLUMNS) - {"metric", "value"}) if row[k] != base[k]}
             if clash:
                 raise ValueError(f"{run}: a results row has the key {sorted(clash)[0]!r}, which names a column of "
-                                 "every row; rename it in the module's results")
+                                 "every row, with another value; rename it in the module's results")
             out.append({**base, **row})
     return out
 
@@ -218,6 +235,8 @@ def read_csv(path: Path) -> dict[str, RunRecord]:
                 record.wall = value
             elif metric.startswith("stopping."):
                 record.stopping = {**(record.stopping or {}), metric.removeprefix("stopping."): value}
+            elif metric.startswith("logged."):
+                record.scalars.setdefault(metric.removeprefix("logged."), {})[int(steps)] = float(value)
             elif metric.startswith("meta.stopping."):
                 meta = _results(record, steps)["meta"]
                 meta["stopping"] = {**(meta["stopping"] or {}), metric.removeprefix("meta.stopping."): value}
@@ -232,13 +251,14 @@ def _results(record: RunRecord, steps: Any) -> dict[str, Any]:
     return record.results
 
 
-def load(source: Path) -> dict[str, RunRecord]:
-    """A grid's finished runs from its run folder or from its tidy CSV (a path ending in ``.csv``)."""
+def load(source: Path, scalars: Scalars | None = None) -> dict[str, RunRecord]:
+    """A grid's finished runs from its run folder or from its tidy CSV (a path ending in ``.csv``), with the logged
+    ``scalars`` the report reads."""
     if source.suffix == ".csv":
         if not source.is_file():
             raise SystemExit(f"no such results CSV: {source}")
         return read_csv(source)
-    return read_folders(source) if source.is_dir() else {}
+    return read_folders(source, scalars) if source.is_dir() else {}
 
 
 def add_report_args(parser: Any) -> None:
@@ -256,9 +276,10 @@ def check_out(parser: Any, args: Any) -> None:
         parser.error(f"--csv {args.csv} is the file --out reads; name another file")
 
 
-def grid_records(args: Any) -> dict[str, RunRecord]:
-    """The records ``report`` reads (``args.out``: a run folder or a tidy CSV), writing ``args.csv`` when given."""
-    records = load(args.out)
+def grid_records(args: Any, scalars: Scalars | None = None) -> dict[str, RunRecord]:
+    """The records ``report`` reads (``args.out``: a run folder or a tidy CSV), with the logged ``scalars`` it reads,
+    writing ``args.csv`` when given."""
+    records = load(args.out, scalars)
     if args.csv is not None:
         n = write(records, args.csv)
         print(f"{n} rows of {len(records)} runs written to {args.csv}", file=sys.stderr)

@@ -122,6 +122,35 @@ def test_a_result_key_that_names_a_column_is_refused(tidy, tmp_path) -> None:
         tidy.rows(tidy.load(tmp_path))
 
 
+def test_a_result_key_that_repeats_its_runs_column_is_that_column(tidy, tmp_path) -> None:
+    _run(tmp_path / "a" / "s4_test", {"seed_everything": 4},
+         results={"meta": {}, "rows": [{"metric": "acc", "value": 0.5, "seed": 4}]})
+    assert [(r["seed"], r["metric"]) for r in tidy.rows(tidy.load(tmp_path))] == [(4, "wall_s"), (4, "acc")]
+    _run(tmp_path / "b" / "s4_test", {"seed_everything": 4},
+         results={"meta": {}, "rows": [{"metric": "acc", "value": 0.5, "seed": 5}]})
+    with pytest.raises(ValueError, match="key 'seed'.*another value"):
+        tidy.rows(tidy.load(tmp_path))
+
+
+@pytest.mark.parametrize("keep, steps", [(None, list(range(0, 60, 5))), (3, [45, 50, 55])])
+def test_logged_curves_a_report_names_come_back_from_the_csv(tidy, tmp_path, keep, steps) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    fit = tmp_path / "runs" / "m" / "s0"
+    _run(fit, {"seed_everything": 0})
+    writer = SummaryWriter(str(fit))
+    for step in range(0, 60, 5):
+        writer.add_scalar("val/acc", step / 100, step)
+        writer.add_scalar("train/loss", 1.0, step)  # not asked for: not kept
+    writer.close()
+    records = tidy.load(tmp_path / "runs", {"val/acc": keep})
+    assert records["m/s0"].scalars == {"val/acc": {s: pytest.approx(s / 100) for s in steps}}
+    tidy.write(records, tmp_path / "grid.csv")
+    back = tidy.load(tmp_path / "grid.csv")
+    assert back["m/s0"].scalars == records["m/s0"].scalars
+    assert back["m/s0"].wall == records["m/s0"].wall
+
+
 def test_a_driver_refuses_to_train_into_a_csv_or_to_overwrite_the_csv_it_reads(tidy, tmp_path, capsys) -> None:
     spec = importlib.util.spec_from_file_location("mmca_avmnist_table1", EXPERIMENTS / "mmca_avmnist_table1.py")
     driver = importlib.util.module_from_spec(spec)
