@@ -2,7 +2,8 @@
 
     python experiments/i2cl_recipes.py fit  --models gemma --recipes sublayer_noise public_code paper --seeds 0 1 2 3 4
     python experiments/i2cl_recipes.py test --models gemma --recipes sublayer_noise public_code paper zero_shot
-    python experiments/i2cl_recipes.py report --models gemma smollm2 > table.md
+    python experiments/i2cl_recipes.py report --models gemma smollm2 --csv experiments/results/i2cl_recipes_cpu.csv
+    python experiments/i2cl_recipes.py report --models gemma smollm2 --out experiments/results/i2cl_recipes_cpu.csv
 
 Every run is ``configs/i2cl/offline.yaml`` (the movie-review stand-in for MR, 5 demonstrations per class drawn by
 ``data_seed``, 500 class-balanced evaluation queries fixed by ``eval_seed``), on one of the two offline models, with
@@ -14,13 +15,14 @@ and resumption work as in ``experiments/runner.py``.
 
 The report gives, per model and recipe, I2CL's accuracy (mean ± sd and per seed), its macro-F1 per seed, how many
 seeds predict a single label (macro-F1 below 0.4 on these two balanced classes), how many are at least zero-shot,
-and the calibration loss at the end (mean of the last 10 logged steps), against the few-shot reference.
+and the calibration loss at the end (mean of the last 10 logged steps), against the few-shot reference. ``report
+--csv FILE`` also writes the grid as a tidy CSV (``experiments/tidy.py``, with those last 10 logged losses of each
+fit), and ``report --out FILE.csv`` makes the same tables from that file alone.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -31,12 +33,12 @@ from runner import (
     add_job_args,
     add_stage_arg,
     drive,
-    logged_scalars,
     logger_args,
     markdown_table,
     mean_sd,
     parse_driver_args,
 )
+from tidy import RunRecord, add_report_args, check_out, grid_records
 
 CONFIG = REPO / "configs" / "i2cl" / "offline.yaml"
 #: model -> its overlay on offline.yaml (None: the base config's SmolLM2-135M-Instruct).
@@ -120,21 +122,23 @@ def test_jobs(args: argparse.Namespace) -> list[Job]:
     return jobs
 
 
-def _rows(folder: Path) -> dict[tuple[str, str], float]:
+#: The logged calibration loss the report reads: the mean of its last 10 points is a fit's final loss.
+LOSS_TAG, LOSS_POINTS = "train/loss/i2cl", 10
+
+
+def _rows(record: RunRecord | None) -> dict[tuple[str, str], float]:
     """``{(metric, method): value}`` of one test run (empty if it has not finished)."""
-    path = folder / "results.json"
-    if not path.is_file():
+    if record is None or record.results is None:
         return {}
-    return {(r["metric"], r["method"]): float(r["value"]) for r in json.loads(path.read_text())["rows"]
-            if "method" in r}
+    return {(r["metric"], r["method"]): float(r["value"]) for r in record.results["rows"] if "method" in r}
 
 
-def _final_loss(folder: Path) -> float | None:
+def _final_loss(record: RunRecord | None) -> float | None:
     """Mean of the last 10 logged calibration losses of a fit."""
-    values = logged_scalars(folder, ["train/loss/i2cl"])["train/loss/i2cl"]
+    values = record.scalars.get(LOSS_TAG, {}) if record is not None else {}
     if not values:
         return None
-    last = [values[k] for k in sorted(values)[-10:]]
+    last = [values[k] for k in sorted(values)[-LOSS_POINTS:]]
     return sum(last) / len(last)
 
 
@@ -146,10 +150,17 @@ def _cell(values: list[float]) -> str:
 
 
 def report(args: argparse.Namespace) -> str:
+    """The tables of the finished runs under ``--out`` (a run folder, or the tidy CSV that ``report --csv`` wrote),
+    writing that CSV when ``--csv`` is given."""
+    records = grid_records(args, {LOSS_TAG: LOSS_POINTS})
+
+    def record(model: str, recipe: str, seed: int, stage: str) -> RunRecord | None:
+        return records.get(f"{model}/{recipe}/s{seed}_{stage}")
+
     out = []
     for model in args.models:
         reference: dict[int, dict[tuple[str, str], float]] = {
-            s: {**_rows(_folder(args, model, "zero_shot", s, "test")), **_rows(_folder(args, model, "few_shot", s, "test"))}
+            s: {**_rows(record(model, "zero_shot", s, "test")), **_rows(record(model, "few_shot", s, "test"))}
             for s in args.seeds}
         few = [reference[s][("accuracy", "few_shot")] for s in args.seeds if ("accuracy", "few_shot") in reference[s]]
         # zero-shot does not depend on the seed (fixed evaluation queries): any seed's run stands for the others
@@ -158,7 +169,7 @@ def report(args: argparse.Namespace) -> str:
         for recipe in [r for r in args.recipes if r not in REFERENCES]:
             seeds, acc, f1, zero, losses = [], [], [], [], []
             for s in args.seeds:
-                r = _rows(_folder(args, model, recipe, s, "test"))
+                r = _rows(record(model, recipe, s, "test"))
                 if ("accuracy", "i2cl") not in r:
                     continue
                 seeds.append(s)
@@ -167,7 +178,7 @@ def report(args: argparse.Namespace) -> str:
                 z = reference[s].get(("accuracy", "zero_shot"), any_zero)
                 if z is not None:
                     zero.append((r[("accuracy", "i2cl")], z))
-                loss = _final_loss(_folder(args, model, recipe, s, "fit"))
+                loss = _final_loss(record(model, recipe, s, "fit"))
                 if loss is not None:
                     losses.append(loss)
             if not seeds:
@@ -191,25 +202,6 @@ def report(args: argparse.Namespace) -> str:
     return "\n".join(out)
 
 
-def tidy_rows(args: argparse.Namespace) -> list[dict[str, object]]:
-    """One row per (model, recipe, seed, metric) of every finished test: ``accuracy`` and ``macro_f1`` of I2CL (or of
-    the reference methods), and the fit's ``final_calibration_loss``."""
-    rows: list[dict[str, object]] = []
-    for model in args.models:
-        for recipe in args.recipes:
-            for seed in args.seeds:
-                for (metric, method), value in sorted(_rows(_folder(args, model, recipe, seed, "test")).items()):
-                    if metric in ("accuracy", "macro_f1"):
-                        rows.append({"model": model, "recipe": recipe, "seed": seed, "method": method,
-                                     "metric": metric, "value": round(value, 6)})
-                if recipe not in REFERENCES and (_folder(args, model, recipe, seed, "test") / "results.json").is_file():
-                    loss = _final_loss(_folder(args, model, recipe, seed, "fit"))
-                    if loss is not None:
-                        rows.append({"model": model, "recipe": recipe, "seed": seed, "method": "i2cl",
-                                     "metric": "final_calibration_loss", "value": round(loss, 6)})
-    return rows
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_stage_arg(p)
@@ -217,28 +209,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--recipes", nargs="+", choices=list(RECIPES), default=["paper", "sublayer_noise", "public_code", "zero_shot"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     p.add_argument("--out", type=Path, default=REPO / "runs" / "i2cl_recipes")
-    p.add_argument("--csv", type=Path, help="report: also write the per-seed values as a tidy CSV here")
     add_job_args(p)
+    add_report_args(p)
     args = parse_driver_args(p, argv, __file__)
     args.out = args.out.resolve()
+    check_out(p, args)
     return args
 
 
-def report_and_csv(args: argparse.Namespace) -> str:
-    """The report's tables, writing the per-seed values to ``--csv`` when given."""
-    if args.csv is not None:
-        import csv
-
-        rows = tidy_rows(args)
-        with open(args.csv, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=["model", "recipe", "seed", "method", "metric", "value"])
-            writer.writeheader()
-            writer.writerows(rows)
-    return report(args)
-
-
 def main(argv: list[str] | None = None) -> None:
-    drive(parse_args(argv), fit_jobs, test_jobs, report_and_csv, parse_args)
+    drive(parse_args(argv), fit_jobs, test_jobs, report, parse_args)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,17 @@ def _write(folder: Path, rows: list[dict]) -> None:
     (folder / "results.json").write_text(json.dumps({"meta": {}, "rows": rows}))
 
 
+def _log_losses(folder: Path, losses: list[float]) -> None:
+    from runner import write_done
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(folder))
+    for step, loss in enumerate(losses):
+        writer.add_scalar("train/loss/i2cl", loss, step)
+    writer.close()
+    write_done(folder, 1.0, 1.0)
+
+
 def test_report_counts_one_label_seeds_and_seeds_at_least_zero_shot(recipes, tmp_path) -> None:
     for seed, (acc, f1) in enumerate([(0.70, 0.69), (0.50, 0.34), (0.62, 0.60)]):
         _write(tmp_path / "gemma" / "public_code" / f"s{seed}_test",
@@ -72,16 +83,25 @@ def test_report_counts_one_label_seeds_and_seeds_at_least_zero_shot(recipes, tmp
         _write(tmp_path / "gemma" / "few_shot" / f"s{seed}_test",
                [{"metric": "accuracy", "method": "zero_shot", "value": 0.6},
                 {"metric": "accuracy", "method": "few_shot", "value": 0.8 + seed / 100}])
-    text = recipes.report(Namespace(models=["gemma"], recipes=["public_code", "few_shot"], seeds=[0, 1, 2], out=tmp_path))
+        # 15 logged losses; the report's final loss is the mean of the last 10: 10 + seed + 0.45
+        _log_losses(tmp_path / "gemma" / "public_code" / f"s{seed}_fit", [10 + seed + k / 10 for k in range(15)])
+    grid = {"models": ["gemma"], "recipes": ["public_code", "few_shot"], "seeds": [0, 1, 2]}
+    text = recipes.report(Namespace(**grid, out=tmp_path, csv=tmp_path / "grid.csv"))
     row = next(line for line in text.splitlines() if line.startswith("| public_code"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[:8] == ["public_code", "0, 1, 2", "0.607 ± 0.101", "0.700, 0.500, 0.620", "0.690, 0.340, 0.600",
-                         "1", "2 of 3", "0.600 ± 0.000"]
+    assert cells == ["public_code", "0, 1, 2", "0.607 ± 0.101", "0.700, 0.500, 0.620", "0.690, 0.340, 0.600",
+                     "1", "2 of 3", "0.600 ± 0.000", "10.95, 11.95, 12.95"]
     assert "Few-shot reference (single newline): 0.810 ± 0.010 over seeds 0, 1, 2" in text
-    tidy = recipes.tidy_rows(Namespace(models=["gemma"], recipes=["public_code", "few_shot"], seeds=[0, 1, 2], out=tmp_path))
-    assert {"model": "gemma", "recipe": "public_code", "seed": 1, "method": "i2cl", "metric": "macro_f1",
-            "value": 0.34} in tidy
-    assert len([r for r in tidy if r["recipe"] == "few_shot"]) == 6  # zero-shot and few-shot accuracy per seed
+    # The tidy CSV holds what the report read, the fits' last 10 losses included, and gives the same report alone.
+    import csv
+
+    with open(tmp_path / "grid.csv", newline="") as f:
+        written = list(csv.DictReader(f))
+    assert {"run": "gemma/public_code/s1_test", "metric": "macro_f1", "method": "i2cl", "value": "0.34"}.items() <= \
+        next(r for r in written if r["run"] == "gemma/public_code/s1_test" and r["metric"] == "macro_f1").items()
+    losses = [r for r in written if r["run"] == "gemma/public_code/s0_fit" and r["metric"] == "logged.train/loss/i2cl"]
+    assert [int(r["steps"]) for r in losses] == list(range(5, 15))
+    assert recipes.report(Namespace(**grid, out=tmp_path / "grid.csv", csv=None)) == text
 
 
 def test_report_takes_zero_shot_from_any_seed_when_only_one_was_run(recipes, tmp_path) -> None:
@@ -89,6 +109,6 @@ def test_report_takes_zero_shot_from_any_seed_when_only_one_was_run(recipes, tmp
         _write(tmp_path / "m" / "public_code" / f"s{seed}_test",
                [{"metric": "accuracy", "method": "i2cl", "value": acc}, {"metric": "macro_f1", "method": "i2cl", "value": acc}])
     _write(tmp_path / "m" / "zero_shot" / "s1_test", [{"metric": "accuracy", "method": "zero_shot", "value": 0.72}])
-    text = recipes.report(Namespace(models=["m"], recipes=["public_code"], seeds=[0, 1], out=tmp_path))
+    text = recipes.report(Namespace(models=["m"], recipes=["public_code"], seeds=[0, 1], out=tmp_path, csv=None))
     row = next(line for line in text.splitlines() if line.startswith("| public_code"))
     assert "| 1 of 2 | 0.720 ± 0.000 |" in row
