@@ -13,7 +13,7 @@ last checkpoint (``<arm>/s<seed>_test``), run through ``experiments/runner.py``:
 as SLURM job arrays with ``--executor slurm``; finished runs are skipped and an interrupted fit resumes from its
 ``last.ckpt``. CLI overrides for every fit follow ``--`` (``-- --trainer.max_steps 24000``). ``report`` reads
 each test's ``results.json`` (from the run folders, or from the tidy CSV that ``report --csv`` writes) and each
-fit's TensorBoard curves (``val/acc/icl``, ``val/acc/iwl``, ``val/acc/iwl_static``; run folders only) and
+fit's TensorBoard curves (``val/acc/icl``, ``val/acc/iwl``, ``val/acc/iwl_static``; the CSV keeps them too) and
 writes a Markdown table (mean ± sd over seeds) and a learning-curve figure.
 """
 
@@ -31,7 +31,6 @@ from runner import (
     add_job_args,
     add_stage_arg,
     drive,
-    logged_scalars,
     logger_args,
     parse_driver_args,
 )
@@ -91,20 +90,17 @@ def test_jobs(args: argparse.Namespace) -> list[Job]:
 
 def collect(args: argparse.Namespace) -> dict[str, dict[int, dict]]:
     """``{arm: {seed: {"test": {accuracy: value}, "curves": ..., "fit_s": ..., "steps": ...}}}`` for every tested
-    run: test accuracies per evaluator, validation curves ``{accuracy: [(step, value)]}`` (run folders only),
+    run: test accuracies per evaluator, validation curves ``{accuracy: [(step, value)]}``,
     the fit's wall-clock seconds and the steps its checkpoint trained."""
-    records = grid_records(args)
+    records = grid_records(args, {f"val/acc/{a}": None for a in ACCURACIES})
     found: dict[str, dict[int, dict]] = {}
     for arm in ARMS:
         for seed in args.seeds:
             test, fit = records.get(f"{arm}/s{seed}_test"), records.get(f"{arm}/s{seed}")
             if test is None or test.results is None:
                 continue
-            folder = args.out / arm / f"s{seed}"
-            curves = {}
-            if folder.is_dir():
-                logged = logged_scalars(folder, [f"val/acc/{a}" for a in ACCURACIES])
-                curves = {a: sorted(logged[f"val/acc/{a}"].items()) for a in ACCURACIES if logged[f"val/acc/{a}"]}
+            logged = fit.scalars if fit is not None else {}
+            curves = {a: sorted(logged[f"val/acc/{a}"].items()) for a in ACCURACIES if logged.get(f"val/acc/{a}")}
             found.setdefault(arm, {})[seed] = {
                 "test": {r["evaluator"]: r["value"] for r in test.results["rows"] if r["metric"] == "accuracy"},
                 "curves": curves, "fit_s": fit.wall if fit is not None else None,

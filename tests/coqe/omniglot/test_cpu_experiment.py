@@ -40,6 +40,12 @@ def test_collect_and_table_average_over_seeds_from_run_folders_and_from_their_cs
     _fake_run(out, "coqe", 0, {"icl": 0.9, "iwl": 0.6, "iwl_static": 0.8}, 600)
     _fake_run(out, "coqe", 1, {"icl": 0.8, "iwl": 0.7, "iwl_static": 0.9}, 700)
     _fake_run(out, "transformer_bursty", 0, {"icl": 0.95, "iwl": 0.65}, 500)
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(out / "coqe" / "s0"))  # seed 0's validation ICL curve; seed 1 logged none
+    for step, value in ((999, 0.5), (1999, 0.75)):
+        writer.add_scalar("val/acc/icl", value, step)
+    writer.close()
     args = driver.parse_args(["report", "--out", str(out), "--seeds", "0", "1", "--csv", str(tmp_path / "g.csv")])
     found = driver.collect(args)
     assert sorted(found) == ["coqe", "transformer_bursty"] and sorted(found["coqe"]) == [0, 1]
@@ -48,11 +54,14 @@ def test_collect_and_table_average_over_seeds_from_run_folders_and_from_their_cs
     assert "| `transformer_bursty` | 0 | 0.950 ± 0.000 | 0.650 ± 0.000 | - |" in text
     assert "CoQE seed 0 (0.900, 0.600): dominated by (0.950, 0.650)" in text
     assert "CoQE seed 1 (0.800, 0.700): not dominated" in text
-    driver.figure(found, tmp_path / "fig.png")  # no curves in the fake runs: empty panels, still a figure
+    assert found["coqe"][0]["curves"] == {"icl": [(999, pytest.approx(0.5)), (1999, pytest.approx(0.75))]}
+    assert found["coqe"][1]["curves"] == {}
+    driver.figure(found, tmp_path / "fig.png")
     assert (tmp_path / "fig.png").read_bytes()[:4] == b"\x89PNG"
-    # The tidy CSV that `report --csv` wrote gives the same table with no run folders.
-    again = driver.parse_args(["report", "--out", str(tmp_path / "g.csv"), "--seeds", "0", "1"])
-    assert driver.table(driver.collect(again)) == text
+    # The tidy CSV that `report --csv` wrote gives the same table and curves with no run folders.
+    again = driver.collect(driver.parse_args(["report", "--out", str(tmp_path / "g.csv"), "--seeds", "0", "1"]))
+    assert driver.table(again) == text
+    assert again["coqe"][0]["curves"] == found["coqe"][0]["curves"]
 
 
 def test_grid_fits_every_arm_per_seed_and_tests_each_from_its_last_checkpoint(driver, tmp_path) -> None:
