@@ -88,3 +88,19 @@ def test_sigkill_mid_epoch_then_resume_ends_bit_identical(straight: dict, tmp_pa
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.name for p in (tmp_path / "runs/repro").iterdir()) == ["version_0"]
     assert_bit_identical(straight, last_ckpt(tmp_path))
+
+
+@pytest.mark.slow  # three inductor runs, each compiling anew in its own process: 101 s on 2 cores
+def test_a_compiled_run_killed_and_resumed_ends_bit_identical_to_a_compiled_run(tmp_path: Path) -> None:
+    """Exact resume holds under ``--compile.mode default`` too (inductor's kernels are deterministic on the CPU):
+    killed mid-epoch and resumed, a compiled run ends bit-identical to an uninterrupted compiled run."""
+    inductor = ("--compile.mode", "default")
+    proc = fit(tmp_path / "straight", *inductor)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kill = f'[{{"class_path": "subprocess_callbacks.KillAtStep", "init_args": {{"step": {STEPS_PER_EPOCH + 2}}}}}]'
+    proc = fit(tmp_path / "killed", *inductor, "--trainer.callbacks", kill)
+    assert proc.returncode == -signal.SIGKILL, (proc.returncode, proc.stderr[-3000:])
+    proc = fit(tmp_path / "killed", *inductor, "--ckpt_path", "last")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "compiled" in proc.stderr + proc.stdout
+    assert_bit_identical(last_ckpt(tmp_path / "straight"), last_ckpt(tmp_path / "killed"))
