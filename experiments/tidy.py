@@ -40,7 +40,7 @@ from typing import Any
 from runner import logged_scalars, read_done
 
 #: The logged TensorBoard tags a report reads, each with how many of its last points it needs (``None``: all).
-Scalars = Mapping[str, "int | None"]
+Scalars = Mapping[str, int | None]
 #: The columns every row has, in this order; the row keys of ``results.json`` and the config values follow.
 RUN_COLUMNS = ("run", "seed", "metric", "value", "steps", "cpu_s", "commit")
 #: Config keys (dotted, ``init_args`` left out) that never go into the CSV: where a run wrote, not what it ran.
@@ -188,7 +188,7 @@ def rows(records: dict[str, RunRecord]) -> list[dict[str, Any]]:
             # A key that repeats the run's own column (I2CL's rows carry their seed) is that column.
             clash = {k for k in set(row) & (set(RUN_COLUMNS) - {"metric", "value"}) if row[k] != base[k]}
             if clash:
-                raise ValueError(f"{run}: a results row has the key {sorted(clash)[0]!r}, which names a column of "
+                raise ValueError(f"{run}: a results row has the key {min(clash)!r}, which names a column of "
                                  "every row, with another value; rename it in the module's results")
             out.append({**base, **row})
     return out

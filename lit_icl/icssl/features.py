@@ -165,7 +165,7 @@ def split_features(path: str | Path, test_fraction: float, normalize: FeatureNor
     for c in labels.unique():
         members = (labels == c).nonzero().flatten()
         members = members[torch.randperm(members.numel(), generator=g)]
-        n_test = int(round(test_fraction * members.numel()))
+        n_test = round(test_fraction * members.numel())
         test_idx.append(members[:n_test])
         train_idx.append(members[n_test:])
     if len(train_idx) < 2:
