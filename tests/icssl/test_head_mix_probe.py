@@ -29,6 +29,7 @@ def tested_run(tmp_path_factory) -> Path:
     return root / "runs" / "test" / "version_0"
 
 
+@pytest.mark.slow  # 21 s: two probe test runs; the default suite keeps the probe's refusal tests (under 10 minutes)
 def test_as_trained_repeats_the_original_test_and_a_variant_changes_only_the_head_weights(
         probe_script, tested_run: Path, tmp_path: Path) -> None:
     found = probe_script.probe(tested_run, ["as_trained", "narrowest_only"], tmp_path)
@@ -52,7 +53,7 @@ def test_a_variant_with_the_wrong_number_of_heads_is_refused(probe_script, teste
         probe_script.edited_checkpoint(checkpoint, tmp_path / "x.ckpt", weights=[0.5, 0.5])
 
 
-@pytest.mark.slow  # 18 s: two more test runs of the probe; the as-trained repeat stays in the default suite
+@pytest.mark.slow  # 18 s: two more test runs of the probe
 def test_the_command_prints_one_row_per_variant_and_test_manifold(probe_script, tested_run: Path, capsys) -> None:
     probe_script.main([str(tested_run), "--variants", "as_trained", "two_wide"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {tested_run} |")]
