@@ -23,8 +23,11 @@ the report):
 
 The report names the device, torch version, date, commit and every command, and keeps each script's output
 verbatim; a step that fails or times out is reported as such (with its last lines) and the suite goes on. The
-per-step time limits add up to 80 minutes; with less GPU time, name the steps wanted most with ``--only``
-(the report is rewritten after each step).
+per-step time limits add up to 80 minutes. With less GPU time (a 15-minute lease), name the steps wanted most
+with ``--only``, take their short forms with ``--short`` (fewer modes and steps, the same code paths) and cap
+the whole suite with ``--budget``; the report is rewritten after each step:
+
+    python benchmarks/gpu_suite.py --short --budget 540 --only main_command,icssl_cli,step_speed_coqe,step_speed_icssl
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import datetime as dt
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -54,6 +58,13 @@ class Step:
     dry: list[str]  # arguments of a seconds-long CPU run of the same code path
     timeout_s: int
     needs: str | None = None  # a path (relative to the repo) without which the step is skipped
+    short: list[str] | None = None  # the GPU arguments of --short (a lease's minutes), where they differ
+
+    def argv(self, dry: bool, short: bool) -> list[str]:
+        """The script and arguments of this step: the CPU dry run, the short GPU run, or the full GPU run."""
+        if dry:
+            return self.dry
+        return self.short if short and self.short else self.gpu
 
     @property
     def script(self) -> str:
@@ -70,12 +81,18 @@ _DRY_ICSSL = ["--set=--model.init_args.net.init_args.representation.init_args.n_
 
 def _speed(name: str, configs: list[str], measures: str, dry: list[str], timeout_s: int,
            needs: str | None = None) -> Step:
-    """A step_speed.py step: eager vs compiled vs CUDA graphs, Lightning vs bare, deterministic on and off."""
+    """A step_speed.py step: eager vs compiled vs CUDA graphs, Lightning vs bare, deterministic on and off.
+
+    Its short form keeps what the goals are judged by: eager and CUDA graphs, Lightning and bare, deterministic
+    on and off, over fewer steps (plain ``default`` compilation costs a compile and is never the fastest)."""
     files = [a for c in configs for a in ("--config", c)]
+    gpu = ["benchmarks/step_speed.py", *files, "--device", "cuda"]
     return Step(name, measures,
-                ["benchmarks/step_speed.py", *files, "--device", "cuda", "--modes", "off,default,reduce-overhead",
-                 "--deterministic", "true,false", "--steps", "300", "--warmup", "60"],
-                ["benchmarks/step_speed.py", *files, *_DRY_SPEED, *dry], timeout_s, needs=needs)
+                [*gpu, "--modes", "off,default,reduce-overhead", "--deterministic", "true,false", "--steps", "300",
+                 "--warmup", "60"],
+                ["benchmarks/step_speed.py", *files, *_DRY_SPEED, *dry], timeout_s, needs=needs,
+                short=[*gpu, "--modes", "reduce-overhead,off", "--deterministic", "true,false", "--steps", "200",
+                       "--warmup", "50"])
 
 
 STEPS = [
@@ -86,7 +103,9 @@ STEPS = [
          ["benchmarks/main_command.py", "--config", "configs/coqe/omniglot.yaml", "--config",
           "configs/coqe/omniglot/cpu.yaml", "--modes", "off", "--seconds", "15", "--skip", "0",
           "--set=--trainer.log_every_n_steps=1", "--set=--trainer.val_check_interval=5",
-          "--set=--data.init_args.val_sequences=32", "--set=--model.init_args.net.init_args.depth=1"], 300),
+          "--set=--data.init_args.val_sequences=32", "--set=--model.init_args.net.init_args.depth=1"], 300,
+         # Short: CUDA graphs only (eager was measured at 27 steps/s), long enough for several validations.
+         short=["benchmarks/main_command.py", "--modes", "reduce-overhead", "--seconds", "130", "--skip", "30"]),
     Step("icssl_cli", "IC-SSL's manifolds config through the CLI all-in for 90 s, CUDA graphs",
          ["benchmarks/main_command.py", "--config", "configs/icssl/manifolds.yaml", "--modes", "reduce-overhead",
           "--seconds", "90", "--skip", "40", "--set=--trainer.accelerator=gpu"],
@@ -159,7 +178,10 @@ def headline(step: Step, output: str) -> str:
     if step.script.endswith("main_command.py"):
         found = re.findall(r"^mode=(\S+)\s*:\s+([\d.]+) steps/s all-in.*?10\^5 steps would take (\d+) min", output,
                            re.MULTILINE)
-        return ", ".join(f"{mode}: {sps} steps/s all-in (10^5 steps in {mins} min)" for mode, sps, mins in found)
+        steady = dict(re.findall(r"^mode=(\S+)\s*:\s+([\d.]+) steps/s between", output, re.MULTILINE))
+        return ", ".join(f"{mode}: {sps} steps/s all-in (10^5 steps in {mins} min"
+                         + (f"; {steady[mode]} between validations)" if mode in steady else ")")
+                         for mode, sps, mins in found)
     if step.script.endswith("step_speed.py"):
         rates = re.findall(r"^(lightning|bare)\s+mode=(\S+)\s+deterministic=true\s*:\s+([\d.]+|nan) steps/s", output,
                            re.MULTILINE)
@@ -182,23 +204,30 @@ def headline(step: Step, output: str) -> str:
     return "; ".join(parts)
 
 
-def run_step(step: Step, dry: bool) -> dict[str, object]:
+def run_step(step: Step, dry: bool, short: bool = False, limit_s: float | None = None) -> dict[str, object]:
+    """Run one step (at most ``limit_s`` seconds, else its own limit); its status, wall time, output, command."""
     if step.needs and not (ROOT / step.needs).exists():
         return {"status": f"skipped: {step.needs} is not installed", "seconds": 0.0, "output": "", "cmd": ""}
-    argv = [sys.executable, *(step.dry if dry else step.gpu)]
+    timeout_s = step.timeout_s if limit_s is None else max(1, int(min(step.timeout_s, limit_s)))
+    argv = [sys.executable, *step.argv(dry, short)]
     cmd = " ".join(["python", *argv[1:]])
     # The scripts import lit_icl; this checkout's copy, whether or not it is the one installed.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     start = time.time()
+    # A session of its own, so that a step that runs past its limit is stopped with every process it started
+    # (main_command.py runs the CLI in a child process, which would otherwise hold the GPU after the step).
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
-        done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=step.timeout_s,
-                              check=False)
-        ok = done.returncode == 0
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+        ok = proc.returncode == 0
         # stdout holds the numbers; stderr (Lightning's banners, warnings) is kept only to explain a failure.
-        output, status = done.stdout if ok else done.stdout + done.stderr, "ok" if ok else f"failed (exit {done.returncode})"
-    except subprocess.TimeoutExpired as err:
-        output = (err.stdout or b"").decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
-        status = f"timed out after {step.timeout_s} s"
+        output, status = stdout if ok else stdout + stderr, "ok" if ok else f"failed (exit {proc.returncode})"
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        output = stdout + stderr  # what it printed before the limit, to show where it was
+        status = f"timed out after {timeout_s} s"
     return {"status": status, "seconds": time.time() - start, "output": output, "cmd": cmd}
 
 
@@ -220,13 +249,13 @@ def commit() -> str:
     return sha.strip() + (" (with uncommitted changes)" if dirty.strip() else "") if sha.strip() else "unknown"
 
 
-def report(results: list[tuple[Step, dict[str, object]]], dry: bool, started: dt.datetime) -> str:
+def report(results: list[tuple[Step, dict[str, object]]], dry: bool, started: dt.datetime, argv: str = "") -> str:
     title = "GPU suite (CPU dry run: code paths only, the numbers mean nothing)" if dry else "GPU suite"
     lines = [
         f"# {title}", "",
         (f"Device: {device_line(dry)}. torch {torch.__version__}, Python {platform.python_version()}. "
          f"Date: {started:%Y-%m-%d %H:%M} UTC. Commit: {commit()}."),
-        f"Command: `python benchmarks/gpu_suite.py{' --dry-run' if dry else ''}`.", "",
+        f"Command: `python benchmarks/gpu_suite.py{' ' + argv if argv else ''}`.", "",
         "| step | measures | status | wall (s) | headline |", "|---|---|---|---|---|",
     ]
     for step, res in results:
@@ -248,7 +277,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="report file (default experiments/results/gpu_<date>.md)")
     parser.add_argument("--only", default=None,
                         help="comma-separated step names, run in the order given (default: all, in the order above)")
+    parser.add_argument("--short", action="store_true",
+                        help="the steps' short forms: fewer modes and steps, the same code paths (a 15-minute lease)")
+    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                        help="wall time for the whole suite: each step gets at most what is left, and steps that "
+                             "find nothing left are reported as not run")
     args = parser.parse_args(argv)
+    if args.budget is not None and args.budget <= 0:
+        parser.error(f"--budget must be a positive number of seconds, got {args.budget:g}")
     if not args.dry_run and not torch.cuda.is_available():
         parser.error("no CUDA GPU is visible; run on a machine with one, or pass --dry-run to check the code paths")
     names = {step.name for step in STEPS}
@@ -263,12 +299,18 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     # Steps run in the order --only names them (most wanted first), and the report is rewritten after each
     # one: a lease that ends mid-suite still leaves every finished step's numbers on disk.
+    shown_argv = " ".join(sys.argv[1:] if argv is None else argv)
+    t0 = time.time()
     for name in chosen:
         step = by_name[name]
-        print(f"[gpu_suite] {step.name} ...", flush=True)
-        results.append((step, run_step(step, args.dry_run)))
+        left = None if args.budget is None else args.budget - (time.time() - t0)
+        if left is not None and left < 5:
+            results.append((step, {"status": "not run: --budget spent", "seconds": 0.0, "output": "", "cmd": ""}))
+        else:
+            print(f"[gpu_suite] {step.name} ...", flush=True)
+            results.append((step, run_step(step, args.dry_run, args.short, left)))
         print(f"[gpu_suite] {step.name}: {results[-1][1]['status']} ({results[-1][1]['seconds']:.0f} s)", flush=True)
-        out.write_text(report(results, args.dry_run, started))
+        out.write_text(report(results, args.dry_run, started, shown_argv))
     print(f"[gpu_suite] wrote {out}")
     return 0 if all(res["status"] == "ok" or str(res["status"]).startswith("skipped") for _, res in results) else 1
 

@@ -3,6 +3,7 @@ parsers read the numbers the benchmark scripts print."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,10 @@ def test_headlines_of_the_compiled_step_scripts() -> None:
     assert suite.headline(steps["main_command"], main_command) == (
         "reduce-overhead: 120.50 steps/s all-in (10^5 steps in 14 min), off: 27.00 steps/s all-in "
         "(10^5 steps in 62 min)")
+    steady = main_command + ("mode=reduce-overhead :   130.25 steps/s between the first and last of 7 validation "
+                             "rounds (validation and checkpoints included, compilation done)\n")
+    assert suite.headline(steps["main_command"], steady).startswith(
+        "reduce-overhead: 120.50 steps/s all-in (10^5 steps in 14 min; 130.25 between validations), off: 27.00")
     speed = ("lightning mode=off              deterministic=true :    10.00 steps/s\n"
              "bare      mode=off              deterministic=true :    11.00 steps/s\n"
              "lightning mode=reduce-overhead  deterministic=true :   240.00 steps/s\n"
@@ -92,3 +97,37 @@ def test_headlines_of_the_compiled_step_scripts() -> None:
              "ratio lightning/bare mode=reduce-overhead deterministic=true: 0.960\n")
     assert suite.headline(steps["step_speed_icssl"], speed) == (
         "lightning off 10.00, lightning reduce-overhead 240.00; lightning/bare off 0.909, reduce-overhead 0.960")
+
+
+def test_short_forms_keep_each_steps_script_and_the_modes_the_goals_are_judged_by() -> None:
+    """--short (a lease's minutes) runs the same script as the full step, with CUDA graphs and eager both timed
+    where the step compares them, and deterministic kernels on and off."""
+    suite = _suite()
+    for step in suite.STEPS:
+        short = step.argv(dry=False, short=True)
+        assert short[0] == step.gpu[0], step.name
+        assert step.argv(dry=True, short=True) == step.dry
+        if step.script.endswith("step_speed.py"):
+            assert short[short.index("--modes") + 1] == "reduce-overhead,off"
+            assert short[short.index("--deterministic") + 1] == "true,false"
+    main_command = next(step for step in suite.STEPS if step.name == "main_command")
+    assert main_command.argv(dry=False, short=True)[1:3] == ["--modes", "reduce-overhead"]
+
+
+def test_the_budget_stops_a_step_at_what_is_left_and_skips_the_rest(tmp_path: Path) -> None:
+    """With 8 s for two steps of over 10 s each, the first is stopped at what is left (with the processes it
+    started) and reported as timed out, the second is reported as not run; the report names both."""
+    suite = _suite()
+    out = tmp_path / "gpu.md"
+    assert suite.main(["--dry-run", "--budget", "8", "--out", str(out), "--only", "icssl_cli,coqe_regression"]) == 1
+    rows = {ln.split(" | ")[0][2:]: ln for ln in out.read_text().splitlines() if ln.startswith("| ") and " | " in ln}
+    assert re.search(r"\| timed out after [78] s \|", rows["icssl_cli"])
+    assert "| not run: --budget spent |" in rows["coqe_regression"]
+    assert "Command: `python benchmarks/gpu_suite.py --dry-run --budget 8" in out.read_text()
+
+
+def test_a_budget_that_is_not_positive_is_refused(capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        _suite().main(["--dry-run", "--budget", "0"])
+    assert info.value.code == 2
+    assert "--budget must be a positive number of seconds, got 0" in capsys.readouterr().err
