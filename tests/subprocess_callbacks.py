@@ -49,3 +49,24 @@ class ScriptedMetric(Callback):
             return
         pl_module.log(self.name, self.values[min(self.round, len(self.values) - 1)])
         self.round += 1
+
+
+class NoDeviceWaits(Callback):
+    """Makes every CUDA device sync an error from the end of training batch ``start`` to the end of batch
+    ``stop`` (``torch.cuda.set_sync_debug_mode``): the transfers, the steps and Lightning's bookkeeping between
+    them. Keep logging steps, checkpoints and epoch ends out of that window; they read values back on purpose."""
+
+    def __init__(self, start: int = 2, stop: int = 6):
+        self.start, self.stop = start, stop
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if pl_module.device.type != "cuda":  # nothing to check off a GPU
+            return
+        if batch_idx == self.start:
+            torch.cuda.set_sync_debug_mode("error")
+        elif batch_idx == self.stop:
+            torch.cuda.set_sync_debug_mode("default")
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        if torch.cuda.is_initialized():
+            torch.cuda.set_sync_debug_mode("default")

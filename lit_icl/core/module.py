@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import LightningDataModule, LightningModule
-from torch import nn
+from torch import Tensor, nn
 
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.legacy import upgrade_checkpoint
@@ -138,6 +138,34 @@ class ICLModule(LightningModule):
         if not isinstance(net, nn.Module):
             raise ConfigError(f"{type(self).__name__} has no `net` to compile; run without --compile.mode")
         return [net]
+
+    # ------------------------------------------------------------------ logging
+    def log_loss(self, name: str, loss: Tensor, **kwargs: Any) -> None:
+        """Log a training loss at every step, and show it in the progress bar on logging steps only.
+
+        Lightning turns every value logged with ``prog_bar=True`` into a Python number after *every* training
+        batch (``_LoggerConnector.on_batch_end``), whether or not a progress bar is shown. On a GPU that read is
+        a device sync per step: the host cannot queue the next step while the GPU runs this one, so Python's and
+        Lightning's time per step adds to the GPU's instead of hiding behind it. So ``name`` goes to the loggers
+        as before (on the device, read on logging steps), and the progress bar gets a host copy of the loss,
+        under ``name`` without its ``train/`` prefix, on the first step and on the trainer's logging steps
+        (every ``log_every_n_steps``, when Lightning reads the logged values back anyway); with no progress
+        bar it gets nothing. The logged series and the training are unchanged.
+
+        Args:
+            name: the logged name, e.g. ``train/loss``.
+            loss: a scalar tensor.
+            **kwargs: further :meth:`log` arguments for the logged value (e.g. ``batch_size``).
+        """
+        self.log(name, loss, **kwargs)
+        trainer = self._trainer
+        if trainer is None or getattr(trainer, "progress_bar_callback", None) is None:
+            return
+        step = int(trainer.global_step)
+        if step == 0 or (step + 1) % max(int(trainer.log_every_n_steps), 1) == 0:
+            bar = name.removeprefix("train/")
+            self.log(bar, loss.detach().float().cpu(), prog_bar=True, logger=False,
+                     batch_size=kwargs.get("batch_size"))
 
     # ------------------------------------------------------------------ results
     @property

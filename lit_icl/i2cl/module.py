@@ -346,7 +346,7 @@ class I2CLModule(ICLModule):
             opt.step()
             sched.step()
             self.calib_seconds[k] += time.perf_counter() - t0
-            self.log(f"train/loss/{m}", loss.detach(), prog_bar=True, batch_size=len(batch["text"]))
+            self.log_loss(f"train/loss/{m}", loss.detach(), batch_size=len(batch["text"]))
 
     def on_train_end(self) -> None:
         self.is_calibrated.fill_(True)

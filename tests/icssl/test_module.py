@@ -44,3 +44,22 @@ def test_legacy_checkpoint_is_tested_through_the_cli_with_todays_config(tmp_path
                                if not k.startswith("_")})
     Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False).test(module, datamodule=dm)
     assert module.test_rows == cli_rows
+
+
+def test_the_validation_eig_reference_is_computed_once_per_batch_and_only_reused_for_equal_points(monkeypatch) -> None:
+    """The EIG reference of a validation batch is the eigenmap of its points; a later round with equal points
+    reuses it without solving again, a batch with other points (or another index) is solved anew."""
+    import lit_icl.icssl.module as icssl_module
+    from lit_icl.core.spectral import laplacian_eigenmap as exact
+
+    solved = []
+    monkeypatch.setattr(icssl_module, "laplacian_eigenmap", lambda x: solved.append(x) or exact(x))
+    module = icssl_module.ICSSLModule()
+    g = torch.Generator().manual_seed(0)
+    x, other = torch.randn(4, 20, 2, generator=g), torch.randn(4, 20, 2, generator=g)
+    first = module.val_eig_reference(x, 0)
+    assert torch.equal(first, exact(x)) and len(solved) == 1
+    assert module.val_eig_reference(x.clone(), 0) is first and len(solved) == 1  # the next round: reused
+    assert torch.equal(module.val_eig_reference(other, 0), exact(other)) and len(solved) == 2
+    assert torch.equal(module.val_eig_reference(x, 1), exact(x)) and len(solved) == 3  # another batch index
+    assert torch.equal(module.val_eig_reference(x[:2], 1), exact(x[:2])) and len(solved) == 4  # another shape

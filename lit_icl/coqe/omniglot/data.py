@@ -220,16 +220,17 @@ def gather_images(bank: Tensor, classes: Tensor, exemplars: Tensor, augment: Ten
     """``images (B, S, H, W)`` float in [0, 1] from the uint8 bank, with Chan et al.'s class augmentation.
 
     ``augment = 4 * flip + k``: flip left-right if ``flip``, then rotate by ``k`` quarter turns (counter-
-    clockwise), selected by masks over the whole batch (no per-image Python).
+    clockwise); ``None`` when the split has no augmentation. Each turn is applied to the whole batch and selected
+    per image with ``torch.where``: no per-image Python, and no boolean indexing or ``any()``, whose results the
+    host would have to wait for on a GPU (a device sync per step). Images are square, so a turn keeps the shape.
     """
     x = bank[classes, exemplars]  # (B, S, H, W) uint8
-    if augment is not None and bool((augment != 0).any()):
+    if augment is not None:
         x = torch.where((augment >= 4)[..., None, None], x.flip(-1), x)
-        k = augment % 4
-        # Rotate only the images that need each turn (masks, not Python loops over images).
-        for turns in (1, 2, 3):
-            sel = k == turns
-            x[sel] = x[sel].rot90(turns, dims=(-2, -1))
+        k = (augment % 4)[..., None, None]
+        x = torch.where(k == 1, x.rot90(1, dims=(-2, -1)),
+                        torch.where(k == 2, x.rot90(2, dims=(-2, -1)),
+                                    torch.where(k == 3, x.rot90(3, dims=(-2, -1)), x)))
     return x.float() / 255.0
 
 
@@ -450,7 +451,8 @@ class OmniglotSequenceDataModule(ChunkedDataModule):
         if self.bank is None:
             raise RuntimeError("OmniglotSequenceDataModule.setup() was not called: no image bank")
         self.bank = self.bank.to(batch["classes"].device)  # the bank itself when already there
-        batch["images"] = gather_images(self.bank, batch["classes"], batch["exemplars"], batch["augment"])
+        augment = batch["augment"] if self.split.augment else None  # all zeros without augmentation
+        batch["images"] = gather_images(self.bank, batch["classes"], batch["exemplars"], augment)
         return batch
 
 

@@ -188,7 +188,9 @@ class CoQEClassificationModule(ICLModule):
         mean, std = self.noise_schedule.at(self.global_step)
         g = make_generator("coqe-logit-noise", self.hparams.noise_seed, self.global_rank, self.global_step)
         z = torch.randn(batch_size, self.net.n_classes, generator=g)
-        return (mean + std * z).to(device)
+        # Made on the host (the same numbers on any device); a non-blocking copy, so the host does not wait
+        # for the device's queue to drain before sending it (a blocking copy is a device sync per step).
+        return (mean + std * z).to(device, non_blocking=True)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         labels = batch["labels"]
@@ -203,8 +205,8 @@ class CoQEClassificationModule(ICLModule):
             loss = loss + loss_orig
             if self.uses_noise:
                 mean, _ = self.noise_schedule.at(self.global_step)
-                self.log("train/noise_mean", mean)
-        self.log("train/loss", loss, prog_bar=True)
+                self.log("train/noise_mean", torch.tensor(mean))  # a host number: no copy to the device
+        self.log_loss("train/loss", loss)
         self.log("train/acc", (query.argmax(-1) == y).float().mean())
         return loss
 

@@ -95,7 +95,7 @@ class AVMNISTModule(ICLModule):
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         logits = self(batch["image"], batch["audio"])
         loss = F.cross_entropy(logits, batch["label"])  # App. I.1
-        self.log("train/loss", loss, prog_bar=True)
+        self.log_loss("train/loss", loss)
         self.log("train/acc", (logits.argmax(-1) == batch["label"]).float().mean())
         return loss
 

@@ -146,7 +146,7 @@ class LatentFactorICLModule(ICLModule):
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         pred = self(batch)
         loss = (pred - batch["y_query"].float()).pow(2).mean()  # l_{N, L_tr} on this batch (Sec. 6)
-        self.log("train/loss", loss, prog_bar=True)
+        self.log_loss("train/loss", loss)
         if implements(self.net, LayeredPromptNet) and self.net.tied:
             self.log("train/alpha", self.net.alpha.detach())
             if hasattr(self.net, "beta"):

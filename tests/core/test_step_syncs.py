@@ -1,0 +1,101 @@
+"""A training step that the GPU never waits on: what each step logs stays on the device until a logging step.
+
+Lightning turns every value logged with ``prog_bar=True`` into a Python number after every batch, whether or not a
+bar is shown; :meth:`lit_icl.core.module.ICLModule.log_loss` hands the bar a host copy on logging steps only. On
+the CPU the tests check that behaviour (which step's loss the bar shows, that the logged series is every step's
+loss); on a GPU (marked ``cuda``) each paper's step runs with CUDA's sync check turned to errors.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from coqe.omniglot.helpers import coqe_args
+from icssl.helpers import tiny_args
+from lightning.pytorch import Callback, Trainer
+from torch import nn
+from torch.utils.data import DataLoader
+
+from lit_icl.cli import main
+from lit_icl.core.module import ICLModule
+
+
+class _Regression(ICLModule):
+    """One linear layer on fixed batches; logs its loss through ``log_loss``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(3, 1)
+        self.losses: list[float] = []
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = (self.net(x) - y).pow(2).mean()
+        self.losses.append(float(loss))
+        self.log_loss("train/loss", loss)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class _Bar(Callback):
+    """What the progress bar holds after each batch."""
+
+    def __init__(self) -> None:
+        self.shown: list[float | None] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        value = trainer.progress_bar_metrics.get("loss")
+        self.shown.append(None if value is None else float(value))
+
+
+def _fit(tmp_path: Path, progress_bar: bool) -> tuple[_Regression, _Bar, Trainer]:
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(8, 3, generator=g), torch.randn(8, 1, generator=g)) for _ in range(10)]
+    module, bar = _Regression(), _Bar()
+    trainer = Trainer(accelerator="cpu", max_steps=10, log_every_n_steps=4, enable_progress_bar=progress_bar,
+                      enable_checkpointing=False, enable_model_summary=False, logger=False, callbacks=[bar],
+                      default_root_dir=tmp_path)
+    trainer.fit(module, DataLoader(batches, batch_size=None))
+    return module, bar, trainer
+
+
+def test_the_progress_bar_shows_the_loss_of_the_first_and_the_logging_steps(tmp_path) -> None:
+    """With ``log_every_n_steps=4`` the bar shows step 0's loss until step 3, then step 3's until step 7."""
+    module, bar, trainer = _fit(tmp_path, progress_bar=True)
+    losses = module.losses
+    expected = [losses[0]] * 3 + [losses[3]] * 4 + [losses[7]] * 3
+    assert bar.shown == pytest.approx(expected, rel=1e-6)
+    assert len(set(losses)) == len(losses)  # the steps differ, so the bar really skipped steps
+    # Callbacks and loggers still see every step's loss under its own name.
+    assert float(trainer.callback_metrics["train/loss"]) == pytest.approx(losses[-1], rel=1e-6)
+
+
+def test_without_a_progress_bar_nothing_is_copied_for_it(tmp_path) -> None:
+    module, bar, trainer = _fit(tmp_path, progress_bar=False)
+    assert bar.shown == [None] * 10
+    assert float(trainer.callback_metrics["train/loss"]) == pytest.approx(module.losses[-1], rel=1e-6)
+
+
+def _no_waits(tmp_path: Path, run: str) -> list[str]:
+    """A tiny run of ``run`` on the GPU, 8 steps in one epoch, none of them logging steps, with the bar shown."""
+    common = ["--trainer.accelerator", "gpu", "--trainer.max_steps", "8", "--trainer.log_every_n_steps", "50",
+              "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "true",
+              "--data.init_args.train_batches_per_epoch", "10"]
+    callbacks = ['[{"class_path": "subprocess_callbacks.NoDeviceWaits"}]']
+    if run == "icssl":
+        return [*tiny_args(tmp_path), *common, "--trainer.max_epochs", "-1", "--trainer.callbacks", *callbacks]
+    return [*coqe_args(tmp_path), *common, "--trainer.callbacks", *callbacks]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (benchmarks/gpu_suite.py runs it)")
+@pytest.mark.parametrize("run", ["icssl", "coqe_omniglot"])
+def test_training_steps_never_wait_for_the_gpu(tmp_path, run) -> None:
+    """From the end of batch 2 to the end of batch 6 any device sync raises: the batch transfer, CoQE's image
+    gather and noise, the step, and Lightning's per-batch bookkeeping all queue work without reading it back."""
+    main(["fit", *_no_waits(tmp_path, run)])
+    assert list((tmp_path / "runs").rglob("last.ckpt"))
