@@ -48,6 +48,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_STEPS = 100_000  # CoQE App. C.2: 10^5 training steps
+#: Seconds a step has, after SIGTERM at its limit, to report what it measured before it is killed.
+TERM_GRACE_S = 30
 
 
 @dataclass(frozen=True)
@@ -228,8 +230,13 @@ def run_step(step: Step, dry: bool, short: bool = False, limit_s: float | None =
         # stdout holds the numbers; stderr (Lightning's banners, warnings) is kept only to explain a failure.
         output, status = stdout if ok else stdout + stderr, "ok" if ok else f"failed (exit {proc.returncode})"
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
+        # SIGTERM first: main_command.py then stops its run and reports the rate so far; SIGKILL after a grace.
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            stdout, stderr = proc.communicate(timeout=TERM_GRACE_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
         output = stdout + stderr  # what it printed before the limit, to show where it was
         status = f"timed out after {timeout_s} s"
     return {"status": status, "seconds": time.time() - start, "output": output, "cmd": cmd}
@@ -284,8 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--short", action="store_true",
                         help="the steps' short forms: fewer modes and steps, the same code paths (a 15-minute lease)")
     parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
-                        help="wall time for the whole suite: each step gets at most what is left, and steps that "
-                             "find nothing left are reported as not run")
+                        help="wall time for the whole suite: each step gets at most what is left (less 30 s in "
+                             "which a stopped step reports what it measured), and steps that find nothing left are "
+                             "reported as not run")
     args = parser.parse_args(argv)
     if args.budget is not None and args.budget <= 0:
         parser.error(f"--budget must be a positive number of seconds, got {args.budget:g}")
@@ -307,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     for name in chosen:
         step = by_name[name]
-        left = None if args.budget is None else args.budget - (time.time() - t0)
+        # A step is asked to stop TERM_GRACE_S before the budget ends, so that it can still report.
+        left = None if args.budget is None else args.budget - (time.time() - t0) - TERM_GRACE_S
         if left is not None and left < 5:
             results.append((step, {"status": "not run: --budget spent", "seconds": 0.0, "output": "", "cmd": ""}))
         else:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -31,8 +32,22 @@ ROOT = Path(__file__).resolve().parents[1]
 PAPER_STEPS = 100_000
 
 
-def run(configs: list[str], mode: str, seconds: int, extra: list[str], out: Path) -> tuple[int, float, str]:
-    """Run the command for ``seconds``; ``(exit status, wall seconds, last lines of its output)``."""
+class Stopped(Exception):
+    """This script was asked to stop (SIGTERM, e.g. from ``timeout``) while a run was going."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise Stopped
+
+
+def run(configs: list[str], mode: str, seconds: int, extra: list[str], out: Path,
+        limit: float) -> tuple[int | None, float, str]:
+    """Run the command for ``seconds``; ``(exit status, wall seconds, last lines of its output)``.
+
+    The status is ``None`` when the run was stopped: it outlived ``limit`` seconds, or this script got SIGTERM.
+    Either way the run (in a process session of its own, with any workers it started) is killed, and what it
+    logged so far stays in ``out`` to be read: a lease that ends early still gives a rate.
+    """
     hms = time.strftime("%H:%M:%S", time.gmtime(seconds))
     cmd = [sys.executable, "-m", "lit_icl", "fit", *[a for c in configs for a in ("--config", c)],
            "--trainer.max_time", f"00:{hms}", "--trainer.enable_progress_bar", "false",
@@ -41,10 +56,24 @@ def run(configs: list[str], mode: str, seconds: int, extra: list[str], out: Path
         cmd += ["--compile.mode", mode]
     print("$ python -m lit_icl " + " ".join(cmd[3:]), flush=True)
     start = time.perf_counter()
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False,
-                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))))
-    tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-    return done.returncode, time.perf_counter() - start, tail
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    status: int | None
+    try:
+        output, _ = proc.communicate(timeout=limit)
+        status = proc.returncode
+    except (subprocess.TimeoutExpired, Stopped):
+        # SIGTERM first: Lightning stops the run cleanly and its logger writes out what it holds; then SIGKILL.
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            output, _ = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+        status = None
+    tail = "\n".join(output.strip().splitlines()[-15:])
+    return status, time.perf_counter() - start, tail
 
 
 def between_validations(ea: EventAccumulator) -> tuple[float, int] | None:
@@ -85,13 +114,23 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds after the first logged step that the rate ignores (compilation, warm-up)")
     parser.add_argument("--set", action="append", default=[], metavar="ARG",
                         help="an extra CLI argument, e.g. --set=--trainer.log_every_n_steps=10")
+    parser.add_argument("--allowance", type=float, default=120.0,
+                        help="seconds a run may take beyond --seconds (start-up, building a stand-in, saving) before "
+                             "it is stopped and its rate so far reported; measured on one H200: about 60 s for the "
+                             "main command with its glyphs built, 25 s for IC-SSL")
     args = parser.parse_args(argv)
     configs = args.config or ["configs/coqe_omniglot.yaml"]
+    limit = args.seconds + args.allowance
     failed = False
+    signal.signal(signal.SIGTERM, _stop)
     for mode in args.modes.split(","):
         with tempfile.TemporaryDirectory() as tmp:
-            status, wall, tail = run(configs, mode, args.seconds, args.set, Path(tmp))
-            if status != 0:
+            status, wall, tail = run(configs, mode, args.seconds, args.set, Path(tmp), limit)
+            if status is None:  # stopped: its numbers so far still count, marked as such
+                print(f"mode={mode}: STOPPED after {wall:.0f} s (the --allowance limit or SIGTERM); the rate below "
+                      f"covers what it logged until then\n{tail}", flush=True)
+                failed = True
+            elif status != 0:
                 print(f"mode={mode}: FAILED (exit {status}) after {wall:.0f} s\n{tail}", flush=True)
                 failed = True
                 continue
