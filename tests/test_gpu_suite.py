@@ -115,15 +115,15 @@ def test_short_forms_keep_each_steps_script_and_the_modes_the_goals_are_judged_b
 
 
 def test_the_budget_stops_a_step_at_what_is_left_and_skips_the_rest(tmp_path: Path) -> None:
-    """With 38 s for two steps of over 10 s each, the first is stopped at what is left less the 30 s grace (with
+    """With 36 s for two steps of over 10 s each, the first is stopped at what is left less the 30 s grace (with
     the processes it started) and reported as timed out, the second is reported as not run; the report names both."""
     suite = _suite()
     out = tmp_path / "gpu.md"
-    assert suite.main(["--dry-run", "--budget", "38", "--out", str(out), "--only", "icssl_cli,coqe_regression"]) == 1
+    assert suite.main(["--dry-run", "--budget", "36", "--out", str(out), "--only", "icssl_cli,coqe_regression"]) == 1
     rows = {ln.split(" | ")[0][2:]: ln for ln in out.read_text().splitlines() if ln.startswith("| ") and " | " in ln}
-    assert re.search(r"\| timed out after [78] s \|", rows["icssl_cli"])
+    assert re.search(r"\| timed out after [56] s \|", rows["icssl_cli"])
     assert "| not run: --budget spent |" in rows["coqe_regression"]
-    assert "Command: `python benchmarks/gpu_suite.py --dry-run --budget 38" in out.read_text()
+    assert "Command: `python benchmarks/gpu_suite.py --dry-run --budget 36" in out.read_text()
 
 
 def test_a_budget_that_is_not_positive_is_refused(capsys) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from coqe.omniglot.helpers import coqe_args
+from coqe.regression.helpers import reg_args
 from icssl.helpers import tiny_args
 from lightning.pytorch import Callback, Trainer
 from torch import nn
@@ -88,14 +89,17 @@ def _no_waits(tmp_path: Path, run: str) -> list[str]:
     callbacks = ['[{"class_path": "subprocess_callbacks.NoDeviceWaits"}]']
     if run == "icssl":
         return [*tiny_args(tmp_path), *common, "--trainer.max_epochs", "-1", "--trainer.callbacks", *callbacks]
+    if run == "coqe_regression":  # prompts drawn on the GPU from seeds read before the transfer
+        return [*reg_args(tmp_path), *common, "--trainer.callbacks", *callbacks]
     return [*coqe_args(tmp_path), *common, "--trainer.callbacks", *callbacks]
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (benchmarks/gpu_suite.py runs it)")
-@pytest.mark.parametrize("run", ["icssl", "coqe_omniglot"])
+@pytest.mark.parametrize("run", ["icssl", "coqe_omniglot", "coqe_regression"])
 def test_training_steps_never_wait_for_the_gpu(tmp_path, run) -> None:
     """From the end of batch 2 to the end of batch 6 any device sync raises: the batch transfer, CoQE's image
-    gather and noise, the step, and Lightning's per-batch bookkeeping all queue work without reading it back."""
+    gather and noise, CoQE regression's prompt drawing, the step, and Lightning's per-batch bookkeeping all queue
+    work without reading it back."""
     main(["fit", *_no_waits(tmp_path, run)])
     assert list((tmp_path / "runs").rglob("last.ckpt"))

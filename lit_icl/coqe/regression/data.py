@@ -272,12 +272,21 @@ class PromptSpec:
         a = self.dims_curriculum.value(step) if self.dims_curriculum else self.n_dims
         return n, a
 
-    def generate(self, meta: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:
-        """The prompts of the chunks whose seeds are in ``meta`` (one chunk per seed), drawn on ``device``."""
-        shift = self.shifts[int(meta["shift_index"][0])]
-        n, a = int(meta["n_points"][0]), int(meta["active_dims"][0])
+    @staticmethod
+    def read_meta(meta: dict[str, Tensor]) -> tuple[list[int], int, int, int]:
+        """``(seeds, shift index, points, active dims)`` of a batch of chunk seeds, as Python numbers."""
+        return (meta["seed"].tolist(), int(meta["shift_index"][0]), int(meta["n_points"][0]),
+                int(meta["active_dims"][0]))
+
+    def generate(self, meta: dict[str, Any], device: torch.device) -> dict[str, Tensor]:
+        """The prompts of the chunks whose seeds are in ``meta`` (one chunk per seed), drawn on ``device``.
+
+        ``meta["host"]``, where present, holds :meth:`read_meta` of the batch read before it moved to ``device``.
+        """
+        seeds, shift_index, n, a = meta["host"] if "host" in meta else self.read_meta(meta)
+        shift = self.shifts[shift_index]
         chunks = []
-        for seed in meta["seed"].tolist():
+        for seed in seeds:
             g = torch.Generator(device=device).manual_seed(int(seed))
             chunks.append(sample_prompts(
                 self.function_class, self.chunk_size, n, self.n_dims, g, shift=shift, sparsity=self.sparsity,
@@ -387,7 +396,12 @@ class RegressionDataModule(ChunkedDataModule):
         """``Phi(x)`` / ``ReLU(x W)`` / ``x``: what every task of the class is linear in (for the Fig. 6 probe)."""
         return task_features(self.function_class, x, self.first_layer)
 
-    def on_after_batch_transfer(self, batch: dict[str, Tensor], dataloader_idx: int) -> dict[str, Tensor]:
+    def on_before_batch_transfer(self, batch: dict[str, Any], dataloader_idx: int) -> dict[str, Any]:
+        if "seed" in batch:  # read on the host: after the transfer each read would wait for the device
+            batch["host"] = self.spec.read_meta(batch)
+        return batch
+
+    def on_after_batch_transfer(self, batch: dict[str, Any], dataloader_idx: int) -> dict[str, Tensor]:
         if "seed" in batch:
             return self.spec.generate(batch, batch["seed"].device)
         return batch
