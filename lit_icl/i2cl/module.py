@@ -46,7 +46,6 @@ from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
-from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassF1Score
 
 from lit_icl.core.errors import ConfigError
@@ -76,6 +75,7 @@ from lit_icl.i2cl.calibration import (
 from lit_icl.i2cl.contracts import I2CLData, I2CLNet
 from lit_icl.i2cl.data import TaskData
 from lit_icl.i2cl.nets import NoiseNorm
+from lit_icl.metrics.mean import SyncFreeMean
 
 CALIBRATED = ("i2cl", "noise_vector", "icl_i2cl", "i2cl_transfer")
 BASELINES = ("zero_shot", "few_shot", "task_vector")
@@ -158,7 +158,7 @@ class I2CLModule(ICLModule):
         self.label_ids: Tensor | None = None
         self.task_vector: Tensor | None = None
         self.tv_layer: int | None = task_vector_layer
-        self.accuracy = nn.ModuleDict({m: MeanMetric() for m in methods})
+        self.accuracy = nn.ModuleDict({m: SyncFreeMean() for m in methods})
         # macro-F1 (the public code's second metric) needs the number of classes: built in bind_datamodule
         self.macro_f1 = nn.ModuleDict()
         self.seconds: dict[str, float] = {}

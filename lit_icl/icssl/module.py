@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule
 from torch import Tensor, nn
-from torchmetrics import MeanMetric, Metric
+from torchmetrics import Metric
 
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.figures import line_figure
@@ -57,6 +57,7 @@ from lit_icl.icssl.data import (
     ratio_key,
 )
 from lit_icl.icssl.nets import SemiSupervisedICL
+from lit_icl.metrics.mean import SyncFreeMean
 
 #: The paper's names of the representations (Sec. 4.1), used as the ``method`` of result rows.
 METHOD_NAMES = {
@@ -96,7 +97,7 @@ class ConstantPredictorStats(Metric):
         return (self.share[best] / n).float(), (self.balanced[best] / n).float()
 
 
-#: The per-ratio test series kept as MeanMetrics: ``<who>-<metric>``.
+#: The per-ratio test series kept as SyncFreeMeans: ``<who>-<metric>``.
 _TEST_SERIES = ("model-accuracy", "model-balanced_accuracy", "majority-accuracy", "majority-balanced_accuracy")
 
 
@@ -153,7 +154,7 @@ class ICSSLModule(ICLModule):
         # Per ratio: accuracy and balanced accuracy of the model and of the labeled-majority vote.
         self.test_metrics = nn.ModuleDict()
         self.test_prior = nn.ModuleDict()
-        self.val_loss = MeanMetric()
+        self.val_loss = SyncFreeMean()
         #: What ``validation_step`` returns under ``embeddings`` (lets RepresentationMetrics check its pairs early).
         base = ("model", "eig") if eig_reference else ("model",)
         self.embedding_names = {"val": base, "test": base}
@@ -180,10 +181,10 @@ class ICSSLModule(ICLModule):
         """One accuracy metric per ratio (torchmetrics states are not checkpointed, so this is free to redo)."""
         self.label_ratios = [float(r) for r in ratios]
         self.val_acc.clear()
-        self.val_acc.update({_slot(r): MeanMetric() for r in self.label_ratios})
+        self.val_acc.update({_slot(r): SyncFreeMean() for r in self.label_ratios})
         self.test_metrics.clear()
         self.test_metrics.update({
-            f"{i}-{_slot(r)}-{name}": MeanMetric()
+            f"{i}-{_slot(r)}-{name}": SyncFreeMean()
             for i in range(len(self.test_sets)) for r in self.label_ratios for name in _TEST_SERIES
         })
         self.test_prior.clear()

@@ -32,7 +32,6 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule
 from torch import Tensor, nn
-from torchmetrics import MeanMetric
 
 from lit_icl.coqe.contracts import SequenceData, SequenceNet
 from lit_icl.coqe.omniglot.data import EVALUATORS
@@ -46,6 +45,7 @@ from lit_icl.core.protocols import implements
 from lit_icl.core.results import result_row
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import check_int, check_literal, check_nonnegative, check_positive, check_range
+from lit_icl.metrics.mean import SyncFreeMean
 
 #: Learning-rate schedules: the paper's constant rate, or Chan et al.'s linear warm-up then 1/sqrt(step).
 LRSchedule = Literal["constant", "warmup_rsqrt"]
@@ -126,9 +126,9 @@ class CoQEClassificationModule(ICLModule):
         #: Accuracies reported: the two evaluators, plus CoQE's static head on the IWL sequences.
         self.evaluators: tuple[str, ...] = EVALUATORS + (("iwl_static",) if self.method == "coqe" else ())
         self.acc = nn.ModuleDict(
-            {f"{stage}_{ev}": MeanMetric() for stage in ("val", "test") for ev in self.evaluators}
+            {f"{stage}_{ev}": SyncFreeMean() for stage in ("val", "test") for ev in self.evaluators}
         )
-        self.context_wins = nn.ModuleDict({stage: MeanMetric() for stage in ("val", "test")})
+        self.context_wins = nn.ModuleDict({stage: SyncFreeMean() for stage in ("val", "test")})
         #: Image source the model was trained/tested on (``omniglot`` or ``glyphs``), from the data module.
         self.data_source: str | None = None
         self._data_coords: dict[str, Any] = {}

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningDataModule
 from torch import Tensor, nn
-from torchmetrics import MeanMetric, Metric
+from torchmetrics import Metric
 
 from lit_icl.coqe.contracts import PromptData, PromptNet, SizedPromptNet
 from lit_icl.coqe.regression.nets import CoQERegressor
@@ -35,6 +35,7 @@ from lit_icl.core.precision import float32_region
 from lit_icl.core.protocols import implements
 from lit_icl.core.results import result_row
 from lit_icl.core.validation import check_int, check_positive
+from lit_icl.metrics.mean import SyncFreeMean
 
 #: Fig. 3's optimal baseline per function class (method-name prefix; the best alpha among Lasso nets).
 OPTIMAL: dict[str, str | None] = {
@@ -107,7 +108,7 @@ class CoQERegressionModule(ICLModule):
         self.n_dims: int | None = None
         self.shift_names: list[str] = ["id"]
         self.errors = nn.ModuleDict()
-        self.val_mse = MeanMetric()
+        self.val_mse = SyncFreeMean()
         self._features = None
         self._probe: list[tuple[Tensor, Tensor, Tensor]] = []
         self._probe_result: dict[str, Any] | None = None

@@ -24,7 +24,6 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule
 from torch import Tensor, nn
-from torchmetrics import MeanMetric
 
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.module import ICLModule
@@ -34,6 +33,7 @@ from lit_icl.core.protocols import implements
 from lit_icl.core.results import result_row
 from lit_icl.core.seeding import derive_seed
 from lit_icl.core.validation import check_nonnegative, check_positive
+from lit_icl.metrics.mean import SyncFreeMean
 from lit_icl.mmca.avmnist.nets import MultimodalCrossAttention
 from lit_icl.mmca.contracts import AVMNISTData, AVMNISTNet
 
@@ -64,8 +64,8 @@ class AVMNISTModule(ICLModule):
         self.eval_splits: list[str] = ["val", "test"]
         self.noise_std: float | None = None
         self.dataset_name: str | None = None
-        self.eval_acc = nn.ModuleDict({"val": MeanMetric(), "test": MeanMetric()})
-        self.test_acc = MeanMetric()
+        self.eval_acc = nn.ModuleDict({"val": SyncFreeMean(), "test": SyncFreeMean()})
+        self.test_acc = SyncFreeMean()
         #: Test accuracy after each training epoch, in epoch order (restored from checkpoints).
         self.test_history: list[float] = []
         self._rng_base = 0

@@ -7,13 +7,13 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
-from torchmetrics import MeanMetric
 
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.precision import float32_region
 from lit_icl.core.protocols import implements
 from lit_icl.core.results import result_row
 from lit_icl.core.validation import check_positive
+from lit_icl.metrics.mean import SyncFreeMean
 from lit_icl.mmca.contracts import LatentFactorData, LayeredPromptNet, PromptNet
 
 
@@ -53,7 +53,7 @@ class WhiteningDiagnostic(Callback):
         if context_length is not None:
             check_positive("context_length", context_length, integer=True, hint="or null for all the tokens")
         self.context_length = context_length
-        self._metrics: list[MeanMetric] = []
+        self._metrics: list[SyncFreeMean] = []
         self._length: int | None = None
         #: Rows of the last test epoch, written by ResultsWriter beside the module's.
         self.test_rows: list[dict] = []
@@ -93,7 +93,7 @@ class WhiteningDiagnostic(Callback):
         x = x[:, :L]
         res = whitening_residuals(x, net.layer_states(x))
         if not self._metrics:
-            self._metrics = [MeanMetric().to(res.device) for _ in range(res.shape[1])]
+            self._metrics = [SyncFreeMean().to(res.device) for _ in range(res.shape[1])]
         for t, metric in enumerate(self._metrics):
             metric.update(res[:, t])
         self._length = L

@@ -24,7 +24,6 @@ from typing import Any, Literal
 import torch
 from lightning.pytorch import LightningDataModule
 from torch import Tensor, nn
-from torchmetrics import MeanMetric
 
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.module import ICLModule
@@ -32,6 +31,7 @@ from lit_icl.core.optim import fused_if_cuda
 from lit_icl.core.protocols import implements
 from lit_icl.core.results import result_row
 from lit_icl.core.validation import check_literal, check_nonempty, check_nonnegative, check_positive
+from lit_icl.metrics.mean import SyncFreeMean
 from lit_icl.mmca.contracts import CovariateNet, LatentFactorData, LayeredPromptNet, PromptNet
 from lit_icl.mmca.synthetic.nets import BayesOptimal, DeepCrossAttention, SampleMean
 from lit_icl.mmca.theory import alpha_star, alpha_star_depth, bayes_weights
@@ -73,8 +73,8 @@ class LatentFactorICLModule(ICLModule):
         self.test_depths = self._validate(lr, optimizer, momentum, weight_decay, test_depths)
         self.method = method_name(self.net)
         self.baseline_nets = nn.ModuleList([SampleMean(), BayesOptimal()]) if baselines else nn.ModuleList()
-        self.val_mse = MeanMetric()
-        self.val_icl = MeanMetric()
+        self.val_mse = SyncFreeMean()
+        self.val_icl = SyncFreeMean()
         self.test_metrics = nn.ModuleDict()
         self.context_lengths: list[int] | None = None
         self.norm_range: tuple[float, float] | None = None
@@ -167,9 +167,9 @@ class LatentFactorICLModule(ICLModule):
         self.log("val/mse", self.val_mse, on_step=False, on_epoch=True)
 
     # ---------------------------------------------------------------- test protocol
-    def _metric(self, key: str) -> MeanMetric:
+    def _metric(self, key: str) -> SyncFreeMean:
         if key not in self.test_metrics:
-            self.test_metrics[key] = MeanMetric().to(self.device)
+            self.test_metrics[key] = SyncFreeMean().to(self.device)
         return self.test_metrics[key]
 
     def on_test_epoch_start(self) -> None:
