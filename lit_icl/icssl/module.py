@@ -358,8 +358,8 @@ class ICSSLModule(ICLModule):
         costs more than the round's forward passes.
         """
         cached = self._val_eig.get(batch_idx)
-        # torch.equal reads one flag back from the device: one wait per validation batch, not per episode.
-        if cached is not None and cached[0].shape == x.shape and cached[0].device == x.device and torch.equal(cached[0], x):
+        # torch.equal (False for another shape) reads one flag back from the device: one wait per batch.
+        if cached is not None and cached[0].device == x.device and torch.equal(cached[0], x):
             return cached[1]
         eig = laplacian_eigenmap(x)
         self._val_eig[batch_idx] = (x.clone(), eig)
