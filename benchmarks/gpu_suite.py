@@ -9,6 +9,8 @@ the report):
 - the main command all-in for a fixed wall time (validation and checkpoints included), with CUDA graphs
   (``--compile.mode reduce-overhead``) and eager, then with CUDA graphs in bf16-mixed, and IC-SSL's manifolds
   config the same way (``benchmarks/main_command.py``);
+- batched ``eigh`` of IC-SSL's 100-point Laplacians on the GPU vs the host route it takes
+  (``benchmarks/eigh_route.py``);
 - each paper's training step eager, compiled and CUDA-graph-captured, Lightning vs a bare loop of the same
   step, deterministic kernels on and off (``benchmarks/step_speed.py``);
 - the tests marked ``cuda`` (GPU-only code paths that the CPU test suite skips);
@@ -122,6 +124,11 @@ STEPS = [
     _speed("step_speed_coqe", ["configs/coqe/omniglot.yaml"],
            "CoQE (paper size) step: eager / compiled / CUDA graphs, Lightning vs bare, deterministic on and off",
            ["--config", "configs/coqe/omniglot/cpu.yaml"], 420),
+    # IC-SSL's EIG reference and EIG baselines solve a batch of 100 x 100 Laplacians; torch's CUDA eigh loops over
+    # such a batch, so symmetric_eigenvectors solves it on the host. This times both routes.
+    Step("eigh_route", "batched eigh of 100-point Laplacians: on the GPU vs the host route IC-SSL takes",
+         ["benchmarks/eigh_route.py", "--device", "cuda"],
+         ["benchmarks/eigh_route.py", "--device", "cpu", "--batches", "8", "--repeats", "1"], 60),
     # The main command's fp32 step is GPU-bound under CUDA graphs (11 ms, 2026-11-27): less work per step is the
     # way past 100 steps/s. bf16 changes the numbers, so it is measured here, not made the default.
     Step("main_command_bf16", "the main command all-in with CUDA graphs in bf16-mixed (less GPU work per step)",
@@ -170,7 +177,7 @@ STEPS = [
     Step("coqe_regression", "CoQE regression steps/s, Lightning vs bare; ours vs HuggingFace GPT-2",
          ["benchmarks/coqe_regression_throughput.py", "--device", "cuda", "--steps", "200", "--warmup", "20"],
          ["benchmarks/coqe_regression_throughput.py", "--device", "cpu", "--steps", "2", "--warmup", "1",
-          "--repeats", "1", "--only", "train", "--points", "11", "--dims", "5"], 420),
+          "--repeats", "1", "--only", "train", "--points", "11", "--dims", "5"], 360),
     # 100 queries per method take seconds on a GPU; the limits cover loading each model
     Step("i2cl_latency_bf16", "I2CL latency per query vs zero-shot and few-shot ICL (bf16 on a GPU), SmolLM2-135M",
          ["benchmarks/i2cl_latency.py", "--queries", "100"],
@@ -206,6 +213,10 @@ def headline(step: Step, output: str) -> str:
         ratios = re.findall(r"^ratio lightning/bare mode=(\S+) deterministic=true: ([\d.]+)", output, re.MULTILINE)
         text = ", ".join(f"{path} {mode} {sps}" for path, mode, sps in rates if path == "lightning")
         return text + ("; lightning/bare " + ", ".join(f"{m} {r}" for m, r in ratios) if ratios else "")
+    if step.script.endswith("eigh_route.py"):
+        found = re.findall(r"^eigh (\(.*?\)) float32: on the device ([\d.]+) ms, symmetric_eigenvectors \((\w+) route\) "
+                           r"([\d.]+) ms", output, re.MULTILINE)
+        return ", ".join(f"{shape}: device {dev} ms, {route} route {routed} ms" for shape, dev, route, routed in found)
     if step.script.endswith("i2cl_latency.py"):
         rows = re.findall(r"^\| (\w+) \| ([\d.]+) \| [\d.]+ \| ([\d.]+) \|$", output, re.MULTILINE)
         return ", ".join(f"{m} {ms} ms ({ratio} x zero-shot)" for m, ms, ratio in rows)

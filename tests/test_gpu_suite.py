@@ -19,14 +19,15 @@ def _suite():
 def test_the_dry_run_runs_a_step_and_reports_it_with_device_and_command(tmp_path: Path) -> None:
     suite = _suite()
     out = tmp_path / "gpu.md"
-    assert suite.main(["--dry-run", "--out", str(out), "--only", "coqe_regression"]) == 0
+    # eigh_route: the step whose dry run takes the fewest seconds (the others train a net).
+    assert suite.main(["--dry-run", "--out", str(out), "--only", "eigh_route"]) == 0
     text = out.read_text()
     assert text.startswith("# GPU suite (CPU dry run")
     assert "Device: CPU only" in text and "Commit: " in text
-    (row,) = [ln for ln in text.splitlines() if ln.startswith("| coqe_regression |")]
+    (row,) = [ln for ln in text.splitlines() if ln.startswith("| eigh_route |")]
     assert "| ok |" in row
-    assert "transformer: Lightning " in row and "coqe: Lightning " in row and " x bare)" in row
-    assert "$ python benchmarks/coqe_regression_throughput.py --device cpu" in text
+    assert re.search(r"\| \(8, 100, 100\): device [\d.]+ ms, device route [\d.]+ ms \|$", row), row
+    assert "$ python benchmarks/eigh_route.py --device cpu --batches 8 --repeats 1" in text
 
 
 def test_without_a_gpu_the_full_suite_refuses_and_names_the_dry_run(capsys) -> None:
@@ -60,6 +61,10 @@ def test_headlines_read_each_scripts_output() -> None:
     icssl = "config: x\nlightning: 9.50 steps/s  (runs: 9.50)\nbare loop: 10.00 steps/s  (runs: 10.00)\nratio lightning/bare: 0.950\n"
     assert suite.headline(steps["icssl_deterministic"], icssl) == "lightning 9.50, bare loop 10.00, ratio lightning/bare 0.950"
     assert suite.headline(steps["coqe_regression"], "  ours / HF           :    1.700\n") == "ours / HF : 1.700"
+    eigh = ("device: NVIDIA H200; torch 2.11.0; host threads 16\n"
+            "eigh (64, 100, 100) float32: on the device 117.0 ms, symmetric_eigenvectors (host route) 21.5 ms (5.4x); "
+            "laplacian_eigenmap 23.0 ms\n")
+    assert suite.headline(steps["eigh_route"], eigh) == "(64, 100, 100): device 117.0 ms, host route 21.5 ms"
     pytest_out = "tests/test_early_stopping.py .\n\n-- Docs: https://docs.pytest.org\n1 passed, 2 warnings in 5.22s\n"
     assert suite.headline(steps["cuda_tests"], pytest_out) == "1 passed, 2 warnings in 5.22s"
     assert suite.headline(steps["cuda_tests"], "==== 1 failed, 1 passed in 3.00s ====\n") == "1 failed, 1 passed in 3.00s"

@@ -104,6 +104,44 @@ def laplacian_eigenmap(
     if not 1 <= n_components <= n:
         raise ConfigError(f"n_components={n_components} must lie in [1, {n}] for episodes of {n} points")
     lap = graph_laplacian(knn_rbf_adjacency(x, n_neighbors, rbf_scale), normalization)
-    # eigh returns ascending eigenvalues; the Laplacian is symmetric by construction.
-    _, vecs = torch.linalg.eigh(lap)
-    return vecs[..., :n_components]
+    # Ascending eigenvalues; the Laplacian is symmetric by construction.
+    return symmetric_eigenvectors(lap)[..., :n_components]
+
+
+#: The largest matrix torch's CUDA ``eigh`` solves as one batched call (cuSOLVER's batched Jacobi solver); for
+#: larger matrices it calls a single-matrix solver once per matrix of the batch.
+CUDA_BATCHED_EIGH_MAX_N = 32
+
+
+def eigh_on_host(shape: torch.Size | tuple[int, ...], device: torch.device) -> bool:
+    """Whether :func:`symmetric_eigenvectors` solves matrices of ``shape`` on ``device`` on the host instead.
+
+    True for a CUDA batch of more than one matrix larger than :data:`CUDA_BATCHED_EIGH_MAX_N`: there torch runs
+    one solver call per matrix. pytorch/pytorch issue 174674 reports 914 ms for 500 matrices of 100 x 100 on a
+    GPU (CuPy's batched solver: 8 ms), and issue 175585 the cliff from n = 33 on. LAPACK on the host solves
+    IC-SSL's batch of 64 such matrices in 26 ms on our 2-core CPU machine. ``benchmarks/eigh_route.py`` times
+    both routes on a GPU.
+    """
+    batch = 1
+    for size in shape[:-2]:
+        batch *= size
+    return device.type == "cuda" and batch > 1 and shape[-1] > CUDA_BATCHED_EIGH_MAX_N
+
+
+def symmetric_eigenvectors(matrices: Tensor) -> Tensor:
+    """Eigenvectors of a batch of symmetric matrices, columns in ascending order of eigenvalue.
+
+    ``torch.linalg.eigh(matrices).eigenvectors``, solved where it is fast (:func:`eigh_on_host`): a CUDA
+    batch of matrices larger than 32 x 32 goes to the host and its eigenvectors come back to the device. On the
+    CPU this is ``torch.linalg.eigh`` itself, so CPU numbers do not change; on a GPU the host route gives the
+    CPU's LAPACK result. The copy waits for the device, which a per-matrix solver loop does as well.
+
+    Args:
+        matrices: ``(..., n, n)`` symmetric matrices.
+
+    Returns:
+        ``(..., n, n)`` eigenvectors on the device of ``matrices``.
+    """
+    if eigh_on_host(matrices.shape, matrices.device):
+        return torch.linalg.eigh(matrices.cpu()).eigenvectors.to(matrices.device)
+    return torch.linalg.eigh(matrices).eigenvectors
