@@ -1,12 +1,14 @@
 """ICSSLModule: a checkpoint written before the one-folder-per-experiment move (tests/data/legacy/README.md, made
 at commit 93c16ee, its hyper-parameters naming ``lit_icl.icssl.nets.*``) loads with its weights, in Python and
-through ``python -m lit_icl test`` with today's config, and scores the same rows either way."""
+through ``python -m lit_icl test`` with today's config, and scores the same rows either way; its validation
+accuracy and EIG reference."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from icssl.helpers import tiny_args
 from lightning.pytorch import Trainer
@@ -63,3 +65,31 @@ def test_the_validation_eig_reference_is_computed_once_per_batch_and_only_reused
     assert torch.equal(module.val_eig_reference(other, 0), exact(other)) and len(solved) == 2
     assert torch.equal(module.val_eig_reference(x, 1), exact(x)) and len(solved) == 3  # another batch index
     assert torch.equal(module.val_eig_reference(x[:2], 1), exact(x[:2])) and len(solved) == 4  # another shape
+
+
+@pytest.mark.filterwarnings("ignore:You are trying to `self.log\\(\\)`")
+def test_validation_accuracy_is_the_mean_over_episodes_of_the_unlabeled_points_accuracy() -> None:
+    """``val/acc/label_ratio=r``: per episode, the share of unlabeled points the net classifies right with
+    ``round(r * n)`` labels shown, averaged over episodes; computed here point by point from the net's logits."""
+    from lit_icl.icssl.data import labeled_count, labeled_mask
+    from lit_icl.icssl.module import _slot
+
+    dm = ManifoldDataModule(n_points=20, batch_size=16, chunk_size=8, eval_batch_size=16, val_episodes=16,
+                            train_batches_per_epoch=1, eval_label_ratios=[0.1, 0.5], train_label_ratio=[0.1, 0.5])
+    module = ICSSLModule(net=SemiSupervisedICL(InContextEigenmap(n_points=20, stack_repeats=1)))
+    module.attach_datamodule(dm)
+    dm.setup("validate")
+    batch = next(iter(dm.val_dataloader()))
+    module.eval()
+    with torch.no_grad():
+        module.validation_step(batch, 0)
+        x, y = batch["x"], batch["y"]
+        for r in (0.1, 0.5):
+            labeled = labeled_mask(y, labeled_count(r, 20), module.labeled_subset)
+            pred = module(x, y, labeled).argmax(-1)
+            per_episode = []
+            for b in range(x.shape[0]):
+                unlabeled = [i for i in range(20) if not labeled[b, i]]
+                per_episode.append(sum(int(pred[b, i] == y[b, i]) for i in unlabeled) / len(unlabeled))
+            expected = sum(per_episode) / len(per_episode)
+            assert float(module.val_acc[_slot(r)].compute()) == pytest.approx(expected, abs=1e-6)
