@@ -44,6 +44,10 @@ from typing import Any, NoReturn
 REPO = Path(__file__).resolve().parents[1]
 
 
+#: The module a job runs: ``python -m lit_icl <argv>``.
+CLI_MODULE = "lit_icl"
+
+
 @dataclass
 class Job:
     """One ``python -m lit_icl`` call (``argv`` after ``python -m lit_icl``); ``folder`` is its run folder, where
@@ -406,7 +410,7 @@ def read_done(folder: Path) -> tuple[float, float | None]:
 
 
 def run_job(job: Job, threads: int, dry: bool) -> tuple[Job, int, float]:
-    cmd = [sys.executable, "-m", "lit_icl", *job.argv]
+    cmd = [sys.executable, "-m", CLI_MODULE, *job.argv]
     if job.argv[0] == "fit" and (job.folder / "checkpoints" / "last.ckpt").is_file():
         cmd += ["--ckpt_path", "last"]  # an interrupted fit resumes where its last checkpoint left it
     line = " ".join(shlex.quote(c) for c in cmd)

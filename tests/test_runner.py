@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -21,6 +22,17 @@ def runner():
     sys.path.insert(0, str(SCRIPT.parent))  # its `cost` reads grids through experiments/tidy.py beside it
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture
+def quick_cli(runner, tmp_path, monkeypatch):
+    """Jobs run a stand-in for ``python -m lit_icl`` that exits at once (0 for ``--help``, 2 otherwise), so a test
+    of the runner's bookkeeping does not spend seconds importing Lightning per job. One test runs the real CLI."""
+    folder = tmp_path / "quick_cli"
+    folder.mkdir()
+    (folder / "quick_lit_icl.py").write_text('import sys\nsys.exit(0 if "--help" in sys.argv else 2)\n')
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.setattr(runner, "CLI_MODULE", "quick_lit_icl")
 
 
 def test_done_marker_keeps_wall_and_cpu_seconds_and_reads_the_older_wall_only_marker(runner, tmp_path) -> None:
@@ -42,7 +54,7 @@ def test_a_subprocess_job_records_its_own_cpu_time(runner, tmp_path) -> None:
     assert (job.folder / "fit.log").read_text().startswith("$ ")  # the command line heads the log
 
 
-def test_a_failing_job_is_not_marked_done(runner, tmp_path) -> None:
+def test_a_failing_job_is_not_marked_done(runner, quick_cli, tmp_path) -> None:
     job = runner.Job("bad", ["fit", "--no-such-option"], tmp_path / "bad")
     _, rc, _ = runner.run_job(job, threads=1, dry=False)
     assert rc != 0 and not job.done
@@ -128,13 +140,13 @@ def _driver_parser(runner):
 
 
 def _grid(runner, out: Path):
-    """A two-job grid of real ``python -m lit_icl`` calls (``--help``: a real process, seconds long)."""
+    """A two-job grid of ``python -m <the runner's CLI>`` calls (``--help``: a real process)."""
     fit = runner.Job("fit a s0", ["fit", "--help"], out / "a" / "s0")
     test = runner.Job("test a s0", ["test", "--help"], out / "a" / "s0_test", after=[fit.folder])
     return (lambda args: [fit]), (lambda args: [test] if fit.done else [])
 
 
-def test_stage_all_fits_then_tests_then_reports_and_records_each_jobs_state(runner, tmp_path, capsys) -> None:
+def test_stage_all_fits_then_tests_then_reports_and_records_each_jobs_state(runner, quick_cli, tmp_path, capsys) -> None:
     parser = _driver_parser(runner)
     argv = ["all", "--out", str(tmp_path / "grid"), "--jobs", "1"]
     args = runner.parse_driver_args(parser, argv, "experiments/driver.py")
@@ -181,7 +193,7 @@ def test_report_names_each_unfinished_job_with_its_reason_and_the_command_that_r
     assert runner.unfinished(jobs[:1], args) == []
 
 
-def test_a_slurm_task_runs_the_job_its_folder_holds_and_refuses_one_whose_fit_has_not_finished(runner, tmp_path, capsys) -> None:
+def test_a_slurm_task_runs_the_job_its_folder_holds_and_refuses_one_whose_fit_has_not_finished(runner, quick_cli, tmp_path, capsys) -> None:
     fit = runner.Job("fit a", ["fit", "--help"], tmp_path / "a")
     test = runner.Job("test a", ["test", "--help"], tmp_path / "a_test", after=[fit.folder])
     test.write_spec(threads=3)
