@@ -101,7 +101,9 @@ def _stub_trainer(module: LightningModule, steps: int) -> SimpleNamespace:
     """What a module's ``training_step`` and ``configure_optimizers`` read from ``self.trainer``."""
     return SimpleNamespace(
         global_step=0, global_rank=0, local_rank=0, world_size=1, log_every_n_steps=50, current_epoch=0,
-        estimated_stepping_batches=steps, max_steps=steps, training=True, sanity_checking=False,
+        estimated_stepping_batches=steps, max_steps=steps, training=True, sanity_checking=False, fast_dev_run=False,
+        # ICLModule.logging_step asks Lightning's logger connector; the bare loop sets it as Lightning would.
+        _logger_connector=SimpleNamespace(should_update_logs=False),
     )
 
 
@@ -128,6 +130,7 @@ def bare_steps(module: LightningModule, batches: list[Any], mode: str, warmup: i
         if mark:
             torch.compiler.cudagraph_mark_step_begin()
         stub.global_step = i
+        stub._logger_connector.should_update_logs = (i + 1) % stub.log_every_n_steps == 0
         loss = module.training_step(batch, i)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -140,29 +140,49 @@ class ICLModule(LightningModule):
         return [net]
 
     # ------------------------------------------------------------------ logging
+    @property
+    def logging_step(self) -> bool:
+        """Whether the values this training step logs reach the loggers.
+
+        Lightning writes a training step's logged values every ``log_every_n_steps`` optimizer steps (and at
+        every step of a ``fast_dev_run``); a value logged at another step is overwritten before anything reads
+        it. Each ``self.log`` call costs host time, about half a millisecond on our CPU machine
+        (``benchmarks/log_overhead.py``): Lightning moves its record of the value to the value's device at every
+        call. Under CUDA graphs that is more than the GPU needs for a whole IC-SSL step. So the training steps
+        log, and compute what they compute only to log, on these steps only; the written series are unchanged.
+        Outside a Trainer (a bare loop) nothing is logged, and this is False.
+
+        The decision is Lightning's own (``_LoggerConnector.should_update_logs``, which counts batches that
+        stepped the optimizers, as a module with several optimizers needs), so the two cannot disagree.
+        """
+        trainer = self._trainer
+        if trainer is None:
+            return False
+        return bool(trainer._logger_connector.should_update_logs or trainer.fast_dev_run)
+
     def log_loss(self, name: str, loss: Tensor, **kwargs: Any) -> None:
-        """Log a training loss at every step, and show it in the progress bar on logging steps only.
+        """Log a training loss on logging steps (:attr:`logging_step`), and show it in the progress bar.
 
         Lightning turns every value logged with ``prog_bar=True`` into a Python number after *every* training
         batch (``_LoggerConnector.on_batch_end``), whether or not a progress bar is shown. On a GPU that read is
         a device sync per step: the host cannot queue the next step while the GPU runs this one, so Python's and
         Lightning's time per step adds to the GPU's instead of hiding behind it. So ``name`` goes to the loggers
-        as before (on the device, read on logging steps), and the progress bar gets a host copy of the loss,
-        under ``name`` without its ``train/`` prefix, on the first step and on the trainer's logging steps
-        (every ``log_every_n_steps``, when Lightning reads the logged values back anyway); with no progress
-        bar it gets nothing. The logged series and the training are unchanged.
+        on the logging steps (on the device; Lightning reads it back when it writes), and the progress bar gets
+        a host copy of the loss, under ``name`` without its ``train/`` prefix, on the first step and on the
+        logging steps; with no progress bar it gets nothing. The written series and the training are unchanged.
 
         Args:
             name: the logged name, e.g. ``train/loss``.
             loss: a scalar tensor.
             **kwargs: further :meth:`log` arguments for the logged value (e.g. ``batch_size``).
         """
-        self.log(name, loss, **kwargs)
+        logging = self.logging_step
+        if logging:
+            self.log(name, loss, **kwargs)
         trainer = self._trainer
         if trainer is None or getattr(trainer, "progress_bar_callback", None) is None:
             return
-        step = int(trainer.global_step)
-        if step == 0 or (step + 1) % max(int(trainer.log_every_n_steps), 1) == 0:
+        if logging or trainer.fit_loop.epoch_loop._batches_that_stepped == 0:
             bar = name.removeprefix("train/")
             self.log(bar, loss.detach().float().cpu(), prog_bar=True, logger=False,
                      batch_size=kwargs.get("batch_size"))

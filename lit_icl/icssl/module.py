@@ -289,8 +289,7 @@ class ICSSLModule(ICLModule):
         loss = self.unlabeled_loss(logits, y, labeled)
         self.log_loss("train/loss", loss)
         # Accuracy only on logging steps: it is cheap, but not free next to an 11k-parameter net.
-        every = max(self.trainer.log_every_n_steps, 1)
-        if (self.global_step + 1) % every == 0:
+        if self.logging_step:
             with torch.no_grad():
                 self.log("train/acc", (logits.argmax(-1) == y)[~labeled].float().mean())
         return loss

@@ -16,6 +16,7 @@ from coqe.omniglot.helpers import coqe_args
 from coqe.regression.helpers import reg_args
 from icssl.helpers import tiny_args
 from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.loggers import Logger
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -34,7 +35,7 @@ class _Regression(ICLModule):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
         loss = (self.net(x) - y).pow(2).mean()
-        self.losses.append(float(loss))
+        self.losses.append(float(loss.detach()))
         self.log_loss("train/loss", loss)
         return loss
 
@@ -53,32 +54,95 @@ class _Bar(Callback):
         self.shown.append(None if value is None else float(value))
 
 
-def _fit(tmp_path: Path, progress_bar: bool) -> tuple[_Regression, _Bar, Trainer]:
+class _Written(Logger):
+    """A logger that keeps what Lightning writes: ``{step: {name: value}}``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: dict[int, dict[str, float]] = {}
+
+    @property
+    def name(self) -> str:
+        return "written"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.steps.setdefault(int(step), {}).update(metrics)
+
+
+def _fit(tmp_path: Path, progress_bar: bool) -> tuple[_Regression, _Bar, _Written]:
     g = torch.Generator().manual_seed(0)
     batches = [(torch.randn(8, 3, generator=g), torch.randn(8, 1, generator=g)) for _ in range(10)]
-    module, bar = _Regression(), _Bar()
+    module, bar, written = _Regression(), _Bar(), _Written()
     trainer = Trainer(accelerator="cpu", max_steps=10, log_every_n_steps=4, enable_progress_bar=progress_bar,
-                      enable_checkpointing=False, enable_model_summary=False, logger=False, callbacks=[bar],
+                      enable_checkpointing=False, enable_model_summary=False, logger=written, callbacks=[bar],
                       default_root_dir=tmp_path)
     trainer.fit(module, DataLoader(batches, batch_size=None))
-    return module, bar, trainer
+    return module, bar, written
 
 
 def test_the_progress_bar_shows_the_loss_of_the_first_and_the_logging_steps(tmp_path) -> None:
     """With ``log_every_n_steps=4`` the bar shows step 0's loss until step 3, then step 3's until step 7."""
-    module, bar, trainer = _fit(tmp_path, progress_bar=True)
+    module, bar, written = _fit(tmp_path, progress_bar=True)
     losses = module.losses
     expected = [losses[0]] * 3 + [losses[3]] * 4 + [losses[7]] * 3
     assert bar.shown == pytest.approx(expected, rel=1e-6)
     assert len(set(losses)) == len(losses)  # the steps differ, so the bar really skipped steps
-    # Callbacks and loggers still see every step's loss under its own name.
-    assert float(trainer.callback_metrics["train/loss"]) == pytest.approx(losses[-1], rel=1e-6)
+    # The logger writes the loss of each logging step, under its own name, and nothing of the bar's.
+    assert {step: values["train/loss"] for step, values in written.steps.items()} == pytest.approx(
+        {3: losses[3], 7: losses[7]}, rel=1e-6)
+    assert not any("loss" in values for values in written.steps.values())
 
 
 def test_without_a_progress_bar_nothing_is_copied_for_it(tmp_path) -> None:
-    module, bar, trainer = _fit(tmp_path, progress_bar=False)
+    module, bar, written = _fit(tmp_path, progress_bar=False)
     assert bar.shown == [None] * 10
-    assert float(trainer.callback_metrics["train/loss"]) == pytest.approx(module.losses[-1], rel=1e-6)
+    assert {step: values["train/loss"] for step, values in written.steps.items()} == pytest.approx(
+        {3: module.losses[3], 7: module.losses[7]}, rel=1e-6)
+
+
+class _TwoOptimizers(ICLModule):
+    """Manual optimization with two optimizers, as I2CL calibrates several methods: two steps per batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.nets = nn.ModuleList([nn.Linear(3, 1), nn.Linear(3, 1)])
+        self.losses: dict[int, list[float]] = {0: [], 1: []}
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        for k, opt in enumerate(self.optimizers()):
+            opt.zero_grad()
+            loss = (self.nets[k](x) - y).pow(2).mean()
+            self.manual_backward(loss)
+            opt.step()
+            self.losses[k].append(float(loss.detach()))
+            self.log_loss(f"train/loss/{k}", loss.detach())
+
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:
+        return [torch.optim.SGD(net.parameters(), lr=0.1) for net in self.nets]
+
+
+def test_logging_steps_count_batches_not_optimizer_steps(tmp_path) -> None:
+    """With two optimizer steps per batch, the loss of each is written at batches 3 and 7 (every 4 batches):
+    ``logging_step`` is Lightning's own decision, which counts batches."""
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(8, 3, generator=g), torch.randn(8, 1, generator=g)) for _ in range(10)]
+    module, written = _TwoOptimizers(), _Written()
+    Trainer(accelerator="cpu", max_epochs=1, log_every_n_steps=4, enable_progress_bar=False,
+            enable_checkpointing=False, enable_model_summary=False, logger=written,
+            default_root_dir=tmp_path).fit(module, DataLoader(batches, batch_size=None))
+    assert set(written.steps) == {3, 7}
+    for step in (3, 7):
+        for k in (0, 1):
+            assert written.steps[step][f"train/loss/{k}"] == pytest.approx(module.losses[k][step], rel=1e-6)
 
 
 def _no_waits(tmp_path: Path, run: str) -> list[str]:

@@ -198,16 +198,21 @@ class CoQEClassificationModule(ICLModule):
         out = self.net(batch["images"], labels[:, :-1], self.noise(len(y), labels.device))
         query = out.logits[:, -1].float()
         loss = F.cross_entropy(query, y)
+        # The parts of the loss, the noise level and the accuracy go to the loggers on logging steps only
+        # (``logging_step``: each ``self.log`` costs host time a GPU step would wait on).
+        logging = self.logging_step
         if out.static_logits is not None:
             loss_orig = F.cross_entropy(out.static_logits[:, -1].float(), y)
-            self.log("train/loss_mod", loss)
-            self.log("train/loss_orig", loss_orig)
+            if logging:
+                self.log("train/loss_mod", loss)
+                self.log("train/loss_orig", loss_orig)
             loss = loss + loss_orig
-            if self.uses_noise:
+            if self.uses_noise and logging:
                 mean, _ = self.noise_schedule.at(self.global_step)
                 self.log("train/noise_mean", torch.tensor(mean))  # a host number: no copy to the device
         self.log_loss("train/loss", loss)
-        self.log("train/acc", (query.argmax(-1) == y).float().mean())
+        if logging:
+            self.log("train/acc", (query.argmax(-1) == y).float().mean())
         return loss
 
     # ---------------------------------------------------------------- evaluation

@@ -147,7 +147,8 @@ class LatentFactorICLModule(ICLModule):
         pred = self(batch)
         loss = (pred - batch["y_query"].float()).pow(2).mean()  # l_{N, L_tr} on this batch (Sec. 6)
         self.log_loss("train/loss", loss)
-        if implements(self.net, LayeredPromptNet) and self.net.tied:
+        # Each self.log costs host time: the scalars go to the loggers on logging steps only.
+        if self.logging_step and implements(self.net, LayeredPromptNet) and self.net.tied:
             self.log("train/alpha", self.net.alpha.detach())
             if hasattr(self.net, "beta"):
                 self.log("train/beta", self.net.beta.detach())
