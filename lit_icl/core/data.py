@@ -103,9 +103,10 @@ def chunk_loader(
 ) -> DataLoader:
     """A DataLoader that stacks ``batch_size / chunk_size`` chunks of episodes into one batch, in index order.
 
-    Workers are re-forked every epoch (not persistent) so they see the :class:`EpochSampler`'s new epoch, and run
-    one intra-op thread each so they do not oversubscribe the cores. Items draw only from their own seeded
-    generators, so no per-worker RNG seeding is needed.
+    Workers persist across epochs: the sampler runs in the main process and hands them each epoch's indices, so
+    they need not be forked again at every epoch (a pause of its own before each epoch's first batch). They
+    run one intra-op thread each so they do not oversubscribe the cores. Items draw only from their own seeded
+    generators, so no per-worker RNG seeding is needed and the batches are those of ``num_workers=0``.
     """
     if batch_size % chunk_size:
         raise ConfigError(f"batch_size={batch_size} must be a multiple of chunk_size={chunk_size}")
@@ -116,7 +117,7 @@ def chunk_loader(
         shuffle=False,
         collate_fn=collate_chunks,
         num_workers=num_workers,
-        persistent_workers=False,
+        persistent_workers=num_workers > 0,
         worker_init_fn=_single_thread_worker if num_workers > 0 else None,
     )
 
@@ -139,6 +140,12 @@ def world_and_rank(datamodule: LightningDataModule) -> tuple[int, int]:
     """``(world size, global rank)`` of the trainer a data module is attached to; ``(1, 0)`` outside one."""
     trainer = datamodule.trainer
     return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+
+
+def training_epoch(datamodule: LightningDataModule) -> int:
+    """The epoch the attached trainer's fit loop is in (the one it will pass to ``set_epoch``); 0 outside one."""
+    trainer = datamodule.trainer
+    return int(trainer.fit_loop.epoch_progress.current.processed) if trainer is not None else 0
 
 
 class ChunkedDataModule(LightningDataModule):
@@ -174,11 +181,19 @@ class ChunkedDataModule(LightningDataModule):
     def train_items(self) -> tuple[int, EpochSampler]:
         """``(items per epoch over all ranks, this rank's sampler)``: ``train_batches_per_epoch`` steps of
         ``batch_size / chunk_size`` chunks on every rank, so ``k`` ranks see what one process sees at ``k`` times
-        the batch."""
+        the batch.
+
+        The sampler starts at the trainer's current epoch. Lightning creates the loader's iterator before it calls
+        ``set_epoch``, and on a resumed run it keeps that iterator for the first epoch; DataLoader workers fetch
+        their first items when the iterator is created, so a sampler still at epoch 0 would make a run resumed
+        with ``num_workers > 0`` train its next epoch on epoch 0's data again.
+        """
         hp = self.hparams
         world, rank = world_and_rank(self)
         items = hp.train_batches_per_epoch * (hp.batch_size // self.chunk_size) * world
-        return items, EpochSampler(items, world, rank)
+        sampler = EpochSampler(items, world, rank)
+        sampler.set_epoch(training_epoch(self))
+        return items, sampler
 
     def loader(self, dataset: Dataset, batch_size: int, sampler: Sampler[int] | None = None) -> DataLoader:
         """:func:`chunk_loader` with this module's ``chunk_size`` and ``num_workers``."""

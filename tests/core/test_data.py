@@ -1,6 +1,8 @@
-"""core.data: the seeded-chunk dataset base every paper specialises."""
+"""core.data: the seeded-chunk dataset base every paper specialises, and the training loader's epochs."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import torch
 from torch import Tensor
@@ -39,3 +41,53 @@ def test_keys_map_indices() -> None:
     cyc = _Normal(100, 0, ("train",), cycle=4)
     assert torch.equal(cyc[1]["x"], cyc[5]["x"]) and torch.equal(cyc[1]["x"], cyc[97]["x"])
     assert not torch.equal(cyc[1]["x"], cyc[2]["x"])
+
+
+def _epoch_batches(workers: int, trainer_epoch: int, set_epoch: int | None) -> list[Tensor]:
+    """The points of every training batch of a tiny IC-SSL data module attached to a trainer in epoch
+    ``trainer_epoch``, iterated as Lightning does on resume: the iterator made before ``set_epoch``."""
+    from lit_icl.icssl import ManifoldDataModule
+
+    dm = ManifoldDataModule(n_points=12, batch_size=8, chunk_size=4, eval_batch_size=8, val_episodes=8,
+                            train_batches_per_epoch=3, train_label_ratio=[0.1, 0.5], eval_label_ratios=[0.25],
+                            num_workers=workers)
+    progress = SimpleNamespace(current=SimpleNamespace(processed=trainer_epoch))
+    dm.trainer = SimpleNamespace(world_size=1, global_rank=0, fit_loop=SimpleNamespace(epoch_progress=progress))
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    batches = iter(loader)  # workers fetch their first items now
+    if set_epoch is not None:
+        loader.sampler.set_epoch(set_epoch)
+    return [batch["x"] for batch in batches]
+
+
+def test_a_loader_made_in_a_later_epoch_gives_that_epochs_items_with_workers_too() -> None:
+    """On resume Lightning makes the training iterator before it calls ``set_epoch``; workers fetch items as soon
+    as the iterator exists. The sampler starts at the trainer's epoch, so two workers give epoch 1's batches,
+    those of a loader in the process, not epoch 0's again."""
+    epoch1 = _epoch_batches(0, trainer_epoch=1, set_epoch=1)
+    epoch0 = _epoch_batches(0, trainer_epoch=0, set_epoch=0)
+    with_workers = _epoch_batches(2, trainer_epoch=1, set_epoch=1)
+    assert len(with_workers) == 3
+    assert all(torch.equal(a, b) for a, b in zip(with_workers, epoch1))
+    assert not any(torch.equal(a, b) for a, b in zip(with_workers, epoch0))
+
+
+def test_a_run_resumed_with_workers_ends_bit_identical(tmp_path) -> None:
+    """Killed after its first epoch and resumed, an IC-SSL run with two persistent DataLoader workers ends with
+    the weights of the run that was not stopped."""
+    from icssl.helpers import tiny_args
+
+    from lit_icl.cli import main
+
+    def args(root, epochs: int) -> list[str]:
+        return tiny_args(root, "--trainer.max_epochs", str(epochs), "--data.init_args.num_workers", "2",
+                         "--model.init_args.lr_schedule", "constant")
+
+    main(["fit", *args(tmp_path / "straight", 3)])
+    main(["fit", *args(tmp_path / "resumed", 1)])
+    main(["fit", *args(tmp_path / "resumed", 3), "--ckpt_path", "last"])
+    states = [torch.load(next((tmp_path / run).rglob("last.ckpt")), map_location="cpu", weights_only=False)
+              for run in ("straight", "resumed")]
+    assert states[0]["global_step"] == states[1]["global_step"] == 9
+    assert all(torch.equal(states[0]["state_dict"][k], states[1]["state_dict"][k]) for k in states[0]["state_dict"])
