@@ -20,7 +20,9 @@ this script does). They are split into
 - ``optimizer``: the same, in the parameter update. On the CPU, torch's Adam/AdamW loop over the parameters one
   by one (a dozen ops each); on a GPU they run as a few multi-tensor (``foreach``) or one ``fused`` kernel per
   group, so this column overstates a GPU's update;
-- ``metadata``: ops that only make a view or allocate (``view``, ``transpose``, ``empty``, ...), no kernel.
+- ``metadata``: ops that only make a view or allocate (``view``, ``transpose``, ``empty``, ...), no kernel;
+- ``log calls``: the step's ``self.log`` calls. Each costs host time, not a kernel (about 0.4 ms on our CPU
+  machine: ``benchmarks/log_overhead.py``), which a GPU step under CUDA graphs waits on like a launch.
 
 Counts are exact and repeatable (they do not depend on the machine's speed). A study whose data or model is
 not installed (avMNIST's stand-in, I2CL's language model) is reported as skipped with the command that
@@ -104,7 +106,7 @@ class LaunchCounter(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.phase = "launches"
-        self.counts = {"launches": 0, "optimizer": 0, "metadata": 0}
+        self.counts = {"launches": 0, "optimizer": 0, "metadata": 0, "log_calls": 0}
         self.ops: dict[str, int] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
@@ -130,6 +132,16 @@ class StepCounter(Callback):
         self.counts: list[dict[str, int]] = []
         self.top: dict[str, int] = {}
         self._mode: LaunchCounter | None = None
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        log = pl_module.log
+
+        def counted_log(*args, **kwargs) -> None:
+            if self._mode is not None:
+                self._mode.counts["log_calls"] += 1
+            log(*args, **kwargs)
+
+        pl_module.log = counted_log
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: ANN001
         if self.warmup <= trainer.global_step < self.warmup + self.steps:
@@ -191,6 +203,23 @@ def commit() -> str:
     return (sha + ("+" if dirty else "")) or "unknown"
 
 
+def append_rows(path: Path, rows: list[dict[str, str]]) -> None:
+    """Append ``rows`` to the CSV at ``path``; a file written with fewer columns is rewritten with the new ones
+    (blank in its older rows), so one table keeps every measurement."""
+    old: list[dict[str, str]] = []
+    columns = list(rows[0])
+    if path.exists():
+        with path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            old = list(reader)
+            columns = list(reader.fieldnames or []) + [c for c in columns if c not in (reader.fieldnames or [])]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns, restval="")
+        writer.writeheader()
+        writer.writerows([*old, *rows])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=None, help="comma-separated study names (default: all)")
@@ -209,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     os.chdir(ROOT)
     torch.utils.deterministic.fill_uninitialized_memory = False  # as lit_icl.cli.main does
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, commit {commit()}")
-    print(f"{'study':28s} {'launches/step':>14s} {'optimizer':>10s} {'metadata':>9s}  top launches per step")
+    print(f"{'study':28s} {'launches/step':>14s} {'optimizer':>10s} {'metadata':>9s} {'log calls':>9s}  "
+          "top launches per step")
     rows = []
     for study in STUDIES:
         if study.name not in chosen:
@@ -219,22 +249,16 @@ def main(argv: list[str] | None = None) -> int:
             continue
         res = measure(study, args.warmup, args.steps, args.set)
         spread = "" if res["min"] == res["max"] else f" ({res['min']}-{res['max']})"
-        print(f"{study.name:28s} {res['launches']:14.0f} {res['optimizer']:10.0f} {res['metadata']:9.0f}  "
-              f"{res['top']}{spread}", flush=True)
+        print(f"{study.name:28s} {res['launches']:14.0f} {res['optimizer']:10.0f} {res['metadata']:9.0f} "
+              f"{res['log_calls']:9.1f}  {res['top']}{spread}", flush=True)
         rows.append({
             "study": study.name, "config": " + ".join(study.configs), "label": args.label,
             "launches_per_step": f"{res['launches']:.1f}", "optimizer_launches_per_step": f"{res['optimizer']:.1f}",
-            "metadata_ops_per_step": f"{res['metadata']:.1f}",
+            "metadata_ops_per_step": f"{res['metadata']:.1f}", "log_calls_per_step": f"{res['log_calls']:.1f}",
             "torch": torch.__version__, "commit": commit(), "date": f"{dt.date.today():%Y-%m-%d}",
         })
     if args.csv is not None and rows:
-        new = not args.csv.exists()
-        args.csv.parent.mkdir(parents=True, exist_ok=True)
-        with args.csv.open("a", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-            if new:
-                writer.writeheader()
-            writer.writerows(rows)
+        append_rows(args.csv, rows)
         print(f"appended {len(rows)} rows to {args.csv}")
     return 0
 
