@@ -1,25 +1,49 @@
-"""Host time of Lightning's ``self.log`` per call, inside a training step that costs next to nothing.
+"""Host time of Lightning's per-step bookkeeping: a ``self.log`` call, and the progress bar's update.
 
-    python benchmarks/log_overhead.py                  # 0, 1 and 4 logged values per step, 2,000 steps each
+    python benchmarks/log_overhead.py                  # 0, 1 and 4 logged values per step; each progress bar
     python benchmarks/log_overhead.py --device cuda    # the same with the values on the GPU
 
 Under CUDA graphs a step's GPU work is a few milliseconds, and what the host does per step decides the rate.
 Each ``self.log`` call costs host time (Lightning moves its record of the value to the value's device at every
 call), so the training steps of ``lit_icl`` log only on the steps whose values the loggers write
-(:attr:`lit_icl.core.module.ICLModule.logging_step`). This prints milliseconds per step of a one-layer net
-with ``n`` values logged at every step, and the cost of one call.
+(:attr:`lit_icl.core.module.ICLModule.logging_step`). Lightning's default progress bars update at every
+batch; on an accelerator the CLI makes them wait for logging steps (:func:`lit_icl.cli.trainer_setup.
+quiet_progress_bar`). This prints milliseconds per step of a one-layer net with ``n`` values logged at every
+step and the cost of one call, then with each progress bar (one value logged every 50 steps, shown in the bar).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import time
 import warnings
+from collections.abc import Callable
 
 import torch
-from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from torch import nn
 from torch.utils.data import DataLoader
+
+from lit_icl.cli.trainer_setup import LoggingStepsRichBar
+
+
+class _Bar(LightningModule):
+    """A one-layer net that shows its loss in the progress bar on every 50th step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(2, 1)
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        loss = self.net(batch).pow(2).mean()
+        if batch_idx % 50 == 49:
+            self.log("loss", loss.detach(), prog_bar=True)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
 class _Logs(LightningModule):
@@ -40,13 +64,27 @@ class _Logs(LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def ms_per_step(n: int, steps: int, device: str) -> float:
+def ms_per_step(module: LightningModule, steps: int, device: str, bar: Callback | None = None) -> float:
     data = [torch.randn(4, 2) for _ in range(steps)]
     trainer = Trainer(accelerator=device, devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=50)
+                      enable_progress_bar=bar is not None, callbacks=[bar] if bar is not None else [],
+                      enable_model_summary=False, log_every_n_steps=50)
     start = time.perf_counter()
-    trainer.fit(_Logs(n), DataLoader(data, batch_size=None))
+    trainer.fit(module, DataLoader(data, batch_size=None))
     return 1000 * (time.perf_counter() - start) / steps
+
+
+def bars() -> dict[str, Callable[[], Callback | None]]:
+    """The progress bars timed: none, tqdm's and Rich's as Lightning makes them, and as the CLI makes them on an
+    accelerator (Rich's only where ``rich`` is installed)."""
+    choices: dict[str, Callable[[], Callback | None]] = {
+        "none": lambda: None, "tqdm (Lightning's)": TQDMProgressBar,
+        "tqdm every 50 steps (the CLI's on a GPU)": lambda: TQDMProgressBar(refresh_rate=50),
+    }
+    if importlib.util.find_spec("rich") is not None:
+        choices["rich (Lightning's)"] = RichProgressBar
+        choices["rich on logging steps (the CLI's on a GPU)"] = LoggingStepsRichBar
+    return choices
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,14 +95,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")  # Lightning's notes on workers and loggers
     counts = [int(c) for c in args.counts.split(",")]
-    ms_per_step(0, 50, args.device)  # warm-up: imports, first allocations
-    times = {n: ms_per_step(n, args.steps, args.device) for n in counts}
+    ms_per_step(_Logs(0), 50, args.device)  # warm-up: imports, first allocations
+    times = {n: ms_per_step(_Logs(n), args.steps, args.device) for n in counts}
     print(f"device {args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads, {args.steps} steps")
     for n, ms in times.items():
         print(f"{n} values logged per step: {ms:.3f} ms per step")
     if 0 in times and len(times) > 1:
         per_call = [(ms - times[0]) / n for n, ms in times.items() if n]
         print(f"one self.log call: {sum(per_call) / len(per_call):.3f} ms of host time")
+    # The bars draw to the terminal while they run: their times are printed after all of them.
+    bar_times = {name: ms_per_step(_Bar(), args.steps, args.device, bar()) for name, bar in bars().items()}
+    for name, ms in bar_times.items():
+        print(f"progress bar {name}: {ms:.3f} ms per step")
     return 0
 
 
