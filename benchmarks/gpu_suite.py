@@ -7,9 +7,9 @@ Steps (each a subprocess of a script in ``benchmarks/``, so each can be rerun al
 the report):
 
 - the main command all-in for a fixed wall time (validation and checkpoints included), with CUDA graphs
-  (``--compile.mode reduce-overhead``) and eager, then with CUDA graphs in bf16-mixed, and IC-SSL's manifolds
-  config the same way (``benchmarks/main_command.py``); both again with their batches made by two DataLoader
-  workers instead of the training process;
+  (``--compile.mode reduce-overhead``) and eager, then with CUDA graphs in bf16-mixed and channels-last, and
+  IC-SSL's manifolds config the same way (``benchmarks/main_command.py``); both again with their batches made
+  by two DataLoader workers instead of the training process;
 - batched ``eigh`` of IC-SSL's 100-point Laplacians on the GPU vs the host route it takes
   (``benchmarks/eigh_route.py``);
 - each paper's training step eager, compiled and CUDA-graph-captured, Lightning vs a bare loop of the same
@@ -122,7 +122,7 @@ STEPS = [
          short=["benchmarks/main_command.py", "--config", "configs/icssl/manifolds.yaml", "--modes",
                 "reduce-overhead", "--seconds", "55", "--skip", "15", "--set=--trainer.accelerator=gpu"]),
     _speed("step_speed_icssl", ["configs/icssl/manifolds.yaml"],
-           "IC-SSL step: eager / compiled / CUDA graphs, Lightning vs bare, deterministic on and off", [], 360),
+           "IC-SSL step: eager / compiled / CUDA graphs, Lightning vs bare, deterministic on and off", [], 300),
     _speed("step_speed_coqe", ["configs/coqe/omniglot.yaml"],
            "CoQE (paper size) step: eager / compiled / CUDA graphs, Lightning vs bare, deterministic on and off",
            ["--config", "configs/coqe/omniglot/cpu.yaml"], 420),
@@ -143,6 +143,16 @@ STEPS = [
           "--set=--trainer.precision=bf16-mixed"], 240,
          short=["benchmarks/main_command.py", "--modes", "reduce-overhead", "--seconds", "110", "--skip", "30",
                 "--set=--trainer.precision=bf16-mixed"]),
+    Step("main_command_channels_last", "the main command all-in with CUDA graphs, its ResNet channels-last (NHWC)",
+         ["benchmarks/main_command.py", "--modes", "reduce-overhead", "--seconds", "100", "--skip", "40",
+          "--set=--model.init_args.net.init_args.channels_last=true"],
+         ["benchmarks/main_command.py", "--config", "configs/coqe/omniglot.yaml", "--config",
+          "configs/coqe/omniglot/cpu.yaml", "--modes", "off", "--seconds", "15", "--skip", "0",
+          "--set=--trainer.log_every_n_steps=1", "--set=--trainer.val_check_interval=5",
+          "--set=--data.init_args.val_sequences=32", "--set=--model.init_args.net.init_args.depth=1",
+          "--set=--model.init_args.net.init_args.channels_last=true"], 240,
+         short=["benchmarks/main_command.py", "--modes", "reduce-overhead", "--seconds", "110", "--skip", "30",
+                "--set=--model.init_args.net.init_args.channels_last=true"]),
     # The main command makes its batches in the training process by default (1.4 ms a batch on our CPU machine).
     Step("main_command_workers", "the main command all-in with CUDA graphs, batches made by 2 persistent DataLoader "
          "workers",
@@ -173,7 +183,7 @@ STEPS = [
     _speed("step_speed_mmca_synthetic", ["configs/mmca/synthetic.yaml"],
            "multi-modal synthetic step the same way", [], 180),
     _speed("step_speed_mmca_avmnist", ["configs/mmca/avmnist.yaml"],
-           "avMNIST step the same way (needs its stand-in)", [], 240, needs="data/avmnist_lite"),
+           "avMNIST step the same way (needs its stand-in)", [], 180, needs="data/avmnist_lite"),
     # Tests marked `cuda` exercise code paths that only a GPU reaches (devices of tensors that Lightning moves);
     # the CPU test suite skips them. Seconds on a GPU; the dry run only collects them.
     Step("cuda_tests", "the tests marked `cuda` (skipped on the CPU): GPU-only code paths",
@@ -192,7 +202,7 @@ STEPS = [
     Step("coqe_omniglot_fp32", "CoQE / Transformer steps/s at the paper's size, fp32 (and the sequence generator)",
          ["benchmarks/coqe_throughput.py", "--device", "cuda", "--steps", "100", "--precision", "32-true"],
          ["benchmarks/coqe_throughput.py", "--device", "cpu", "--steps", "2", "--image-size", "28", "--only",
-          "train", "--nets", "coqe"], 360),
+          "train", "--nets", "coqe"], 300),
     Step("coqe_omniglot_bf16", "the same training steps in bf16-mixed",
          ["benchmarks/coqe_throughput.py", "--device", "cuda", "--steps", "100", "--precision", "bf16-mixed",
           "--only", "train"],
@@ -201,7 +211,7 @@ STEPS = [
     Step("coqe_regression", "CoQE regression steps/s, Lightning vs bare; ours vs HuggingFace GPT-2",
          ["benchmarks/coqe_regression_throughput.py", "--device", "cuda", "--steps", "200", "--warmup", "20"],
          ["benchmarks/coqe_regression_throughput.py", "--device", "cpu", "--steps", "2", "--warmup", "1",
-          "--repeats", "1", "--only", "train", "--points", "11", "--dims", "5"], 300),
+          "--repeats", "1", "--only", "train", "--points", "11", "--dims", "5"], 240),
     # 100 queries per method take seconds on a GPU; the limits cover loading each model
     Step("i2cl_latency_bf16", "I2CL latency per query vs zero-shot and few-shot ICL (bf16 on a GPU), SmolLM2-135M",
          ["benchmarks/i2cl_latency.py", "--queries", "100"],

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from lit_icl.coqe.layers import TOKEN_WIDTH, CausalTransformer, sinusoidal_positions
 from lit_icl.core.errors import ConfigError
-from lit_icl.core.validation import check_int, check_literal, check_positive
+from lit_icl.core.validation import check_bool, check_int, check_literal, check_positive
 
 #: How a context class's logit meets its static one: ``replace`` it (the paper) or ``add`` to it (public code).
 ContextLogit = Literal["replace", "add"]
@@ -87,6 +87,9 @@ class ResNetEmbedder(nn.Module):
         channels: explicit widths of the 4 groups (each divisible by 4), e.g. for tiny test nets.
         out_dim: width of the tokens it feeds.
         stem_channels: stem width (64 in Chan et al.).
+        channels_last: keep the convolutions' weights and feature maps channels-last (NHWC), the layout cuDNN's
+            convolutions prefer on recent GPUs. The same function; values agree with the default layout to
+            rounding, not bit for bit, so it is off by default (``benchmarks/gpu_suite.py`` measures it).
     """
 
     def __init__(
@@ -95,6 +98,7 @@ class ResNetEmbedder(nn.Module):
         channels: Sequence[int] | None = None,
         out_dim: int = TOKEN_WIDTH,
         stem_channels: int = 64,
+        channels_last: bool = False,
     ):
         super().__init__()
         if channels is None:
@@ -125,9 +129,17 @@ class ResNetEmbedder(nn.Module):
         self.feature_dim = channels[-1]
         self.proj = nn.Linear(channels[-1], out_dim) if channels[-1] != out_dim else nn.Identity()
         self.out_dim = out_dim
+        check_bool("channels_last", channels_last)
+        self.channels_last = channels_last
+        if channels_last:
+            # Moving the module to a device or loading a checkpoint into it keeps this layout.
+            self.to(memory_format=torch.channels_last)
 
     def forward(self, images: Tensor) -> Tensor:
-        x = self.groups(self.stem(images.unsqueeze(1)))
+        x = images.unsqueeze(1)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        x = self.groups(self.stem(x))
         return self.proj(x.mean(dim=(2, 3)))
 
 
@@ -241,6 +253,7 @@ class SequenceTransformer(_SequenceClassifier):
         resnet_channels: explicit ResNet group widths (overrides ``emb_dim``; for tiny nets).
         stem_channels: width of the ResNet stem (64 in Chan et al.; smaller for CPU-scale runs).
         max_time: base of the positional encoding.
+        channels_last: the ResNet's layout (:class:`ResNetEmbedder`).
     """
 
     method = "transformer"
@@ -255,9 +268,10 @@ class SequenceTransformer(_SequenceClassifier):
         resnet_channels: Sequence[int] | None = None,
         stem_channels: int = 64,
         max_time: float = 30.0,
+        channels_last: bool = False,
     ):
         super().__init__()
-        resnet = ResNetEmbedder(emb_dim, resnet_channels, stem_channels=stem_channels)
+        resnet = ResNetEmbedder(emb_dim, resnet_channels, stem_channels=stem_channels, channels_last=channels_last)
         self.embed = SequenceEmbedder(resnet, None, max_time)
         self.encoder = CausalTransformer(TOKEN_WIDTH, depth, heads)
         self._init_classes(n_classes)
@@ -313,6 +327,7 @@ class CoQEClassifier(_SequenceClassifier):
         resnet_channels: explicit ResNet group widths (overrides ``emb_dim``).
         stem_channels: width of the ResNet stem (64 in Chan et al.; smaller for CPU-scale runs).
         max_time: base of the positional encoding.
+        channels_last: the ResNet's layout (:class:`ResNetEmbedder`).
     """
 
     method = "coqe"
@@ -331,6 +346,7 @@ class CoQEClassifier(_SequenceClassifier):
         resnet_channels: Sequence[int] | None = None,
         stem_channels: int = 64,
         max_time: float = 30.0,
+        channels_last: bool = False,
     ):
         super().__init__()
         check_literal("context_logit", context_logit, ContextLogit)
@@ -341,7 +357,7 @@ class CoQEClassifier(_SequenceClassifier):
         self.detach_static = detach_static
         self.noise_on = noise_on
         self.noise_k = noise_k
-        resnet = ResNetEmbedder(emb_dim, resnet_channels, stem_channels=stem_channels)
+        resnet = ResNetEmbedder(emb_dim, resnet_channels, stem_channels=stem_channels, channels_last=channels_last)
         self.embed = SequenceEmbedder(resnet, None, max_time)
         self.sample_proj = nn.Linear(TOKEN_WIDTH, TOKEN_WIDTH)
         self.encoder = CausalTransformer(TOKEN_WIDTH, depth, heads)

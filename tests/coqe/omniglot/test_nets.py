@@ -194,6 +194,30 @@ def test_stem_channels_sets_the_resnet_stem_width() -> None:
     assert net(torch.rand(1, 9, 28, 28), torch.zeros(1, 8, dtype=torch.long)).logits.shape == (1, 9, 5)
 
 
+@pytest.mark.parametrize("cls", [CoQEClassifier, SequenceTransformer])
+def test_channels_last_is_the_same_net_in_another_layout(cls) -> None:
+    """With the same weights, a channels-last net gives the default net's logits and weight gradients to
+    rounding; its conv weights and feature maps are NHWC, and checkpoints load either way."""
+    torch.manual_seed(0)
+    nchw = cls(5, resnet_channels=TINY, depth=1, stem_channels=8).train()
+    nhwc = cls(5, resnet_channels=TINY, depth=1, stem_channels=8, channels_last=True).train()
+    nhwc.load_state_dict(nchw.state_dict())
+    convs = [(a.weight, b.weight) for a, b in zip(nchw.modules(), nhwc.modules())
+             if isinstance(a, torch.nn.Conv2d) and a.in_channels > 1 and a.kernel_size != (1, 1)]
+    # (the stem's one input channel and the 1x1 kernels are laid out alike in both formats)
+    assert all(w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous() for _, w in convs)
+    images, labels = torch.rand(2, 9, 28, 28), torch.randint(0, 5, (2, 8))
+    out = [net(images, labels).logits for net in (nchw, nhwc)]
+    torch.testing.assert_close(out[1], out[0], rtol=1e-4, atol=1e-5)
+    for o in out:
+        o.square().mean().backward()
+    for w_nchw, w_nhwc in convs:
+        torch.testing.assert_close(w_nhwc.grad, w_nchw.grad, rtol=1e-3, atol=1e-5)
+    back = cls(5, resnet_channels=TINY, depth=1, stem_channels=8)
+    back.load_state_dict(nhwc.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), nhwc.state_dict().values()))
+
+
 def test_detach_static_stops_lmod_gradient_to_the_static_head() -> None:
     for detach, grads in ((True, False), (False, True)):
         torch.manual_seed(0)
