@@ -101,6 +101,20 @@ def _speed(name: str, configs: list[str], measures: str, dry: list[str], timeout
                        "--warmup", "50"])
 
 
+def _main_command_variant(name: str, what: str, setting: str) -> Step:
+    """The main command all-in with CUDA graphs and one setting changed (``setting``, a ``--set=`` argument)."""
+    return Step(name, f"the main command all-in with CUDA graphs, {what}",
+                ["benchmarks/main_command.py", "--modes", "reduce-overhead", "--seconds", "100", "--skip", "40",
+                 setting],
+                ["benchmarks/main_command.py", "--config", "configs/coqe/omniglot.yaml", "--config",
+                 "configs/coqe/omniglot/cpu.yaml", "--modes", "off", "--seconds", "15", "--skip", "0",
+                 "--set=--trainer.log_every_n_steps=1", "--set=--trainer.val_check_interval=5",
+                 "--set=--data.init_args.val_sequences=32", "--set=--model.init_args.net.init_args.depth=1", setting],
+                240,
+                short=["benchmarks/main_command.py", "--modes", "reduce-overhead", "--seconds", "110", "--skip", "30",
+                       setting])
+
+
 STEPS = [
     # What the speed issue's goals are judged by come first: the main command and IC-SSL's CLI run all-in,
     # compiled with CUDA graphs and eager, then each paper's step under each compile mode.
@@ -133,38 +147,13 @@ STEPS = [
          ["benchmarks/eigh_route.py", "--device", "cpu", "--batches", "8", "--repeats", "1"], 60),
     # The main command's fp32 step is GPU-bound under CUDA graphs (11 ms, 2026-11-27): less work per step is the
     # way past 100 steps/s. bf16 changes the numbers, so it is measured here, not made the default.
-    Step("main_command_bf16", "the main command all-in with CUDA graphs in bf16-mixed (less GPU work per step)",
-         ["benchmarks/main_command.py", "--modes", "reduce-overhead", "--seconds", "100", "--skip", "40",
-          "--set=--trainer.precision=bf16-mixed"],
-         ["benchmarks/main_command.py", "--config", "configs/coqe/omniglot.yaml", "--config",
-          "configs/coqe/omniglot/cpu.yaml", "--modes", "off", "--seconds", "15", "--skip", "0",
-          "--set=--trainer.log_every_n_steps=1", "--set=--trainer.val_check_interval=5",
-          "--set=--data.init_args.val_sequences=32", "--set=--model.init_args.net.init_args.depth=1",
-          "--set=--trainer.precision=bf16-mixed"], 240,
-         short=["benchmarks/main_command.py", "--modes", "reduce-overhead", "--seconds", "110", "--skip", "30",
-                "--set=--trainer.precision=bf16-mixed"]),
-    Step("main_command_channels_last", "the main command all-in with CUDA graphs, its ResNet channels-last (NHWC)",
-         ["benchmarks/main_command.py", "--modes", "reduce-overhead", "--seconds", "100", "--skip", "40",
-          "--set=--model.init_args.net.init_args.channels_last=true"],
-         ["benchmarks/main_command.py", "--config", "configs/coqe/omniglot.yaml", "--config",
-          "configs/coqe/omniglot/cpu.yaml", "--modes", "off", "--seconds", "15", "--skip", "0",
-          "--set=--trainer.log_every_n_steps=1", "--set=--trainer.val_check_interval=5",
-          "--set=--data.init_args.val_sequences=32", "--set=--model.init_args.net.init_args.depth=1",
-          "--set=--model.init_args.net.init_args.channels_last=true"], 240,
-         short=["benchmarks/main_command.py", "--modes", "reduce-overhead", "--seconds", "110", "--skip", "30",
-                "--set=--model.init_args.net.init_args.channels_last=true"]),
+    _main_command_variant("main_command_bf16", "in bf16-mixed (less GPU work per step)",
+                          "--set=--trainer.precision=bf16-mixed"),
+    _main_command_variant("main_command_channels_last", "its ResNet channels-last (NHWC)",
+                          "--set=--model.init_args.net.init_args.channels_last=true"),
     # The main command makes its batches in the training process by default (1.4 ms a batch on our CPU machine).
-    Step("main_command_workers", "the main command all-in with CUDA graphs, batches made by 2 persistent DataLoader "
-         "workers",
-         ["benchmarks/main_command.py", "--modes", "reduce-overhead", "--seconds", "100", "--skip", "40",
-          "--set=--data.init_args.num_workers=2"],
-         ["benchmarks/main_command.py", "--config", "configs/coqe/omniglot.yaml", "--config",
-          "configs/coqe/omniglot/cpu.yaml", "--modes", "off", "--seconds", "15", "--skip", "0",
-          "--set=--trainer.log_every_n_steps=1", "--set=--trainer.val_check_interval=5",
-          "--set=--data.init_args.val_sequences=32", "--set=--model.init_args.net.init_args.depth=1",
-          "--set=--data.init_args.num_workers=2"], 240,
-         short=["benchmarks/main_command.py", "--modes", "reduce-overhead", "--seconds", "110", "--skip", "30",
-                "--set=--data.init_args.num_workers=2"]),
+    _main_command_variant("main_command_workers", "batches made by 2 persistent DataLoader workers",
+                          "--set=--data.init_args.num_workers=2"),
     # IC-SSL makes its episodes in the training process by default; at GPU rates that is a share of the step.
     Step("icssl_cli_workers", "IC-SSL's manifolds config through the CLI as icssl_cli, episodes made by 2 persistent "
          "DataLoader workers",
