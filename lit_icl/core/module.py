@@ -144,9 +144,9 @@ class ICLModule(LightningModule):
     def logging_step(self) -> bool:
         """Whether the values this training step logs reach the loggers.
 
-        Lightning writes a training step's logged values every ``log_every_n_steps`` optimizer steps (and at
+        Lightning writes a training step's logged values every ``log_every_n_steps`` training batches (and at
         every step of a ``fast_dev_run``); a value logged at another step is overwritten before anything reads
-        it. Each ``self.log`` call costs host time, about half a millisecond on our CPU machine
+        it. Each ``self.log`` call costs host time, about 0.4 ms on our CPU machine
         (``benchmarks/log_overhead.py``): Lightning moves its record of the value to the value's device at every
         call. Under CUDA graphs that is more than the GPU needs for a whole IC-SSL step. So the training steps
         log, and compute what they compute only to log, on these steps only; the written series are unchanged.
