@@ -69,7 +69,8 @@ class LoggingStepsRichBar(RichProgressBar):
 
     Lightning's Rich bar updates its task and its metrics at every training batch, whatever its refresh rate
     (refreshes per second of its display): 0.2-0.4 ms of host time per step on our CPU machine
-    (``benchmarks/log_overhead.py``), which a GPU step under CUDA graphs waits on. The values it shows (the loss) change on logging steps only (``log_loss``).
+    (``benchmarks/log_overhead.py``), which a GPU step under CUDA graphs waits on. The values it shows (the loss)
+    change on logging steps only (``log_loss``).
     """
 
     def on_train_batch_end(
