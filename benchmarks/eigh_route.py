@@ -50,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    print(f"device: {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; torch {torch.__version__}; "
-          f"host threads {torch.get_num_threads()}")
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"device: {name}; torch {torch.__version__}; host threads {torch.get_num_threads()}")
     for b in (int(s) for s in args.batches.split(",")):
         x = torch.rand(b, args.points, 2, generator=torch.Generator().manual_seed(b)).to(device)
         lap = graph_laplacian(knn_rbf_adjacency(x))

@@ -237,8 +237,8 @@ def headline(step: Step, output: str) -> str:
         text = ", ".join(f"{path} {mode} {sps}" for path, mode, sps in rates if path == "lightning")
         return text + ("; lightning/bare " + ", ".join(f"{m} {r}" for m, r in ratios) if ratios else "")
     if step.script.endswith("eigh_route.py"):
-        found = re.findall(r"^eigh (\(.*?\)) float32: on the device ([\d.]+) ms, symmetric_eigenvectors \((\w+) route\) "
-                           r"([\d.]+) ms", output, re.MULTILINE)
+        found = re.findall(r"^eigh (\(.*?\)) float32: on the device ([\d.]+) ms, "
+                           r"symmetric_eigenvectors \((\w+) route\) ([\d.]+) ms", output, re.MULTILINE)
         return ", ".join(f"{shape}: device {dev} ms, {route} route {routed} ms" for shape, dev, route, routed in found)
     if step.script.endswith("i2cl_latency.py"):
         rows = re.findall(r"^\| (\w+) \| ([\d.]+) \| [\d.]+ \| ([\d.]+) \|$", output, re.MULTILINE)
