@@ -158,6 +158,7 @@ COQE_ROWS: list[tuple[str | tuple[str, ...], list[str], str]] = [
     (C, [N + "noise_on", "context"], "noise_on"),
     (C, [N + "stem_channels", "0"], "stem_channels=0"),
     (C, [N + "max_time", "0"], "max_time=0"),  # would make NaN positional encodings
+    (C, [N + "channels_last", "maybe"], "channels_last"),
     (C, [D + "max_classes", "0"], "max_classes=0 must be a positive integer"),
     (C, [D + "max_classes", "500"], "max_classes=500 exceeds the 24 classes"),
     (T, [N + "heads", "5"], "not divisible by heads=5"),
@@ -165,6 +166,22 @@ COQE_ROWS: list[tuple[str | tuple[str, ...], list[str], str]] = [
     (C, [N + "n_classes", "1613"], "set model.init_args.net.init_args.n_classes: 20"),
     (T, [N + "n_classes", "19"], "set model.init_args.net.init_args.n_classes: 20"),
 ]
+
+
+def test_a_channels_last_run_tests_through_the_shared_writer_and_reloads_in_its_layout(tmp_path) -> None:
+    """``channels_last`` is a net setting: the checkpoint rebuilds the net in that layout with the trained weights,
+    and a test run writes its rows through the shared writer."""
+    args = coqe_args(tmp_path, "--trainer.max_epochs", "1", "--model.init_args.net.init_args.channels_last", "true")
+    main(["fit", *args])
+    ckpt = tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt"
+    loaded = CoQEClassificationModule.load_from_checkpoint(ckpt, map_location="cpu")
+    resnet = loaded.net.embed.resnet
+    assert resnet.channels_last and resnet.groups[0].conv2.weight.is_contiguous(memory_format=torch.channels_last)
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    assert all(torch.equal(v, state[k]) for k, v in loaded.state_dict().items())
+    main(["test", *args, "--ckpt_path", str(ckpt)])
+    rows = json.loads((tmp_path / "runs/tiny/version_1/results.json").read_text())["rows"]
+    assert {r["evaluator"] for r in rows if r["metric"] == "accuracy"} == {"icl", "iwl", "iwl_static"}
 
 
 @pytest.mark.parametrize(("config", "extra", "needle"), COQE_ROWS)

@@ -261,6 +261,7 @@ def test_transformer_refuses_noise() -> None:
         (lambda: CoQEClassifier(12, noise_k=0, resnet_channels=TINY), "noise_k=0"),
         (lambda: CoQEClassifier(12, noise_on="context", resnet_channels=TINY), "noise_on='context'"),
         (lambda: CoQEClassifier(12, resnet_channels=TINY, stem_channels=0), "stem_channels=0"),
+        (lambda: ResNetEmbedder(channels=TINY, channels_last="yes"), "channels_last='yes' must be true or false"),
     ],
 )
 def test_nets_bad_input(build, needle: str) -> None:
