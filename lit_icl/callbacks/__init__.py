@@ -1,13 +1,15 @@
 """Lightning callbacks: metrics from :mod:`lit_icl.metrics` logged during a run, the guard every CLI run
 gets against non-finite losses and weights (:class:`FiniteGuard`), and the CLI's checkpoint callback, which
 survives a moved run folder (:class:`RunCheckpoint`), and the early-stopping rule shared by every paper
-(:class:`StopWhenConverged`, ``--early_stopping.patience``), and ``torch.compile`` of a module's nets
-(:class:`CompileNets`, ``--compile.mode``)."""
+(:class:`StopWhenConverged`, ``--early_stopping.patience``), ``torch.compile`` of a module's nets
+(:class:`CompileNets`, ``--compile.mode``), and exact resume of a run stopped inside an epoch
+(:class:`ResumeInsideEpoch`, added to every CLI run)."""
 
 from lit_icl.callbacks.checkpoint import RunCheckpoint
 from lit_icl.callbacks.compile import CompileNets
 from lit_icl.callbacks.finite import FiniteGuard
 from lit_icl.callbacks.representation import RepresentationMetrics
+from lit_icl.callbacks.resume import ResumeInsideEpoch
 from lit_icl.callbacks.stopping import StopWhenConverged
 
-__all__ = ["CompileNets", "FiniteGuard", "RepresentationMetrics", "RunCheckpoint", "StopWhenConverged"]
+__all__ = ["CompileNets", "FiniteGuard", "RepresentationMetrics", "ResumeInsideEpoch", "RunCheckpoint", "StopWhenConverged"]

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.resume import training_position
 from lit_icl.core.seeding import derive_seed, make_generator
 from lit_icl.core.validation import check_int
 
@@ -85,10 +86,27 @@ class EpochSampler(DistributedSampler):
             raise ConfigError(f"{length} items per epoch cannot be split evenly over {num_replicas} ranks")
         super().__init__(range(length), num_replicas=num_replicas, rank=rank, shuffle=False)
         self.length = length
+        self._resume: tuple[int, int] | None = None
+
+    def resume(self, epoch: int, items: int) -> None:
+        """Make the next pass over ``epoch`` start after this rank's first ``items`` items (a mid-epoch resume).
+
+        Applies once: later passes, and passes over other epochs, give whole epochs.
+        """
+        check_int("items", items, minimum=0)
+        self._resume = (epoch, items)
 
     def __iter__(self) -> Iterator[int]:
         start = self.epoch * self.length
-        return iter(range(start + self.rank, start + self.length, self.num_replicas))
+        skip = 0
+        if self._resume is not None:
+            epoch, items = self._resume
+            if epoch == self.epoch:
+                skip = items * self.num_replicas  # this rank's items are every num_replicas-th one
+                self._resume = None
+            elif self.epoch > epoch:
+                self._resume = None
+        return iter(range(start + self.rank + skip, start + self.length, self.num_replicas))
 
     def __len__(self) -> int:
         return self.length // self.num_replicas
@@ -100,6 +118,7 @@ def chunk_loader(
     chunk_size: int,
     num_workers: int = 0,
     sampler: Sampler[int] | None = None,
+    resumable: LightningDataModule | None = None,
 ) -> DataLoader:
     """A DataLoader that stacks ``batch_size / chunk_size`` chunks of episodes into one batch, in index order.
 
@@ -107,10 +126,14 @@ def chunk_loader(
     they need not be forked again at every epoch (a pause of its own before each epoch's first batch). They
     run one intra-op thread each so they do not oversubscribe the cores. Items draw only from their own seeded
     generators, so no per-worker RNG seeding is needed and the batches are those of ``num_workers=0``.
+
+    With ``resumable`` (the data module of a training loader, whose ``sampler`` is an :class:`EpochSampler`) the
+    loader is a :class:`ResumableLoader`.
     """
     if batch_size % chunk_size:
         raise ConfigError(f"batch_size={batch_size} must be a multiple of chunk_size={chunk_size}")
-    return DataLoader(
+    extra: dict[str, Any] = {} if resumable is None else {"datamodule": resumable}
+    return (DataLoader if resumable is None else ResumableLoader)(
         dataset,
         batch_size=batch_size // chunk_size,
         sampler=sampler,
@@ -119,7 +142,46 @@ def chunk_loader(
         num_workers=num_workers,
         persistent_workers=num_workers > 0,
         worker_init_fn=_single_thread_worker if num_workers > 0 else None,
+        **extra,
     )
+
+
+class ResumableLoader(DataLoader):
+    """A training loader over an :class:`EpochSampler` that a run resumes inside an epoch.
+
+    Lightning saves a training loader's ``state_dict`` in every checkpoint. The state is the run's data position,
+    ``{"epoch", "batches"}`` (:func:`~lit_icl.core.resume.training_position`); on resume ``load_state_dict`` gets it
+    back before the first batch is drawn (from Lightning, or from :class:`~lit_icl.callbacks.ResumeInsideEpoch`
+    where Lightning does not hand it over), and the first pass over that epoch skips the batches already trained
+    on. With that callback (the CLI adds it to every run) a run stopped inside an epoch (``max_time``,
+    ``max_steps``) or resumed from a checkpoint written inside one ends bit-identical to a run that never stopped,
+    instead of skipping the rest of the epoch or training on its first batches again.
+
+    Args:
+        *args, **kwargs: :class:`~torch.utils.data.DataLoader`'s, with an :class:`EpochSampler` as ``sampler``.
+        datamodule: the data module whose trainer's loop counters give the position.
+    """
+
+    def __init__(self, *args: Any, datamodule: LightningDataModule, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not isinstance(self.sampler, EpochSampler):
+            raise TypeError(f"ResumableLoader needs an EpochSampler, got {type(self.sampler).__name__}")
+        self.datamodule = datamodule
+
+    def state_dict(self) -> dict[str, int]:
+        trainer = self.datamodule.trainer
+        epoch, batches = training_position(trainer) if trainer is not None else (self.sampler.epoch, 0)
+        return {"epoch": epoch, "batches": batches}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        epoch, batches = int(state_dict["epoch"]), int(state_dict["batches"])
+        # Lightning may make the first iterator before it calls set_epoch, so the epoch is set here too.
+        self.sampler.set_epoch(epoch)
+        self.sampler.resume(epoch, batches * (self.batch_size or 1))
+        if self._iterator is not None:
+            # Persistent workers were handed their first indices when the iterator was made, which Lightning does
+            # before it restores the checkpoint when the module's optimizer setup asks for the loader: start over.
+            self._iterator._reset(self)
 
 
 def _single_thread_worker(worker_id: int) -> None:
@@ -200,9 +262,11 @@ class ChunkedDataModule(LightningDataModule):
         return chunk_loader(dataset, batch_size, self.chunk_size, self.hparams.num_workers, sampler)
 
     def train_loader(self, dataset: Callable[[int], Dataset]) -> DataLoader:
-        """The training loader of ``dataset(items)``, a dataset of this epoch's :meth:`train_items` items."""
+        """The training loader of ``dataset(items)``, a dataset of this epoch's :meth:`train_items` items; a
+        :class:`ResumableLoader`, so a run resumes exactly from a checkpoint written inside an epoch."""
         items, sampler = self.train_items()
-        return self.loader(dataset(items), self.hparams.batch_size, sampler)
+        return chunk_loader(dataset(items), self.hparams.batch_size, self.chunk_size, self.hparams.num_workers,
+                            sampler, resumable=self)
 
     def eval_loader(self, dataset: Dataset) -> DataLoader:
         """A validation/test loader: ``dataset`` in order, ``eval_batch_size`` examples a batch."""

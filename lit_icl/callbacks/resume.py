@@ -1,0 +1,48 @@
+"""``ResumeInsideEpoch``: a run stopped inside an epoch resumes where it stopped, not at the next epoch.
+
+Lightning's ``max_time`` and ``max_steps`` (and any callback that sets ``trainer.should_stop``) end a run in the
+middle of an epoch, and the checkpoints it then saves, ``last.ckpt`` among them, count that epoch as done. A run
+resumed from them with ``--ckpt_path last`` starts the next epoch: it never trains on the rest of the cut one, and
+it ends with other weights than a run that was not stopped. This callback, which the CLI adds to every run:
+
+- writes such checkpoints with the epoch counted as unfinished (:func:`lit_icl.core.resume.record_cut_epoch_unfinished`),
+  which Lightning resumes at the next batch, when the training loader can resume inside an epoch
+  (:class:`lit_icl.core.data.ResumableLoader`: every paper's but avMNIST's, whose dropout draws from the global RNG
+  re-seeded per epoch, and I2CL's calibration, one short epoch); other runs keep Lightning's rule;
+- hands the training loader its saved data position (:class:`lit_icl.core.data.ResumableLoader`) where Lightning
+  itself does not: Lightning loads it only when it makes the training loader after restoring the checkpoint (a
+  module whose ``configure_optimizers`` reads ``trainer.estimated_stepping_batches``, as IC-SSL's and I2CL's
+  schedules do, makes it before) and only when it restarts inside an epoch. Without it, a resumed run with
+  DataLoader workers could train its first epoch on the items its workers were handed before the restore.
+
+So a run trained in sittings of ``--trainer.max_time`` (each resumed with ``--ckpt_path last``) ends bit-identical
+to one run of the same length (``tests/test_reproducibility.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+from lit_icl.core.data import ResumableLoader
+from lit_icl.core.resume import record_cut_epoch_unfinished
+
+
+class ResumeInsideEpoch(Callback):
+    """Checkpoints saved after a cut epoch record it as unfinished; a resumed loader gets its data position."""
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        loader = trainer.fit_loop._combined_loader
+        resumable = loader is not None and all(isinstance(dl, ResumableLoader) for dl in loader.flattened)
+        if trainer.state.fn == "fit" and resumable:
+            record_cut_epoch_unfinished(trainer, checkpoint)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Saved loader states that Lightning restored but did not hand over wait here: when it made the training
+        # loader before restoring the checkpoint, and when it resumes at an epoch's end (it then does not count
+        # itself as restarting). The first batch is drawn after this hook, so loading them now takes effect.
+        fit_loop = trainer.fit_loop
+        states, fit_loop._combined_loader_states_to_load = fit_loop._combined_loader_states_to_load, []
+        if states and fit_loop._combined_loader is not None:
+            fit_loop._combined_loader._load_state_dicts(states)

@@ -1,0 +1,63 @@
+"""Where in its training data a run stands, so that a run resumed from any checkpoint trains on what comes next.
+
+A run's training data is a pure function of ``(data_seed, epoch, index)`` (:class:`~lit_icl.core.data.EpochSampler`),
+so resuming at an epoch boundary is exact by construction. A checkpoint written *inside* an epoch needs two more
+things:
+
+1. **The position**, ``(epoch, batches of it trained)``, read off Lightning's loop counters when the checkpoint is
+   written (:func:`training_position`). :class:`~lit_icl.core.data.ResumableLoader` saves it (Lightning's
+   ``state_dict`` protocol for training loaders) and, on resume, skips those batches in its first pass over that
+   epoch.
+2. **An epoch that was cut short is recorded as unfinished.** When ``max_steps``, ``max_time`` or a callback stops a
+   run in the middle of an epoch, Lightning still runs the epoch-end hooks and counts the epoch as *processed*
+   (and, by the end of training, *completed*); checkpoints saved then (``last.ckpt``, the epoch's file) restore as
+   "epoch finished", so a resumed run starts the next epoch and never trains on the rest of the cut one, which a
+   run that was not stopped does. :func:`record_cut_epoch_unfinished` writes the counters of a checkpoint saved
+   inside that epoch instead, which Lightning resumes batch by batch.
+
+Both read Lightning's progress counters (``fit_loop.epoch_progress``, ``epoch_loop.batch_progress``), whose meaning
+is fixed within the lightning 2.6 series this package pins. :class:`~lit_icl.callbacks.ResumeInsideEpoch` applies
+them to every CLI run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["record_cut_epoch_unfinished", "training_position"]
+
+
+def training_position(trainer: Any) -> tuple[int, int]:
+    """``(epoch, batches of that epoch the weights have trained on)`` of a fitting trainer, at any hook.
+
+    Inside an epoch (a checkpoint saved at a batch's end or at a validation round) that is the running epoch and
+    its trained batches. Once all of an epoch's batches are trained it is the next epoch and 0, unless the epoch
+    loop returned early (fewer batches trained than an epoch has): then it is that epoch and its trained batches.
+    """
+    fit_loop = trainer.fit_loop
+    epochs = fit_loop.epoch_progress.current
+    done = int(fit_loop.epoch_loop.batch_progress.current.processed)
+    epoch = int(epochs.processed)
+    whole = done >= trainer.num_training_batches
+    if epochs.started > epochs.processed:  # inside epoch `epoch`
+        return (epoch + 1, 0) if whole else (epoch, done)
+    if done and not whole:  # the epoch loop returned early: epoch `epoch - 1` is unfinished
+        return epoch - 1, done
+    return epoch, 0
+
+
+def record_cut_epoch_unfinished(trainer: Any, checkpoint: dict[str, Any]) -> bool:
+    """In a checkpoint being saved after a cut epoch, count that epoch as started but not processed.
+
+    Setting the fit loop's *processed* (and *completed*) epoch counts back by one gives the counters Lightning
+    writes for a checkpoint saved inside the epoch, after its last trained batch; Lightning resumes those at the
+    next batch. Returns whether the checkpoint was changed (only a checkpoint saved after a cut epoch is).
+    """
+    epoch, done = training_position(trainer)
+    progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress")
+    if not done or progress is None or progress["current"]["processed"] != epoch + 1:
+        return False
+    for counts in (progress["total"], progress["current"]):
+        counts["processed"] -= 1
+        counts["completed"] = min(counts["completed"], counts["processed"])
+    return True
