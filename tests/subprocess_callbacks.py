@@ -24,6 +24,29 @@ class KillAtStep(Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class StopAtStep(Callback):
+    """Stops training after optimizer step ``step`` the way ``--trainer.max_time`` does (``trainer.should_stop``
+    at a batch's end): Lightning then validates, runs the epoch-end hooks and saves its checkpoints."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            trainer.should_stop = True
+
+
+class FailAtStep(Callback):
+    """Raises ``RuntimeError`` after optimizer step ``step``: a crash that a run in the test process survives."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            raise RuntimeError(f"FailAtStep: crashed after step {self.step}")
+
+
 class TraceSteps(Callback):
     """Debug aid: appends ``step threads weight-sum grad-sum`` after every backward pass to ``path``."""
 

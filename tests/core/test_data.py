@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 from torch import Tensor
 
@@ -73,21 +75,42 @@ def test_a_loader_made_in_a_later_epoch_gives_that_epochs_items_with_workers_too
     assert not any(torch.equal(a, b) for a, b in zip(with_workers, epoch0))
 
 
-def test_a_run_resumed_with_workers_ends_bit_identical(tmp_path) -> None:
-    """Killed after its first epoch and resumed, an IC-SSL run with two persistent DataLoader workers ends with
-    the weights of the run that was not stopped."""
+def _ic_ssl_args(root: Path, *extra: str) -> list[str]:
+    """Three 3-step epochs of tiny IC-SSL with two DataLoader workers and its cosine schedule, which reads
+    ``trainer.estimated_stepping_batches``: Lightning then makes the training loader before it restores a
+    checkpoint, and does not hand the loader its saved position itself."""
     from icssl.helpers import tiny_args
 
+    return tiny_args(root, "--trainer.max_epochs", "3", "--data.init_args.num_workers", "2", *extra)
+
+
+def _last(root: Path) -> dict:
+    return torch.load(next(root.rglob("last.ckpt")), map_location="cpu", weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def straight_with_workers(tmp_path_factory: pytest.TempPathFactory) -> dict:
     from lit_icl.cli import main
 
-    def args(root, epochs: int) -> list[str]:
-        return tiny_args(root, "--trainer.max_epochs", str(epochs), "--data.init_args.num_workers", "2",
-                         "--model.init_args.lr_schedule", "constant")
+    root = tmp_path_factory.mktemp("straight")
+    main(["fit", *_ic_ssl_args(root)])
+    return _last(root)
 
-    main(["fit", *args(tmp_path / "straight", 3)])
-    main(["fit", *args(tmp_path / "resumed", 1)])
-    main(["fit", *args(tmp_path / "resumed", 3), "--ckpt_path", "last"])
-    states = [torch.load(next((tmp_path / run).rglob("last.ckpt")), map_location="cpu", weights_only=False)
-              for run in ("straight", "resumed")]
+
+@pytest.mark.parametrize(("stop", "position"), [(3, {"epoch": 1, "batches": 0}), (4, {"epoch": 1, "batches": 1})])
+def test_a_run_stopped_and_resumed_with_workers_ends_bit_identical(
+    straight_with_workers: dict, tmp_path: Path, stop: int, position: dict
+) -> None:
+    """Stopped after its first epoch, or inside its second (as ``--trainer.max_time`` stops a run), and resumed with
+    ``--ckpt_path last``, an IC-SSL run with two persistent DataLoader workers ends with the weights of the run
+    that was not stopped: the workers, handed the first epoch's items before the checkpoint is restored, start
+    over from the saved position."""
+    from lit_icl.cli import main
+
+    callback = f'[{{"class_path": "subprocess_callbacks.StopAtStep", "init_args": {{"step": {stop}}}}}]'
+    main(["fit", *_ic_ssl_args(tmp_path, "--trainer.callbacks", callback)])
+    assert _last(tmp_path)["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [position]
+    main(["fit", *_ic_ssl_args(tmp_path), "--ckpt_path", "last"])
+    states = [straight_with_workers, _last(tmp_path)]
     assert states[0]["global_step"] == states[1]["global_step"] == 9
     assert all(torch.equal(states[0]["state_dict"][k], states[1]["state_dict"][k]) for k in states[0]["state_dict"])

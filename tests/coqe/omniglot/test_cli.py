@@ -224,3 +224,43 @@ def test_bf16_mixed_trains_coqe_with_finite_losses(tmp_path) -> None:
     for tag in ("train/loss", "train/loss_mod", "train/loss_orig"):
         assert scalars[tag] and all(torch.isfinite(torch.tensor(scalars[tag]))), tag
     assert 0.0 <= scalars["val/acc/icl"][-1] <= 1.0
+
+
+def _final_state(root: Path) -> dict:
+    return torch.load(root / "runs/tiny/version_0/checkpoints/last.ckpt", map_location="cpu", weights_only=False)
+
+
+@pytest.mark.parametrize(
+    ("cut", "step", "checkpoint_every"),
+    [("StopAtStep", 4, None),  # stopped after step 4 the way --trainer.max_time stops a run
+     ("FailAtStep", 5, "2")],  # crashed after step 5, its last checkpoint saved inside an epoch at step 4
+)
+def test_a_run_resumed_inside_an_epoch_ends_bit_identical(
+    tmp_path, cut: str, step: int, checkpoint_every: str | None
+) -> None:
+    """Six steps of three-batch epochs, cut inside epoch 1 with a checkpoint at step 4, resumed with
+    ``--ckpt_path last``: the weights and optimizer state of the run that was not cut. Without the training
+    loader's saved position the resumed run skips the rest of epoch 1 (stopped) or trains on its first batch
+    again (crashed)."""
+    every = ["--checkpoint.every_n_train_steps", checkpoint_every] if checkpoint_every else []
+
+    def args(root: Path, *extra: str) -> list[str]:
+        return [*coqe_args(root, "--trainer.max_steps", "6", "--data.init_args.train_batches_per_epoch", "3",
+                           "--trainer.log_every_n_steps", "50", *every), *extra]
+
+    main(["fit", *args(tmp_path / "straight")])
+    callback = f'[{{"class_path": "subprocess_callbacks.{cut}", "init_args": {{"step": {step}}}}}]'
+    if cut == "FailAtStep":
+        with pytest.raises((RuntimeError, SystemExit)):
+            main(["fit", *args(tmp_path / "cut", "--trainer.callbacks", callback)])
+    else:
+        main(["fit", *args(tmp_path / "cut", "--trainer.callbacks", callback)])
+    at_cut = _final_state(tmp_path / "cut")
+    assert at_cut["global_step"] == 4
+    assert at_cut["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [{"epoch": 1, "batches": 1}]
+    main(["fit", *args(tmp_path / "cut"), "--ckpt_path", "last"])
+    straight, resumed = _final_state(tmp_path / "straight"), _final_state(tmp_path / "cut")
+    assert straight["global_step"] == resumed["global_step"] == 6
+    assert all(torch.equal(straight["state_dict"][k], resumed["state_dict"][k]) for k in straight["state_dict"])
+    for a, b in zip(straight["optimizer_states"][0]["state"].values(), resumed["optimizer_states"][0]["state"].values()):
+        assert all(torch.equal(a[k], b[k]) for k in a)
