@@ -63,7 +63,7 @@ def trained_so_far(state: Path, arm: str) -> tuple[int, float]:
 
 def max_time(seconds: float) -> str:
     """``--trainer.max_time`` for a total of ``seconds``, as Lightning reads it: ``DD:HH:MM:SS``."""
-    s = int(round(seconds))
+    s = round(seconds)
     return f"{s // 86400:02d}:{s % 86400 // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
