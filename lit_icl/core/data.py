@@ -11,6 +11,7 @@ a data module whose default location holds an offline stand-in builds it there o
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -303,18 +304,32 @@ class StandinOnFirstUse(ABC):
 
     def prepare_data(self) -> None:
         """Build the stand-in on first use, into a hidden sibling renamed when complete: an interrupted build
-        leaves nothing behind that would look like data (the next run clears it and starts again)."""
+        leaves nothing behind that would look like data (the next run clears it and starts again).
+
+        Runs that start at once in the same folder (a grid's ``--jobs 2``) build it once: each takes an exclusive
+        lock on ``.<name>.lock`` beside it first, and a run that waited finds the stand-in built.
+        """
         if not self.builds_standin():
             return
         path = self.data_location()
-        partial = path.parent / f".{path.name}.partial"
-        rank_zero_info(self.standin_notice())
-        if partial.is_dir():
-            shutil.rmtree(partial)
-        partial.unlink(missing_ok=True)
-        partial.parent.mkdir(parents=True, exist_ok=True)
-        self.build_standin_into(partial)
-        partial.rename(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock_path = path.parent / f".{path.name}.lock"
+        with open(lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+            if not self.builds_standin():
+                return  # another run built it while this one waited
+            partial = path.parent / f".{path.name}.partial"
+            rank_zero_info(self.standin_notice())
+            if partial.is_dir():
+                shutil.rmtree(partial)
+            partial.unlink(missing_ok=True)
+            try:
+                self.build_standin_into(partial)
+                partial.rename(path)
+            finally:
+                # Every run re-checks for the stand-in once it holds a lock, so the file can go: a run that
+                # opens a new one after this finds the stand-in built.
+                lock_path.unlink(missing_ok=True)
 
     @abstractmethod
     def build_standin_into(self, path: Path) -> None:

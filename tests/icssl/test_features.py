@@ -138,6 +138,42 @@ def test_the_default_missing_stand_in_is_checked_then_built_whole(tmp_path, firs
     assert next(iter(dm.train_dataloader()))["x"].shape[-2:] == (100, STANDIN_DIM)
 
 
+def test_runs_that_start_at_once_build_the_stand_in_once(tmp_path, first_use, monkeypatch) -> None:
+    """Two data modules preparing the missing stand-in at the same time (a grid's ``--jobs 2`` on a fresh machine):
+    one builds it, the other waits and uses it. Before the lock the second one deleted the first one's half-built
+    stand-in and built its own."""
+    import threading
+    import time
+
+    from lit_icl.icssl import build
+    from lit_icl.icssl.features import STANDIN_FILE
+
+    fake_build = build.build_feature_standin
+
+    def slow_build(out):
+        time.sleep(0.5)
+        fake_build(out)
+
+    monkeypatch.setattr(build, "build_feature_standin", slow_build)
+    modules = [_dm(STANDIN_FILE, per_class=50) for _ in range(2)]
+    errors = []
+
+    def prepare(dm):
+        try:
+            dm.prepare_data()
+        except Exception as err:  # noqa: BLE001 - reported by the assertion below
+            errors.append(err)
+
+    threads = [threading.Thread(target=prepare, args=(dm,)) for dm in modules]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(first_use) == 1
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["features_standin.pt"]
+    assert all(not dm.builds_standin() for dm in modules)
+
+
 def test_only_the_stand_ins_own_path_is_built_and_a_missing_build_names_its_packages(tmp_path, first_use,
                                                                                       monkeypatch) -> None:
     from lit_icl.icssl import build, features
