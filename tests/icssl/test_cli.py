@@ -164,6 +164,31 @@ def test_ddp_test_writes_the_rows_of_one_process(tmp_path, single_process_run: P
         assert b["value"] == pytest.approx(a["value"], abs=1e-6), a
 
 
+@pytest.mark.slow  # three 2-rank fits in subprocesses: about a minute
+def test_ddp_stopped_inside_an_epoch_and_resumed_ends_bit_identical(tmp_path) -> None:
+    """On 2 gloo ranks a run stopped inside its second epoch (as ``--trainer.max_time`` stops it) and resumed with
+    ``--ckpt_path last`` ends with the weights of the run that was not stopped: each rank skips its own share of
+    the batches already trained on."""
+
+    def fit(root: Path, *extra: str) -> dict:
+        args = _two_rank_args(root)
+        args += ["--trainer.max_epochs", "3", "--data.init_args.train_batches_per_epoch", "3", *extra]
+        tests = str(Path(__file__).resolve().parents[1])  # for the stop callback
+        env = {**os.environ, **SUBPROCESS_ENV, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+        proc = subprocess.run([sys.executable, "-m", "lit_icl", "fit", *args], env=env, capture_output=True, text=True,
+                              check=False,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return torch.load(root / "runs/tiny/version_0/checkpoints/last.ckpt", map_location="cpu", weights_only=False)
+
+    straight = fit(tmp_path / "straight")
+    stop = '[{"class_path": "subprocess_callbacks.StopAtStep", "init_args": {"step": 4}}]'
+    assert fit(tmp_path / "cut", "--trainer.callbacks", stop)["global_step"] == 4
+    resumed = fit(tmp_path / "cut", "--ckpt_path", "last")
+    assert straight["global_step"] == resumed["global_step"] == 9
+    assert all(torch.equal(straight["state_dict"][k], resumed["state_dict"][k]) for k in straight["state_dict"])
+
+
 def _torchrun() -> list[str]:
     """The torchrun of this interpreter (the script beside it, else ``python -m torch.distributed.run``)."""
     script = Path(sys.executable).with_name("torchrun")
