@@ -176,8 +176,7 @@ def test_ddp_stopped_inside_an_epoch_and_resumed_ends_bit_identical(tmp_path) ->
         tests = str(Path(__file__).resolve().parents[1])  # for the stop callback
         env = {**os.environ, **SUBPROCESS_ENV, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
         proc = subprocess.run([sys.executable, "-m", "lit_icl", "fit", *args], env=env, capture_output=True, text=True,
-                              check=False,
-                              timeout=300)
+                              check=False, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         return torch.load(root / "runs/tiny/version_0/checkpoints/last.ckpt", map_location="cpu", weights_only=False)
 
