@@ -159,14 +159,13 @@ class ResumableLoader(DataLoader):
     instead of skipping the rest of the epoch or training on its first batches again.
 
     Args:
-        *args, **kwargs: :class:`~torch.utils.data.DataLoader`'s, with an :class:`EpochSampler` as ``sampler``.
+        *args, **kwargs: :class:`~torch.utils.data.DataLoader`'s, with an :class:`EpochSampler` as ``sampler``
+            (another sampler, such as the one Lightning puts in for ``overfit_batches``, ignores the position).
         datamodule: the data module whose trainer's loop counters give the position.
     """
 
     def __init__(self, *args: Any, datamodule: LightningDataModule, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if not isinstance(self.sampler, EpochSampler):
-            raise TypeError(f"ResumableLoader needs an EpochSampler, got {type(self.sampler).__name__}")
         self.datamodule = datamodule
 
     def state_dict(self) -> dict[str, int]:
@@ -175,6 +174,8 @@ class ResumableLoader(DataLoader):
         return {"epoch": epoch, "batches": batches}
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        if not isinstance(self.sampler, EpochSampler):
+            return  # Lightning swapped the sampler (``overfit_batches`` walks the same few batches every epoch)
         epoch, batches = int(state_dict["epoch"]), int(state_dict["batches"])
         # Lightning may make the first iterator before it calls set_epoch, so the epoch is set here too.
         self.sampler.set_epoch(epoch)

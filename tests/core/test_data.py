@@ -114,3 +114,14 @@ def test_a_run_stopped_and_resumed_with_workers_ends_bit_identical(
     states = [straight_with_workers, _last(tmp_path)]
     assert states[0]["global_step"] == states[1]["global_step"] == 9
     assert all(torch.equal(states[0]["state_dict"][k], states[1]["state_dict"][k]) for k in states[0]["state_dict"])
+
+
+def test_overfit_batches_still_trains_through_the_resumable_loader(tmp_path: Path) -> None:
+    """Lightning's ``overfit_batches`` rebuilds the training loader with a sequential sampler: the resumable loader
+    takes it, and the run trains its 2 batches an epoch."""
+    from icssl.helpers import tiny_args
+
+    from lit_icl.cli import main
+
+    main(["fit", *tiny_args(tmp_path, "--trainer.overfit_batches", "2", "--trainer.max_epochs", "2")])
+    assert _last(tmp_path)["global_step"] == 4

@@ -122,3 +122,10 @@ def test_a_position_at_an_epoch_boundary_gives_the_next_epoch_whole(workers: int
     iterator = iter(resumed)  # made before the checkpoint is restored, in epoch 0
     resumed.load_state_dict(saved)
     assert [b.flatten().tolist() for b in iterator] == [[12, 13], [14, 15], [16, 17]]
+
+
+def test_a_loader_whose_sampler_lightning_replaced_ignores_the_position() -> None:
+    loader = ResumableLoader(_Items(), batch_size=2, sampler=torch.utils.data.SequentialSampler(range(4)),
+                             datamodule=SimpleNamespace(trainer=None))
+    loader.load_state_dict({"epoch": 1, "batches": 1})
+    assert [b.flatten().tolist() for b in loader] == [[0, 1], [2, 3]]
