@@ -16,7 +16,8 @@ it ends with other weights than a run that was not stopped. This callback, which
   DataLoader workers could train its first epoch on the items its workers were handed before the restore.
 
 So a run trained in sittings of ``--trainer.max_time`` (each resumed with ``--ckpt_path last``) ends bit-identical
-to one run of the same length (``tests/test_reproducibility.py``).
+to one run of the same length (``tests/core/test_data.py``, ``tests/coqe/omniglot/test_cli.py`` and, under DDP,
+``tests/icssl/test_cli.py``).
 """
 
 from __future__ import annotations
