@@ -121,11 +121,14 @@ def pack(state: Path, out: Path) -> None:
 
 def unpack(args: argparse.Namespace) -> None:
     """Put packed runs back into the state folder, ready for the next ``sit``."""
-    for arm in ARMS:
-        archive = args.source / f"{arm}_run.tar.gz"
-        if not archive.is_file():
-            continue
-        with tarfile.open(archive) as tar:
+    packed = [arm for arm in ARMS if (args.source / f"{arm}_run.tar.gz").is_file()]
+    missing = [f"{arm}_last.ckpt" for arm in packed if not (args.source / f"{arm}_last.ckpt").is_file()]
+    if not packed or missing:
+        what = f"{', '.join(missing)} missing" if missing else "no packed runs (coqe_run.tar.gz, transformer_run.tar.gz)"
+        sys.stderr.write(f"coqe_sittings: {args.source}: {what}; give the folder that `sit --out` wrote\n")
+        sys.exit(2)
+    for arm in packed:
+        with tarfile.open(args.source / f"{arm}_run.tar.gz") as tar:
             version = tar.getnames()[0].split("/")[0]
             tar.extractall(args.state / arm, filter="data")
         checkpoints = args.state / arm / version / "checkpoints"

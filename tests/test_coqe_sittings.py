@@ -64,6 +64,17 @@ def test_a_sitting_of_no_time_is_refused(tmp_path: Path, capsys: pytest.CaptureF
     assert not any(tmp_path.iterdir())
 
 
+def test_unpacking_a_folder_without_packed_runs_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    fake_run(tmp_path / "state", "coqe", 10, 60.0)
+    sittings.pack(tmp_path / "state", tmp_path / "out")
+    (tmp_path / "out/coqe_last.ckpt").unlink()
+    for source, needle in ((tmp_path / "nowhere", "no packed runs"), (tmp_path / "out", "coqe_last.ckpt missing")):
+        with pytest.raises(SystemExit) as exit_info:
+            sittings.main(["--state", str(tmp_path / "next"), "unpack", "--from", str(source)])
+        assert exit_info.value.code == 2 and needle in capsys.readouterr().err
+    assert not (tmp_path / "next").exists()
+
+
 @pytest.mark.slow  # four CLI runs in subprocesses, two at a time: about a minute on 2 cores
 def test_two_sittings_on_two_machines_continue_both_runs(tmp_path: Path) -> None:
     """Tiny CoQE and Transformer runs: a sitting, packed; unpacked elsewhere; a second sitting goes on from the
