@@ -35,8 +35,9 @@ class ResumeInsideEpoch(Callback):
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         loader = trainer.fit_loop._combined_loader
-        resumable = loader is not None and all(isinstance(dl, ResumableLoader) for dl in loader.flattened)
-        if trainer.state.fn == "fit" and resumable:
+        if trainer.state.fn != "fit" or loader is None:
+            return
+        if all(isinstance(dl, ResumableLoader) for dl in loader.flattened):
             record_cut_epoch_unfinished(trainer, checkpoint)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
