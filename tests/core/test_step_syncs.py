@@ -3,7 +3,9 @@
 Lightning turns every value logged with ``prog_bar=True`` into a Python number after every batch, whether or not a
 bar is shown; :meth:`lit_icl.core.module.ICLModule.log_loss` hands the bar a host copy on logging steps only. On
 the CPU the tests check that behaviour (which step's loss the bar shows, that the logged series is every step's
-loss); on a GPU (marked ``cuda``) each paper's step runs with CUDA's sync check turned to errors.
+loss) and run each paper's tiny config with :class:`~lit_icl.callbacks.HostReadCensus` in strict mode, which
+fails at the first step that reads a device value on the host; on a GPU (marked ``cuda``) each paper's step runs
+with CUDA's sync check turned to errors.
 """
 
 from __future__ import annotations
@@ -12,14 +14,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from coqe.omniglot.helpers import coqe_args
+from coqe.omniglot.helpers import TRANSFORMER, coqe_args
 from coqe.regression.helpers import reg_args
 from icssl.helpers import tiny_args
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.loggers import Logger
+from mmca.synthetic.helpers import mmca_args
 from torch import nn
 from torch.utils.data import DataLoader
 
+from lit_icl.callbacks import HostReadCensus
+from lit_icl.callbacks.host_reads import HostReadInStep
 from lit_icl.cli import main
 from lit_icl.core.module import ICLModule
 
@@ -167,3 +172,65 @@ def test_training_steps_never_wait_for_the_gpu(tmp_path, run) -> None:
     work without reading it back."""
     main(["fit", *_no_waits(tmp_path, run)])
     assert list((tmp_path / "runs").rglob("last.ckpt"))
+
+
+# ------------------------------------------------------------------ the same on the CPU: a census of host reads
+def _census_args(tmp_path: Path, run: str) -> list[str]:
+    """A tiny CPU run of ``run``: 6 steps, none a logging step, each counted by a strict census."""
+    common = ["--trainer.max_steps", "6", "--trainer.log_every_n_steps", "50", "--trainer.limit_val_batches", "0",
+              "--trainer.callbacks+=lit_icl.callbacks.HostReadCensus", "--trainer.callbacks.strict", "true",
+              "--trainer.callbacks.sites", "true"]
+    if run == "icssl":
+        return [*tiny_args(tmp_path), "--trainer.max_epochs", "-1", *common]
+    if run == "coqe_regression":
+        return [*reg_args(tmp_path), *common]
+    if run == "mmca_synthetic":
+        return [*mmca_args(tmp_path), "--trainer.max_epochs", "-1", *common]
+    if run == "coqe_transformer":
+        return [*coqe_args(tmp_path, config=TRANSFORMER), *common]
+    return [*coqe_args(tmp_path), *common]
+
+
+@pytest.mark.parametrize("run", ["icssl", "coqe_omniglot", "coqe_transformer", "coqe_regression", "mmca_synthetic"])
+def test_no_training_step_reads_a_device_value_on_the_host(tmp_path, run) -> None:
+    """Each paper's step, the update, the callbacks the CLI adds and Lightning's per-batch bookkeeping, with the
+    project's CUDA branches (fused Adam, the loss check deferred): a read in any of the 5 counted steps raises
+    HostReadInStep, naming where it was made."""
+    main(["fit", *_census_args(tmp_path, run)])
+    assert list((tmp_path / "runs").rglob("last.ckpt"))
+
+
+class _ReadsItsLoss(_Regression):
+    """Reads its loss on the host at every step, as ``float(loss)`` in a training step does."""
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        self.last_loss = loss.item()
+        return loss
+
+
+def _census_fit(tmp_path: Path, module: ICLModule, census: HostReadCensus) -> None:
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(8, 3, generator=g), torch.randn(8, 1, generator=g)) for _ in range(8)]
+    Trainer(accelerator="cpu", max_steps=8, log_every_n_steps=4, enable_progress_bar=False,
+            enable_checkpointing=False, enable_model_summary=False, logger=_Written(), callbacks=[census],
+            default_root_dir=tmp_path).fit(module, DataLoader(batches, batch_size=None))
+
+
+def test_a_step_that_reads_on_the_host_fails_a_strict_census_with_the_line_that_read(tmp_path) -> None:
+    with pytest.raises(HostReadInStep, match=r"training step 1 read device values on the host \(aten\._local_scalar_dense"
+                       r" at tests/core/test_step_syncs\.py:\d+ in training_step"):
+        _census_fit(tmp_path, _ReadsItsLoss(), HostReadCensus(warmup=1, strict=True, sites=True))
+
+
+def test_the_census_counts_the_reads_of_logging_steps_and_none_elsewhere(tmp_path) -> None:
+    """Steps 0-7 with a log interval of 4: 3 and 7 write the logged loss (Lightning reads it then); the loss
+    module's own 8 ``float(loss)`` reads are the test's (``_Regression`` keeps a host copy of every loss)."""
+    census = HostReadCensus(warmup=0)
+    _census_fit(tmp_path, _Regression(), census)
+    means = census.means()
+    assert means["step"][2] == 6 and means["logging step"][2] == 2 and means["update"][2] == 8
+    # _Regression reads each loss with float(...): one read in every step, and the logging steps read more.
+    assert [sum(c.values()) for c in census.windows["step"]] == [1] * 6
+    assert all(sum(c.values()) > 1 for c in census.windows["logging step"])
+    assert all(not c for c in census.windows["update"])  # SGD's update reads nothing
