@@ -70,12 +70,12 @@ class _Timer(Callback):
     def __init__(self, warmup: int, last: int) -> None:
         self.warmup, self.last, self.t0, self.t1 = warmup, last, 0.0, 0.0
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: ANN001
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if batch_idx == self.warmup:
             _sync(pl_module.device)
             self.t0 = time.perf_counter()
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if batch_idx == self.last:
             _sync(pl_module.device)
             self.t1 = time.perf_counter()
@@ -108,8 +108,11 @@ def _stub_trainer(module: LightningModule, steps: int) -> SimpleNamespace:
 
 
 def bare_steps(module: LightningModule, batches: list[Any], mode: str, warmup: int, device: torch.device,
-               deterministic: bool, backend: str = "inductor") -> float:
-    """The module's own step without Lightning: ``training_step``, ``backward``, the optimizer, the LR schedule."""
+               deterministic: bool, backend: str = "inductor", profiler: Any = None) -> float:
+    """The module's own step without Lightning: ``training_step``, ``backward``, the optimizer, the LR schedule.
+
+    ``profiler`` (a ``torch.profiler.profile``, not started) records the timed steps (``profile_step.py``).
+    """
     torch.use_deterministic_algorithms(deterministic, warn_only=True)
     module = module.to(device).train()
     stub = _stub_trainer(module, len(batches))
@@ -126,6 +129,8 @@ def bare_steps(module: LightningModule, batches: list[Any], mode: str, warmup: i
     for i, batch in enumerate(batches):
         if i == warmup:
             _sync(device)
+            if profiler is not None:
+                profiler.start()
             t0 = time.perf_counter()
         if mark:
             torch.compiler.cudagraph_mark_step_begin()
@@ -138,8 +143,11 @@ def bare_steps(module: LightningModule, batches: list[Any], mode: str, warmup: i
         if sched is not None:
             sched.step()
     _sync(device)
+    elapsed = time.perf_counter() - t0
+    if profiler is not None:
+        profiler.stop()
     module._trainer = None
-    return (len(batches) - warmup) / (time.perf_counter() - t0)
+    return (len(batches) - warmup) / elapsed
 
 
 def _optimizer(conf: Any) -> tuple[torch.optim.Optimizer, Any]:
