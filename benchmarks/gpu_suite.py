@@ -151,6 +151,24 @@ STEPS = [
                           "--set=--trainer.precision=bf16-mixed"),
     _main_command_variant("main_command_channels_last", "its ResNet channels-last (NHWC)",
                           "--set=--model.init_args.net.init_args.channels_last=true"),
+    # cuDNN picks convolution algorithms by heuristics unless told to time them; the ResNet's 29 convolutions are
+    # a large share of the step's GPU time (2026-11-26 profile). The choice can differ between runs, and with it
+    # the rounding, so it stays opt-in (Lightning's --trainer.benchmark).
+    _main_command_variant("main_command_cudnn_benchmark", "cuDNN's convolution autotuner on",
+                          "--set=--trainer.benchmark=true"),
+    # Which kernels make the main command's GPU-bound step, under CUDA graphs and eager (the next thing to cut).
+    Step("profile_coqe", "CoQE's step (paper size) under the profiler: kernels per step and the kernels that take "
+         "the GPU time, CUDA graphs and eager",
+         ["benchmarks/profile_step.py", "--config", "configs/coqe/omniglot.yaml", "--device", "cuda", "--modes",
+          "reduce-overhead,off", "--steps", "70", "--warmup", "50"],
+         ["benchmarks/profile_step.py", "--config", "configs/coqe/omniglot.yaml", "--config",
+          "configs/coqe/omniglot/cpu.yaml", "--device", "cpu", "--modes", "off", "--steps", "3", "--warmup", "1",
+          "--set=--model.init_args.net.init_args.depth=1"], 180),
+    Step("profile_icssl", "IC-SSL's step under the profiler the same way",
+         ["benchmarks/profile_step.py", "--config", "configs/icssl/manifolds.yaml", "--device", "cuda", "--modes",
+          "reduce-overhead,off", "--steps", "70", "--warmup", "50"],
+         ["benchmarks/profile_step.py", "--config", "configs/icssl/manifolds.yaml", "--device", "cpu", "--modes",
+          "off", "--steps", "3", "--warmup", "1", *_DRY_ICSSL], 150),
     # The main command makes its batches in the training process by default (1.4 ms a batch on our CPU machine).
     _main_command_variant("main_command_workers", "batches made by 2 persistent DataLoader workers",
                           "--set=--data.init_args.num_workers=2"),
@@ -178,16 +196,6 @@ STEPS = [
     Step("cuda_tests", "the tests marked `cuda` (skipped on the CPU): GPU-only code paths",
          ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests"],
          ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "--collect-only", "tests"], 120),
-    Step("icssl_deterministic", "IC-SSL steps/s, Lightning vs bare loop, deterministic kernels on (the CLI default)",
-         ["benchmarks/train_throughput.py", "--config", "configs/icssl/manifolds.yaml", "--accelerator", "cuda",
-          "--deterministic", "true", "--steps", "400", "--warmup", "50", "--repeats", "3"],
-         ["benchmarks/train_throughput.py", "--config", "configs/icssl/manifolds.yaml", "--accelerator", "cpu",
-          "--deterministic", "true", "--steps", "3", "--warmup", "1", "--repeats", "1"], 300),
-    Step("icssl_nondeterministic", "the same with deterministic kernels off",
-         ["benchmarks/train_throughput.py", "--config", "configs/icssl/manifolds.yaml", "--accelerator", "cuda",
-          "--deterministic", "false", "--steps", "400", "--warmup", "50", "--repeats", "3"],
-         ["benchmarks/train_throughput.py", "--config", "configs/icssl/manifolds.yaml", "--accelerator", "cpu",
-          "--deterministic", "false", "--steps", "3", "--warmup", "1", "--repeats", "1"], 300),
     Step("coqe_omniglot_fp32", "CoQE / Transformer steps/s at the paper's size, fp32 (and the sequence generator)",
          ["benchmarks/coqe_throughput.py", "--device", "cuda", "--steps", "100", "--precision", "32-true"],
          ["benchmarks/coqe_throughput.py", "--device", "cpu", "--steps", "2", "--image-size", "28", "--only",
@@ -220,9 +228,6 @@ def headline(step: Step, output: str) -> str:
         found = re.findall(r"^=*\s*(\S*\d.*(?:passed|failed|error|skipped|collected).* in [\d.]+s)\s*=*$", output,
                            re.MULTILINE)
         return found[-1] if found else ""
-    if step.script.endswith("train_throughput.py"):
-        found = re.findall(r"^(lightning|bare loop|ratio lightning/bare): ([\d.]+)", output, re.MULTILINE)
-        return ", ".join(f"{k} {v}" for k, v in found)
     if step.script.endswith("main_command.py"):
         found = re.findall(r"^mode=(\S+)\s*:\s+([\d.]+) steps/s all-in.*?10\^5 steps would take (\d+) min", output,
                            re.MULTILINE)
@@ -236,6 +241,10 @@ def headline(step: Step, output: str) -> str:
         ratios = re.findall(r"^ratio lightning/bare mode=(\S+) deterministic=true: ([\d.]+)", output, re.MULTILINE)
         text = ", ".join(f"{path} {mode} {sps}" for path, mode, sps in rates if path == "lightning")
         return text + ("; lightning/bare " + ", ".join(f"{m} {r}" for m, r in ratios) if ratios else "")
+    if step.script.endswith("profile_step.py"):
+        found = re.findall(r"^mode=(\S+): [\d.]+ ms of wall time per step.*\n  (?:kernels|aten ops[^:]*): (\d+) per step, "
+                           r"([\d.]+) ms per step", output, re.MULTILINE)
+        return ", ".join(f"{mode}: {n} kernels, {ms} ms per step" for mode, n, ms in found)
     if step.script.endswith("eigh_route.py"):
         found = re.findall(r"^eigh (\(.*?\)) float32: on the device ([\d.]+) ms, "
                            r"symmetric_eigenvectors \((\w+) route\) ([\d.]+) ms", output, re.MULTILINE)

@@ -58,8 +58,12 @@ def test_headlines_read_each_scripts_output() -> None:
               "| zero_shot | 10.0 | 11.0 | 1.00 |\n| few_shot | 35.5 | 36.0 | 3.55 |\n"
     assert suite.headline(steps["i2cl_latency_bf16"], latency) == (
         "zero_shot 10.0 ms (1.00 x zero-shot), few_shot 35.5 ms (3.55 x zero-shot)")
-    icssl = "config: x\nlightning: 9.50 steps/s  (runs: 9.50)\nbare loop: 10.00 steps/s  (runs: 10.00)\nratio lightning/bare: 0.950\n"
-    assert suite.headline(steps["icssl_deterministic"], icssl) == "lightning 9.50, bare loop 10.00, ratio lightning/bare 0.950"
+    profile = ("mode=reduce-overhead: 12.345 ms of wall time per step under the profiler\n"
+               "  kernels: 512 per step, 10.500 ms per step\n    9000.0 us  85.7 %    29.0 x  conv\n"
+               "mode=off: 30.000 ms of wall time per step under the profiler\n"
+               "  kernels: 1000 per step, 11.250 ms per step\n")
+    assert suite.headline(steps["profile_coqe"], profile) == (
+        "reduce-overhead: 512 kernels, 10.500 ms per step, off: 1000 kernels, 11.250 ms per step")
     assert suite.headline(steps["coqe_regression"], "  ours / HF           :    1.700\n") == "ours / HF : 1.700"
     eigh = ("device: NVIDIA H200; torch 2.11.0; host threads 16\n"
             "eigh (64, 100, 100) float32: on the device 117.0 ms, symmetric_eigenvectors (host route) 21.5 ms (5.4x); "
