@@ -41,11 +41,12 @@ class HostReadCensus(Callback):
 
     Windows (each a ``Counter`` of read kinds per occurrence, in :attr:`windows`):
 
-    - ``step``: a training step that is not a logging step, from Lightning's start of the batch to its end (the
-      callbacks' hooks, the parameter update and Lightning's bookkeeping of the batch included); the goal is 0;
+    - ``step``: a training step that is not a logging step, from the batch's arrival on the device
+      (``on_after_batch_transfer``) to Lightning's end of the batch (the callbacks' hooks, the parameter update
+      and Lightning's bookkeeping of the batch included); the goal is 0;
     - ``update``: the part of each step after ``on_before_optimizer_step`` (the parameter update);
     - ``logging step``: a step whose logged values Lightning writes (it reads them then);
-    - ``val batch``: a validation step, from the batch's start to Lightning's end of it;
+    - ``val batch``: a validation step, from the batch's arrival on the device to Lightning's end of it;
     - ``val round``: from ``on_validation_start`` until training resumes (epoch-end hooks, written values and
       the checkpoints saved after validation included).
 
@@ -71,6 +72,7 @@ class HostReadCensus(Callback):
         self._round: HostReads | None = None
         self._mark: Counter[str] = Counter()
         self._update: Counter[str] = Counter()
+        self._transfer = HostReads(sites=sites)  # the reads of the latest batch's on_after_batch_transfer
 
     # ------------------------------------------------------------------ set-up
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -80,6 +82,13 @@ class HostReadCensus(Callback):
             self._patches.enter_context(as_on_cuda())
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._restore()
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        # Lightning skips teardown when a run fails: leave no mode active and no branch patched.
+        self._restore()
+
+    def _restore(self) -> None:
         for mode in (self._step, self._round):
             if mode is not None:
                 mode.__exit__(None, None, None)
@@ -97,11 +106,16 @@ class HostReadCensus(Callback):
         )
 
         def on_batch_start(*args: Any, **kwargs: Any) -> None:
+            transfer, self._transfer = self._transfer, HostReads(sites=self.record_sites)
             if trainer.training and not trainer.validating and trainer.global_step >= self.warmup:
                 self._close_round()
                 self._step = self._open()
+                self._step.counts.update(transfer.counts)
+                if self._step.sites is not None:
+                    self._step.sites.update(transfer.sites or {})
             elif self._round is not None:
-                self._mark = Counter(self._round.counts)
+                # The round's mode counted the transfer too: the batch's window starts before it.
+                self._mark = self._round.counts - transfer.counts
             batch_start(*args, **kwargs)
 
         def on_batch_end(*args: Any, **kwargs: Any) -> None:
@@ -117,9 +131,25 @@ class HostReadCensus(Callback):
         connector.on_batch_end = on_batch_end
         connector.update_train_step_metrics = update_train_step_metrics
         # A batch is on the host until it has been moved to the device: reads before the move wait for nothing.
+        # What is done to it on the device afterwards (CoQE gathers its images there) belongs to its step.
         for owner in (trainer.datamodule, pl_module):
             if owner is not None and hasattr(owner, "on_before_batch_transfer"):
                 owner.on_before_batch_transfer = _not_counted(owner.on_before_batch_transfer)
+            if owner is not None and hasattr(owner, "on_after_batch_transfer"):
+                owner.on_after_batch_transfer = self._counted_transfer(owner.on_after_batch_transfer)
+
+    def _counted_transfer(self, hook: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(hook)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            mode = HostReads(sites=self.record_sites)
+            with mode:
+                out = hook(*args, **kwargs)
+            self._transfer.counts.update(mode.counts)
+            if mode.sites is not None and self._transfer.sites is not None:
+                self._transfer.sites.update(mode.sites)
+            return out
+
+        return wrapper
 
     def _open(self) -> HostReads:
         mode = HostReads(sites=self.record_sites)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from coqe.omniglot.helpers import TRANSFORMER, coqe_args
 from coqe.regression.helpers import reg_args
 from icssl.helpers import tiny_args
@@ -218,9 +219,12 @@ def _census_fit(tmp_path: Path, module: ICLModule, census: HostReadCensus) -> No
 
 
 def test_a_step_that_reads_on_the_host_fails_a_strict_census_with_the_line_that_read(tmp_path) -> None:
+    """...and the failed run leaves nothing patched (Lightning skips teardown when a run fails)."""
+    one_hot, tolist = F.one_hot, torch.Tensor.tolist
     with pytest.raises(HostReadInStep, match=r"training step 1 read device values on the host \(aten\._local_scalar_dense"
                        r" at tests/core/test_step_syncs\.py:\d+ in training_step"):
         _census_fit(tmp_path, _ReadsItsLoss(), HostReadCensus(warmup=1, strict=True, sites=True))
+    assert F.one_hot is one_hot and torch.Tensor.tolist is tolist
 
 
 def test_the_census_counts_the_reads_of_logging_steps_and_none_elsewhere(tmp_path) -> None:
