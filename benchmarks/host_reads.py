@@ -24,15 +24,12 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
-import platform
 import sys
 import tempfile
 import warnings
-from pathlib import Path
 
 import torch
-from launches_per_step import ROOT, STUDIES, Study, append_rows, commit
+from launches_per_step import Study, append_rows, commit, selected_studies, study_arguments
 from lightning.pytorch import LightningDataModule, LightningModule
 
 from lit_icl.callbacks.host_reads import WINDOWS, HostReadCensus
@@ -64,31 +61,14 @@ def measure(study: Study, warmup: int, pairs: int, val_batches: int, extra: list
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default=None, help="comma-separated study names (default: all)")
     parser.add_argument("--warmup", type=int, default=2, help="steps trained before counting")
     parser.add_argument("--pairs", type=int, default=2, help="pairs of steps counted (one logging step each)")
     parser.add_argument("--val-batches", type=int, default=2, help="validation batches per loader")
     parser.add_argument("--sites", action="store_true", help="print where each read is made")
-    parser.add_argument("--csv", type=Path, default=None, help="append one row per study to this CSV")
-    parser.add_argument("--label", default="", help="a word for the CSV's `label` column, e.g. before/after")
-    parser.add_argument("--set", action="append", default=[], metavar="ARG",
-                        help="an extra CLI argument for every study, e.g. --set=--data.init_args.batch_size=8")
+    study_arguments(parser)
     args = parser.parse_args(argv)
-    names = [s.name for s in STUDIES]
-    chosen = args.only.split(",") if args.only else names
-    unknown = sorted(set(chosen) - set(names))
-    if unknown:
-        parser.error(f"unknown study {', '.join(unknown)}; choose from {', '.join(names)}")
-    os.chdir(ROOT)
-    torch.utils.deterministic.fill_uninitialized_memory = False  # as lit_icl.cli.main does
-    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, commit {commit()}")
     rows = []
-    for study in STUDIES:
-        if study.name not in chosen:
-            continue
-        if study.needs and not (ROOT / study.needs[0]).exists():
-            print(f"{study.name}: skipped: {study.needs[0]} is missing; {study.needs[1]}")
-            continue
+    for study in selected_studies(parser, args):
         print(f"== {study.name}", flush=True)  # the census prints its summary at the end of the fit
         census = measure(study, args.warmup, args.pairs, args.val_batches, args.set, args.sites)
         means = census.means()

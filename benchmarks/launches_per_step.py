@@ -109,7 +109,7 @@ class LaunchCounter(TorchDispatchMode):
         self.counts = {"launches": 0, "optimizer": 0, "metadata": 0, "log_calls": 0}
         self.ops: dict[str, int] = {}
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.__name__.split(".")[0]
         if is_metadata_op(name):
             self.counts["metadata"] += 1
@@ -143,16 +143,16 @@ class StepCounter(Callback):
 
         pl_module.log = counted_log
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: ANN001
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.warmup <= trainer.global_step < self.warmup + self.steps:
             self._mode = LaunchCounter()
             self._mode.__enter__()
 
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:  # noqa: ANN001
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if self._mode is not None:
             self._mode.phase = "optimizer"
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._mode is None:
             return
         self._mode.__exit__(None, None, None)
@@ -220,16 +220,18 @@ def append_rows(path: Path, rows: list[dict[str, str]]) -> None:
         writer.writerows([*old, *rows])
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def study_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every per-study script shares: which studies, the CSV, its label and extra CLI arguments."""
     parser.add_argument("--only", default=None, help="comma-separated study names (default: all)")
-    parser.add_argument("--warmup", type=int, default=2, help="steps trained before counting")
-    parser.add_argument("--steps", type=int, default=3, help="steps counted (their mean is reported)")
     parser.add_argument("--csv", type=Path, default=None, help="append one row per study to this CSV")
     parser.add_argument("--label", default="", help="a word for the CSV's `label` column, e.g. before/after")
     parser.add_argument("--set", action="append", default=[], metavar="ARG",
                         help="an extra CLI argument for every study, e.g. --set=--trainer.precision=bf16-mixed")
-    args = parser.parse_args(argv)
+
+
+def selected_studies(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[Study]:
+    """The studies ``--only`` names (all by default) whose data are installed, in :data:`STUDIES` order; a line
+    for each one skipped. Refuses an unknown name; runs from the repository root, as torch runs in the CLI."""
     names = [s.name for s in STUDIES]
     chosen = args.only.split(",") if args.only else names
     unknown = sorted(set(chosen) - set(names))
@@ -238,15 +240,28 @@ def main(argv: list[str] | None = None) -> int:
     os.chdir(ROOT)
     torch.utils.deterministic.fill_uninitialized_memory = False  # as lit_icl.cli.main does
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, commit {commit()}")
-    print(f"{'study':28s} {'launches/step':>14s} {'optimizer':>10s} {'metadata':>9s} {'log calls':>9s}  "
-          "top launches per step")
-    rows = []
+    out = []
     for study in STUDIES:
         if study.name not in chosen:
             continue
         if study.needs and not (ROOT / study.needs[0]).exists():
-            print(f"{study.name:28s} skipped: {study.needs[0]} is missing; {study.needs[1]}")
+            print(f"{study.name}: skipped: {study.needs[0]} is missing; {study.needs[1]}")
             continue
+        out.append(study)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--warmup", type=int, default=2, help="steps trained before counting")
+    parser.add_argument("--steps", type=int, default=3, help="steps counted (their mean is reported)")
+    study_arguments(parser)
+    args = parser.parse_args(argv)
+    studies = selected_studies(parser, args)
+    print(f"{'study':28s} {'launches/step':>14s} {'optimizer':>10s} {'metadata':>9s} {'log calls':>9s}  "
+          "top launches per step")
+    rows = []
+    for study in studies:
         res = measure(study, args.warmup, args.steps, args.set)
         spread = "" if res["min"] == res["max"] else f" ({res['min']}-{res['max']})"
         print(f"{study.name:28s} {res['launches']:14.0f} {res['optimizer']:10.0f} {res['metadata']:9.0f} "

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
 import sys
 from collections import defaultdict
 from typing import Any
 
 import torch
-from step_speed import ROOT, bare_steps, batches_ahead, build
+from step_speed import bare_steps, describe, prepare
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
@@ -68,18 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="ARG",
                         help="an extra CLI argument, e.g. --set=--trainer.precision=bf16-mixed")
     args = parser.parse_args(argv)
-    if args.warmup >= args.steps:
-        parser.error("--warmup must be smaller than --steps")
-    os.chdir(ROOT)
-    device = torch.device(args.device)
-    torch.utils.deterministic.fill_uninitialized_memory = False  # as lit_icl.cli.main does
-    torch.set_float32_matmul_precision("high")  # as lit_icl.cli.main does (TF32 on a GPU)
-    template, dm = build(args.config, args.set)
-    batches = batches_ahead(dm, args.steps, device)
-    state = copy.deepcopy(template.state_dict())
+    device, template, batches, state = prepare(parser, args)
     timed = args.steps - args.warmup
-    print(f"config: {' + '.join(args.config)}  device: {device}"
-          f"{' (' + torch.cuda.get_device_name(device) + ')' if device.type == 'cuda' else ''}  torch {torch.__version__}"
+    print(f"config: {' + '.join(args.config)}  device: {describe(device)}  torch {torch.__version__}"
           f"  steps profiled: {timed} (after {args.warmup})", flush=True)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     for mode in args.modes.split(","):

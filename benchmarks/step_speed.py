@@ -165,6 +165,25 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def prepare(parser: argparse.ArgumentParser, args: argparse.Namespace
+            ) -> tuple[torch.device, LightningModule, list[Any], dict[str, Any]]:
+    """The device, the module as the CLI builds it, ``args.steps`` batches on the device and the module's
+    initial weights (each timed run starts from them), with torch set up as ``lit_icl.cli.main`` sets it."""
+    if args.warmup >= args.steps:
+        parser.error("--warmup must be smaller than --steps")
+    os.chdir(ROOT)
+    device = torch.device(args.device)
+    torch.utils.deterministic.fill_uninitialized_memory = False  # as lit_icl.cli.main does
+    torch.set_float32_matmul_precision("high")  # as lit_icl.cli.main does (TF32 on a GPU)
+    template, dm = build(args.config, args.set)
+    batches = batches_ahead(dm, args.steps, device)
+    return device, template, batches, copy.deepcopy(template.state_dict())
+
+
+def describe(device: torch.device) -> str:
+    return f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", action="append", required=True, help="a config file; repeat for overlays")
@@ -179,17 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="ARG",
                         help="an extra CLI argument, e.g. --set=--data.init_args.batch_size=8")
     args = parser.parse_args(argv)
-    os.chdir(ROOT)
-    if args.warmup >= args.steps:
-        parser.error("--warmup must be smaller than --steps")
-    device = torch.device(args.device)
-    torch.utils.deterministic.fill_uninitialized_memory = False  # as lit_icl.cli.main does
-    torch.set_float32_matmul_precision("high")  # as lit_icl.cli.main does (TF32 on a GPU)
-    template, dm = build(args.config, args.set)
-    batches = batches_ahead(dm, args.steps, device)
-    state = copy.deepcopy(template.state_dict())
-    print(f"config: {' + '.join(args.config)}  device: {device}"
-          f"{' (' + torch.cuda.get_device_name(device) + ')' if device.type == 'cuda' else ''}  torch {torch.__version__}"
+    device, template, batches, state = prepare(parser, args)
+    print(f"config: {' + '.join(args.config)}  device: {describe(device)}  torch {torch.__version__}"
           f"  threads {torch.get_num_threads()}  steps timed: {args.steps - args.warmup} (after {args.warmup})")
     results: dict[tuple[str, bool, str], float] = {}
     runners = {"lightning": lightning_steps, "bare": bare_steps}
