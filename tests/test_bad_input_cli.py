@@ -64,6 +64,9 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("fit", ["--trainer.strategy", "nonsense"], "invalid strategy name: `strategy='nonsense'`"),
     ("fit", ["--trainer.max_steps", "-5"], "`max_steps` must be a non-negative integer or -1"),
     ("fit", ["--trainer.limit_val_batches", "-1"], "invalid value -1 for limit_val_batches"),
+    # the host-read census (lit_icl.callbacks.HostReadCensus)
+    ("fit", ["--trainer.callbacks+=lit_icl.callbacks.HostReadCensus", "--trainer.callbacks.warmup", "-1"],
+     "HostReadCensus warmup=-1 must be >= 0"),
     ("test", ["--trainer.limit_test_batches", "-1"], "invalid value -1 for limit_test_batches"),
     # output folders that cannot be created
     ("fit", ["--trainer.logger.init_args.save_dir", "{inputs}/empty.yaml/runs"], "is a file, not a folder"),

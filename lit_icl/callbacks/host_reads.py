@@ -15,18 +15,78 @@ well, so a read added to a step shows up in a CPU test rather than as lost speed
 from __future__ import annotations
 
 import functools
+import importlib
 import os
+import sys
 from collections import Counter
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
+import torch
+import torch.nn.functional as F
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
-from lit_icl.core.syncs import HostReads, as_on_cuda, not_counted
+from lit_icl.callbacks.finite import FiniteGuard
+from lit_icl.core import spectral
+from lit_icl.core.syncs import HostReads, not_counted
+from lit_icl.core.validation import check_bool, check_int
 
-__all__ = ["HostReadCensus", "HostReadInStep"]
+__all__ = ["HostReadCensus", "HostReadInStep", "as_on_cuda"]
+
+
+@contextmanager
+def as_on_cuda() -> Iterator[None]:
+    """Take the project's CUDA branches on any device, so a census on the CPU counts what a GPU run reads.
+
+    - Adam/AdamW are built with ``fused=True`` (:func:`lit_icl.core.optim.fused_if_cuda`): the CPU's default
+      update reads each parameter's step count (a host tensor in a GPU run), the fused one reads nothing;
+    - :class:`~lit_icl.callbacks.finite.FiniteGuard` keeps each loss on the device until a logging step instead
+      of reading it at once;
+    - ``eigh`` of a batch of matrices larger than 32 x 32 goes through the host, as
+      :func:`lit_icl.core.spectral.eigh_on_host` sends it on a GPU;
+    - ``F.one_hot(x, num_classes)`` does not count the two reads it makes on a CPU only (on CUDA, torch checks
+      the class range with a device-side assert instead).
+
+    The fused update rounds differently from the CPU's default one, so a run inside gives the same reads as on a
+    GPU, not the same numbers as a CPU run.
+    """
+    for package in ("lit_icl.icssl", "lit_icl.coqe", "lit_icl.mmca", "lit_icl.i2cl"):
+        importlib.import_module(package)  # each paper's module, so that its own name for fused_if_cuda is patched
+    original_eigh, original_one_hot = spectral.eigh_on_host, F.one_hot
+
+    def fused(params: Any) -> dict[str, bool]:
+        return {"fused": True}
+
+    def eigh_on_host(shape: Any, device: torch.device) -> bool:
+        return original_eigh(shape, torch.device("cuda"))
+
+    def one_hot(tensor: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
+        if num_classes < 0:  # the class count is read from the data on every device
+            return original_one_hot(tensor, num_classes)
+        with not_counted():
+            return original_one_hot(tensor, num_classes)
+
+    patches: list[tuple[Any, str, Any]] = [
+        (module, "fused_if_cuda", fused)
+        for name, module in list(sys.modules.items())
+        if name.startswith("lit_icl.") and "fused_if_cuda" in vars(module)
+    ]
+    patches += [
+        (FiniteGuard, "_defers", staticmethod(lambda device: True)),
+        (spectral, "eigh_on_host", eigh_on_host),
+        (F, "one_hot", one_hot),
+    ]
+    saved = [(obj, attr, vars(obj)[attr]) for obj, attr, _ in patches]
+    try:
+        for obj, attr, value in patches:
+            setattr(obj, attr, value)
+        yield
+    finally:
+        for obj, attr, value in saved:
+            setattr(obj, attr, value)
+
 
 #: The windows counted, in the order they are reported.
 WINDOWS = ("step", "update", "logging step", "val batch", "val round")
@@ -54,16 +114,17 @@ class HostReadCensus(Callback):
         warmup: training steps not counted at the start (state made lazily on the first steps).
         strict: raise :class:`HostReadInStep` at the first counted step that is not a logging step and reads,
             naming where it read.
-        cuda_branches: take the project's CUDA branches for the run (:func:`lit_icl.core.syncs.as_on_cuda`), so
+        cuda_branches: take the project's CUDA branches for the run (:func:`as_on_cuda`), so
             that a census on the CPU counts a GPU run's reads. The run's numbers then differ from a CPU run's
             (fused Adam), so use a census run for counting only.
         sites: record where each read is asked for (:attr:`sites`, and in the summary).
     """
 
     def __init__(self, warmup: int = 1, strict: bool = False, cuda_branches: bool = True, sites: bool = False) -> None:
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-            raise ValueError(f"warmup={warmup!r} must be an integer >= 0")
-        self.warmup, self.strict, self.cuda_branches, self.record_sites = warmup, strict, cuda_branches, sites
+        self.warmup = check_int("HostReadCensus warmup", warmup, minimum=0, hint="the steps not counted at the start")
+        self.strict = check_bool("HostReadCensus strict", strict)
+        self.cuda_branches = check_bool("HostReadCensus cuda_branches", cuda_branches)
+        self.record_sites = check_bool("HostReadCensus sites", sites)
         self.windows: dict[str, list[Counter[str]]] = {w: [] for w in WINDOWS}
         #: window -> (kind, "file:line in function") -> calls, with ``sites=True``.
         self.sites: dict[str, Counter[tuple[str, str]]] = {w: Counter() for w in WINDOWS}

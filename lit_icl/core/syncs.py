@@ -22,7 +22,6 @@ made while a ``DataLoader`` makes a batch are not counted: its tensors are on th
 from __future__ import annotations
 
 import functools
-import importlib
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -30,10 +29,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["SYNC_OPS", "HostReads", "as_on_cuda", "host_reads", "not_counted"]
+__all__ = ["SYNC_OPS", "HostReads", "host_reads", "not_counted"]
 
 #: > 0 while :func:`not_counted` is active.
 _quiet = 0
@@ -68,8 +66,7 @@ class HostReads(TorchDispatchMode):
 
     ``counts`` maps ``aten.nonzero`` / ``aten.index[mask]`` / ``Tensor.tolist`` ... to the number of calls;
     :attr:`total` is their sum. ``repeat_interleave`` with a tensor of repeats counts unless it is given
-    ``output_size``. Use it as a
-    context manager (:func:`host_reads`) or enter and exit it around Lightning hooks.
+    ``output_size``. Use it as a context manager (:func:`host_reads`) or enter and exit it around hooks.
     """
 
     def __init__(self, sites: bool = False) -> None:
@@ -172,57 +169,3 @@ def host_reads(sites: bool = False) -> Iterator[HostReads]:
     with mode:
         yield mode
 
-
-@contextmanager
-def as_on_cuda() -> Iterator[None]:
-    """Take the project's CUDA branches on any device, so a census on the CPU counts what a GPU run reads.
-
-    - Adam/AdamW are built with ``fused=True`` (:func:`lit_icl.core.optim.fused_if_cuda`): the CPU's default
-      update reads each parameter's step count (a host tensor in a GPU run), the fused one reads nothing;
-    - :class:`~lit_icl.callbacks.finite.FiniteGuard` keeps each loss on the device until a logging step instead
-      of reading it at once;
-    - ``eigh`` of a batch of matrices larger than 32 x 32 goes through the host, as
-      :func:`lit_icl.core.spectral.eigh_on_host` sends it on a GPU;
-    - ``F.one_hot(x, num_classes)`` does not count the two reads it makes on a CPU only (on CUDA, torch checks
-      the class range with a device-side assert instead).
-
-    The fused update rounds differently from the CPU's default one, so a run inside gives the same reads as on a
-    GPU, not the same numbers as a CPU run.
-    """
-    from lit_icl.callbacks.finite import FiniteGuard
-    from lit_icl.core import spectral
-
-    for package in ("lit_icl.icssl", "lit_icl.coqe", "lit_icl.mmca", "lit_icl.i2cl"):
-        importlib.import_module(package)  # each paper's module, so that its own name for fused_if_cuda is patched
-    original_eigh, original_one_hot = spectral.eigh_on_host, F.one_hot
-
-    def fused(params: Any) -> dict[str, bool]:
-        return {"fused": True}
-
-    def eigh_on_host(shape: Any, device: torch.device) -> bool:
-        return original_eigh(shape, torch.device("cuda"))
-
-    def one_hot(tensor: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
-        if num_classes < 0:  # the class count is read from the data on every device
-            return original_one_hot(tensor, num_classes)
-        with not_counted():
-            return original_one_hot(tensor, num_classes)
-
-    patches: list[tuple[Any, str, Any]] = [
-        (module, "fused_if_cuda", fused)
-        for name, module in list(sys.modules.items())
-        if name.startswith("lit_icl.") and "fused_if_cuda" in vars(module)
-    ]
-    patches += [
-        (FiniteGuard, "_defers", staticmethod(lambda device: True)),
-        (spectral, "eigh_on_host", eigh_on_host),
-        (F, "one_hot", one_hot),
-    ]
-    saved = [(obj, attr, vars(obj)[attr]) for obj, attr, _ in patches]
-    try:
-        for obj, attr, value in patches:
-            setattr(obj, attr, value)
-        yield
-    finally:
-        for obj, attr, value in saved:
-            setattr(obj, attr, value)

@@ -8,9 +8,10 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from lit_icl.callbacks.finite import FiniteGuard
+from lit_icl.callbacks.host_reads import as_on_cuda
 from lit_icl.core import spectral
 from lit_icl.core.optim import fused_if_cuda
-from lit_icl.core.syncs import as_on_cuda, host_reads, not_counted
+from lit_icl.core.syncs import host_reads, not_counted
 
 
 def test_each_kind_of_host_read_is_counted_once() -> None:
