@@ -23,13 +23,11 @@ exact and repeatable; the configs' sizes do not change them, except where a loop
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import sys
 import tempfile
 import warnings
 
-import torch
-from launches_per_step import Study, append_rows, commit, selected_studies, study_arguments
+from launches_per_step import Study, append_rows, provenance, selected_studies, study_arguments
 from lightning.pytorch import LightningDataModule, LightningModule
 
 from lit_icl.callbacks.host_reads import WINDOWS, HostReadCensus
@@ -77,8 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             **{f"{w.replace(' ', '_')}_host_reads": f"{means[w][0]:.1f}" for w in WINDOWS},
             **{f"{w.replace(' ', '_')}_kinds": "; ".join(f"{k} {v:g}" for k, v in means[w][1].most_common())
                for w in WINDOWS},
-            "val_batches": str(args.val_batches), "torch": torch.__version__, "commit": commit(),
-            "date": f"{dt.date.today():%Y-%m-%d}",
+            "val_batches": str(args.val_batches), **provenance(),
         })
     if args.csv is not None and rows:
         append_rows(args.csv, rows)

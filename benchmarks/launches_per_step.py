@@ -203,6 +203,11 @@ def commit() -> str:
     return (sha + ("+" if dirty else "")) or "unknown"
 
 
+def provenance() -> dict[str, str]:
+    """The CSV columns every per-study row ends with: torch's version, the commit and the date."""
+    return {"torch": torch.__version__, "commit": commit(), "date": f"{dt.date.today():%Y-%m-%d}"}
+
+
 def append_rows(path: Path, rows: list[dict[str, str]]) -> None:
     """Append ``rows`` to the CSV at ``path``; a file written with fewer columns is rewritten with the new ones
     (blank in its older rows), so one table keeps every measurement."""
@@ -270,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             "study": study.name, "config": " + ".join(study.configs), "label": args.label,
             "launches_per_step": f"{res['launches']:.1f}", "optimizer_launches_per_step": f"{res['optimizer']:.1f}",
             "metadata_ops_per_step": f"{res['metadata']:.1f}", "log_calls_per_step": f"{res['log_calls']:.1f}",
-            "torch": torch.__version__, "commit": commit(), "date": f"{dt.date.today():%Y-%m-%d}",
+            **provenance(),
         })
     if args.csv is not None and rows:
         append_rows(args.csv, rows)
