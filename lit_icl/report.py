@@ -24,7 +24,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from lit_icl.core.figures import sort_key, aggregate, bar_figure, line_figure
+from lit_icl.core.figures import PNG_DPI, aggregate, bar_figure, line_figure, sort_key
 from lit_icl.core.results import ROW_KEYS, load_results
 
 #: Config entries that do not change what an experiment is.
@@ -190,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         numeric = all(isinstance(r.get(x), (int, float)) and not isinstance(r.get(x), bool) for r in tagged)
         draw = line_figure if numeric else bar_figure
         fig = draw(tagged, x, series="series", title=args.title, metric=metric)
-        fig.savefig(args.out, dpi=120, bbox_inches="tight")
+        fig.savefig(args.out, dpi=PNG_DPI)  # one drawing; the format follows the extension
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ A ``test`` run's folder gets
   ``rows`` is tidy: each row is one number, ``{"metric", "value", "split", "method", <coordinates>}``, where
   coordinates are the experiment's axes (``label_ratio``, ``n_context``, ``evaluator``, ``depth``, ...);
 - ``results.csv``: the same rows, one column per key;
-- one PNG per figure of the module's :meth:`~lit_icl.core.module.ICLModule.test_figures`, each also logged to
-  TensorBoard with ``add_figure``.
+- one PNG per figure of the module's :meth:`~lit_icl.core.module.ICLModule.test_figures`; the same pixels are
+  logged to TensorBoard as an image (each figure is drawn once, :func:`lit_icl.core.figures.render`).
 
 Modules build rows with :func:`result_row` in ``on_test_epoch_end``; :class:`ResultsWriter` (always added by the
 CLI) writes them at ``on_test_end`` on rank 0. ``python -m lit_icl.report`` reads the rows of any paper's runs.
@@ -30,6 +30,8 @@ import yaml
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
+
+from lit_icl.core.figures import render, save_png
 
 #: Keys every row has, in CSV column order; any other key is a coordinate.
 ROW_KEYS = ("metric", "value", "split", "method")
@@ -135,7 +137,10 @@ def stopping_record(ckpt_path: str | Path | None) -> dict[str, Any] | None:
 def write_results(
     out_dir: str | Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], figures: Mapping[str, Any] = ()
 ) -> Path:
-    """Write ``results.json``, ``results.csv`` and ``<name>.png`` per figure into ``out_dir``; return the JSON path."""
+    """Write ``results.json``, ``results.csv`` and ``<name>.png`` per figure into ``out_dir``; return the JSON path.
+
+    A figure is a matplotlib ``Figure`` or its pixels from :func:`lit_icl.core.figures.render` (drawn already).
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     payload = {"meta": dict(meta), "rows": [dict(r) for r in rows]}
@@ -147,7 +152,7 @@ def write_results(
         writer.writeheader()
         writer.writerows(rows)
     for name, fig in dict(figures).items():
-        fig.savefig(out / f"{name}.png", dpi=120, bbox_inches="tight")
+        save_png(fig, out / f"{name}.png")
     return path
 
 
@@ -210,12 +215,14 @@ class ResultsWriter(Callback):
             rank_zero_info(f"fast_dev_run: {len(rows)} result rows and {len(figures)} figures made, not written")
             return
         out_dir = self.dirpath or log_dir or trainer.default_root_dir
-        self.last_path = write_results(out_dir, rows, run_meta(trainer, pl_module, log_dir), figures)
+        # Drawn once: the PNG and TensorBoard get the same pixels (drawing is most of a small test run's time).
+        images = {name: render(fig) for name, fig in figures.items()}
+        self.last_path = write_results(out_dir, rows, run_meta(trainer, pl_module, log_dir), images)
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
-                for name, fig in figures.items():
-                    # add_figure closes the figure, so it comes after the PNG is saved.
-                    logger.experiment.add_figure(f"test/{name}", fig, pl_module.global_step)
+                for name, pixels in images.items():
+                    logger.experiment.add_image(f"test/{name}", pixels[..., :3], pl_module.global_step,
+                                                dataformats="HWC")
                 logger.experiment.flush()
 
 

@@ -5,11 +5,22 @@ from __future__ import annotations
 import math
 import statistics
 
+import numpy as np
 import pytest
 from matplotlib.figure import Figure
+from PIL import Image
 
-from lit_icl.core.figures import aggregate, bar_figure, line_figure, mean_sd, select
-from lit_icl.core.results import result_row
+from lit_icl.core.figures import (
+    PNG_DPI,
+    aggregate,
+    bar_figure,
+    line_figure,
+    mean_sd,
+    render,
+    save_png,
+    select,
+)
+from lit_icl.core.results import ResultsWriter, result_row
 
 
 def test_aggregation_is_mean_and_sample_sd() -> None:
@@ -36,3 +47,51 @@ def test_figures_draw_one_line_per_method_with_sd_bands() -> None:
     assert isinstance(bars, Figure) and len(bars.axes[0].patches) == 4
     with pytest.raises(ValueError, match="no rows"):
         line_figure(rows, "r", metric="mse")
+
+
+def test_a_figure_is_drawn_once_and_its_png_and_tensorboard_image_hold_those_pixels(tmp_path, monkeypatch) -> None:
+    rows = [result_row("acc", v, method=m, r=r) for m, r, v in [("a", 0.1, 0.5), ("a", 0.2, 0.8), ("b", 0.1, 0.4)]]
+    draws = []
+    original = Figure.draw
+    monkeypatch.setattr(Figure, "draw", lambda fig, renderer: (draws.append(fig), original(fig, renderer))[1])
+    fig = line_figure(rows, "r", metric="acc")
+    pixels = save_png(fig, tmp_path / "acc.png")
+    assert len(draws) == 1
+    png = Image.open(tmp_path / "acc.png")
+    # 6 x 4 inches at the PNG resolution, the whole canvas (the constrained layout keeps the labels inside it)
+    assert png.size == (6 * PNG_DPI, 4 * PNG_DPI) and pixels.shape == (4 * PNG_DPI, 6 * PNG_DPI, 4)
+    assert np.array_equal(np.asarray(png), pixels)
+    assert np.array_equal(render(line_figure(rows, "r", metric="acc")), pixels)  # drawing is deterministic
+
+    # Through the results writer: one drawing serves the PNG and the TensorBoard image.
+    logged = []
+
+    class Experiment:
+        def add_image(self, tag, image, step, dataformats):
+            logged.append((tag, np.asarray(image), step, dataformats))
+
+        def flush(self) -> None:
+            pass
+
+    class Logger:
+        experiment = Experiment()
+
+    class Module:
+        global_step = 7
+        test_rows = rows
+
+        def test_figures(self, found):
+            return {"acc": line_figure(found, "r", metric="acc")}
+
+    class Trainer:
+        callbacks, loggers, log_dir, is_global_zero, fast_dev_run = [], [Logger()], str(tmp_path / "run"), True, False
+        datamodule, ckpt_path = None, None
+
+    monkeypatch.setattr("lit_icl.core.results.TensorBoardLogger", Logger)
+    monkeypatch.setattr("lit_icl.core.results.run_meta", lambda trainer, module, log_dir: {"seed": 0})
+    draws.clear()
+    ResultsWriter().on_test_end(Trainer(), Module())
+    assert len(draws) == 1
+    [(tag, image, step, layout)] = logged
+    assert (tag, step, layout) == ("test/acc", 7, "HWC")
+    assert np.array_equal(image, np.asarray(Image.open(tmp_path / "run" / "acc.png"))[..., :3])
