@@ -90,3 +90,33 @@ def test_fast_dev_run_from_an_empty_folder_writes_no_checkpoint_there(tmp_path, 
     assert [m for m in seen if m.startswith("Seed set to")] == ["Seed set to 0"]
     assert not any(type(h).__name__ == "Collect" for name in ("lightning.pytorch", "lightning.fabric")
                    for h in logging.getLogger(name).handlers)
+
+
+def test_a_command_line_builds_the_parser_of_its_subcommand_only_and_help_lists_them_all(capsys) -> None:
+    from lightning.pytorch import LightningDataModule, LightningModule
+
+    from lit_icl.cli import LitICLCLI
+    from lit_icl.cli.app import requested_subcommand
+
+    known = LitICLCLI.subcommands()
+    assert requested_subcommand(["test", "--config", "x.yaml"], known) == "test"
+    for argv in (["--help", "fit"], ["--config", "x.yaml", "fit"], ["fitt"], [], {"fit": {}}):
+        assert requested_subcommand(argv, known) is None
+    built = []
+    original = LitICLCLI._prepare_subcommand_parser
+
+    def record(self, klass, subcommand, **kwargs):
+        built.append(subcommand)
+        return original(self, klass, subcommand, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(LitICLCLI, "_prepare_subcommand_parser", record)
+        with pytest.raises(SystemExit):
+            LitICLCLI(LightningModule, LightningDataModule, args=["validate", "--config", "configs/mmca/synthetic.yaml",
+                                                                  "--print_config"])
+        assert built == ["validate"] and "model:" in capsys.readouterr().out
+        built.clear()
+        with pytest.raises(SystemExit):
+            LitICLCLI(LightningModule, LightningDataModule, args=["--help"])
+        assert built == list(known)
+        assert "{fit,validate,test,predict}" in capsys.readouterr().out

@@ -20,6 +20,7 @@ import logging
 import sys
 import warnings
 from argparse import ArgumentError
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -165,7 +166,23 @@ class LitICLCLI(LightningCLI):
         kwargs.setdefault("seed_everything_default", 0)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})  # resuming in place rewrites config.yaml
         kwargs["trainer_defaults"] = {**TRAINER_DEFAULTS, **(kwargs.get("trainer_defaults") or {})}
+        self._only_subcommand = requested_subcommand(kwargs.get("args"), self.subcommands())
         super().__init__(*args, **kwargs)
+
+    def _add_subcommands(self, parser: LightningArgumentParser, **kwargs: Any) -> None:
+        # Each subcommand's parser holds every argument of the Trainer, the model and the data (about 0.2 s to
+        # build on our CPU machine); a command line that names its subcommand only needs that one. Without one,
+        # or with --help before it, all four are built, so the choices and the help list them all.
+        only = self._only_subcommand
+        if only is None:
+            super()._add_subcommands(parser, **kwargs)
+            return
+        every = self.subcommands
+        self.subcommands = lambda: {only: every()[only]}  # what LightningCLI loops over, for this call only
+        try:
+            super()._add_subcommands(parser, **kwargs)
+        finally:
+            del self.subcommands
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # RunCheckpoint: ModelCheckpoint that still knows its last.ckpt after the run folder is moved.
@@ -302,6 +319,15 @@ class LitICLCLI(LightningCLI):
             add_early_stopping(trainer, (self.config[sub] if sub else self.config).get("early_stopping"))
         check_output_writable(trainer)
         return trainer
+
+def requested_subcommand(args: ArgsType, known: Mapping[str, Any]) -> str | None:
+    """The subcommand a command line names first (``fit`` in ``fit --config x.yaml``), or ``None`` when it names
+    none, asks for help before it, or is not a list of strings (a dict of arguments, say)."""
+    argv = sys.argv[1:] if args is None else args
+    if not isinstance(argv, (list, tuple)) or not argv or not all(isinstance(a, str) for a in argv):
+        return None
+    return argv[0] if argv[0] in known else None
+
 
 def main(args: ArgsType = None) -> None:
     """Entry point of ``python -m lit_icl`` and the ``lit-icl`` script."""
