@@ -93,3 +93,24 @@ class NoDeviceWaits(Callback):
     def on_exception(self, trainer, pl_module, exception) -> None:
         if torch.cuda.is_initialized():
             torch.cuda.set_sync_debug_mode("default")
+
+
+class CompiledGraphs(Callback):
+    """Appends ``<where> <graphs>`` to ``path`` at the start of training and the end of every validation round:
+    how many graphs ``torch.compile`` has made so far in this process (dynamo's own count)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def _record(self, where: str) -> None:
+        from torch._dynamo.utils import counters
+
+        with open(self.path, "a") as fh:
+            fh.write(f"{where} {counters['stats']['unique_graphs']}\n")
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._record("train_start")
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking:
+            self._record(f"validation_end_{trainer.global_step}")
