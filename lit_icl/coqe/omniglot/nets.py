@@ -17,7 +17,7 @@ return logits at every image position (the last one is the query), so one object
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -134,6 +134,40 @@ class ResNetEmbedder(nn.Module):
         if channels_last:
             # Moving the module to a device or loading a checkpoint into it keeps this layout.
             self.to(memory_format=torch.channels_last)
+
+    @staticmethod
+    def strided_input_sizes(image_size: int) -> list[int]:
+        """Side of the feature map entering each stride-2 3x3 convolution for ``image_size`` inputs (groups 2-4).
+
+        Stem conv (7x7, stride 2, pad 3), max-pool (3x3, stride 2, pad 1), then each group's first block; the
+        first group keeps its size. 105 gives [27, 14, 7], 28 gives [7, 4, 2].
+        """
+        side = (image_size - 1) // 2 + 1  # stem convolution
+        side = (side - 1) // 2 + 1  # max-pool
+        sizes = []
+        for _ in range(3):  # groups 2, 3, 4: their first block's 3x3 convolution has stride 2
+            sizes.append(side)
+            side = (side - 1) // 2 + 1
+        return sizes
+
+    def check_config(self, *, trainer: Any = None, datamodule: Any = None, **_: Any) -> None:
+        """Refuse bf16 on a CPU when a stride-2 3x3 convolution would see 1x1 maps (images of 16 pixels or less).
+
+        There torch's CPU bf16 kernel (oneDNN) returns a wrong weight gradient: the taps that only cover padding
+        get whatever the memory held (measured with torch 2.14.1: errors of 1e34; NaN when deterministic mode
+        fills new memory with NaN). Float32, and any GPU, compute it correctly.
+        """
+        image_size = (getattr(datamodule, "hparams", None) or {}).get("image_size")
+        if trainer is None or not isinstance(image_size, int):
+            return
+        if "bf16" not in str(trainer.precision) or trainer.strategy.root_device.type != "cpu":
+            return
+        if min(self.strided_input_sizes(image_size)) <= 1:
+            raise ConfigError(
+                f"trainer.precision {trainer.precision} on a CPU with image_size={image_size} feeds 1x1 feature maps "
+                "into the ResNet's stride-2 convolutions, whose bf16 weight gradients torch's CPU kernels get wrong; "
+                "use image_size >= 17, precision 32-true, or a GPU"
+            )
 
     def forward(self, images: Tensor) -> Tensor:
         x = images.unsqueeze(1)

@@ -165,6 +165,8 @@ COQE_ROWS: list[tuple[str | tuple[str, ...], list[str], str]] = [
     # --- model vs data (bind_datamodule, before any run folder)
     (C, [N + "n_classes", "1613"], "set model.init_args.net.init_args.n_classes: 20"),
     (T, [N + "n_classes", "19"], "set model.init_args.net.init_args.n_classes: 20"),
+    # --- trainer vs net vs data: the fixture's 16x16 images reach the last group's strided conv at 1x1
+    (C, ["--trainer.precision", "bf16-mixed"], "image_size=16 feeds 1x1 feature maps"),
 ]
 
 
@@ -216,9 +218,7 @@ def test_every_shipped_config_trains_on_the_tiny_fixture(tmp_path, config: tuple
 
 
 def test_bf16_mixed_trains_coqe_with_finite_losses(tmp_path) -> None:
-    # 28x28 images, as cpu.yaml: at the fixture's 16x16 the last residual group's strided 3x3 conv sees 1x1 maps,
-    # where torch 2.14.1's deterministic bf16 CPU kernel returns a NaN weight gradient (measured; no shipped
-    # config has maps that small: 105x105 images enter that conv at 4x4, 28x28 at 2x2).
+    # 28x28 images, as cpu.yaml: the fixture's 16x16 are refused in bf16 on a CPU (ResNetEmbedder.check_config).
     main(["fit", *coqe_args(tmp_path, "--trainer.precision", "bf16-mixed", "--data.init_args.image_size", "28")])
     scalars = tb_scalars(tmp_path / "runs/tiny/version_0")
     for tag in ("train/loss", "train/loss_mod", "train/loss_orig"):

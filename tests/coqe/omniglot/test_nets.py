@@ -52,6 +52,19 @@ def test_resnet_shapes_and_model_sizes() -> None:
     assert round(count_parameters(CoQEClassifier(1613, 512, 4)) / 1e6, 2) == 1.33
 
 
+@pytest.mark.parametrize("size", [105, 28, 17, 16, 9])
+def test_strided_input_sizes_are_the_maps_the_strided_convolutions_see(size: int) -> None:
+    """The sizes the bf16-on-CPU check computes, against the maps a forward pass feeds those convolutions."""
+    net = ResNetEmbedder(channels=TINY, stem_channels=8).eval()
+    seen: list[int] = []
+    for block in net.groups:
+        if block.conv2.stride == (2, 2):
+            block.conv2.register_forward_hook(lambda mod, args, out: seen.append(args[0].shape[-1]))
+    net(torch.rand(1, size, size))
+    assert ResNetEmbedder.strided_input_sizes(size) == seen
+    assert (min(seen) <= 1) == (size <= 16)
+
+
 def _nets() -> list[torch.nn.Module]:
     torch.manual_seed(0)
     return [
