@@ -155,7 +155,7 @@ class ResNetEmbedder(nn.Module):
 
         There torch's CPU bf16 kernel (oneDNN) returns a wrong weight gradient: the taps that only cover padding
         get whatever the memory held (measured with torch 2.14.1: errors of 1e34; NaN when deterministic mode
-        fills new memory with NaN). Float32, and any GPU, compute it correctly.
+        fills new memory with NaN); float32 on the CPU is right to rounding. A GPU uses cuDNN's kernels instead.
         """
         image_size = (getattr(datamodule, "hparams", None) or {}).get("image_size")
         if trainer is None or not isinstance(image_size, int):
