@@ -27,7 +27,7 @@ import sys
 import tempfile
 import warnings
 
-from launches_per_step import Study, append_rows, provenance, selected_studies, study_arguments
+from launches_per_step import Study, selected_studies, study_arguments, study_row, write_rows
 from lightning.pytorch import LightningDataModule, LightningModule
 
 from lit_icl.callbacks.host_reads import WINDOWS, HostReadCensus
@@ -70,16 +70,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {study.name}", flush=True)  # the census prints its summary at the end of the fit
         census = measure(study, args.warmup, args.pairs, args.val_batches, args.set, args.sites)
         means = census.means()
-        rows.append({
-            "study": study.name, "config": " + ".join(study.configs), "label": args.label,
+        rows.append(study_row(study, args.label, {
             **{f"{w.replace(' ', '_')}_host_reads": f"{means[w][0]:.1f}" for w in WINDOWS},
             **{f"{w.replace(' ', '_')}_kinds": "; ".join(f"{k} {v:g}" for k, v in means[w][1].most_common())
                for w in WINDOWS},
-            "val_batches": str(args.val_batches), **provenance(),
-        })
-    if args.csv is not None and rows:
-        append_rows(args.csv, rows)
-        print(f"appended {len(rows)} rows to {args.csv}")
+            "val_batches": str(args.val_batches),
+        }))
+    write_rows(args.csv, rows)
     return 0
 
 

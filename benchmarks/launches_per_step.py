@@ -208,6 +208,18 @@ def provenance() -> dict[str, str]:
     return {"torch": torch.__version__, "commit": commit(), "date": f"{dt.date.today():%Y-%m-%d}"}
 
 
+def study_row(study: Study, label: str | None, values: dict[str, str]) -> dict[str, str]:
+    """One CSV row of a per-study script: which study, its configs and label, the values, then provenance."""
+    return {"study": study.name, "config": " + ".join(study.configs), "label": label, **values, **provenance()}
+
+
+def write_rows(path: Path | None, rows: list[dict[str, str]]) -> None:
+    """Append ``rows`` to the CSV at ``path`` (nothing when no path or no row) and say so."""
+    if path is not None and rows:
+        append_rows(path, rows)
+        print(f"appended {len(rows)} rows to {path}")
+
+
 def append_rows(path: Path, rows: list[dict[str, str]]) -> None:
     """Append ``rows`` to the CSV at ``path``; a file written with fewer columns is rewritten with the new ones
     (blank in its older rows), so one table keeps every measurement."""
@@ -271,15 +283,11 @@ def main(argv: list[str] | None = None) -> int:
         spread = "" if res["min"] == res["max"] else f" ({res['min']}-{res['max']})"
         print(f"{study.name:28s} {res['launches']:14.0f} {res['optimizer']:10.0f} {res['metadata']:9.0f} "
               f"{res['log_calls']:9.1f}  {res['top']}{spread}", flush=True)
-        rows.append({
-            "study": study.name, "config": " + ".join(study.configs), "label": args.label,
+        rows.append(study_row(study, args.label, {
             "launches_per_step": f"{res['launches']:.1f}", "optimizer_launches_per_step": f"{res['optimizer']:.1f}",
             "metadata_ops_per_step": f"{res['metadata']:.1f}", "log_calls_per_step": f"{res['log_calls']:.1f}",
-            **provenance(),
-        })
-    if args.csv is not None and rows:
-        append_rows(args.csv, rows)
-        print(f"appended {len(rows)} rows to {args.csv}")
+        }))
+    write_rows(args.csv, rows)
     return 0
 
 
