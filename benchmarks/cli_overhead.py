@@ -27,7 +27,8 @@ from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from lit_icl.cli.app import LitICLCLI, main
+from lit_icl.cli.app import LitICLCLI
+from lit_icl.cli.app import main as lit_icl_main
 from lit_icl.core.figures import PNG_DPI, line_figure, save_png
 from lit_icl.core.results import result_row
 
@@ -44,7 +45,7 @@ def _median_seconds(fn: Callable[[], object], repeats: int) -> float:
 
 def _print_config(config: str, save_dir: str) -> None:
     with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
-        main(["fit", "--config", config, "--trainer.logger.init_args.save_dir", save_dir, "--print_config"])
+        lit_icl_main(["fit", "--config", config, "--trainer.logger.init_args.save_dir", save_dir, "--print_config"])
 
 
 def _figure():
@@ -53,7 +54,7 @@ def _figure():
     return line_figure(rows, "label_ratio", metric="accuracy", title="accuracy against the label ratio")
 
 
-def main_(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="configs/coqe_omniglot.yaml", help="the config to build a run of")
     parser.add_argument("--repeats", type=int, default=5, help="measured runs of each (their median is printed)")
@@ -96,4 +97,4 @@ def main_(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main_())
+    raise SystemExit(main())

@@ -215,7 +215,7 @@ class ResultsWriter(Callback):
             rank_zero_info(f"fast_dev_run: {len(rows)} result rows and {len(figures)} figures made, not written")
             return
         out_dir = self.dirpath or log_dir or trainer.default_root_dir
-        # Drawn once: the PNG and TensorBoard get the same pixels (drawing is most of a small test run's time).
+        # Drawn once: the PNG and TensorBoard get the same pixels (drawing is a large share of a small test run).
         images = {name: render(fig) for name, fig in figures.items()}
         self.last_path = write_results(out_dir, rows, run_meta(trainer, pl_module, log_dir), images)
         for logger in trainer.loggers:
