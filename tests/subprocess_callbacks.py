@@ -1,4 +1,5 @@
-"""Callbacks that tests load into ``python -m lit_icl`` subprocesses (via ``--trainer.callbacks``).
+"""Callbacks that tests load by class path (``--trainer.callbacks``), into ``python -m lit_icl`` subprocesses or
+into the CLI run in the test process.
 
 Kept apart from ``conftest.py``, which pins the test process to one thread: importing it into a subprocess would
 pin that run too.
