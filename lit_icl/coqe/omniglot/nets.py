@@ -153,9 +153,9 @@ class ResNetEmbedder(nn.Module):
     def check_config(self, *, trainer: Any = None, datamodule: Any = None, **_: Any) -> None:
         """Refuse bf16 on a CPU when a stride-2 3x3 convolution would see 1x1 maps (images of 16 pixels or less).
 
-        There torch's CPU bf16 kernel (oneDNN) returns a wrong weight gradient: the taps that only cover padding
-        get whatever the memory held (measured with torch 2.14.1: errors of 1e34; NaN when deterministic mode
-        fills new memory with NaN); float32 on the CPU is right to rounding. A GPU uses cuDNN's kernels instead.
+        There torch's CPU bf16 kernel returns a wrong weight gradient: the taps that only cover padding get
+        whatever the memory held (``benchmarks/bf16_conv_grad.py``, torch 2.14.1: errors up to 1e34, or NaN);
+        float32 on the CPU is right to rounding. A GPU uses cuDNN's kernels instead.
         """
         image_size = (getattr(datamodule, "hparams", None) or {}).get("image_size")
         if trainer is None or not isinstance(image_size, int):
