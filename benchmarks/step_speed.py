@@ -120,10 +120,11 @@ def bare_steps(module: LightningModule, batches: list[Any], mode: str, warmup: i
     module.log = lambda *args, **kwargs: None  # type: ignore[method-assign]  # logging is Lightning's part
     opt_conf = module.configure_optimizers()
     opt, sched = _optimizer(opt_conf)
-    mode = resolve_mode(mode, device)
+    mode = resolve_mode(mode, device, module)
     if mode != "off":
         for net in compile_targets(module):
-            net.compile(backend=backend, mode=mode if backend == "inductor" else None, dynamic=False)
+            net.compile(backend=backend, mode=mode if backend == "inductor" else None,
+                        dynamic=getattr(module, "compile_dynamic", False))
     mark = mode in CUDA_GRAPH_MODES and device.type == "cuda"
     t0 = 0.0
     for i, batch in enumerate(batches):

@@ -34,7 +34,7 @@ def _avmnist(tmp_path: Path) -> list[str]:
     return avmnist_args(tmp_path, root, "--trainer.max_epochs", "1")
 
 
-#: A seconds-long run of each paper's main net and its baselines that train (I2CL refuses compilation).
+#: A seconds-long run of each paper's main net and its baselines that train (I2CL: tests/i2cl/test_compile.py).
 RUNS = {
     "icssl": lambda tmp: tiny_args(tmp, "--trainer.max_epochs", "1"),
     "icssl_faithful": lambda tmp: tiny_args(tmp, "--trainer.max_epochs", "1", config=icssl_overlay("manifolds", "faithful")),

@@ -39,11 +39,29 @@ CompileMode = Literal["off", "auto", "default", "reduce-overhead", "max-autotune
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
-def resolve_mode(mode: str, device: torch.device) -> str:
-    """The ``torch.compile`` mode that ``mode`` means on ``device`` (``auto``: ``reduce-overhead`` on CUDA,
-    ``off`` elsewhere)."""
+def inductor_supports(device: torch.device) -> bool:
+    """Whether inductor generates code for this CUDA device: Triton installed and compute capability 7.0 or newer
+    (older GPUs, such as a P100, make ``torch.compile`` fail at the first step)."""
+    if device.type != "cuda":
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.get_device_capability(device) >= (7, 0)
+
+
+def resolve_mode(mode: str, device: torch.device, pl_module: LightningModule | None = None) -> str:
+    """The ``torch.compile`` mode that ``mode`` means on ``device`` for ``pl_module``.
+
+    ``auto`` (the CLI's default): ``reduce-overhead`` on a CUDA GPU that inductor supports, ``off`` elsewhere; and
+    ``off`` everywhere for a module whose ``compile_auto`` is False (I2CL, whose compilation costs more than its
+    calibration takes).
+    """
     if mode == "auto":
-        return "reduce-overhead" if device.type == "cuda" else "off"
+        if not getattr(pl_module, "compile_auto", True) or device.type != "cuda":
+            return "off"
+        return "reduce-overhead" if inductor_supports(device) else "off"
     return mode
 
 
@@ -63,21 +81,22 @@ class CompileNets(Callback):
 
     Args:
         mode: a ``torch.compile`` mode (``default``, ``reduce-overhead``, ``max-autotune``,
-            ``max-autotune-no-cudagraphs``), or ``auto``: ``reduce-overhead`` when the run's device is a CUDA
-            GPU, eager (nothing compiled) elsewhere, since on a CPU a step is arithmetic and compilation costs
-            more than it saves (``docs/usage.md`` has the measurements).
+            ``max-autotune-no-cudagraphs``), or ``auto`` (the CLI's default): ``reduce-overhead`` when the run's
+            device is a CUDA GPU that inductor supports, eager (nothing compiled) elsewhere, since on a CPU a step
+            is arithmetic and eager is bit-identical run to run (``docs/usage.md`` has the measurements).
         backend: a ``torch.compile`` backend (``inductor``; ``aot_eager`` and ``eager`` compile nothing and
             serve to check tracing quickly). Modes only apply to ``inductor``.
         fullgraph: fail on a graph break instead of splitting the net into several graphs (our nets have none;
             ``tests/core/test_compile.py`` checks every paper's).
         dynamic: let one compiled graph serve several input shapes; ``False`` compiles one graph per shape,
             which is what CUDA graphs need (a step's shapes are fixed by the config; the last, smaller batch of
-            an evaluation set costs one more compilation).
+            an evaluation set costs one more compilation). ``"module"`` (default): the module's
+            ``compile_dynamic`` (``False`` for every paper but I2CL, whose prompt lengths vary).
     """
 
     def __init__(
         self, mode: CompileMode = "default", backend: str = "inductor", fullgraph: bool = False,
-        dynamic: bool | None = False,
+        dynamic: bool | Literal["module"] | None = "module",
     ) -> None:
         if mode not in CompileMode.__args__ or mode == "off":  # type: ignore[attr-defined]
             raise ConfigError(f"--compile.mode {mode!r} is not a compile mode; choose one of "
@@ -89,17 +108,17 @@ class CompileNets(Callback):
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         device = trainer.strategy.root_device
-        resolved = resolve_mode(self.mode, device)
+        resolved = resolve_mode(self.mode, device, pl_module)
         if resolved == "off":
-            rank_zero_info("lit_icl: --compile.mode auto: eager on this device (CUDA graphs are for a GPU)")
             return
         nets = compile_targets(pl_module)
         # torch.compile's mode names inductor options; other backends take none.
         mode = resolved if self.backend == "inductor" else None
+        dynamic = getattr(pl_module, "compile_dynamic", False) if self.dynamic == "module" else self.dynamic
         for net in nets:
             if id(net) in self._compiled:
                 continue
-            net.compile(backend=self.backend, mode=mode, fullgraph=self.fullgraph, dynamic=self.dynamic)
+            net.compile(backend=self.backend, mode=mode, fullgraph=self.fullgraph, dynamic=dynamic)
             self._compiled.add(id(net))
         names = ", ".join(type(net).__name__ for net in nets) or "nothing"
         rank_zero_info(f"lit_icl: compiled {names} (torch.compile backend={self.backend}, mode={mode})")

@@ -8,7 +8,7 @@ from typing import Any
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar, TQDMProgressBar
 
-from lit_icl.callbacks.compile import CompileNets, compile_targets
+from lit_icl.callbacks.compile import CompileNets, compile_targets, resolve_mode
 from lit_icl.callbacks.stopping import StopWhenConverged
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.validation import check_int, check_nonnegative
@@ -60,6 +60,8 @@ def add_compile(trainer: Trainer, model: LightningModule, options: Any) -> Compi
         return None
     callback = CompileNets(mode=mode, backend=options.get("backend", "inductor"),
                            fullgraph=bool(options.get("fullgraph", False)))
+    if resolve_mode(mode, trainer.strategy.root_device, model) == "off":
+        return None  # auto on a CPU, or for a module that auto leaves eager (I2CL): the eager run, unchanged
     compile_targets(model)  # a module that cannot be compiled says so now, before a run folder exists
     trainer.callbacks.append(callback)
     return callback

@@ -127,6 +127,12 @@ class ICLModule(LightningModule):
             raise ConfigError(f"{name} has no trainable parameters; evaluate it with `test` instead of `fit`")
 
     # ------------------------------------------------------------------ compilation
+    #: ``dynamic`` for ``torch.compile`` of the targets: ``False`` compiles one graph per input shape, which CUDA
+    #: graphs need and a config's fixed step shapes allow; ``None`` lets torch generalise to dynamic shapes.
+    compile_dynamic: bool | None = False
+    #: Whether ``--compile.mode auto`` compiles on a CUDA device (``False``: eager everywhere).
+    compile_auto: bool = True
+
     def compile_targets(self) -> list[nn.Module]:
         """The nets that ``--compile.mode`` compiles (:class:`lit_icl.callbacks.compile.CompileNets`).
 

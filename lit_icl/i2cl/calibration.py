@@ -70,10 +70,17 @@ def calibration_loss(
     net: I2CLNet, context: Tensor, coef: Tensor, prompts: Sequence[str], targets: Tensor, gamma: float,
     noise_norm: NoiseNorm = "sublayer", inject_method: InjectMethod = "linear",
 ) -> Tensor:
-    """Eq. 5 on one batch: CE of the label's first token at each prompt's last position, under Eq. 4 (+ Eq. 6)."""
+    """Eq. 5 on one batch: CE of the label's first token at each prompt's last position, under Eq. 4 (+ Eq. 6).
+
+    The forward is ``net.calibration_logits``. When that is compiled, Eq. 6's draws are made ahead
+    (``net.draw_noise``: the eager run's values) and fed to the graph, so a compiled calibration sees the same noise
+    as an eager one.
+    """
     ids, mask = net.encode(prompts)
-    with net.inject(context, injection_coefficients(coef, inject_method), gamma=gamma, noise_norm=noise_norm):
-        logits = net.last_logits(ids, mask)
+    noise = net.draw_noise(ids) if gamma > 0 and net.calibration_compiled else None
+    with net.inject(context, injection_coefficients(coef, inject_method), gamma=gamma, noise_norm=noise_norm,
+                    noise=noise):
+        logits = net.calibration_logits(ids, mask)
     return F.cross_entropy(logits, targets.to(logits.device))
 
 

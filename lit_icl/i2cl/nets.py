@@ -151,6 +151,31 @@ def _first(out: Any) -> Tensor:
     return out[0] if isinstance(out, tuple) else out
 
 
+def _last_token_hidden(lm: nn.Module, ids: Tensor, mask: Tensor) -> Tensor:
+    """The LM's final hidden state at each row's last real token, ``(B, D)`` (rows are right-padded)."""
+    hidden = lm.base_model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+    last = mask.sum(1) - 1
+    return hidden[torch.arange(ids.shape[0], device=ids.device), last]
+
+
+class CalibrationForward(nn.Module):
+    """The forward that calibration runs: :func:`_last_token_hidden` of the LM, under the hooks open at the call.
+
+    It is the module ``--compile.mode`` compiles for I2CL (``I2CLModule.compile_targets``): compiling it in place
+    leaves every other use of the LM (context vectors, the task vector, evaluation) eager, so one compiled graph
+    serves the calibration steps and nothing else. Dynamo traces the injection hooks into that graph; a new
+    ``inject`` context with the same hook code reuses it. It holds the LM without registering it, so the LM's
+    weights appear once in the state dict (under the :class:`CausalLM`).
+    """
+
+    def __init__(self, lm: nn.Module):
+        super().__init__()
+        object.__setattr__(self, "lm", lm)  # not a child module: see the class docstring
+
+    def forward(self, ids: Tensor, mask: Tensor) -> Tensor:
+        return _last_token_hidden(self.lm, ids, mask)
+
+
 def _replace_first(out: Any, new: Tensor) -> Any:
     return (new, *out[1:]) if isinstance(out, tuple) else new
 
@@ -259,6 +284,8 @@ class CausalLM(nn.Module):
         for p in model.parameters():
             p.requires_grad_(False)  # frozen: only the 4L coefficients of the LightningModule train
         self.lm = model
+        #: What calibration runs and ``--compile.mode`` compiles (see :class:`CalibrationForward`).
+        self.calibration_forward = CalibrationForward(model)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         tokenizer.padding_side = "right"  # causal attention: right pads never reach the real tokens
@@ -330,17 +357,43 @@ class CausalLM(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def last_logits(self, ids: Tensor, mask: Tensor) -> Tensor:
-        """Float32 next-token logits at each row's last real token, ``(B, vocab)``.
+        """Float32 next-token logits at each row's last real token, ``(B, vocab)`` (always eager).
 
         Only the gathered hidden states go through the output head (the vocabulary is large).
         """
-        hidden = self.lm.base_model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
-        last = mask.sum(1) - 1
-        h = hidden[torch.arange(ids.shape[0], device=ids.device), last]
+        return self._read_out(_last_token_hidden(self.lm, ids, mask))
+
+    def calibration_logits(self, ids: Tensor, mask: Tensor) -> Tensor:
+        """:meth:`last_logits` through :attr:`calibration_forward`, compiled when ``--compile.mode`` asks.
+
+        Eager, it runs the same operations as :meth:`last_logits`, so its values are the same to the bit.
+        """
+        return self._read_out(self.calibration_forward(ids, mask))
+
+    @property
+    def calibration_compiled(self) -> bool:
+        """Whether :attr:`calibration_forward` has been compiled in place (``nn.Module.compile``)."""
+        return getattr(self.calibration_forward, "_compiled_call_impl", None) is not None
+
+    def _read_out(self, h: Tensor) -> Tensor:
         logits = self.lm.get_output_embeddings()(h).float()
         if self.softcap:  # Gemma-2/3 squash the final logits (monotone, but it changes the calibration loss)
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
+
+    def draw_noise(self, ids: Tensor, noise_first: bool = True) -> Tensor:
+        """Eq. 6's standard-normal draws for one forward of ``ids``, ahead of it: ``(L, 2, B, T, D)`` float32.
+
+        The same calls, in the same order, as :meth:`inject`'s hooks make during an eager forward (one
+        ``(B, T, D)`` draw per layer, attention then MLP), so the values are the eager run's. A compiled forward
+        takes them as an input: a draw inside the graph would come from the compiler's own generator.
+        """
+        b, t = ids.shape
+        eta = torch.stack([torch.randn(b, t, self.hidden_size, device=ids.device)
+                           for _ in range(self.n_layers) for _ in range(2)]).view(self.n_layers, 2, b, t, -1)
+        if not noise_first:
+            eta[..., 0, :] = 0
+        return eta
 
     # ------------------------------------------------------------------ hooks
     @contextmanager
@@ -383,7 +436,8 @@ class CausalLM(nn.Module):
 
     @contextmanager
     def inject(self, context: Tensor, coef: Tensor, gamma: float = 0.0,
-               noise_norm: NoiseNorm = "sublayer", noise_first: bool = True) -> Iterator[None]:
+               noise_norm: NoiseNorm = "sublayer", noise_first: bool = True,
+               noise: Tensor | None = None) -> Iterator[None]:
         """Eq. 4 (and Eq. 6's noise when ``gamma > 0``) at every layer and token while the context is open.
 
         Args:
@@ -398,6 +452,8 @@ class CausalLM(nn.Module):
                 is not known until its norm has run).
             noise_first: ``False`` spares the first position (the attention sink most LMs park on their first
                 token) from the noise; the draws are the same, position 0's are zeroed.
+            noise: the draws of :meth:`draw_noise` for the coming forward, ``(L, 2, B, T, D)``; ``None`` (the eager
+                path) draws each one in its hook, so only one is held at a time.
         """
         check_literal("noise_norm", noise_norm, NoiseNorm)
         if gamma > 0 and noise_norm == "stream" and self.hook_point == "module" and self.post_norm:
@@ -408,16 +464,21 @@ class CausalLM(nn.Module):
                 f"context {tuple(context.shape)} / coef {tuple(coef.shape)} do not fit "
                 f"L={self.n_layers}, D={self.hidden_size}"
             )
+        if noise is not None and (noise.shape[:2] != (self.n_layers, 2) or noise.shape[-1] != self.hidden_size):
+            raise ValueError(f"noise {tuple(noise.shape)} does not fit L={self.n_layers}, D={self.hidden_size}")
         state: dict[int, Tensor] = {}  # the residual stream entering the next hooked sub-layer, per layer
         handles = []
 
-        def noisy(new: Tensor, residual: Tensor) -> Tensor:
+        def noisy(new: Tensor, residual: Tensor, layer: int, kind: int) -> Tensor:
             # eta ~ N(0, I) scaled by the (detached) L2 norm of the residual stream it perturbs (Eq. 6), or of the
             # sub-layer output (public code)
             scale = new if noise_norm == "sublayer" else residual.float() + new
-            eta = torch.randn_like(new)
-            if not noise_first:
-                eta[..., 0, :] = 0
+            if noise is None:
+                eta = torch.randn_like(new)
+                if not noise_first:
+                    eta[..., 0, :] = 0
+            else:
+                eta = noise[layer, kind]
             return new + gamma * scale.detach().norm(dim=-1, keepdim=True) * eta
 
         def make_pre(layer: int):
@@ -439,7 +500,7 @@ class CausalLM(nn.Module):
                 lam, beta = coef[layer, kind, 0], coef[layer, kind, 1]
                 new = beta * a.float() + lam * context[layer, kind].to(a.device)
                 if gamma > 0:
-                    new = noisy(new, state[layer])
+                    new = noisy(new, state[layer], layer, kind)
                     # the stream after this sub-layer: the MLP's noise scales with it (Eq. 6, o then r)
                     state[layer] = state[layer].float() + new
                 return _replace_first(out, new.to(a.dtype))

@@ -104,8 +104,6 @@ BAD_ROWS = [
     (["--data.init_args.label_words", "[zzzzzzq, zzzzzzr, C]"], "share their first token"),
     (["--data.init_args.task", "jsonl"], "needs train_file and test_file"),
     (["--data.init_args.shots_per_class", "500"], "fewer than shots_per_class=500"),
-    # The LM's hooks change between calls: compiling it is refused, not silently retraced per call.
-    (["--compile.mode", "default"], "I2CL does not support --compile.mode"),
     # A local model path that is not there: what to do, not the hub's rules for repo ids.
     (["--model.init_args.net.init_args.model_name_or_path", "/no/such/model"],
      "no model folder at /no/such/model: give an existing HuggingFace model folder"),
