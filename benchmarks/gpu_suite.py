@@ -21,12 +21,14 @@ the report):
   24): Lightning vs bare, fp32 and bf16-mixed, and the projected time to the paper's 10^5 steps;
 - CoQE regression (App. C.1 sizes): Lightning vs bare, and our Transformer vs HuggingFace GPT-2 when
   ``transformers`` is installed;
-- I2CL: latency per query of zero-shot, I2CL, task vector and few-shot ICL in bf16 on both offline models,
-  SmolLM2-135M and Gemma 3 270M (each skipped, with the reason, when not installed: ``docs/i2cl.md``).
+- I2CL: its calibration step eager vs compiled with CUDA graphs (compile time, ms per step, steps to break
+  even; ``benchmarks/i2cl_compile.py``, on SmolLM2-135M's config with random weights), and latency per query of
+  zero-shot, I2CL, task vector and few-shot ICL in bf16 on both offline models, SmolLM2-135M and Gemma 3 270M
+  (each skipped, with the reason, when not installed: ``docs/i2cl.md``).
 
 The report names the device, torch version, date, commit and every command, and keeps each script's output
 verbatim; a step that fails or times out is reported as such (with its last lines) and the suite goes on. The
-per-step time limits add up to 80 minutes. With less GPU time (a 15-minute lease), name the steps wanted most
+per-step time limits add up to 90 minutes. With less GPU time (a 15-minute lease), name the steps wanted most
 with ``--only``, take their short forms with ``--short`` (fewer modes and steps, the same code paths) and cap
 the whole suite with ``--budget``; the report is rewritten after each step:
 
@@ -214,12 +216,22 @@ STEPS = [
          ["benchmarks/i2cl_latency.py", "--queries", "100"],
          ["benchmarks/i2cl_latency.py", "--queries", "2"], 120,
          needs="data/i2cl/smollm2-135m-instruct"),
+    # Random weights of SmolLM2's config: the timing does not depend on them, and its config and tokenizer files
+    # travel to a GPU machine where its 538 MB of weights do not.
+    Step("i2cl_compile", "I2CL's calibration step eager vs compiled (CUDA graphs): compile time, ms per step, "
+         "steps to break even (SmolLM2-135M's config, random weights, bf16)",
+         ["benchmarks/i2cl_compile.py", "--random-weights", "--modes", "off,reduce-overhead,default", "--steps", "60",
+          "--warmup", "15", "--prompts", "i2cl,icl_i2cl"],
+         ["benchmarks/i2cl_compile.py", "--random-weights", "--modes", "off,default", "--backend", "aot_eager",
+          "--steps", "3", "--warmup", "1"], 420, needs="data/i2cl/smollm2-135m-instruct/config.json",
+         short=["benchmarks/i2cl_compile.py", "--random-weights", "--modes", "off,reduce-overhead", "--steps", "40",
+                "--warmup", "10"]),
     Step("i2cl_latency_bf16_gemma", "the same on Gemma 3 270M (post-norm blocks)",
          ["benchmarks/i2cl_latency.py", "--queries", "100", "--model", "data/i2cl/gemma-3-270m"],
          ["benchmarks/i2cl_latency.py", "--queries", "2", "--model", "data/i2cl/gemma-3-270m"], 120,
          needs="data/i2cl/gemma-3-270m"),
 ]
-assert sum(step.timeout_s for step in STEPS) <= 80 * 60
+assert sum(step.timeout_s for step in STEPS) <= 90 * 60
 
 
 def headline(step: Step, output: str) -> str:
@@ -249,6 +261,12 @@ def headline(step: Step, output: str) -> str:
         found = re.findall(r"^eigh (\(.*?\)) float32: on the device ([\d.]+) ms, "
                            r"symmetric_eigenvectors \((\w+) route\) ([\d.]+) ms", output, re.MULTILINE)
         return ", ".join(f"{shape}: device {dev} ms, {route} route {routed} ms" for shape, dev, route, routed in found)
+    if step.script.endswith("i2cl_compile.py"):
+        found = re.findall(r"^mode=(\S+)\s*:\s+([\d.]+) ms/step steady,\s+([\d.-]+) s more", output, re.MULTILINE)
+        even = re.findall(r"^mode=(\S+): ([\d.]+)x eager per step; compilation pays for itself after (.*)$", output,
+                          re.MULTILINE)
+        return ", ".join(f"{m} {ms} ms/step (+{s} s)" for m, ms, s in found) + (
+            "; " + ", ".join(f"{m} {x}x, break-even {e}" for m, x, e in even) if even else "")
     if step.script.endswith("i2cl_latency.py"):
         rows = re.findall(r"^\| (\w+) \| ([\d.]+) \| [\d.]+ \| ([\d.]+) \|$", output, re.MULTILINE)
         return ", ".join(f"{m} {ms} ms ({ratio} x zero-shot)" for m, ms, ratio in rows)

@@ -72,12 +72,17 @@ def test_headlines_read_each_scripts_output() -> None:
     pytest_out = "tests/test_early_stopping.py .\n\n-- Docs: https://docs.pytest.org\n1 passed, 2 warnings in 5.22s\n"
     assert suite.headline(steps["cuda_tests"], pytest_out) == "1 passed, 2 warnings in 5.22s"
     assert suite.headline(steps["cuda_tests"], "==== 1 failed, 1 passed in 3.00s ====\n") == "1 failed, 1 passed in 3.00s"
+    i2cl = ("mode=off             :     40.0 ms/step steady,     0.5 s more in the first 10 steps, 0 graphs, 2.0 s\n"
+            "mode=reduce-overhead :      5.0 ms/step steady,    60.0 s more in the first 10 steps, 2 graphs, 61.0 s\n"
+            "mode=reduce-overhead: 8.00x eager per step; compilation pays for itself after 1714 steps\n")
+    assert suite.headline(steps["i2cl_compile"], i2cl) == (
+        "off 40.0 ms/step (+0.5 s), reduce-overhead 5.0 ms/step (+60.0 s); reduce-overhead 8.00x, break-even 1714 steps")
 
 
-def test_the_step_time_limits_fit_80_minutes_and_the_speed_goals_15() -> None:
+def test_the_step_time_limits_fit_90_minutes_and_the_speed_goals_15() -> None:
     """A lent GPU comes for 15 minutes: the three steps the speed goals are judged by fit in them."""
     steps = _suite().STEPS
-    assert sum(step.timeout_s for step in steps) <= 80 * 60
+    assert sum(step.timeout_s for step in steps) <= 90 * 60
     assert [step.name for step in steps[:3]] == ["main_command", "icssl_cli", "step_speed_icssl"]
     assert sum(step.timeout_s for step in steps[:3]) <= 15 * 60
 
