@@ -4,7 +4,7 @@
     python benchmarks/main_command.py --config configs/icssl/manifolds.yaml --seconds 120 \\
         --modes off,reduce-overhead --set=--trainer.accelerator=gpu
 
-Each mode runs ``python -m lit_icl fit --config ... [--compile.mode MODE]`` as a user would (a fresh process,
+Each mode runs ``python -m lit_icl fit --config ... --compile.mode MODE`` as a user would (a fresh process,
 its own run folder in a temporary directory), stopped by ``--trainer.max_time``. The rate is read back from the
 run's TensorBoard events: training steps between the first logged step after ``--skip`` seconds (start-up,
 compilation and CUDA-graph recording fall before it) and the last logged step, over the wall time between
@@ -52,8 +52,7 @@ def run(configs: list[str], mode: str, seconds: int, extra: list[str], out: Path
     cmd = [sys.executable, "-m", "lit_icl", "fit", *[a for c in configs for a in ("--config", c)],
            "--trainer.max_time", f"00:{hms}", "--trainer.enable_progress_bar", "false",
            "--trainer.logger.init_args.save_dir", str(out), *extra]
-    if mode != "off":
-        cmd += ["--compile.mode", mode]
+    cmd += ["--compile.mode", mode]  # named even when off: the CLI's default is auto (CUDA graphs on a GPU)
     print("$ python -m lit_icl " + " ".join(cmd[3:]), flush=True)
     start = time.perf_counter()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))

@@ -197,7 +197,7 @@ def test_sigkill_while_waiting_then_resume_stops_where_the_uninterrupted_run_sto
 def test_the_rule_runs_on_a_gpu(tmp_path: Path) -> None:
     # On a GPU the monitored metric, and so Lightning's best score after an improving round, live on the device
     # while the score before the first round is a CPU tensor; comparing the two must not fail.
-    main(fit_args(tmp_path, "--trainer.accelerator", "gpu", "--early_stopping.patience", "2",
+    main(fit_args(tmp_path, "--trainer.accelerator", "gpu", "--compile.mode", "off", "--early_stopping.patience", "2",
                   "--early_stopping.min_delta", "1.0"))
     record = json.loads((run_dir(tmp_path) / "stopping.json").read_text())
     assert record["best_step"] == STEPS_PER_ROUND and record["stopped_step"] == 3 * STEPS_PER_ROUND

@@ -153,7 +153,8 @@ def test_logging_steps_count_batches_not_optimizer_steps(tmp_path) -> None:
 
 def _no_waits(tmp_path: Path, run: str) -> list[str]:
     """A tiny run of ``run`` on the GPU, 8 steps in one epoch, none of them logging steps, with the bar shown."""
-    common = ["--trainer.accelerator", "gpu", "--trainer.max_steps", "8", "--trainer.log_every_n_steps", "50",
+    common = ["--trainer.accelerator", "gpu", "--compile.mode", "off", "--trainer.max_steps", "8",
+              "--trainer.log_every_n_steps", "50",
               "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "true",
               "--data.init_args.train_batches_per_epoch", "10"]
     callbacks = ['[{"class_path": "subprocess_callbacks.NoDeviceWaits"}]']
