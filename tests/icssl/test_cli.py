@@ -139,6 +139,19 @@ def test_ddp_on_cpu_matches_single_process(tmp_path, single_process_run: Path) -
     _assert_same_val_metrics(single_process_run, tmp_path / "ddp/runs/tiny/version_0")
 
 
+@pytest.mark.slow  # two processes compiling with inductor: about a minute
+def test_ddp_with_compiled_nets_matches_single_process(tmp_path, single_process_run: Path) -> None:
+    """``--compile.mode default`` under DDP (2 gloo ranks): each rank compiles its nets inside the DDP wrapper and
+    the run validates as one eager process with the double batch does (inductor's rounding on top of the ranks')."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "lit_icl", "fit", *_two_rank_args(tmp_path / "ddp"), "--compile.mode", "default"],
+        env={**os.environ, **SUBPROCESS_ENV}, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "compiled InContextEigenmap, GDICLHead" in proc.stderr
+    _assert_same_val_metrics(single_process_run, tmp_path / "ddp/runs/tiny/version_0")
+
+
 @pytest.mark.slow  # 27 s of two processes; test_ddp_on_cpu_matches_single_process stays in the default suite
 def test_ddp_test_writes_the_rows_of_one_process(tmp_path, single_process_run: Path) -> None:
     """``test`` on 2 gloo ranks scores the checkpoint like 1 process and writes one results.json with the same
