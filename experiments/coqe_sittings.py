@@ -71,7 +71,7 @@ def fit_command(state: Path, arm: str, total_seconds: float, compile_mode: str, 
     """The ``python -m lit_icl fit`` call of one run's sitting: until ``total_seconds`` of training in all."""
     configs = [a for c in ARMS[arm] for a in ("--config", c)]
     resume = ["--ckpt_path", "last"] if run_folder(state, arm) else []
-    compiled = ["--compile.mode", compile_mode] if compile_mode != "off" else []
+    compiled = ["--compile.mode", compile_mode]  # named even when off: the CLI's default is auto
     return [sys.executable, "-m", "lit_icl", "fit", *configs,
             "--trainer.logger.init_args.save_dir", str(state), "--trainer.logger.init_args.name", arm,
             "--trainer.enable_progress_bar", "false",
