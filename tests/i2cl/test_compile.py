@@ -8,6 +8,7 @@ cores. The inductor test is ``slow`` (its two graphs of the tiny LM's forward an
 from __future__ import annotations
 
 import glob
+import json
 from pathlib import Path
 
 import pytest
@@ -47,10 +48,14 @@ def test_compiled_calibration_traces_whole_and_matches_eager(tmp_path, llama_dir
         assert not torch.equal(traced[key], torch.tensor([0.1, 1.0]).expand_as(traced[key])), "nothing calibrated"
         torch.testing.assert_close(traced[key], eager[key], rtol=1e-5, atol=1e-6, msg=key)
     # Test-time uses of the LM (context vectors, task vector, zero-shot) stay eager: the compiled run's checkpoint
-    # scores what the eager run's scores.
+    # scores what the eager run's scores, in the results.json the shared writer makes.
+    scores = {}
     for name in ("eager", "traced"):
         main(["test", *cli_args(tmp_path, llama_dir, *METHODS, "--trainer.logger.init_args.name", name),
               "--ckpt_path", str(tmp_path / "runs" / name / "version_0" / "checkpoints" / "last.ckpt")])
+        rows = json.loads((tmp_path / "runs" / name / "version_1" / "results.json").read_text())["rows"]
+        scores[name] = {(r["metric"], r["method"]): r["value"] for r in rows if r["metric"] in ("accuracy", "macro_f1")}
+    assert len(scores["eager"]) == 10 and scores["traced"] == scores["eager"]
 
 
 def test_drawn_noise_is_the_eager_hooks_noise(tokenizer) -> None:
