@@ -46,7 +46,7 @@ from launches_per_step import is_metadata_op
 from step_speed import _stub_trainer, prepare
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import flop_registry
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 #: Data-sheet peaks, dense: tensor-core FLOP/s at TF32 and bf16, memory bytes/s.
 GPUS = {
@@ -56,7 +56,23 @@ GPUS = {
 #: Op families counted as products (the work that runs on tensor cores).
 PRODUCTS = {"convolution": "conv", "convolution_backward": "conv", "mm": "matmul", "addmm": "matmul",
             "bmm": "matmul", "baddbmm": "matmul", "_scaled_dot_product_flash_attention": "matmul",
-            "_scaled_dot_product_efficient_attention": "matmul"}
+            "_scaled_dot_product_efficient_attention": "matmul",
+            "_scaled_dot_product_flash_attention_for_cpu": "matmul",
+            "_scaled_dot_product_flash_attention_for_cpu_backward": "matmul"}
+
+
+def _flops(name: str, packet: object, args: tuple, kwargs: dict, out: object) -> float:
+    """FLOPs of one op: torch's formula, or for the CPU's fused attention (which torch's table lacks) the
+    formula of the CUDA fused attention that a GPU runs in its place."""
+    if packet in flop_registry:
+        return float(flop_registry[packet](*args, **kwargs, out_val=out))
+    if name == "_scaled_dot_product_flash_attention_for_cpu":
+        q, k, v = args[:3]
+        return float(sdpa_flop_count(q.shape, k.shape, v.shape))
+    if name == "_scaled_dot_product_flash_attention_for_cpu_backward":
+        grad_out, q, k, v = args[:4]
+        return float(sdpa_backward_flop_count(grad_out.shape, q.shape, k.shape, v.shape))
+    return 0.0
 
 
 def _bytes(tree: object) -> int:
@@ -87,8 +103,7 @@ class WorkCounter(TorchDispatchMode):
         name = func.__name__.split(".")[0]
         if is_metadata_op(name):
             return out
-        packet = func._overloadpacket
-        flops = float(flop_registry[packet](*args, **kwargs, out_val=out)) if packet in flop_registry else 0.0
+        flops = _flops(name, func._overloadpacket, args, kwargs, out)
         nbytes = float(_bytes((args, kwargs)) + _bytes(out))
         low = any(isinstance(t, torch.Tensor) and t.dtype in (torch.bfloat16, torch.float16)
                   for t in tree_flatten(args)[0])

@@ -45,6 +45,21 @@ def test_a_convolution_and_a_linear_layer_count_their_flops_and_bytes(roofline) 
     assert ops["convolution_backward"].flops == 2 * ops["convolution"].flops
 
 
+def test_fused_attention_on_the_cpu_counts_the_flops_of_its_two_products(roofline) -> None:
+    """Torch's FLOP table lacks the CPU's fused attention; it is counted as the GPU's: QK^T and PV forward."""
+    b, h, n, d = 2, 4, 16, 8
+    q, k, v = (torch.randn(b, h, n, d, requires_grad=True) for _ in range(3))
+    counter = roofline.WorkCounter()
+    with counter:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        out.sum().backward()
+    fwd = [r for name, r in counter.ops.items() if "attention" in name and "backward" not in name]
+    bwd = [r for name, r in counter.ops.items() if "attention" in name and "backward" in name]
+    assert len(fwd) == 1 and len(bwd) == 1, sorted(counter.ops)
+    assert fwd[0].flops == 2 * (2 * b * h * n * n * d)
+    assert bwd[0].flops == 5 * (2 * b * h * n * n * d)  # the scores again, then four products of that size
+
+
 def test_bounds_take_each_op_at_its_slower_limit_and_add_the_optimizer(roofline) -> None:
     counter = roofline.WorkCounter()
     gpu = {"tf32": 1e12, "bf16": 2e12, "bandwidth": 1e9}
