@@ -1,8 +1,7 @@
 """A user's command all-in, for a fixed wall time: steps/s with data, logging, validation and checkpoints.
 
     python benchmarks/main_command.py                                  # the main command, eager then compiled
-    python benchmarks/main_command.py --config configs/icssl/manifolds.yaml --seconds 120 \\
-        --modes off,reduce-overhead --set=--trainer.accelerator=gpu
+    python benchmarks/main_command.py --config configs/icssl/manifolds.yaml --seconds 120 --modes off,reduce-overhead
 
 Each mode runs ``python -m lit_icl fit --config ... --compile.mode MODE`` as a user would (a fresh process,
 its own run folder in a temporary directory), stopped by ``--trainer.max_time``. The rate is read back from the

@@ -118,3 +118,14 @@ def test_config_file_names_public_classes_no_logger_block_and_its_command(path: 
     )
     header = "\n".join(line for line in text.splitlines() if line.startswith("#"))
     assert text.startswith("# ") and f"--config {path}" in header, "the header gives the command that runs it"
+
+
+@pytest.mark.parametrize("path", BASES + OVERLAYS, ids=lambda p: p.removeprefix("configs/"))
+def test_only_cpu_overlays_pin_the_cpu(path: str) -> None:
+    """A researcher on a GPU machine runs a shipped config on the GPU (with CUDA graphs, by ``--compile.mode auto``);
+    only an overlay named ``cpu.yaml`` (a CPU-scale run) pins the CPU."""
+    if path in BASES:
+        assert print_config((path,))["trainer"]["accelerator"] == "auto"
+    elif Path(path).stem != "cpu":
+        raw = yaml.safe_load((ROOT / path).read_text()) or {}
+        assert "accelerator" not in (raw.get("trainer") or {}), f"{path} pins trainer.accelerator"
