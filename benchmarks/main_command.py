@@ -12,12 +12,18 @@ first validation round to the end of the last: whole training intervals, each wi
 checkpoint, after every graph (training and evaluation) is compiled; it is what a long run settles at. The
 last value of every ``val/`` metric is printed too, to show the run learns. The paper's 10^5 steps at the
 first rate are printed as a projection.
+
+``--phases`` also says where the run's time went: the run records it with Lightning's ``SimpleProfiler`` (host
+seconds per hook and loop stage; its cost was within the noise of a 3 ms step on our CPU machine), and the
+``--top`` stages by total time are printed with their calls, e.g. training batches, validation steps, the
+representation metrics and checkpoint saving. A run's wall time that its steps do not explain shows up there.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,6 +35,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_STEPS = 100_000
+#: File name stem of the profiler report a ``--phases`` run writes (Lightning names it ``fit-<stem>.txt``).
+PHASES = "phases"
+#: A row of Lightning's profiler report: ``|  action  |  mean (s)  |  calls  |  total (s)  |  percent  |``.
+_ROW = re.compile(r"^\|\s+(.+?)\s+\|\s+([-\d.e]+)\s+\|\s+(\d+)\s+\|\s+([\d.e-]+)\s+\|", re.MULTILINE)
 
 
 class Stopped(Exception):
@@ -40,18 +50,22 @@ def _stop(signum: int, frame: object) -> None:
 
 
 def run(configs: list[str], mode: str, seconds: int, extra: list[str], out: Path,
-        limit: float) -> tuple[int | None, float, str]:
+        limit: float, phases: bool = False) -> tuple[int | None, float, str]:
     """Run the command for ``seconds``; ``(exit status, wall seconds, last lines of its output)``.
 
     The status is ``None`` when the run was stopped: it outlived ``limit`` seconds, or this script got SIGTERM.
     Either way the run (in a process session of its own, with any workers it started) is killed, and what it
-    logged so far stays in ``out`` to be read: a lease that ends early still gives a rate.
+    logged so far stays in ``out`` to be read: a lease that ends early still gives a rate. ``phases``: the run
+    writes Lightning's ``SimpleProfiler`` report into ``out`` (read by :func:`phase_lines`).
     """
     hms = time.strftime("%H:%M:%S", time.gmtime(seconds))
     cmd = [sys.executable, "-m", "lit_icl", "fit", *[a for c in configs for a in ("--config", c)],
            "--trainer.max_time", f"00:{hms}", "--trainer.enable_progress_bar", "false",
            "--trainer.logger.init_args.save_dir", str(out), *extra]
     cmd += ["--compile.mode", mode]  # named even when off: the CLI's default is auto (CUDA graphs on a GPU)
+    if phases:
+        cmd += ["--trainer.profiler", "lightning.pytorch.profilers.SimpleProfiler", "--trainer.profiler.dirpath",
+                str(out), "--trainer.profiler.filename", PHASES]
     print("$ python -m lit_icl " + " ".join(cmd[3:]), flush=True)
     start = time.perf_counter()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
@@ -102,6 +116,24 @@ def rate(run_dir: Path, skip: float) -> tuple[float, int, dict[str, float], tupl
     return steps_per_s, loss[-1].step, vals, between_validations(ea)
 
 
+def _short_action(action: str) -> str:
+    """``[Callback]ModelCheckpoint{'monitor': 'val/acc', ...}.on_train_epoch_end`` ->
+    ``ModelCheckpoint(monitor=val/acc).on_train_epoch_end``; ``[Strategy]X.validation_step`` -> ``validation_step``."""
+    action = re.sub(r"\{'monitor': ([^,]+),[^}]*\}", lambda m: f"(monitor={m.group(1).strip(chr(39))})", action)
+    action = re.sub(r"^\[(Strategy|_\w+Loop)\]\w*\.", "", action)
+    return re.sub(r"^\[(Callback|LightningModule|LightningDataModule)\]", "", action)
+
+
+def phase_lines(report: str, top: int) -> list[str]:
+    """The ``top`` stages of a ``SimpleProfiler`` report by total time: ``name: total s (calls x mean ms)``."""
+    rows = [(m.group(1), float(m.group(2)) if m.group(2) != "-" else float("nan"), int(m.group(3)),
+             float(m.group(4))) for m in _ROW.finditer(report)]
+    rows = [r for r in rows if r[0] != "Total"]
+    rows.sort(key=lambda r: -r[3])
+    return [f"{_short_action(name)}: {total:.2f} s ({calls} x {1e3 * mean:.2f} ms)"
+            for name, mean, calls, total in rows[:top]]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", action="append", default=None,
@@ -116,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds a run may take beyond --seconds (start-up, building a stand-in, saving) before "
                              "it is stopped and its rate so far reported; measured on one H200: about 60 s for the "
                              "main command with its glyphs built, 25 s for IC-SSL")
+    parser.add_argument("--phases", action="store_true",
+                        help="record where the time went (Lightning's SimpleProfiler) and print the top stages")
+    parser.add_argument("--top", type=int, default=10, help="stages printed by --phases")
     args = parser.parse_args(argv)
     configs = args.config or ["configs/coqe_omniglot.yaml"]
     limit = args.seconds + args.allowance
@@ -123,7 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _stop)
     for mode in args.modes.split(","):
         with tempfile.TemporaryDirectory() as tmp:
-            status, wall, tail = run(configs, mode, args.seconds, args.set, Path(tmp), limit)
+            status, wall, tail = run(configs, mode, args.seconds, args.set, Path(tmp), limit, args.phases)
+            report = Path(tmp) / f"fit-{PHASES}.txt"
+            stages = phase_lines(report.read_text(), args.top) if report.is_file() else []
             if status is None:  # stopped: its numbers so far still count, marked as such
                 print(f"mode={mode}: STOPPED after {wall:.0f} s (the --allowance limit or SIGTERM); the rate below "
                       f"covers what it logged until then\n{tail}", flush=True)
@@ -145,6 +182,10 @@ def main(argv: list[str] | None = None) -> int:
         if steady is not None:
             print(f"mode={mode:16s}: {steady[0]:8.2f} steps/s between the first and last of {steady[1]} validation "
                   f"rounds (validation and checkpoints included, compilation done)", flush=True)
+        if args.phases:
+            print(f"mode={mode:16s}: where the time went (host seconds, Lightning's SimpleProfiler): "
+                  + ("; ".join(stages) if stages else "no profiler report (the run did not finish cleanly)"),
+                  flush=True)
     return 1 if failed else 0
 
 
