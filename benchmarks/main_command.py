@@ -51,7 +51,7 @@ def _stop(signum: int, frame: object) -> None:
 
 def run(configs: list[str], mode: str, seconds: int, extra: list[str], out: Path,
         limit: float, phases: bool = False) -> tuple[int | None, float, str]:
-    """Run the command for ``seconds``; ``(exit status, wall seconds, last lines of its output)``.
+    """Run the command for ``seconds``; ``(exit status, wall seconds, its output)``.
 
     The status is ``None`` when the run was stopped: it outlived ``limit`` seconds, or this script got SIGTERM.
     Either way the run (in a process session of its own, with any workers it started) is killed, and what it
@@ -84,8 +84,7 @@ def run(configs: list[str], mode: str, seconds: int, extra: list[str], out: Path
             os.killpg(proc.pid, signal.SIGKILL)
             output, _ = proc.communicate()
         status = None
-    tail = "\n".join(output.strip().splitlines()[-15:])
-    return status, time.perf_counter() - start, tail
+    return status, time.perf_counter() - start, output
 
 
 def between_validations(ea: EventAccumulator) -> tuple[float, int] | None:
@@ -158,7 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _stop)
     for mode in args.modes.split(","):
         with tempfile.TemporaryDirectory() as tmp:
-            status, wall, tail = run(configs, mode, args.seconds, args.set, Path(tmp), limit, args.phases)
+            status, wall, output = run(configs, mode, args.seconds, args.set, Path(tmp), limit, args.phases)
+            tail = "\n".join(output.strip().splitlines()[-15:])
+            # CompileNets' summary of what compiling cost, and whether anything compiled after the first round.
+            compiled = [ln for ln in output.splitlines() if ln.startswith("lit_icl: compilation in this run")]
             report = Path(tmp) / f"fit-{PHASES}.txt"
             stages = phase_lines(report.read_text(), args.top) if report.is_file() else []
             if status is None:  # stopped: its numbers so far still count, marked as such
@@ -182,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         if steady is not None:
             print(f"mode={mode:16s}: {steady[0]:8.2f} steps/s between the first and last of {steady[1]} validation "
                   f"rounds (validation and checkpoints included, compilation done)", flush=True)
+        if compiled:
+            print(f"mode={mode:16s}: {compiled[-1].removeprefix('lit_icl: ')}", flush=True)
         if args.phases:
             print(f"mode={mode:16s}: where the time went (host seconds, Lightning's SimpleProfiler): "
                   + ("; ".join(stages) if stages else "no profiler report (the run did not finish cleanly)"),

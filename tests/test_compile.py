@@ -8,6 +8,7 @@ two cores. One test compiles with inductor itself and compares 20 training losse
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,45 @@ def test_every_paper_net_compiles_whole_for_training_and_validation(tmp_path, ru
     start, first_round, second_round = (int(count) for _, count in lines)
     assert first_round > start, "nothing was compiled"
     assert second_round == first_round, f"{second_round - first_round} graphs compiled again after the first round"
+    # The ledger logs the same at each round: what the first round compiled, nothing more after it.
+    logged = tb_scalars(next((tmp_path / "runs").rglob("events.out.tfevents.*")).parent)
+    assert len(logged["compile/graphs"]) == 2 and logged["compile/graphs"][0] == logged["compile/graphs"][1] > 0
+    assert logged["compile/seconds"][1] == logged["compile/seconds"][0] > 0
+
+
+def test_the_ledger_counts_and_times_what_torch_reports(capsys) -> None:
+    """Each trigger torch reports is one piece of work of its kind; nested triggers count once (torch runs the
+    callbacks for the outermost only); kinds torch does not report for a reason (autotuning) are not counted."""
+    from torch._dynamo.callback import CallbackTrigger, callback_handler
+
+    from lit_icl.callbacks.compile import CompileLedger
+
+    ledger = CompileLedger()
+    ledger.install()
+    try:
+        for trigger, n in [(CallbackTrigger.DYNAMO, 2), (CallbackTrigger.LAZY_BACKWARD, 1),
+                           (CallbackTrigger.TRITON_AUTOTUNING, 1)]:
+            for _ in range(n):
+                with callback_handler.install_callbacks(trigger, "0/0"):
+                    pass
+        first = ledger.snapshot()
+        # Nested triggers: one piece of work, of the outer kind.
+        with callback_handler.install_callbacks(CallbackTrigger.CUDAGRAPH_RECORDING, "0/1"), \
+                callback_handler.install_callbacks(CallbackTrigger.DYNAMO, "1/0"):
+            time.sleep(0.01)
+    finally:
+        ledger.remove()
+    with callback_handler.install_callbacks(CallbackTrigger.DYNAMO, "2/0"):  # removed: no longer counted
+        pass
+    assert dict(ledger.counts) == {"graphs": 2, "backward_graphs": 1, "cuda_graphs": 1}
+    assert ledger.seconds["cuda_graphs"] >= 0.01 and not ledger.active
+    assert ledger.metrics()["compile/cuda_graphs"] == 1.0
+    assert ledger.metrics()["compile/seconds"] == pytest.approx(sum(ledger.seconds.values()))
+    line = ledger.describe(since=first)
+    assert line.startswith("lit_icl: compilation in this run: 2 graphs compiled (")
+    assert ", 1 backward graphs compiled (" in line
+    assert "; after the first validation round: 1 CUDA graphs recorded (" in line and "TORCH_LOGS=recompiles" in line
+    assert ledger.describe(since=ledger.snapshot()).endswith("after the first validation round: none")
 
 
 def _state(ckpt: Path) -> dict[str, torch.Tensor]:

@@ -18,10 +18,18 @@ logged values) is computed from those outputs in eager code and so owns its memo
 Numbers: compiled kernels fuse and reorder floating-point operations, so a compiled run agrees with the eager
 run of the same seed to rounding (``tests/test_compile.py`` states the tolerance), not bit for bit. Eager runs are
 unchanged and stay bit-identical.
+
+What compilation cost is reported as it happens (:class:`CompileLedger`): graphs traced, backward graphs compiled
+on first use and CUDA graphs recorded, with their seconds, logged as ``compile/*`` at every validation round and
+summed up in one line at the end of the run. A healthy run compiles and records everything by the end of its
+first validation round; work after it (a recompile, a CUDA graph recorded again) is named in that line, since on
+a GPU each costs from milliseconds to seconds at every occurrence.
 """
 
 from __future__ import annotations
 
+import time
+from collections import Counter, defaultdict
 from typing import Any, Literal
 
 import torch
@@ -65,6 +73,87 @@ def resolve_mode(mode: str, device: torch.device, pl_module: LightningModule | N
     return mode
 
 
+try:  # torch >= 2.7 reports why it compiles; older versions leave the ledger empty
+    from torch._dynamo.callback import CallbackArgs, callback_handler
+except ImportError:  # pragma: no cover - depends on the installed torch
+    callback_handler = None
+
+#: The work torch reports through dynamo's compile callbacks, by trigger: a frame traced and compiled, a
+#: backward graph compiled at its first use, a CUDA graph recorded (``reduce-overhead`` on a GPU).
+LEDGER_KINDS = {"DYNAMO": "graphs", "LAZY_BACKWARD": "backward_graphs", "CUDAGRAPH_RECORDING": "cuda_graphs"}
+_SAID = {"graphs": "graphs compiled", "backward_graphs": "backward graphs compiled",
+         "cuda_graphs": "CUDA graphs recorded"}
+
+
+class CompileLedger:
+    """Counts and times ``torch.compile``'s work in this process as it happens (dynamo's compile callbacks).
+
+    ``counts`` and ``seconds`` are keyed by the values of :data:`LEDGER_KINDS`. Only the work of the outermost
+    trigger is counted (torch runs the callbacks once for nested compilations).
+    """
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self.seconds: defaultdict[str, float] = defaultdict(float)
+        self._started: float | None = None
+        self._installed = False
+
+    def _start(self, args: CallbackArgs) -> None:
+        self._started = time.perf_counter()
+
+    def _end(self, args: CallbackArgs) -> None:
+        kind = LEDGER_KINDS.get(args.callback_trigger.name)
+        if kind is not None and self._started is not None:
+            self.counts[kind] += 1
+            self.seconds[kind] += time.perf_counter() - self._started
+        self._started = None
+
+    @property
+    def active(self) -> bool:
+        """Whether it is counting."""
+        return self._installed
+
+    def install(self) -> None:
+        """Start counting (once); a torch without compile callbacks counts nothing."""
+        if callback_handler is not None and not self._installed:
+            callback_handler.register_start_callback(self._start)
+            callback_handler.register_end_callback(self._end)
+            self._installed = True
+
+    def remove(self) -> None:
+        if self._installed:
+            callback_handler.remove_start_callback(self._start)
+            callback_handler.remove_end_callback(self._end)
+            self._installed = False
+
+    def snapshot(self) -> tuple[Counter[str], dict[str, float]]:
+        return Counter(self.counts), dict(self.seconds)
+
+    def metrics(self) -> dict[str, float]:
+        """``compile/<kind>`` counts and ``compile/seconds``, for a logger."""
+        out = {f"compile/{kind}": float(self.counts[kind]) for kind in LEDGER_KINDS.values()}
+        out["compile/seconds"] = float(sum(self.seconds.values()))
+        return out
+
+    @staticmethod
+    def _describe(counts: Counter[str], seconds: dict[str, float]) -> str:
+        parts = [f"{counts[kind]} {_SAID[kind]} ({seconds.get(kind, 0.0):.1f} s)"
+                 for kind in LEDGER_KINDS.values() if counts[kind]]
+        return ", ".join(parts) or "none"
+
+    def describe(self, since: tuple[Counter[str], dict[str, float]] | None = None) -> str:
+        """One line: the work so far, and (``since`` a :meth:`snapshot`) the work after it."""
+        line = f"lit_icl: compilation in this run: {self._describe(self.counts, self.seconds)}"
+        if since is not None:
+            counts, seconds = since
+            later = self.counts - counts
+            later_s = {k: self.seconds[k] - seconds.get(k, 0.0) for k in later}
+            line += f"; after the first validation round: {self._describe(later, later_s)}"
+            if later:
+                line += " (each recurs as often as its cause; TORCH_LOGS=recompiles,cudagraphs names it)"
+        return line
+
+
 def compile_targets(pl_module: LightningModule) -> list[nn.Module]:
     """The nets of ``pl_module`` to compile: its ``compile_targets()`` (every :class:`ICLModule` has one), else
     its ``net``."""
@@ -105,12 +194,16 @@ class CompileNets(Callback):
         self.mode, self.backend, self.fullgraph, self.dynamic = mode, backend, fullgraph, dynamic
         self._compiled: set[int] = set()
         self._mark = False
+        #: What compilation has cost so far in this run (logged as ``compile/*``, summed up at the end).
+        self.ledger = CompileLedger()
+        self._after_first_round: tuple[Counter[str], dict[str, float]] | None = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         device = trainer.strategy.root_device
         resolved = resolve_mode(self.mode, device, pl_module)
         if resolved == "off":
             return
+        self.ledger.install()
         nets = compile_targets(pl_module)
         # torch.compile's mode names inductor options; other backends take none.
         mode = resolved if self.backend == "inductor" else None
@@ -123,6 +216,19 @@ class CompileNets(Callback):
         names = ", ".join(type(net).__name__ for net in nets) or "nothing"
         rank_zero_info(f"lit_icl: compiled {names} (torch.compile backend={self.backend}, mode={mode})")
         self._mark = device.type == "cuda" and mode in CUDA_GRAPH_MODES
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.sanity_checking or not self.ledger.active:
+            return
+        if self._after_first_round is None:
+            self._after_first_round = self.ledger.snapshot()
+        for logger in trainer.loggers:  # host numbers: no device sync
+            logger.log_metrics(self.ledger.metrics(), step=trainer.global_step)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self.ledger.active:
+            rank_zero_info(self.ledger.describe(self._after_first_round if stage == "fit" else None))
+            self.ledger.remove()
 
     def _step_begin(self) -> None:
         if self._mark:
