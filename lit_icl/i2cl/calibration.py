@@ -81,7 +81,7 @@ def calibration_loss(
     with net.inject(context, injection_coefficients(coef, inject_method), gamma=gamma, noise_norm=noise_norm,
                     noise=noise):
         logits = net.calibration_logits(ids, mask)
-    return F.cross_entropy(logits, targets.to(logits.device))
+    return F.cross_entropy(logits, targets.to(logits.device, non_blocking=True))  # host targets: no device sync
 
 
 def calibrate(

@@ -326,7 +326,9 @@ class CausalLM(nn.Module):
                 f"a prompt of {longest} tokens exceeds the model's context of {self.max_positions} tokens; use "
                 "fewer demonstrations (shots_per_class) or shorter texts (max_chars)"
             )
-        return ids.to(self.device), mask.to(self.device)
+        # Non-blocking: a blocking copy to a GPU waits for every kernel queued before it (a device sync per call);
+        # the tokenizer's tensors are fresh host memory that nothing writes after this.
+        return ids.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
 
     def n_tokens(self, text: str) -> int:
         return len(self.tokenizer(text)["input_ids"])
