@@ -114,8 +114,8 @@ def test_the_ledger_counts_and_times_what_torch_reports(capsys) -> None:
     assert ledger.metrics()["compile/seconds"] == pytest.approx(sum(ledger.seconds.values()))
     line = ledger.describe(since=first)
     assert line.startswith("lit_icl: compilation in this run: 2 graphs compiled (")
-    assert ", 1 backward graphs compiled (" in line
-    assert "; after the first validation round: 1 CUDA graphs recorded (" in line and "TORCH_LOGS=recompiles" in line
+    assert ", 1 backward graph compiled (" in line
+    assert "; after the first validation round: 1 CUDA graph recorded (" in line and "TORCH_LOGS=recompiles" in line
     assert ledger.describe(since=ledger.snapshot()).endswith("after the first validation round: none")
 
 

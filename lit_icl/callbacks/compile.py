@@ -81,8 +81,10 @@ except ImportError:  # pragma: no cover - depends on the installed torch
 #: The work torch reports through dynamo's compile callbacks, by trigger: a frame traced and compiled, a
 #: backward graph compiled at its first use, a CUDA graph recorded (``reduce-overhead`` on a GPU).
 LEDGER_KINDS = {"DYNAMO": "graphs", "LAZY_BACKWARD": "backward_graphs", "CUDAGRAPH_RECORDING": "cuda_graphs"}
-_SAID = {"graphs": "graphs compiled", "backward_graphs": "backward graphs compiled",
-         "cuda_graphs": "CUDA graphs recorded"}
+#: How the summary line names one and several pieces of each kind of work.
+_SAID = {"graphs": ("graph compiled", "graphs compiled"),
+         "backward_graphs": ("backward graph compiled", "backward graphs compiled"),
+         "cuda_graphs": ("CUDA graph recorded", "CUDA graphs recorded")}
 
 
 class CompileLedger:
@@ -137,7 +139,7 @@ class CompileLedger:
 
     @staticmethod
     def _describe(counts: Counter[str], seconds: dict[str, float]) -> str:
-        parts = [f"{counts[kind]} {_SAID[kind]} ({seconds.get(kind, 0.0):.1f} s)"
+        parts = [f"{counts[kind]} {_SAID[kind][counts[kind] != 1]} ({seconds.get(kind, 0.0):.1f} s)"
                  for kind in LEDGER_KINDS.values() if counts[kind]]
         return ", ".join(parts) or "none"
 
