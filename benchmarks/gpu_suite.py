@@ -196,10 +196,11 @@ STEPS = [
     _speed("step_speed_mmca_avmnist", ["configs/mmca/avmnist.yaml"],
            "avMNIST step the same way (needs its stand-in)", [], 180, needs="data/avmnist_lite"),
     # Tests marked `cuda` exercise code paths that only a GPU reaches (devices of tensors that Lightning moves);
-    # the CPU test suite skips them. Seconds on a GPU; the dry run only collects them.
+    # the CPU test suite skips them; the dry run only collects them. Six of them compile a paper's nets with CUDA
+    # graphs (tens of seconds of compiling each), hence the limit.
     Step("cuda_tests", "the tests marked `cuda` (skipped on the CPU): GPU-only code paths",
          ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests"],
-         ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "--collect-only", "tests"], 120),
+         ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "--collect-only", "tests"], 330),
     Step("coqe_omniglot_fp32", "CoQE / Transformer steps/s at the paper's size, fp32 (and the sequence generator)",
          ["benchmarks/coqe_throughput.py", "--device", "cuda", "--steps", "100", "--precision", "32-true"],
          ["benchmarks/coqe_throughput.py", "--device", "cpu", "--steps", "2", "--image-size", "28", "--only",
