@@ -117,6 +117,11 @@ def test_the_ledger_counts_and_times_what_torch_reports(capsys) -> None:
     assert ", 1 backward graph compiled (" in line
     assert "; after the first validation round: 1 CUDA graph recorded (" in line and "TORCH_LOGS=recompiles" in line
     assert ledger.describe(since=ledger.snapshot()).endswith("after the first validation round: none")
+    # A dynamo reset drops every callback; the ledger stops quietly.
+    ledger.install()
+    torch._dynamo.reset()
+    ledger.remove()
+    assert not ledger.active
 
 
 def _state(ckpt: Path) -> dict[str, torch.Tensor]:

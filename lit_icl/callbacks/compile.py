@@ -123,9 +123,12 @@ class CompileLedger:
             self._installed = True
 
     def remove(self) -> None:
+        """Stop counting. ``torch._dynamo.reset()`` may have dropped the callbacks already."""
         if self._installed:
-            callback_handler.remove_start_callback(self._start)
-            callback_handler.remove_end_callback(self._end)
+            for registered, callback in ((callback_handler.start_callbacks, self._start),
+                                         (callback_handler.end_callbacks, self._end)):
+                if callback in registered:
+                    registered.remove(callback)
             self._installed = False
 
     def snapshot(self) -> tuple[Counter[str], dict[str, float]]:
