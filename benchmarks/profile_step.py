@@ -10,7 +10,12 @@ under ``torch.profiler`` for the timed steps, and prints
 
 - host time per step (wall clock), device time per step (the sum of the device's kernel times) and kernels per
   step;
-- the ``--top`` kernels (or, on a CPU, aten ops) by device time, with calls and microseconds per step.
+- the ``--top`` kernels (or, on a CPU, aten ops) by device time, with calls and microseconds per step;
+- where the host's time goes: the ``--top`` host-side events by their own CPU time (aten ops, CUDA runtime calls
+  such as ``cudaGraphLaunch``, and ranges such as ``CompiledFunction`` or the optimizer's step, whose own time is
+  the Python around their children), and the calls per step that make the host wait for the device
+  (``cudaStreamSynchronize`` and the like). A step whose host time exceeds its device time is host-bound: its
+  rate is set there, not by its kernels.
 
 On a CPU there are no kernels: the table lists the ops by their own CPU time instead, which checks the script.
 """
@@ -55,6 +60,30 @@ def summarize(prof: Any, steps: int, device: torch.device, top: int) -> list[str
     return lines
 
 
+#: CUDA runtime calls that block the host until the device has caught up.
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+
+
+def host_lines(prof: Any, steps: int, top: int) -> list[str]:
+    """Lines: the host's own time per step, its waits on the device, and the ``top`` host-side events."""
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for evt in prof.events():
+        if evt.device_type != DeviceType.CPU or evt.name.startswith("ProfilerStep"):
+            continue
+        entry = by_name[evt.name]
+        entry[0] += 1
+        entry[1] += evt.self_cpu_time_total
+    total_us = sum(us for _, us in by_name.values())
+    syncs = sum(n for name, (n, _) in by_name.items() if name in SYNC_CALLS)
+    head = (f"  host: {total_us / steps / 1000:.3f} ms of own CPU time per step in {len(by_name)} kinds of event; "
+            f"{syncs / steps:.2f} waits on the device per step")
+    lines = [head]
+    for name, (n, us) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]:
+        share = 100 * us / total_us if total_us else 0.0
+        lines.append(f"    {us / steps:9.1f} us {share:5.1f} %  {n / steps:6.1f} x  {name[:110]}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", action="append", required=True, help="a config file; repeat for overlays")
@@ -86,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         # The profiler's own bookkeeping slows the host, so this rate is below step_speed.py's.
         print(f"mode={mode}: {1000 / rate:.3f} ms of wall time per step under the profiler", flush=True)
         print("\n".join(summarize(prof, timed, device, args.top)), flush=True)
+        print("\n".join(host_lines(prof, timed, args.top)), flush=True)
     return 0
 
 
