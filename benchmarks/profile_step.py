@@ -34,30 +34,43 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 
-def summarize(prof: Any, steps: int, device: torch.device, top: int) -> list[str]:
-    """Lines: totals per step, then the ``top`` kernels (ops on a CPU) by time per step."""
-    on_device = device.type == "cuda"
+def _by_name(events: Any, time_of: Any) -> dict[str, list[float]]:
+    """``{name: [calls, microseconds]}`` over the events for which ``time_of(evt)`` gives a time (not None)."""
     by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    for evt in prof.events():
-        if on_device:
-            if evt.device_type != DeviceType.CUDA:
-                continue
-            us = evt.time_range.elapsed_us()
-        else:
-            if not evt.name.startswith("aten::"):
-                continue
-            us = evt.self_cpu_time_total
-        entry = by_name[evt.name]
-        entry[0] += 1
-        entry[1] += us
+    for evt in events:
+        us = time_of(evt)
+        if us is not None:
+            entry = by_name[evt.name]
+            entry[0] += 1
+            entry[1] += us
+    return by_name
+
+
+def _top(by_name: dict[str, list[float]], steps: int, top: int) -> list[str]:
+    """The ``top`` names by time: microseconds and share of the total, and calls, per step."""
     total_us = sum(us for _, us in by_name.values())
-    calls = sum(n for n, _ in by_name.values())
-    what = "kernels" if on_device else "aten ops (own CPU time)"
-    lines = [f"  {what}: {calls / steps:.0f} per step, {total_us / steps / 1000:.3f} ms per step"]
+    lines = []
     for name, (n, us) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]:
         share = 100 * us / total_us if total_us else 0.0
         lines.append(f"    {us / steps:9.1f} us {share:5.1f} %  {n / steps:6.1f} x  {name[:110]}")
     return lines
+
+
+def summarize(prof: Any, steps: int, device: torch.device, top: int) -> list[str]:
+    """Lines: totals per step, then the ``top`` kernels (ops on a CPU) by time per step."""
+    on_device = device.type == "cuda"
+
+    def time_of(evt: Any) -> float | None:
+        if on_device:
+            return evt.time_range.elapsed_us() if evt.device_type == DeviceType.CUDA else None
+        return evt.self_cpu_time_total if evt.name.startswith("aten::") else None
+
+    by_name = _by_name(prof.events(), time_of)
+    total_us = sum(us for _, us in by_name.values())
+    calls = sum(n for n, _ in by_name.values())
+    what = "kernels" if on_device else "aten ops (own CPU time)"
+    return [f"  {what}: {calls / steps:.0f} per step, {total_us / steps / 1000:.3f} ms per step",
+            *_top(by_name, steps, top)]
 
 
 #: CUDA runtime calls that block the host until the device has caught up.
@@ -66,22 +79,13 @@ SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchr
 
 def host_lines(prof: Any, steps: int, top: int) -> list[str]:
     """Lines: the host's own time per step, its waits on the device, and the ``top`` host-side events."""
-    by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    for evt in prof.events():
-        if evt.device_type != DeviceType.CPU or evt.name.startswith("ProfilerStep"):
-            continue
-        entry = by_name[evt.name]
-        entry[0] += 1
-        entry[1] += evt.self_cpu_time_total
+    by_name = _by_name(prof.events(), lambda evt: evt.self_cpu_time_total if evt.device_type == DeviceType.CPU
+                       and not evt.name.startswith("ProfilerStep") else None)
     total_us = sum(us for _, us in by_name.values())
     syncs = sum(n for name, (n, _) in by_name.items() if name in SYNC_CALLS)
     head = (f"  host: {total_us / steps / 1000:.3f} ms of own CPU time per step in {len(by_name)} kinds of event; "
             f"{syncs / steps:.2f} waits on the device per step")
-    lines = [head]
-    for name, (n, us) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]:
-        share = 100 * us / total_us if total_us else 0.0
-        lines.append(f"    {us / steps:9.1f} us {share:5.1f} %  {n / steps:6.1f} x  {name[:110]}")
-    return lines
+    return [head, *_top(by_name, steps, top)]
 
 
 def main(argv: list[str] | None = None) -> int:
