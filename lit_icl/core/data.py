@@ -28,6 +28,7 @@ from torch.utils.data.distributed import DistributedSampler
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.resume import training_position
 from lit_icl.core.seeding import derive_seed, make_generator
+from lit_icl.core.transfer import pins_memory
 from lit_icl.core.validation import check_int
 
 
@@ -120,6 +121,7 @@ def chunk_loader(
     num_workers: int = 0,
     sampler: Sampler[int] | None = None,
     resumable: LightningDataModule | None = None,
+    pin_memory: bool = False,
 ) -> DataLoader:
     """A DataLoader that stacks ``batch_size / chunk_size`` chunks of episodes into one batch, in index order.
 
@@ -129,7 +131,8 @@ def chunk_loader(
     generators, so no per-worker RNG seeding is needed and the batches are those of ``num_workers=0``.
 
     With ``resumable`` (the data module of a training loader, whose ``sampler`` is an :class:`EpochSampler`) the
-    loader is a :class:`ResumableLoader`.
+    loader is a :class:`ResumableLoader`. ``pin_memory`` puts each batch in pinned memory, so that its copy to a
+    CUDA device does not make the host wait (:mod:`lit_icl.core.transfer`).
     """
     if batch_size % chunk_size:
         raise ConfigError(f"batch_size={batch_size} must be a multiple of chunk_size={chunk_size}")
@@ -143,6 +146,7 @@ def chunk_loader(
         num_workers=num_workers,
         persistent_workers=num_workers > 0,
         worker_init_fn=_single_thread_worker if num_workers > 0 else None,
+        pin_memory=pin_memory,
         **extra,
     )
 
@@ -260,15 +264,17 @@ class ChunkedDataModule(LightningDataModule):
         return items, sampler
 
     def loader(self, dataset: Dataset, batch_size: int, sampler: Sampler[int] | None = None) -> DataLoader:
-        """:func:`chunk_loader` with this module's ``chunk_size`` and ``num_workers``."""
-        return chunk_loader(dataset, batch_size, self.chunk_size, self.hparams.num_workers, sampler)
+        """:func:`chunk_loader` with this module's ``chunk_size`` and ``num_workers``, pinning its batches when the
+        trainer is on a CUDA device."""
+        return chunk_loader(dataset, batch_size, self.chunk_size, self.hparams.num_workers, sampler,
+                            pin_memory=pins_memory(self))
 
     def train_loader(self, dataset: Callable[[int], Dataset]) -> DataLoader:
         """The training loader of ``dataset(items)``, a dataset of this epoch's :meth:`train_items` items; a
         :class:`ResumableLoader`, so a run resumes exactly from a checkpoint written inside an epoch."""
         items, sampler = self.train_items()
         return chunk_loader(dataset(items), self.hparams.batch_size, self.chunk_size, self.hparams.num_workers,
-                            sampler, resumable=self)
+                            sampler, resumable=self, pin_memory=pins_memory(self))
 
     def eval_loader(self, dataset: Dataset) -> DataLoader:
         """A validation/test loader: ``dataset`` in order, ``eval_batch_size`` examples a batch."""

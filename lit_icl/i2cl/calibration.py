@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
+from lit_icl.core.transfer import to_device
 from lit_icl.i2cl.contracts import I2CLNet
 from lit_icl.i2cl.nets import NoiseNorm
 
@@ -81,7 +82,7 @@ def calibration_loss(
     with net.inject(context, injection_coefficients(coef, inject_method), gamma=gamma, noise_norm=noise_norm,
                     noise=noise):
         logits = net.calibration_logits(ids, mask)
-    return F.cross_entropy(logits, targets.to(logits.device, non_blocking=True))  # host targets: no device sync
+    return F.cross_entropy(logits, to_device(targets, logits.device))  # host targets: no device sync
 
 
 def calibrate(

@@ -36,6 +36,7 @@ from torch.utils.data import DataLoader, Dataset
 from lit_icl.core.data import EpochSampler, world_and_rank
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
+from lit_icl.core.transfer import pins_memory
 from lit_icl.core.validation import check_int, check_literal, check_positive
 from lit_icl.i2cl.tasks import (
     Example,
@@ -172,9 +173,10 @@ def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def calibration_loader(demos: list[Example], seed: int, batch_size: int, how: CalibrationBatches = "epoch",
-                       world: int = 1, rank: int = 0) -> DataLoader:
+                       world: int = 1, rank: int = 0, pin_memory: bool = False) -> DataLoader:
     """Rank ``rank``'s calibration batches of ``batch_size`` demonstrations, drawn ``how`` (see the module
-    docstring) from ``seed``, over ``world`` DDP ranks."""
+    docstring) from ``seed``, over ``world`` DDP ranks; ``pin_memory`` for a CUDA run
+    (:mod:`lit_icl.core.transfer`)."""
     n, block = len(demos), world * batch_size
     # Whole batches per epoch (the public code's floor(N / 2) steps of 2) and the same count on every rank.
     per_epoch = max(block, n - n % block)
@@ -183,7 +185,8 @@ def calibration_loader(demos: list[Example], seed: int, batch_size: int, how: Ca
         items: Dataset = DrawnItems(demos, seed, block)
     else:
         items = _Cyclic(CalibrationItems(demos, seed), per_epoch)
-    return DataLoader(items, batch_size=batch_size, sampler=EpochSampler(per_epoch, world, rank), collate_fn=collate)
+    return DataLoader(items, batch_size=batch_size, sampler=EpochSampler(per_epoch, world, rank), collate_fn=collate,
+                      pin_memory=pin_memory)
 
 
 # ---------------------------------------------------------------------- the data module
@@ -307,8 +310,8 @@ class I2CLDataModule(LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
         return calibration_loader(self.task_data().demos, hp.data_seed, hp.batch_size, hp.calibration_batches,
-                                  *world_and_rank(self))
+                                  *world_and_rank(self), pin_memory=pins_memory(self))
 
     def test_dataloader(self) -> DataLoader:
         return DataLoader(EvalItems(self.task_data().eval), batch_size=self.hparams.eval_batch_size,
-                          shuffle=False, collate_fn=collate)
+                          shuffle=False, collate_fn=collate, pin_memory=pins_memory(self))

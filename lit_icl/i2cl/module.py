@@ -53,6 +53,7 @@ from lit_icl.core.module import ICLModule
 from lit_icl.core.protocols import implements
 from lit_icl.core.results import result_row
 from lit_icl.core.seeding import make_generator
+from lit_icl.core.transfer import to_device
 from lit_icl.core.validation import (
     check_literal,
     check_nonempty,
@@ -346,7 +347,7 @@ class I2CLModule(ICLModule):
         schedulers = self.lr_schedulers()
         optimizers = optimizers if isinstance(optimizers, list) else [optimizers]
         schedulers = schedulers if isinstance(schedulers, list) else [schedulers]
-        targets = self.label_ids.to(batch["label"].device, non_blocking=True)[batch["label"]]  # no device sync
+        targets = to_device(self.label_ids, batch["label"].device)[batch["label"]]  # no device sync
         for k, (m, opt, sched) in enumerate(zip(self.calibrated, optimizers, schedulers)):
             t0 = time.perf_counter()
             opt.zero_grad()
@@ -410,7 +411,7 @@ class I2CLModule(ICLModule):
             coef = injection_coefficients(self.coefs[method].float(), self.hparams.inject_method)
             with self.net.inject(self.context(method), coef, gamma=0.0):
                 logits = self.net.last_logits(ids, mask)
-        return logits[:, self.label_ids.to(logits.device, non_blocking=True)].argmax(-1)
+        return logits[:, to_device(self.label_ids, logits.device)].argmax(-1)
 
     def on_test_start(self) -> None:
         missing = [m for k, m in enumerate(self.calibrated) if not bool(self.is_calibrated[k])]

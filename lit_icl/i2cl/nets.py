@@ -36,6 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.transfer import to_device
 from lit_icl.core.validation import check_literal
 from lit_icl.i2cl.build import ensure_offline, offline_hint
 
@@ -326,9 +327,9 @@ class CausalLM(nn.Module):
                 f"a prompt of {longest} tokens exceeds the model's context of {self.max_positions} tokens; use "
                 "fewer demonstrations (shots_per_class) or shorter texts (max_chars)"
             )
-        # Non-blocking: a blocking copy to a GPU waits for every kernel queued before it (a device sync per call);
-        # the tokenizer's tensors are fresh host memory that nothing writes after this.
-        return ids.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
+        # From pinned memory: a blocking copy to a GPU waits for every kernel queued before it (a device sync per
+        # call), and a pageable one may (lit_icl.core.transfer).
+        return to_device(ids, self.device), to_device(mask, self.device)
 
     def n_tokens(self, text: str) -> int:
         return len(self.tokenizer(text)["input_ids"])

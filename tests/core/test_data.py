@@ -11,6 +11,7 @@ from torch import Tensor
 
 from lit_icl.core.data import SeededChunks
 from lit_icl.core.seeding import derive_seed, make_generator
+from lit_icl.core.transfer import to_device
 
 
 class _Normal(SeededChunks):
@@ -45,16 +46,26 @@ def test_keys_map_indices() -> None:
     assert not torch.equal(cyc[1]["x"], cyc[2]["x"])
 
 
+def _trainer(epoch: int = 0, device: str = "cpu") -> SimpleNamespace:
+    """What a data module reads from its trainer: world and rank, the fit loop's epoch, the strategy's device."""
+    progress = SimpleNamespace(current=SimpleNamespace(processed=epoch))
+    return SimpleNamespace(world_size=1, global_rank=0, fit_loop=SimpleNamespace(epoch_progress=progress),
+                           strategy=SimpleNamespace(root_device=torch.device(device)))
+
+
+def _tiny_icssl(workers: int = 0):
+    from lit_icl.icssl import ManifoldDataModule
+
+    return ManifoldDataModule(n_points=12, batch_size=8, chunk_size=4, eval_batch_size=8, val_episodes=8,
+                              train_batches_per_epoch=3, train_label_ratio=[0.1, 0.5], eval_label_ratios=[0.25],
+                              num_workers=workers)
+
+
 def _epoch_batches(workers: int, trainer_epoch: int, set_epoch: int | None) -> list[Tensor]:
     """The points of every training batch of a tiny IC-SSL data module attached to a trainer in epoch
     ``trainer_epoch``, iterated as Lightning does on resume: the iterator made before ``set_epoch``."""
-    from lit_icl.icssl import ManifoldDataModule
-
-    dm = ManifoldDataModule(n_points=12, batch_size=8, chunk_size=4, eval_batch_size=8, val_episodes=8,
-                            train_batches_per_epoch=3, train_label_ratio=[0.1, 0.5], eval_label_ratios=[0.25],
-                            num_workers=workers)
-    progress = SimpleNamespace(current=SimpleNamespace(processed=trainer_epoch))
-    dm.trainer = SimpleNamespace(world_size=1, global_rank=0, fit_loop=SimpleNamespace(epoch_progress=progress))
+    dm = _tiny_icssl(workers)
+    dm.trainer = _trainer(trainer_epoch)
     dm.setup("fit")
     loader = dm.train_dataloader()
     batches = iter(loader)  # workers fetch their first items now
@@ -73,6 +84,44 @@ def test_a_loader_made_in_a_later_epoch_gives_that_epochs_items_with_workers_too
     assert len(with_workers) == 3
     assert all(torch.equal(a, b) for a, b in zip(with_workers, epoch1))
     assert not any(torch.equal(a, b) for a, b in zip(with_workers, epoch0))
+
+
+def test_loaders_pin_their_batches_for_a_cuda_trainer_only() -> None:
+    """A copy to a GPU from pageable memory may wait for the GPU's queue; from pinned memory it does not. So the
+    loaders of a data module attached to a CUDA trainer pin (training and evaluation), and nothing else does."""
+    dm = _tiny_icssl()
+    dm.setup("fit")
+    assert not dm.train_dataloader().pin_memory  # no trainer: a script iterating the loader itself
+    dm.trainer = _trainer(device="cpu")
+    assert not dm.train_dataloader().pin_memory and not dm.val_dataloader().pin_memory
+    dm.trainer = _trainer(device="cuda")
+    assert dm.train_dataloader().pin_memory and dm.val_dataloader().pin_memory
+
+
+def test_to_device_is_plain_to_off_cuda() -> None:
+    """Off CUDA, :func:`to_device` is ``Tensor.to`` (the tensor itself on its own device; nothing is pinned, which a
+    machine without a GPU refuses); on CUDA the values arrive unchanged."""
+    t = torch.arange(6.0)
+    assert to_device(t, "cpu") is t and to_device(t, torch.device("cpu")) is t
+    if torch.cuda.is_available():  # the CUDA branch: pinned, then queued; the values arrive unchanged
+        assert torch.equal(to_device(t, "cuda").cpu(), t)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (benchmarks/gpu_suite.py runs it)")
+def test_to_device_copies_from_pinned_memory_and_the_profiler_tells_them_apart() -> None:
+    """On CUDA, :func:`to_device` copies from pinned memory; a plain ``.to`` from pageable memory shows up as such
+    in the profiler, which is how the ``cuda`` step test finds pageable copies in a training step."""
+    x = torch.randn(40_000)
+    kinds = {}
+    for name, send in (("plain", lambda: x.to("cuda", non_blocking=True)), ("to_device", lambda: to_device(x, "cuda"))):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            sent = send()
+            torch.cuda.synchronize()
+        kinds[name] = {e.name for e in prof.events() if e.name.startswith("Memcpy HtoD")}
+        assert torch.equal(sent.cpu(), x)
+    assert any("Pageable" in k for k in kinds["plain"]), kinds
+    assert kinds["to_device"] and not any("Pageable" in k for k in kinds["to_device"]), kinds
 
 
 def _ic_ssl_args(root: Path, *extra: str) -> list[str]:

@@ -44,6 +44,7 @@ from lit_icl.core.optim import fused_if_cuda
 from lit_icl.core.protocols import implements
 from lit_icl.core.results import result_row
 from lit_icl.core.seeding import make_generator
+from lit_icl.core.transfer import to_device
 from lit_icl.core.validation import check_int, check_literal, check_nonnegative, check_positive, check_range
 from lit_icl.metrics.mean import SyncFreeMean
 
@@ -188,9 +189,9 @@ class CoQEClassificationModule(ICLModule):
         mean, std = self.noise_schedule.at(self.global_step)
         g = make_generator("coqe-logit-noise", self.hparams.noise_seed, self.global_rank, self.global_step)
         z = torch.randn(batch_size, self.net.n_classes, generator=g)
-        # Made on the host (the same numbers on any device); a non-blocking copy, so the host does not wait
-        # for the device's queue to drain before sending it (a blocking copy is a device sync per step).
-        return (mean + std * z).to(device, non_blocking=True)
+        # Made on the host (the same numbers on any device) and sent from pinned memory, so the host does not wait
+        # for the device's queue to drain before sending it (lit_icl.core.transfer).
+        return to_device(mean + std * z, device)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         labels = batch["labels"]

@@ -48,6 +48,7 @@ from torch.utils.data import DataLoader, Dataset
 from lit_icl.core.data import EpochSampler, StandinOnFirstUse, collate_chunks, world_and_rank
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
+from lit_icl.core.transfer import pins_memory
 from lit_icl.core.validation import check_int, check_literal, check_nonnegative, check_positive
 
 SPLITS = ("train", "test")  # the file splits; the data module's splits (Split) cut validation rows from train
@@ -239,13 +240,16 @@ class CorruptedAVMNIST(Dataset):
         return {"image": image, "audio": audio, "label": self.data["label"][rows], "row": rows}
 
 
-def batch_loader(dataset: CorruptedAVMNIST, sampler: EpochSampler | None = None) -> DataLoader:
+def batch_loader(
+    dataset: CorruptedAVMNIST, sampler: EpochSampler | None = None, pin_memory: bool = False
+) -> DataLoader:
     """A loader of ``dataset``'s items, each already a whole batch (handed through by ``collate_chunks`` of one
     item).
 
     ``batch_size=1`` (not ``None``) puts a BatchSampler around the sampler, which reads it lazily: Lightning may
     create the iterator before it calls ``set_epoch`` (it does on resume), and a sampler read at creation would
     replay epoch 0. The DataLoader's own generator keeps iterator creation off the global RNG, which dropout uses.
+    ``pin_memory`` for a CUDA run (:mod:`lit_icl.core.transfer`).
     """
     return DataLoader(
         dataset,
@@ -254,6 +258,7 @@ def batch_loader(dataset: CorruptedAVMNIST, sampler: EpochSampler | None = None)
         shuffle=False,
         collate_fn=collate_chunks,
         generator=torch.Generator().manual_seed(0),
+        pin_memory=pin_memory,
     )
 
 
@@ -374,7 +379,7 @@ class AVMNISTDataModule(StandinOnFirstUse, LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         ds = self.dataset("train")
         replicas, rank = world_and_rank(self)
-        return batch_loader(ds, EpochSampler(len(ds), num_replicas=replicas, rank=rank))
+        return batch_loader(ds, EpochSampler(len(ds), num_replicas=replicas, rank=rank), pins_memory(self))
 
     @property
     def eval_splits(self) -> list[str]:
@@ -382,7 +387,7 @@ class AVMNISTDataModule(StandinOnFirstUse, LightningDataModule):
         return ["val", "test"] if self.val_size else ["test"]
 
     def val_dataloader(self) -> list[DataLoader]:
-        return [batch_loader(self.dataset(split)) for split in self.eval_splits]
+        return [batch_loader(self.dataset(split), pin_memory=pins_memory(self)) for split in self.eval_splits]
 
     def test_dataloader(self) -> DataLoader:
-        return batch_loader(self.dataset("test"))
+        return batch_loader(self.dataset("test"), pin_memory=pins_memory(self))
