@@ -17,7 +17,10 @@ by ``(data_seed, split, index)``:
 
 - ``train_prompts = N`` (App. H, N = 2000): the training set is the fixed item set of split ``train_fixed``;
   the training sampler walks it cyclically (``index mod N / chunk_size``), so with ``batch_size = N`` every step
-  is one full-batch gradient step on the empirical loss ``l_{N, L_tr}``;
+  is one full-batch gradient step on the empirical loss ``l_{N, L_tr}``. The set is the same at every step, so it
+  moves to the training device once: the loader hands over which chunks a batch holds, and
+  :meth:`LatentFactorDataModule.on_after_batch_transfer` gathers them there (at App. H's size a batch is 27 MB,
+  which would otherwise cross from the host at every step);
 - ``train_prompts = None``: fresh prompts every step (split ``train``, index from :class:`EpochSampler`);
 - validation and test sets are fixed. Test prompts have the largest test context length; shorter test contexts
   are prefixes of the same prompts, so errors at different ``L_te`` are compared on the same tasks.
@@ -26,11 +29,12 @@ by ``(data_seed, split, index)``:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cached_property
 from typing import Literal
 
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from lit_icl.core.data import ChunkedDataModule, SeededChunks
 from lit_icl.core.errors import ConfigError
@@ -119,6 +123,45 @@ class LatentFactorPrompts(SeededChunks):
         if self.cycle is not None:
             self._cache[key] = item
         return item
+
+
+class FixedChunkKeys(Dataset):
+    """Which chunk of a fixed training set of ``cycle`` chunks each training item holds: ``index mod cycle``.
+
+    The items of :class:`LatentFactorPrompts` ``("train_fixed", ..., cycle)`` as keys, ``{"chunk": (1,) int64}``;
+    the DataLoader stacks a batch's keys and the data module gathers the chunks on the device.
+    """
+
+    def __init__(self, length: int, cycle: int):
+        self.length, self.cycle = length, cycle
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict[str, Tensor]:
+        return {"chunk": torch.tensor([int(index) % self.cycle])}
+
+
+class ChunkBank:
+    """All chunks of a fixed set, generated once and moved to the training device once; a batch is gathered
+    from it by its chunk keys (:class:`FixedChunkKeys`), on that device.
+
+    Args:
+        chunks: the set's items (:class:`LatentFactorPrompts` with ``cycle = len(chunks)``).
+    """
+
+    def __init__(self, chunks: LatentFactorPrompts):
+        items = [chunks[i] for i in range(len(chunks))]
+        self._tensors = {k: torch.stack([it[k] for it in items]) for k in items[0]}  # (chunks, chunk_size, ...)
+
+    def tensors(self, device: torch.device) -> dict[str, Tensor]:
+        """The bank as ``{key: (chunks, chunk_size, ...)}`` on ``device`` (moved there at the first call)."""
+        self._tensors = {k: v.to(device) for k, v in self._tensors.items()}  # each itself once it is there
+        return self._tensors
+
+    def gather(self, keys: Tensor) -> dict[str, Tensor]:
+        """The chunks ``keys`` (on the training device) stacked into one batch, in order, on that device."""
+        return {k: v[keys].flatten(0, 1) for k, v in self.tensors(keys.device).items()}
 
 
 class LatentFactorDataModule(ChunkedDataModule):
@@ -215,7 +258,17 @@ class LatentFactorDataModule(ChunkedDataModule):
         if self.train_prompts is None:
             return self.train_loader(lambda items: self._dataset("train", items, self.train_context_length))
         cycle = self.set_items("train_prompts")  # the fixed training set, walked again every epoch
-        return self.train_loader(lambda items: self._dataset("train_fixed", items, self.train_context_length, cycle))
+        return self.train_loader(lambda items: FixedChunkKeys(items, cycle))
+
+    @cached_property
+    def fixed_training_set(self) -> ChunkBank:
+        """The ``train_fixed`` chunks of :class:`LatentFactorPrompts` in a :class:`ChunkBank`, made once."""
+        cycle = self.set_items("train_prompts")
+        return ChunkBank(self._dataset("train_fixed", cycle, self.train_context_length, cycle))
+
+    def on_after_batch_transfer(self, batch: dict[str, Tensor], dataloader_idx: int) -> dict[str, Tensor]:
+        """A training batch of the fixed set arrives as its chunk keys: gather its prompts on the device."""
+        return self.fixed_training_set.gather(batch["chunk"]) if "chunk" in batch else batch
 
     def val_dataloader(self) -> DataLoader:
         return self.eval_loader(self._dataset("val", self.set_items("val_prompts"), self.train_context_length))

@@ -4,11 +4,12 @@ the distribution of m and zeta, and purity of the generated data."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from lit_icl.core.data import SeededChunks
+from lit_icl.core.data import SeededChunks, collate_chunks
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
 from lit_icl.mmca import LatentFactorDataModule
@@ -88,9 +89,34 @@ def _dm(**kw) -> LatentFactorDataModule:
 
 
 def _epoch(dm: LatentFactorDataModule, epoch: int) -> list[dict[str, torch.Tensor]]:
+    """An epoch's training batches as the step gets them (after the data module's transfer hook)."""
     loader = dm.train_dataloader()
     loader.sampler.set_epoch(epoch)
-    return list(loader)
+    return [dm.on_after_batch_transfer(batch, 0) for batch in loader]
+
+
+def test_fixed_training_set_ships_chunk_keys_and_gathers_the_same_prompts() -> None:
+    """The fixed set crosses to the device once: the loader yields chunk keys only, and the gathered batches are
+    bit for bit the collated ``train_fixed`` chunks that the loader used to yield (same prompts, same order), on
+    one process and on each of two DDP ranks."""
+    for world, rank in ((1, 0), (2, 0), (2, 1)):
+        dm = _dm()
+        dm.trainer = SimpleNamespace(world_size=world, global_rank=rank, strategy=SimpleNamespace(
+            root_device=torch.device("cpu")), fit_loop=SimpleNamespace(epoch_progress=SimpleNamespace(
+                current=SimpleNamespace(processed=0))))
+        loader = dm.train_dataloader()
+        loader.sampler.set_epoch(1)
+        chunks = LatentFactorPrompts("train_fixed", 4, 8, 8, 2, 2, (0.0, 5.0), 0, cycle=4)
+        indices = list(loader.sampler)  # this rank's items, two chunks of 8 prompts per batch of 16
+        assert len(indices) == 4 * 2
+        for batch, items in zip(loader, (indices[i : i + 2] for i in range(0, len(indices), 2)), strict=True):
+            assert batch.keys() == {"chunk"} and batch["chunk"].tolist() == [i % 4 for i in items]
+            expected = collate_chunks([chunks[i] for i in items])
+            got = dm.on_after_batch_transfer(batch, 0)
+            assert got.keys() == expected.keys() and all(torch.equal(got[k], expected[k]) for k in expected)
+    # The set is made once and kept: a second batch reuses the same tensors.
+    bank = dm.fixed_training_set.tensors(torch.device("cpu"))
+    assert bank["x"].shape == (4, 8, 8, 4) and bank["x"] is dm.fixed_training_set.tensors(torch.device("cpu"))["x"]
 
 
 def test_fixed_training_set_repeats_and_fresh_prompts_do_not() -> None:
