@@ -148,7 +148,12 @@ STEPS = [
     # such a batch, so symmetric_eigenvectors solves it on the host. This times both routes.
     Step("eigh_route", "batched eigh of 100-point Laplacians: on the GPU vs the host route IC-SSL takes",
          ["benchmarks/eigh_route.py", "--device", "cuda"],
-         ["benchmarks/eigh_route.py", "--device", "cpu", "--batches", "8", "--repeats", "1"], 60),
+         ["benchmarks/eigh_route.py", "--device", "cpu", "--batches", "8", "--repeats", "1"], 30),
+    # Lightning sends each batch with non_blocking=True; from pageable memory CUDA may still make the host wait for
+    # the queue. The loaders pin on CUDA (lit_icl.core.transfer); this says whether that mattered on this driver.
+    Step("h2d_copy", "copies to the GPU behind 20 ms of queued work: does the host wait, pageable vs pinned memory",
+         ["benchmarks/h2d_copy.py", "--device", "cuda"],
+         ["benchmarks/h2d_copy.py", "--device", "cpu", "--repeats", "1"], 30),
     # The main command's fp32 step is GPU-bound under CUDA graphs (11 ms, 2026-11-27): less work per step is the
     # way past 100 steps/s. bf16 changes the numbers, so it is measured here, not made the default.
     _main_command_variant("main_command_bf16", "in bf16-mixed (less GPU work per step)",
@@ -264,6 +269,15 @@ def headline(step: Step, output: str) -> str:
         found = re.findall(r"^eigh (\(.*?\)) float32: on the device ([\d.]+) ms, "
                            r"symmetric_eigenvectors \((\w+) route\) ([\d.]+) ms", output, re.MULTILINE)
         return ", ".join(f"{shape}: device {dev} ms, {route} route {routed} ms" for shape, dev, route, routed in found)
+    if step.script.endswith("h2d_copy.py"):
+        found = re.findall(r"^copy (.+?): pageable non-blocking ([\d.]+) ms, (?:pinned non-blocking ([\d.]+) ms, )?.*"
+                           r"waited for the queue: (\S+)$", output, re.MULTILINE)
+        if not any(w in ("yes", "no") for *_, w in found):
+            return "no GPU: no queue to wait for"
+        waited = [size for size, _, _, w in found if w == "yes"]
+        pinned = [float(p) for _, _, p, _ in found if p]
+        text = "pageable copies waited at " + (", ".join(waited) if waited else "no size")
+        return text + (f"; pinned copies took at most {max(pinned):.3f} ms of host time" if pinned else "")
     if step.script.endswith("i2cl_compile.py"):
         found = re.findall(r"^mode=(\S+)\s*:\s+([\d.]+) ms/step steady,\s+([\d.-]+) s more", output, re.MULTILINE)
         even = re.findall(r"^mode=(\S+): ([\d.]+)x eager per step; compilation pays for itself after (.*)$", output,

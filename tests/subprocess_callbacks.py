@@ -78,18 +78,31 @@ class ScriptedMetric(Callback):
 class NoDeviceWaits(Callback):
     """Makes every CUDA device sync an error from the end of training batch ``start`` to the end of batch
     ``stop`` (``torch.cuda.set_sync_debug_mode``): the transfers, the steps and Lightning's bookkeeping between
-    them. Keep logging steps, checkpoints and epoch ends out of that window; they read values back on purpose."""
+    them. Keep logging steps, checkpoints and epoch ends out of that window; they read values back on purpose.
+
+    The window also runs under the profiler, and a copy to the GPU from pageable host memory in it fails the run
+    at its end: CUDA may make the host wait for such a copy, which the sync check does not see."""
 
     def __init__(self, start: int = 2, stop: int = 6):
         self.start, self.stop = start, stop
+        self._profile: torch.profiler.profile | None = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if pl_module.device.type != "cuda":  # nothing to check off a GPU
             return
         if batch_idx == self.start:
+            # Started before the sync check and stopped after it: the profiler synchronizes at both ends.
+            self._profile = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+            self._profile.start()
             torch.cuda.set_sync_debug_mode("error")
         elif batch_idx == self.stop:
             torch.cuda.set_sync_debug_mode("default")
+            self._profile.stop()
+            # Kineto names copies by memory kind, e.g. "Memcpy HtoD (Pageable -> Device)".
+            pageable = sorted({e.name for e in self._profile.events() if "Pageable" in e.name})
+            if pageable:
+                raise AssertionError(f"training batches {self.start + 1}-{self.stop} copied from pageable host "
+                                     f"memory: {pageable}; pin it (lit_icl.core.transfer)")
 
     def on_exception(self, trainer, pl_module, exception) -> None:
         if torch.cuda.is_initialized():
