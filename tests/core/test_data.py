@@ -114,7 +114,8 @@ def test_to_device_copies_from_pinned_memory_and_the_profiler_tells_them_apart()
     in the profiler, which is how the ``cuda`` step test finds pageable copies in a training step."""
     x = torch.randn(40_000)
     kinds = {}
-    for name, send in (("plain", lambda: x.to("cuda", non_blocking=True)), ("to_device", lambda: to_device(x, "cuda"))):
+    senders = {"plain": lambda: x.to("cuda", non_blocking=True), "to_device": lambda: to_device(x, "cuda")}
+    for name, send in senders.items():
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             sent = send()
             torch.cuda.synchronize()
