@@ -50,18 +50,18 @@ class _MeanOverSets(Metric):
         self.add_state("skipped", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
 
     def _accumulate(self, scores: Tensor) -> None:
+        # NaN scores add 0 instead of being dropped by a boolean mask, whose output size a GPU would have to read
+        # back (a device sync per update); without NaNs the sum is the very same reduction.
         scores = scores.reshape(-1)
         valid = ~torch.isnan(scores)
-        self.total += scores[valid].sum().to(self.total)
+        self.total += torch.where(valid, scores, 0.0).sum().to(self.total)
         n_valid = valid.sum()
         self.count += n_valid
         self.skipped += scores.numel() - n_valid
 
     def compute(self) -> Tensor:
-        """Mean per-set score; NaN if no set had a defined score."""
-        if self.count == 0:
-            return torch.tensor(float("nan"), device=self.total.device)
-        return self.total / self.count
+        """Mean per-set score; NaN if no set had a defined score (computed on the device, nothing read back)."""
+        return torch.where(self.count > 0, self.total / self.count.clamp_min(1), float("nan"))
 
 
 class SeparationScore(_MeanOverSets):

@@ -158,6 +158,30 @@ def test_separation_metric_skips_undefined_sets() -> None:
     assert metric.count.item() == 4 and metric.skipped.item() == 1
 
 
+def test_mean_over_sets_reads_nothing_back_and_keeps_its_values() -> None:
+    """Updates and compute make no host read (each would be a device sync on a GPU), and without NaN scores the
+    state is bit for bit the sum a boolean mask gave (the metric's earlier code, written out here)."""
+    from lit_icl.core.syncs import host_reads
+
+    emb = torch.randn(6, 12, 4, generator=_gen(5))
+    labels = torch.randint(0, 3, (6, 12), generator=_gen(6))
+    a, b = _pair(7, n=12, sets=6)
+    metrics = [(SeparationScore(), (emb, labels), separation_score(emb, labels)),
+               (MutualKNN(k=3), (a, b), mutual_knn(a, b, 3)), (LCSKNN(k=3), (a, b), lcs_knn(a, b, 3))]
+    with host_reads() as reads:
+        for metric, args, _ in metrics:
+            metric.update(*args)
+            metric.update(*args)
+            metric.compute()
+    assert reads.total == 0, reads.counts
+    for metric, _, scores in metrics:
+        assert not scores.isnan().any()
+        masked = torch.tensor(0.0)
+        for _ in range(2):
+            masked += scores[~scores.isnan()].sum()
+        assert torch.equal(metric.total, masked) and torch.equal(metric.compute(), masked / (2 * len(scores)))
+
+
 # ---------------------------------------------------------------------------------------- k-NN alignment
 
 
