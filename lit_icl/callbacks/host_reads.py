@@ -32,6 +32,7 @@ from lit_icl.callbacks.finite import FiniteGuard
 from lit_icl.core import spectral
 from lit_icl.core.syncs import HostReads, not_counted
 from lit_icl.core.validation import check_bool, check_int
+from lit_icl.metrics.representation import _MeanOverSets
 
 __all__ = ["HostReadCensus", "HostReadInStep", "as_on_cuda"]
 
@@ -47,7 +48,8 @@ def as_on_cuda() -> Iterator[None]:
     - ``eigh`` of a batch of matrices larger than 32 x 32 goes through the host, as
       :func:`lit_icl.core.spectral.eigh_on_host` sends it on a GPU;
     - ``F.one_hot(x, num_classes)`` does not count the two reads it makes on a CPU only (on CUDA, torch checks
-      the class range with a device-side assert instead).
+      the class range with a device-side assert instead);
+    - the representation metrics add undefined (NaN) set scores as 0 instead of dropping them with a mask.
 
     The fused update rounds differently from the CPU's default one, so a run inside gives the same reads as on a
     GPU, not the same numbers as a CPU run.
@@ -75,6 +77,7 @@ def as_on_cuda() -> Iterator[None]:
     ]
     patches += [
         (FiniteGuard, "_defers", staticmethod(lambda device: True)),
+        (_MeanOverSets, "_drops_by_mask", staticmethod(lambda device: False)),
         (spectral, "eigh_on_host", eigh_on_host),
         (F, "one_hot", one_hot),
     ]

@@ -49,12 +49,19 @@ class _MeanOverSets(Metric):
         self.add_state("count", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
         self.add_state("skipped", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
 
+    @staticmethod
+    def _drops_by_mask(device: torch.device) -> bool:
+        """Whether NaN scores on ``device`` are dropped with a boolean mask before summing. On a CPU it costs
+        nothing and keeps the sums of earlier runs; on an accelerator the mask's output size would be read back
+        (a device sync per update), so NaN scores add 0 there instead: the same mean, which may differ in the last
+        bit when a set is undefined, since the zeros change the summation order."""
+        return device.type == "cpu"
+
     def _accumulate(self, scores: Tensor) -> None:
-        # NaN scores add 0 instead of being dropped by a boolean mask, whose output size a GPU would have to read
-        # back (a device sync per update); without NaNs the sum is the very same reduction.
         scores = scores.reshape(-1)
         valid = ~torch.isnan(scores)
-        self.total += torch.where(valid, scores, 0.0).sum().to(self.total)
+        kept = scores[valid] if self._drops_by_mask(scores.device) else torch.where(valid, scores, 0.0)
+        self.total += kept.sum().to(self.total)
         n_valid = valid.sum()
         self.count += n_valid
         self.skipped += scores.numel() - n_valid

@@ -158,28 +158,35 @@ def test_separation_metric_skips_undefined_sets() -> None:
     assert metric.count.item() == 4 and metric.skipped.item() == 1
 
 
-def test_mean_over_sets_reads_nothing_back_and_keeps_its_values() -> None:
-    """Updates and compute make no host read (each would be a device sync on a GPU), and without NaN scores the
-    state is bit for bit the sum a boolean mask gave (the metric's earlier code, written out here)."""
+def test_mean_over_sets_reads_nothing_back_on_an_accelerator() -> None:
+    """On an accelerator's branch (``as_on_cuda``) update and compute make no host read (each would be a device
+    sync on a GPU). Without undefined sets the state is bit for bit the CPU's masked sum; with one, the mean of
+    the defined sets either way."""
+    from lit_icl.callbacks.host_reads import as_on_cuda
     from lit_icl.core.syncs import host_reads
 
     emb = torch.randn(6, 12, 4, generator=_gen(5))
     labels = torch.randint(0, 3, (6, 12), generator=_gen(6))
+    single = labels.clone()
+    single[2] = 1  # an episode of one class: its separation score is undefined
     a, b = _pair(7, n=12, sets=6)
-    metrics = [(SeparationScore(), (emb, labels), separation_score(emb, labels)),
-               (MutualKNN(k=3), (a, b), mutual_knn(a, b, 3)), (LCSKNN(k=3), (a, b), lcs_knn(a, b, 3))]
-    with host_reads() as reads:
-        for metric, args, _ in metrics:
-            metric.update(*args)
-            metric.update(*args)
-            metric.compute()
-    assert reads.total == 0, reads.counts
-    for metric, _, scores in metrics:
-        assert not scores.isnan().any()
-        masked = torch.tensor(0.0)
+    cases = [(SeparationScore, {}, (emb, labels)), (SeparationScore, {}, (emb, single)),
+             (MutualKNN, {"k": 3}, (a, b)), (LCSKNN, {"k": 3}, (a, b))]
+    for cls, kw, args in cases:
+        on_cpu, on_gpu = cls(**kw), cls(**kw)
         for _ in range(2):
-            masked += scores[~scores.isnan()].sum()
-        assert torch.equal(metric.total, masked) and torch.equal(metric.compute(), masked / (2 * len(scores)))
+            on_cpu.update(*args)
+        with as_on_cuda(), host_reads() as reads:
+            for _ in range(2):
+                on_gpu.update(*args)
+            value = on_gpu.compute()
+        assert reads.total == 0, reads.counts
+        scores = cls._score(*args, **kw) if cls is not SeparationScore else separation_score(*args)
+        defined = scores[~scores.isnan()]
+        torch.testing.assert_close(value, defined.mean(), rtol=1e-6, atol=0)
+        assert torch.equal(on_gpu.count, on_cpu.count) and on_gpu.count == 2 * len(defined)
+        if len(defined) == len(scores):
+            assert torch.equal(on_gpu.total, on_cpu.total) and torch.equal(value, on_cpu.compute())
 
 
 # ---------------------------------------------------------------------------------------- k-NN alignment
