@@ -162,19 +162,20 @@ def _no_waits(tmp_path: Path, run: str) -> list[str]:
         return [*tiny_args(tmp_path), *common, "--trainer.max_epochs", "-1", "--trainer.callbacks", *callbacks]
     if run == "coqe_regression":  # prompts drawn on the GPU from seeds read before the transfer
         return [*reg_args(tmp_path), *common, "--trainer.callbacks", *callbacks]
-    if run == "mmca_synthetic":  # the fixed training set gathered on the GPU from chunk keys
-        return [*mmca_args(tmp_path), *common, "--trainer.max_epochs", "-1", "--trainer.callbacks", *callbacks]
+    if run.startswith("mmca"):  # the fixed training set gathered on the GPU from chunk keys, or fresh prompts drawn
+        fresh = ["--data.init_args.train_prompts", "null"] if run == "mmca_fresh" else []
+        return [*mmca_args(tmp_path), *common, *fresh, "--trainer.max_epochs", "-1", "--trainer.callbacks", *callbacks]
     return [*coqe_args(tmp_path), *common, "--trainer.callbacks", *callbacks]
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (benchmarks/gpu_suite.py runs it)")
-@pytest.mark.parametrize("run", ["icssl", "coqe_omniglot", "coqe_regression", "mmca_synthetic"])
+@pytest.mark.parametrize("run", ["icssl", "coqe_omniglot", "coqe_regression", "mmca_synthetic", "mmca_fresh"])
 def test_training_steps_never_wait_for_the_gpu(tmp_path, run) -> None:
     """From the end of batch 2 to the end of batch 6 any device sync raises, and so does a copy from pageable host
     memory: the batch transfer (pinned by the loader), CoQE's image gather and noise, CoQE regression's prompt
-    drawing, mmca's gather of its fixed training set, the step, and Lightning's per-batch bookkeeping all queue
-    work without reading it back."""
+    drawing, mmca's gather of its fixed training set or drawing of fresh prompts, the step, and Lightning's
+    per-batch bookkeeping all queue work without reading it back."""
     main(["fit", *_no_waits(tmp_path, run)])
     assert list((tmp_path / "runs").rglob("last.ckpt"))
 

@@ -21,7 +21,11 @@ by ``(data_seed, split, index)``:
   moves to the training device once: the loader hands over which chunks a batch holds, and
   :meth:`LatentFactorDataModule.on_after_batch_transfer` gathers them there (at App. H's size a batch is 27 MB,
   which would otherwise cross from the host at every step);
-- ``train_prompts = None``: fresh prompts every step (split ``train``, index from :class:`EpochSampler`);
+- ``train_prompts = None``: fresh prompts every step (split ``train``, index from :class:`EpochSampler`). With
+  ``generate_on_device`` (default) a loader item is only its chunk's seed and the chunk is drawn in
+  :meth:`LatentFactorDataModule.on_after_batch_transfer` on the training device. On the CPU that gives the very
+  tensors the loader would draw (tested); a CUDA generator draws a different, equally valid stream, so GPU data is
+  a pure function of the same coordinates but not equal to CPU data;
 - validation and test sets are fixed. Test prompts have the largest test context length; shorter test contexts
   are prefixes of the same prompts, so errors at different ``L_te`` are compared on the same tasks.
 """
@@ -30,13 +34,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import cached_property
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from lit_icl.core.data import ChunkedDataModule, SeededChunks
+from lit_icl.core.data import ChunkedDataModule, SeededChunks, collate_chunks
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.validation import check_nonempty, check_positive, check_unique
 from lit_icl.mmca.theory import alpha_star, check_norm_range
@@ -52,22 +56,22 @@ def sample_latent_factor_prompts(
     norm_range: Sequence[float],
     generator: torch.Generator,
 ) -> dict[str, Tensor]:
-    """``n_prompts`` prompts of Eq. (3.1), float32, in one vectorised call on the CPU generator.
+    """``n_prompts`` prompts of Eq. (3.1), float32, in one vectorised call on ``generator``'s device.
 
     Returns a dict with ``x (n, L, d)``, ``y (n, L)``, ``x_query (n, d)``, ``y_query (n,)``, ``m (n, d)`` and
     ``zeta (n,)``, ``d = d1 + d2``. The first ``d1`` coordinates of ``x`` are the first modality ``zbar``.
     """
     lo, hi = norm_range
     d = d1 + d2
-    n, L, g = n_prompts, context_length, generator
-    direction = torch.randn(n, d, generator=g)
+    n, L, g, device = n_prompts, context_length, generator, generator.device
+    direction = torch.randn(n, d, generator=g, device=device)
     direction = direction / direction.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-    norm = lo + (hi - lo) * torch.rand(n, 1, generator=g)
+    norm = lo + (hi - lo) * torch.rand(n, 1, generator=g, device=device)
     m = norm * direction  # m = [v; r]: spherical direction, norm uniform on [lo, hi] (App. H)
-    zeta = torch.randn(n, generator=g)
+    zeta = torch.randn(n, generator=g, device=device)
     # Context and query tokens together: u (latent), mu = [xi; eta] (modality noise), Eq. (3.1).
-    u = torch.randn(n, L + 1, generator=g)
-    mu = torch.randn(n, L + 1, d, generator=g)
+    u = torch.randn(n, L + 1, generator=g, device=device)
+    mu = torch.randn(n, L + 1, d, generator=g, device=device)
     x_all = u.unsqueeze(-1) * m.unsqueeze(1) + mu
     y_all = zeta.unsqueeze(-1) * u
     return {
@@ -84,8 +88,8 @@ class LatentFactorPrompts(SeededChunks):
     """Chunks of latent-factor prompts; item ``i`` is seeded by ``(data_seed, split, i mod cycle)``.
 
     ``cycle`` (the number of chunks of a fixed training set) makes the training sampler's ever-growing indices
-    walk the same fixed prompts (:meth:`keys`); those chunks are cached, which changes nothing but the time
-    (they are a pure function of their seed).
+    walk the same fixed prompts (:meth:`keys`). With ``seeds_only`` an item is ``{"seed": (1,) int64}``, the seed
+    its chunk is drawn from by :meth:`draw` on the training device.
     """
 
     def __init__(
@@ -99,6 +103,7 @@ class LatentFactorPrompts(SeededChunks):
         norm_range: tuple[float, float],
         data_seed: int,
         cycle: int | None = None,
+        seeds_only: bool = False,
     ):
         super().__init__(length, data_seed, (split,))
         self.split = split
@@ -107,22 +112,27 @@ class LatentFactorPrompts(SeededChunks):
         self.d1, self.d2 = d1, d2
         self.norm_range = norm_range
         self.cycle = cycle
-        self._cache: dict[tuple[object, ...], dict[str, Tensor]] = {}
+        self.seeds_only = seeds_only
 
     def keys(self, index: int) -> tuple[object, ...]:
         """``(split, index)``, or ``(split, index mod cycle)`` for a fixed training set."""
         return (self.split, index % self.cycle if self.cycle is not None else index)
 
     def make_chunk(self, index: int) -> dict[str, Tensor]:
-        key = self.keys(index)
-        if key in self._cache:
-            return self._cache[key]
-        item = sample_latent_factor_prompts(
+        if self.seeds_only:
+            return {"seed": torch.tensor([self.seed(index)])}
+        return sample_latent_factor_prompts(
             self.chunk_size, self.context_length, self.d1, self.d2, self.norm_range, self.generator(index)
         )
-        if self.cycle is not None:
-            self._cache[key] = item
-        return item
+
+    def draw(self, seeds: Sequence[int], device: torch.device) -> dict[str, Tensor]:
+        """The chunks of ``seeds`` (from :meth:`seed`) drawn on ``device`` and stacked into one batch; on the CPU
+        equal to the items :meth:`make_chunk` makes for those seeds."""
+        return collate_chunks([
+            sample_latent_factor_prompts(self.chunk_size, self.context_length, self.d1, self.d2, self.norm_range,
+                                         torch.Generator(device=device).manual_seed(int(seed)))
+            for seed in seeds
+        ])
 
 
 class FixedChunkKeys(Dataset):
@@ -184,6 +194,8 @@ class LatentFactorDataModule(ChunkedDataModule):
         eval_batch_size: prompts per validation/test step.
         data_seed: seed of all generated data, independent of ``seed_everything``.
         num_workers: DataLoader workers (generation is one vectorised call, so 0 is usually right).
+        generate_on_device: with ``train_prompts = None``, draw each step's fresh prompts on the training device
+            after the transfer (the loader moves seeds only); on a CPU the same prompts either way.
     """
 
     def __init__(
@@ -202,6 +214,7 @@ class LatentFactorDataModule(ChunkedDataModule):
         eval_batch_size: int = 250,
         data_seed: int = 0,
         num_workers: int = 0,
+        generate_on_device: bool = True,
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -238,25 +251,16 @@ class LatentFactorDataModule(ChunkedDataModule):
         """``alpha*`` of Theorem 6.2 for this data's ``||m||`` distribution."""
         return alpha_star(self.norm_range)
 
-    def _dataset(
-        self, split: Split, length: int, context_length: int, cycle: int | None = None
-    ) -> LatentFactorPrompts:
-        hp = self.hparams
-        return LatentFactorPrompts(
-            split,
-            length,
-            hp.chunk_size,
-            context_length,
-            self.d1,
-            self.d2,
-            self.norm_range,
-            self.data_seed,
-            cycle,
-        )
+    def _dataset(self, split: Split, length: int, context_length: int, cycle: int | None = None,
+                 seeds_only: bool = False) -> LatentFactorPrompts:
+        return LatentFactorPrompts(split, length, self.hparams.chunk_size, context_length, self.d1, self.d2,
+                                   self.norm_range, self.data_seed, cycle, seeds_only)
 
     def train_dataloader(self) -> DataLoader:
         if self.train_prompts is None:
-            return self.train_loader(lambda items: self._dataset("train", items, self.train_context_length))
+            on_device = bool(self.hparams.generate_on_device)
+            return self.train_loader(lambda items: self._dataset("train", items, self.train_context_length,
+                                                                 seeds_only=on_device))
         cycle = self.set_items("train_prompts")  # the fixed training set, walked again every epoch
         return self.train_loader(lambda items: FixedChunkKeys(items, cycle))
 
@@ -266,9 +270,20 @@ class LatentFactorDataModule(ChunkedDataModule):
         cycle = self.set_items("train_prompts")
         return ChunkBank(self._dataset("train_fixed", cycle, self.train_context_length, cycle))
 
-    def on_after_batch_transfer(self, batch: dict[str, Tensor], dataloader_idx: int) -> dict[str, Tensor]:
-        """A training batch of the fixed set arrives as its chunk keys: gather its prompts on the device."""
-        return self.fixed_training_set.gather(batch["chunk"]) if "chunk" in batch else batch
+    def on_before_batch_transfer(self, batch: dict[str, Any], dataloader_idx: int) -> dict[str, Any]:
+        if "seed" in batch:  # read on the host: after the transfer the read would wait for the device
+            batch["host_seeds"] = batch["seed"].tolist()
+        return batch
+
+    def on_after_batch_transfer(self, batch: dict[str, Any], dataloader_idx: int) -> dict[str, Tensor]:
+        """A training batch arrives as the chunk keys of the fixed set or the seeds of fresh chunks (see the
+        module docstring): gather or draw its prompts on the device."""
+        if "chunk" in batch:
+            return self.fixed_training_set.gather(batch["chunk"])
+        if "seed" in batch:
+            seeds = batch["host_seeds"] if "host_seeds" in batch else batch["seed"].tolist()
+            return self._dataset("train", 0, self.train_context_length).draw(seeds, batch["seed"].device)
+        return batch
 
     def val_dataloader(self) -> DataLoader:
         return self.eval_loader(self._dataset("val", self.set_items("val_prompts"), self.train_context_length))

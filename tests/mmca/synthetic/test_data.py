@@ -135,6 +135,23 @@ def test_fixed_training_set_repeats_and_fresh_prompts_do_not() -> None:
     assert not torch.equal(_epoch(_dm(data_seed=1), 0)[0]["x"], e0[0]["x"])
 
 
+def test_fresh_prompts_drawn_after_the_transfer_equal_the_loaders_on_the_cpu() -> None:
+    """``generate_on_device``: the loader moves one seed per chunk, read on the host before the transfer, and the
+    prompts drawn from them are bit for bit those the loader draws itself (on the CPU; a GPU draws its own)."""
+    on_device, in_loader = _dm(train_prompts=None), _dm(train_prompts=None, generate_on_device=False)
+    shipped = next(iter(on_device.train_dataloader()))
+    assert shipped.keys() == {"seed"} and shipped["seed"].shape == (2,)
+    before = on_device.on_before_batch_transfer(dict(shipped), 0)
+    assert before["host_seeds"] == shipped["seed"].tolist()
+    for epoch in (0, 2):
+        drawn, made = _epoch(on_device, epoch), _epoch(in_loader, epoch)
+        assert len(drawn) == len(made) == 4
+        for a, b in zip(drawn, made, strict=True):
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in b)
+    hooked = on_device.on_after_batch_transfer(before, 0)
+    assert all(torch.equal(hooked[k], drawn_k) for k, drawn_k in _epoch(on_device, 0)[0].items())
+
+
 def test_eval_sets_are_fixed_and_test_prompts_have_the_longest_context() -> None:
     dm = _dm()
     t1, t2 = list(dm.test_dataloader()), list(dm.test_dataloader())
