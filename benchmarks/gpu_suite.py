@@ -193,7 +193,7 @@ STEPS = [
                 "--set=--data.init_args.num_workers=2"]),
     _speed("step_speed_coqe_transformer", ["configs/coqe/omniglot.yaml", "configs/coqe/omniglot/transformer.yaml"],
            "the Transformer baseline (E = 64, L = 12) the same way", ["--config", "configs/coqe/omniglot/cpu.yaml"],
-           300),
+           210),
     _speed("step_speed_coqe_regression", ["configs/coqe/regression.yaml"],
            "CoQE regression step the same way", [], 180),
     _speed("step_speed_mmca_synthetic", ["configs/mmca/synthetic.yaml"],
@@ -205,7 +205,7 @@ STEPS = [
     # graphs (tens of seconds of compiling each), hence the limit.
     Step("cuda_tests", "the tests marked `cuda` (skipped on the CPU): GPU-only code paths",
          ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests"],
-         ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "--collect-only", "tests"], 330),
+         ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "--collect-only", "tests"], 420),
     Step("coqe_omniglot_fp32", "CoQE / Transformer steps/s at the paper's size, fp32 (and the sequence generator)",
          ["benchmarks/coqe_throughput.py", "--device", "cuda", "--steps", "100", "--precision", "32-true"],
          ["benchmarks/coqe_throughput.py", "--device", "cpu", "--steps", "2", "--image-size", "28", "--only",
