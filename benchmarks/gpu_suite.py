@@ -204,7 +204,8 @@ STEPS = [
     # the CPU test suite skips them; the dry run only collects them. Six of them compile a paper's nets with CUDA
     # graphs (tens of seconds of compiling each), hence the limit.
     Step("cuda_tests", "the tests marked `cuda` (skipped on the CPU): GPU-only code paths",
-         ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests"],
+         # -v names each test as it ends, so a run cut by the lease still says which passed.
+         ["-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "cuda", "tests"],
          ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "--collect-only", "tests"], 420),
     Step("coqe_omniglot_fp32", "CoQE / Transformer steps/s at the paper's size, fp32 (and the sequence generator)",
          ["benchmarks/coqe_throughput.py", "--device", "cuda", "--steps", "100", "--precision", "32-true"],
@@ -247,7 +248,12 @@ def headline(step: Step, output: str) -> str:
     if step.gpu[:2] == ["-m", "pytest"]:  # pytest's summary line, e.g. "1 passed, 2 warnings in 5.22s"
         found = re.findall(r"^=*\s*(\S*\d.*(?:passed|failed|error|skipped|collected).* in [\d.]+s)\s*=*$", output,
                            re.MULTILINE)
-        return found[-1] if found else ""
+        if found:
+            return found[-1]
+        # Stopped before its summary: what -v reported so far.
+        ended = re.findall(r"::\S+ (PASSED|FAILED|ERROR|SKIPPED)", output)
+        counts = {word.lower(): ended.count(word) for word in ("PASSED", "FAILED", "ERROR", "SKIPPED") if word in ended}
+        return ("stopped after " + ", ".join(f"{n} {w}" for w, n in counts.items())) if counts else ""
     if step.script.endswith("main_command.py"):
         found = re.findall(r"^mode=(\S+)\s*:\s+([\d.]+) steps/s all-in.*?10\^5 steps would take (\d+) min", output,
                            re.MULTILINE)

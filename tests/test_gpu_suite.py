@@ -72,6 +72,17 @@ def test_headlines_read_each_scripts_output() -> None:
     pytest_out = "tests/test_early_stopping.py .\n\n-- Docs: https://docs.pytest.org\n1 passed, 2 warnings in 5.22s\n"
     assert suite.headline(steps["cuda_tests"], pytest_out) == "1 passed, 2 warnings in 5.22s"
     assert suite.headline(steps["cuda_tests"], "==== 1 failed, 1 passed in 3.00s ====\n") == "1 failed, 1 passed in 3.00s"
+    cut = ("tests/core/test_data.py::test_to_device PASSED  [  7%]\n"
+           "tests/core/test_step_syncs.py::test_steps[icssl] FAILED  [ 14%]\n"
+           "tests/core/test_step_syncs.py::test_steps[coqe] PASSED  [ 21%]\n")  # stopped by the lease: no summary
+    assert suite.headline(steps["cuda_tests"], cut) == "stopped after 2 passed, 1 failed"
+    h2d = ("copy 6.8 KiB: pageable non-blocking 0.006 ms, pinned non-blocking 0.004 ms, blocking 20.1 ms, pin_memory() "
+           "0.010 ms; pageable waited for the queue: no\ncopy 25.7 MiB: pageable non-blocking 21.386 ms, pinned "
+           "non-blocking 0.005 ms, blocking 22.2 ms, pin_memory() 2.0 ms; pageable waited for the queue: yes\n")
+    assert suite.headline(steps["h2d_copy"], h2d) == (
+        "pageable copies waited at 25.7 MiB; pinned copies took at most 0.005 ms of host time")
+    assert suite.headline(steps["h2d_copy"], "copy 6.8 KiB: pageable non-blocking 0.006 ms, blocking 0.005 ms; "
+                          "pageable waited for the queue: n/a\n") == "no GPU: no queue to wait for"
     i2cl = ("mode=off             :     40.0 ms/step steady,     0.5 s more in the first 10 steps, 0 graphs, 2.0 s\n"
             "mode=reduce-overhead :      5.0 ms/step steady,    60.0 s more in the first 10 steps, 2 graphs, 61.0 s\n"
             "mode=reduce-overhead: 8.00x eager per step; compilation pays for itself after 1714 steps\n")
