@@ -77,11 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         times: dict[str, list[float]] = {"pageable": [], "pinned": [], "blocking": [], "pin": []}
         pinned = x.pin_memory() if cuda else None
         for _ in range(args.repeats + 1):  # the first round warms up the allocators
-            times["pageable"].append(_host_ms(lambda: x.to(device, non_blocking=True, copy=True), queue))
-            times["blocking"].append(_host_ms(lambda: x.to(device, copy=True), queue))
+            times["pageable"].append(_host_ms(lambda x=x: x.to(device, non_blocking=True, copy=True), queue))
+            times["blocking"].append(_host_ms(lambda x=x: x.to(device, copy=True), queue))
             if cuda:
-                times["pinned"].append(_host_ms(lambda: pinned.to(device, non_blocking=True), queue))
-                times["pin"].append(_host_ms(lambda: x.pin_memory(), lambda: None))
+                times["pinned"].append(_host_ms(lambda p=pinned: p.to(device, non_blocking=True), queue))
+                times["pin"].append(_host_ms(lambda x=x: x.pin_memory(), lambda: None))
         if cuda:
             torch.cuda.synchronize(device)
         med = {k: sorted(v[1:])[len(v[1:]) // 2] for k, v in times.items() if v}
