@@ -26,8 +26,8 @@ the report):
   zero-shot, I2CL, task vector and few-shot ICL in bf16 on both offline models, SmolLM2-135M and Gemma 3 270M
   (each skipped, with the reason, when not installed: ``docs/i2cl.md``).
 
-The report names the device, torch version, date, commit and every command, and keeps each script's output
-verbatim; a step that fails or times out is reported as such (with its last lines) and the suite goes on. The
+The report names the device, torch version, date, commit and every command, tabulates the speed goals its steps
+measured (met or not), and keeps each script's output verbatim; a step that fails or times out is reported as such (with its last lines) and the suite goes on. The
 per-step time limits add up to 90 minutes. With less GPU time (a 15-minute lease), name the steps wanted most
 with ``--only``, take their short forms with ``--short`` (fewer modes and steps, the same code paths) and cap
 the whole suite with ``--budget``; the report is rewritten after each step:
@@ -356,6 +356,36 @@ def commit() -> str:
     return sha.strip() + (" (with uncommitted changes)" if dirty.strip() else "") if sha.strip() else "unknown"
 
 
+#: The speed issue's GPU goals, all with CUDA graphs (``reduce-overhead``): steps/s all-in of two commands.
+RATE_GOALS = {"main_command": ("the main command, all-in", 100.0), "icssl_cli": ("IC-SSL manifolds CLI, all-in", 200.0)}
+
+
+def goal_rows(results: list[tuple[Step, dict[str, object]]]) -> list[tuple[str, str, str, bool]]:
+    """``(goal, measured, target, met)`` for each goal the steps that ran measured, with CUDA graphs: the two
+    all-in rates, and for each step-speed step Lightning / bare (deterministic kernels on) and what deterministic
+    kernels cost Lightning's step."""
+    rows = []
+    for step, res in results:
+        out = str(res["output"])
+        if step.name in RATE_GOALS:
+            found = re.search(r"^mode=reduce-overhead\s*:\s+([\d.]+) steps/s all-in", out, re.MULTILINE)
+            if found:
+                what, target = RATE_GOALS[step.name]
+                rate = float(found.group(1))
+                rows.append((what, f"{rate:.1f} steps/s", f">= {target:.0f} steps/s", rate >= target))
+        elif step.script.endswith("step_speed.py"):
+            ratio = re.search(r"^ratio lightning/bare mode=reduce-overhead deterministic=true: ([\d.]+)", out,
+                              re.MULTILINE)
+            if ratio:
+                rows.append((f"{step.name}: Lightning / bare", ratio.group(1), ">= 0.95", float(ratio.group(1)) >= 0.95))
+            cost = re.search(r"^deterministic cost lightning mode=reduce-overhead: ([+-][\d.]+) % time", out,
+                             re.MULTILINE)
+            if cost:
+                rows.append((f"{step.name}: deterministic kernels", f"{cost.group(1)} % time", "<= +5 %",
+                             float(cost.group(1)) <= 5.0))
+    return rows
+
+
 def report(results: list[tuple[Step, dict[str, object]]], dry: bool, started: dt.datetime, argv: str = "") -> str:
     title = "GPU suite (CPU dry run: code paths only, the numbers mean nothing)" if dry else "GPU suite"
     lines = [
@@ -368,6 +398,13 @@ def report(results: list[tuple[Step, dict[str, object]]], dry: bool, started: dt
     for step, res in results:
         lines.append(f"| {step.name} | {step.measures} | {res['status']} | {res['seconds']:.0f} | "
                      f"{headline(step, str(res['output'])) or '-'} |")
+    goals = goal_rows(results)
+    lines += ["", "## Goals (CUDA graphs)", ""]
+    if goals:
+        lines += ["| goal | measured | target | met |", "|---|---|---|---|"]
+        lines += [f"| {what} | {value} | {target} | {'yes' if met else 'no'} |" for what, value, target, met in goals]
+    else:
+        lines.append("None of the steps that ran measured a goal with CUDA graphs.")
     for step, res in results:
         lines += ["", f"## {step.name}", "", f"{step.measures}. Status: {res['status']}."]
         if res["cmd"]:

@@ -90,6 +90,36 @@ def test_headlines_read_each_scripts_output() -> None:
         "off 40.0 ms/step (+0.5 s), reduce-overhead 5.0 ms/step (+60.0 s); reduce-overhead 8.00x, break-even 1714 steps")
 
 
+def test_the_goals_table_reads_the_rates_ratios_and_deterministic_cost_with_cuda_graphs() -> None:
+    """The report's goal table: the two all-in rates against 100 and 200 steps/s, and per step-speed step
+    Lightning / bare against 0.95 and deterministic kernels against +5 %; eager numbers are not goals."""
+    suite = _suite()
+    steps = {step.name: step for step in suite.STEPS}
+
+    def ran(name: str, output: str) -> tuple:
+        return steps[name], {"output": output, "status": "ok", "seconds": 1.0, "cmd": "python x"}
+
+    results = [
+        ran("main_command", "mode=reduce-overhead :   104.50 steps/s all-in, 9000 steps\n"
+                            "mode=off             :    27.00 steps/s all-in, 2000 steps\n"),
+        ran("icssl_cli", "mode=reduce-overhead :   150.25 steps/s all-in, 9000 steps\n"),
+        ran("step_speed_coqe", "ratio lightning/bare mode=off deterministic=true: 0.780\n"
+                               "ratio lightning/bare mode=reduce-overhead deterministic=true: 0.931\n"
+                               "deterministic cost lightning mode=reduce-overhead: -6.5 % time\n"),
+        ran("step_speed_icssl", "deterministic cost lightning mode=reduce-overhead: +7.0 % time\n"),
+    ]
+    assert suite.goal_rows(results) == [
+        ("the main command, all-in", "104.5 steps/s", ">= 100 steps/s", True),
+        ("IC-SSL manifolds CLI, all-in", "150.2 steps/s", ">= 200 steps/s", False),
+        ("step_speed_coqe: Lightning / bare", "0.931", ">= 0.95", False),
+        ("step_speed_coqe: deterministic kernels", "-6.5 % time", "<= +5 %", True),
+        ("step_speed_icssl: deterministic kernels", "+7.0 % time", "<= +5 %", False),
+    ]
+    text = suite.report(results, dry=False, started=suite.dt.datetime(2026, 11, 27))
+    assert "| the main command, all-in | 104.5 steps/s | >= 100 steps/s | yes |" in text
+    assert "None of the steps" in suite.report([], dry=True, started=suite.dt.datetime(2026, 11, 27))
+
+
 def test_the_step_time_limits_fit_90_minutes_and_the_speed_goals_15() -> None:
     """A lent GPU comes for 15 minutes: the three steps the speed goals are judged by fit in them."""
     steps = _suite().STEPS
