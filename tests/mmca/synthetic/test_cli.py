@@ -219,3 +219,22 @@ def test_every_shipped_config_fits_and_tests_at_tiny_size(tmp_path, config: list
         values and all(math.isfinite(v) or v > 0 for v in values) and not any(math.isnan(v) for v in values)
     )
     assert {r["context_length"] for r in rows if r["metric"] == "icl_error"} == {6, 12}
+
+
+@pytest.mark.parametrize("fresh", [False, True], ids=["fixed_set", "fresh_prompts"])
+def test_a_run_resumed_inside_an_epoch_ends_bit_identical(tmp_path, fresh: bool) -> None:
+    """The training batches are gathered (fixed set) or drawn (fresh prompts) after the transfer from what the
+    loader ships, keys or seeds: a run stopped at step 4 of 3-step epochs and resumed to step 7 ends with the
+    weights of a run that went straight to step 7."""
+    data = ["--data.init_args.train_prompts", "null"] if fresh else []
+
+    def fit(root: Path, *extra: str) -> Path:
+        main(["fit", *mmca_args(root, *data, "--trainer.max_epochs", "-1", *extra)])
+        return max(root.rglob("last.ckpt"), key=lambda p: p.stat().st_mtime)
+
+    straight = fit(tmp_path / "straight", "--trainer.max_steps", "7")
+    stopped = fit(tmp_path / "stopped", "--trainer.max_steps", "4")
+    resumed = fit(tmp_path / "stopped", "--trainer.max_steps", "7", "--ckpt_path", str(stopped))
+    a, b = (torch.load(p, map_location="cpu", weights_only=False) for p in (straight, resumed))
+    assert a["global_step"] == b["global_step"] == 7
+    assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
