@@ -179,6 +179,34 @@ class EpisodeChunks(SeededChunks):
         return item
 
 
+class PointBank:
+    """The rows that a data module's episodes are made of (image features, image frames), moved to the training
+    device once: its loaders ship each episode as row ids and the points are gathered there. A batch of 32
+    feature episodes of 100 images of 1,280 features is 16 MB, which would otherwise be gathered on the host and
+    cross to the GPU at every step.
+
+    Gathering and scaling are exact, so the episodes are bit for bit those the host would make, on any device.
+
+    Args:
+        rows: ``(N, D)``, one point per row.
+        scale: multiplies every gathered point (``feature_scale``, ``pixel_scale``).
+    """
+
+    def __init__(self, rows: Tensor, scale: float):
+        self.rows, self.scale = rows, scale
+
+    @staticmethod
+    def scaled(rows: Tensor, ids: Tensor, scale: float) -> Tensor:
+        """``rows[ids] * scale``: the points of the episodes ``ids`` ``(B, n)`` as ``(B, n, D)``."""
+        return rows[ids] * scale
+
+    def episodes(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """``batch`` with its ``"ids"`` replaced by the episodes' points ``"x"``, made on the ids' device."""
+        self.rows = self.rows.to(batch["ids"].device)  # the rows themselves once they are there
+        rest = {k: v for k, v in batch.items() if k != "ids"}
+        return {"x": self.scaled(self.rows, batch["ids"], self.scale), **rest}
+
+
 class EpisodeDataModule(ChunkedDataModule, ABC):
     """What the IC-SSL data modules share beyond :class:`~lit_icl.core.data.ChunkedDataModule`: the label
     arguments, the seed and workers (taken here, so a subclass's constructor passes them on with ``**kwargs``),
@@ -204,6 +232,8 @@ class EpisodeDataModule(ChunkedDataModule, ABC):
     test_set_names: list[str] | None = None
     #: Size of a fixed pool of training episodes (Sec. 4.2's "dataset size"); ``None``: fresh every epoch.
     train_episodes: int | None = None
+    #: Where a module whose loaders ship row ids (``"ids"``) gathers its points (:class:`PointBank`).
+    point_bank: PointBank
 
     def __init__(
         self,
@@ -247,6 +277,10 @@ class EpisodeDataModule(ChunkedDataModule, ABC):
     def predict_dataloader(self) -> DataLoader:
         """All test episodes in one set (``predict`` returns per-point probabilities at every evaluation ratio)."""
         return self.eval_loader(self.dataset("test"))
+
+    def on_after_batch_transfer(self, batch: dict[str, Tensor], dataloader_idx: int) -> dict[str, Tensor]:
+        """A batch shipped as row ids becomes its points on the device (:attr:`point_bank`)."""
+        return self.point_bank.episodes(batch) if "ids" in batch else batch
 
 
 class ManifoldDataModule(EpisodeDataModule):

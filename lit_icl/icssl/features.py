@@ -22,6 +22,7 @@ training and a test part (``test_fraction``), so test episodes show unseen image
 from __future__ import annotations
 
 import pickle
+from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
@@ -38,7 +39,7 @@ from lit_icl.core.validation import (
     check_literal,
     check_nonnegative,
 )
-from lit_icl.icssl.data import EpisodeDataModule
+from lit_icl.icssl.data import EpisodeDataModule, PointBank
 
 STANDIN_COMMAND = "python -m lit_icl.icssl.build features-standin --out {path}"
 #: Where a run builds the stand-in on first use (only there: a mistyped path to one's own features stays an error).
@@ -122,11 +123,18 @@ def load_features(path: str | Path) -> dict:
 # ----------------------------------------------------------------------------------------------------------
 class FeatureEpisodes(SeededChunks):
     """Item ``i``: an episode of ``per_class`` images from each of 2 distinct classes, seeded by
-    ``(data_seed, split, i mod pool)``; ``pool`` fixes the number of distinct episodes (the dataset size)."""
+    ``(data_seed, split, i mod pool)``; ``pool`` fixes the number of distinct episodes (the dataset size).
+
+    With ``ids_only`` an item holds the episode's image ids (``"ids"``) instead of their scaled features
+    (``"x"``), and the data module's :class:`~lit_icl.icssl.data.PointBank` makes ``"x"`` from them on the
+    training device.
+    """
 
     def __init__(self, features: Tensor, by_class: list[Tensor], split: str, per_class: int, pool: int,
-                 data_seed: int, feature_scale: float, labeled_range: tuple[int, int] | None = None):
+                 data_seed: int, feature_scale: float, labeled_range: tuple[int, int] | None = None,
+                 ids_only: bool = False):
         super().__init__(pool, data_seed, stream=(split,))
+        self.ids_only = ids_only
         self.features = features
         self.by_class = by_class
         self.split = split
@@ -146,7 +154,9 @@ class FeatureEpisodes(SeededChunks):
         idx = torch.cat(picks)
         y = torch.cat([torch.zeros(self.per_class, dtype=torch.long), torch.ones(self.per_class, dtype=torch.long)])
         order = torch.randperm(idx.numel(), generator=g)
-        item = {"x": (self.features[idx[order]] * self.feature_scale).unsqueeze(0), "y": y[order].unsqueeze(0)}
+        ids = idx[order].unsqueeze(0)
+        item = {"ids": ids} if self.ids_only else {"x": PointBank.scaled(self.features, ids, self.feature_scale)}
+        item["y"] = y[order].unsqueeze(0)
         if self.labeled_range is not None:
             # A fresh label count each time an episode is revisited (seeded by the global index).
             lo, hi = self.labeled_range
@@ -282,4 +292,9 @@ class FeatureEpisodeDataModule(StandinOnFirstUse, EpisodeDataModule):
         hp = self.hparams
         return FeatureEpisodes(feats, train_ids if split == "train" else test_ids, split, hp.per_class,
                                hp[f"{split}_episodes"], hp.data_seed, hp.feature_scale,
-                               self.labeled_range if split == "train" else None)
+                               self.labeled_range if split == "train" else None, ids_only=True)
+
+    @cached_property
+    def point_bank(self) -> PointBank:
+        """The features that episodes index, scaled by ``feature_scale`` when gathered."""
+        return PointBank(self.splits()[0], self.hparams.feature_scale)

@@ -33,6 +33,7 @@ import contextlib
 import os
 import pickle
 from collections.abc import Sequence
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -45,7 +46,7 @@ from lit_icl.core.validation import (
     check_int,
     check_positive,
 )
-from lit_icl.icssl.data import DEFAULT_LABEL_RATIOS, EpisodeDataModule
+from lit_icl.icssl.data import DEFAULT_LABEL_RATIOS, EpisodeDataModule, PointBank
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 STANDIN_COMMAND = "python -m lit_icl.icssl.build image-standin --out {root}"
@@ -209,8 +210,11 @@ class ImageEpisodes(SeededChunks):
         pixel_scale: float,
         data_seed: int,
         labeled_range: tuple[int, int] | None = None,
+        ids_only: bool = False,
+        first: int = 0,
     ):
         super().__init__(frames.shape[0], data_seed, stream=(split,))
+        self.ids_only, self.first = ids_only, first
         self.frames = frames
         self.split = split
         self.n_points = n_points
@@ -223,10 +227,11 @@ class ImageEpisodes(SeededChunks):
         g = self.generator(index)
         seq = index % self.frames.shape[0]
         order = torch.randperm(self.frames.shape[1], generator=g)[: self.n_points]
-        item = {
-            "x": (self.frames[seq, order] * self.pixel_scale).unsqueeze(0),
-            "y": self.frame_labels[order].unsqueeze(0),
-        }
+        if self.ids_only:  # rows of all sequences' frames flattened to (S * F, D); this split starts at `first`
+            item = {"ids": ((self.first + seq) * self.frames.shape[1] + order).unsqueeze(0)}
+        else:
+            item = {"x": PointBank.scaled(self.frames[seq], order.unsqueeze(0), self.pixel_scale)}
+        item["y"] = self.frame_labels[order].unsqueeze(0)
         if self.labeled_range is not None:
             lo, hi = self.labeled_range
             item["n_labeled"] = torch.randint(lo, hi + 1, (1,), generator=g)
@@ -331,15 +336,23 @@ class ImageManifoldDataModule(StandinOnFirstUse, EpisodeDataModule):
                 " leaves none to test on; lower train_sequences or add sequences"
             )
 
-    def _split(self, split: str) -> Tensor:
+    def _split(self, split: str) -> tuple[Tensor, int]:
+        """The sequences of ``split`` and the index of its first one among all sequences."""
         frames, hp = self.frames(), self.hparams
         fit_end = hp.train_sequences - hp.val_sequences
-        return {"train": frames[:fit_end], "val": frames[fit_end: hp.train_sequences],
-                "test": frames[hp.train_sequences:]}[split]
+        first, last = {"train": (0, fit_end), "val": (fit_end, hp.train_sequences),
+                       "test": (hp.train_sequences, len(frames))}[split]
+        return frames[first:last], first
 
     def dataset(self, split: str, items: int | None = None, only: int | None = None) -> ImageEpisodes:
         """One episode per sequence of ``split``; training sequences are revisited in new frame orders (the
         epoch's items index them modulo their count)."""
         hp = self.hparams
-        return ImageEpisodes(self._split(split), split, self.n_points, hp.pixel_scale, hp.data_seed,
-                             self.labeled_range if split == "train" else None)
+        frames, first = self._split(split)
+        return ImageEpisodes(frames, split, self.n_points, hp.pixel_scale, hp.data_seed,
+                             self.labeled_range if split == "train" else None, ids_only=True, first=first)
+
+    @cached_property
+    def point_bank(self) -> PointBank:
+        """Every sequence's frames as rows, scaled by ``pixel_scale`` when gathered."""
+        return PointBank(self.frames().flatten(0, 1), self.hparams.pixel_scale)

@@ -36,7 +36,8 @@ def test_episodes_hold_two_classes_of_unseen_images(tmp_path) -> None:
     dm = _dm(tmp_path / "f.pt")
     train_rows, test_rows = set(), set()
     for loader, rows in ((dm.train_dataloader(), train_rows), (dm.test_dataloader(), test_rows)):
-        for batch in loader:
+        for shipped in loader:
+            batch = dm.on_after_batch_transfer(shipped, 0)  # the features are gathered after the transfer
             assert batch["x"].shape[1:] == (10, 6)
             for x, y in zip(batch["x"], batch["y"]):
                 idx = torch.cdist(x, data["features"]).argmin(-1)  # which stored image each point is
@@ -53,8 +54,25 @@ def test_dataset_size_is_a_fixed_pool_of_episodes(tmp_path) -> None:
     dm = _dm(tmp_path / "f.pt")
     ds = dm.train_dataloader().dataset
     assert len(ds) == 3
-    torch.testing.assert_close(ds[1]["x"], ds[1 + 3]["x"])  # the next epoch revisits the same episodes
-    assert not torch.equal(ds[0]["x"], ds[1]["x"])
+    assert torch.equal(ds[1]["ids"], ds[1 + 3]["ids"])  # the next epoch revisits the same episodes
+    assert not torch.equal(ds[0]["ids"], ds[1]["ids"])
+
+
+def test_the_loader_ships_image_ids_and_the_features_are_gathered_bit_identical(tmp_path) -> None:
+    """Each batch crosses to the device as image ids (a 16 MB batch of features on the paper's sizes would cross
+    at every step); gathered there, its points are bit for bit the scaled features a host-built episode holds."""
+    data = _feature_file(tmp_path / "f.pt")
+    dm = _dm(tmp_path / "f.pt", feature_scale=0.1, normalize="l2")
+    for split, loader in (("train", dm.train_dataloader()), ("test", dm.test_dataloader())):
+        shipped = next(iter(loader))
+        assert "x" not in shipped and shipped["ids"].shape == (len(shipped["y"]), 10)
+        on_host = dm.dataset(split)
+        on_host.ids_only = False  # what the loader shipped before: the points themselves
+        made = torch.cat([on_host[i]["x"] for i in range(len(shipped["y"]))])
+        got = dm.on_after_batch_transfer(shipped, 0)
+        assert torch.equal(got["x"], made) and torch.equal(got["y"], shipped["y"])
+        assert torch.equal(got["x"][0, 0], torch.nn.functional.normalize(data["features"], dim=-1)[
+            shipped["ids"][0, 0]] * 0.1)
 
 
 def test_missing_or_small_feature_files_are_refused(tmp_path) -> None:
@@ -135,7 +153,7 @@ def test_the_default_missing_stand_in_is_checked_then_built_whole(tmp_path, firs
     assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["features_standin.pt"]  # no .partial left
     assert first_use[0].name == ".features_standin.pt.partial"
     assert not dm.builds_standin() and dm.ambient_dim == STANDIN_DIM
-    assert next(iter(dm.train_dataloader()))["x"].shape[-2:] == (100, STANDIN_DIM)
+    assert dm.on_after_batch_transfer(next(iter(dm.train_dataloader())), 0)["x"].shape[-2:] == (100, STANDIN_DIM)
 
 
 def test_runs_that_start_at_once_build_the_stand_in_once(tmp_path, first_use, monkeypatch) -> None:

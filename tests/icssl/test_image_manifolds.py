@@ -60,18 +60,28 @@ def test_episodes_label_halves_split_sequences_and_fix_the_test_set(tmp_path) ->
                                  train_batches_per_epoch=2, train_label_ratio=(0.2, 0.5),
                                  eval_label_ratios=[0.34])
     frames = load_sequences(tmp_path, image_size=4)
-    test = next(iter(dm.test_dataloader()))
+    test = dm.on_after_batch_transfer(next(iter(dm.test_dataloader())), 0)  # frames gathered after the transfer
     assert test["x"].shape == (2, 6, 16) and test["y"].shape == (2, 6)
     for e in range(2):  # test = sequences 4 and 5, each frame once, label = second half of the sequence
         seq = frames[3 + e] * 1e-3
         match = torch.cdist(test["x"][e], seq).argmin(-1)
         assert sorted(match.tolist()) == list(range(6))
         assert torch.equal(test["y"][e], (match >= 3).long())
-    again = next(iter(dm.test_dataloader()))
+    again = dm.on_after_batch_transfer(next(iter(dm.test_dataloader())), 0)
     assert torch.equal(again["x"], test["x"])
     train = next(iter(dm.train_dataloader()))
     assert train["n_labeled"].min() >= 1 and train["n_labeled"].max() <= 3
-    assert len(dm._split("train")) == 2 and len(dm._split("val")) == 1 and len(dm._split("test")) == 2
+    splits = [(len(frames), first) for frames, first in map(dm._split, ("train", "val", "test"))]
+    assert splits == [(2, 0), (1, 2), (2, 3)]  # sequences of each split, and the first one's index
+    # Every split ships frame ids; gathered, they are bit for bit the points a host-built episode holds.
+    loaders = {"train": dm.train_dataloader(), "val": dm.val_dataloader(), "test": dm.test_dataloader()}
+    for split, loader in loaders.items():
+        shipped = next(iter(loader))
+        assert "x" not in shipped
+        on_host = dm.dataset(split)
+        on_host.ids_only = False
+        made = torch.cat([on_host[i]["x"] for i in range(len(shipped["y"]))])
+        assert torch.equal(dm.on_after_batch_transfer(shipped, 0)["x"], made)
 
 
 def test_cli_evaluates_on_image_manifolds(tmp_path) -> None:
