@@ -71,8 +71,8 @@ def test_the_loader_ships_image_ids_and_the_features_are_gathered_bit_identical(
         made = torch.cat([on_host[i]["x"] for i in range(len(shipped["y"]))])
         got = dm.on_after_batch_transfer(shipped, 0)
         assert torch.equal(got["x"], made) and torch.equal(got["y"], shipped["y"])
-        assert torch.equal(got["x"][0, 0], torch.nn.functional.normalize(data["features"], dim=-1)[
-            shipped["ids"][0, 0]] * 0.1)
+        # ... and the formula itself: the l2-normalised features of those images, times feature_scale.
+        assert torch.equal(got["x"], torch.nn.functional.normalize(data["features"], dim=-1)[shipped["ids"]] * 0.1)
 
 
 def test_missing_or_small_feature_files_are_refused(tmp_path) -> None:

@@ -81,7 +81,8 @@ def test_episodes_label_halves_split_sequences_and_fix_the_test_set(tmp_path) ->
         on_host = dm.dataset(split)
         on_host.ids_only = False
         made = torch.cat([on_host[i]["x"] for i in range(len(shipped["y"]))])
-        assert torch.equal(dm.on_after_batch_transfer(shipped, 0)["x"], made)
+        got = dm.on_after_batch_transfer(shipped, 0)["x"]
+        assert torch.equal(got, made) and torch.equal(got, frames.flatten(0, 1)[shipped["ids"]] * 1e-3)
 
 
 def test_cli_evaluates_on_image_manifolds(tmp_path) -> None:
