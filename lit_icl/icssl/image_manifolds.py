@@ -200,6 +200,10 @@ class ImageEpisodes(SeededChunks):
 
     Labels follow the frame's place in its sequence (first half 0, second half 1). With ``n_points`` below the
     sequence length a random subset of frames is used (the paper uses all 100).
+
+    With ``ids_only`` an item holds the frames' rows (``"ids"``) in all sequences' frames flattened to
+    ``(S * F, D)``, ``frames`` being the split's sequences from sequence ``first`` on, instead of the scaled
+    frames (``"x"``); the data module's :class:`~lit_icl.icssl.data.PointBank` makes ``"x"`` on the device.
     """
 
     def __init__(
