@@ -155,7 +155,7 @@ class FeatureEpisodes(SeededChunks):
         y = torch.cat([torch.zeros(self.per_class, dtype=torch.long), torch.ones(self.per_class, dtype=torch.long)])
         order = torch.randperm(idx.numel(), generator=g)
         ids = idx[order].unsqueeze(0)
-        item = {"ids": ids} if self.ids_only else {"x": PointBank.scaled(self.features, ids, self.feature_scale)}
+        item = {"ids": ids} if self.ids_only else {"x": self.features[ids] * self.feature_scale}
         item["y"] = y[order].unsqueeze(0)
         if self.labeled_range is not None:
             # A fresh label count each time an episode is revisited (seeded by the global index).

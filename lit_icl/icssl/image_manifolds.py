@@ -234,7 +234,7 @@ class ImageEpisodes(SeededChunks):
         if self.ids_only:  # rows of all sequences' frames flattened to (S * F, D); this split starts at `first`
             item = {"ids": ((self.first + seq) * self.frames.shape[1] + order).unsqueeze(0)}
         else:
-            item = {"x": PointBank.scaled(self.frames[seq], order.unsqueeze(0), self.pixel_scale)}
+            item = {"x": (self.frames[seq, order] * self.pixel_scale).unsqueeze(0)}
         item["y"] = self.frame_labels[order].unsqueeze(0)
         if self.labeled_range is not None:
             lo, hi = self.labeled_range

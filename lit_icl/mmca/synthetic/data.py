@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from lit_icl.core.data import ChunkedDataModule, SeededChunks, collate_chunks
+from lit_icl.core.data import ChunkedDataModule, DeviceBank, SeededChunks, collate_chunks
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.validation import check_nonempty, check_positive, check_unique
 from lit_icl.mmca.theory import alpha_star, check_norm_range
@@ -139,7 +139,8 @@ class FixedChunkKeys(Dataset):
     """Which chunk of a fixed training set of ``cycle`` chunks each training item holds: ``index mod cycle``.
 
     The items of :class:`LatentFactorPrompts` ``("train_fixed", ..., cycle)`` as keys, ``{"chunk": (1,) int64}``;
-    the DataLoader stacks a batch's keys and the data module gathers the chunks on the device.
+    the DataLoader stacks a batch's keys and the data module gathers the chunks on the device
+    (:class:`~lit_icl.core.data.DeviceBank`).
     """
 
     def __init__(self, length: int, cycle: int):
@@ -150,28 +151,6 @@ class FixedChunkKeys(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, Tensor]:
         return {"chunk": torch.tensor([int(index) % self.cycle])}
-
-
-class ChunkBank:
-    """All chunks of a fixed set, generated once and moved to the training device once; a batch is gathered
-    from it by its chunk keys (:class:`FixedChunkKeys`), on that device.
-
-    Args:
-        chunks: the set's items (:class:`LatentFactorPrompts` with ``cycle = len(chunks)``).
-    """
-
-    def __init__(self, chunks: LatentFactorPrompts):
-        items = [chunks[i] for i in range(len(chunks))]
-        self._tensors = {k: torch.stack([it[k] for it in items]) for k in items[0]}  # (chunks, chunk_size, ...)
-
-    def tensors(self, device: torch.device) -> dict[str, Tensor]:
-        """The bank as ``{key: (chunks, chunk_size, ...)}`` on ``device`` (moved there at the first call)."""
-        self._tensors = {k: v.to(device) for k, v in self._tensors.items()}  # each itself once it is there
-        return self._tensors
-
-    def gather(self, keys: Tensor) -> dict[str, Tensor]:
-        """The chunks ``keys`` (on the training device) stacked into one batch, in order, on that device."""
-        return {k: v[keys].flatten(0, 1) for k, v in self.tensors(keys.device).items()}
 
 
 class LatentFactorDataModule(ChunkedDataModule):
@@ -265,10 +244,11 @@ class LatentFactorDataModule(ChunkedDataModule):
         return self.train_loader(lambda items: FixedChunkKeys(items, cycle))
 
     @cached_property
-    def fixed_training_set(self) -> ChunkBank:
-        """The ``train_fixed`` chunks of :class:`LatentFactorPrompts` in a :class:`ChunkBank`, made once."""
+    def fixed_training_set(self) -> DeviceBank:
+        """The ``train_fixed`` chunks of :class:`LatentFactorPrompts`, stacked as ``{key: (chunks, chunk_size,
+        ...)}`` once and moved to the training device once."""
         cycle = self.set_items("train_prompts")
-        return ChunkBank(self._dataset("train_fixed", cycle, self.train_context_length, cycle))
+        return DeviceBank.stacked(self._dataset("train_fixed", cycle, self.train_context_length, cycle))
 
     def on_before_batch_transfer(self, batch: dict[str, Any], dataloader_idx: int) -> dict[str, Any]:
         if "seed" in batch:  # read on the host: after the transfer the read would wait for the device
@@ -279,7 +259,7 @@ class LatentFactorDataModule(ChunkedDataModule):
         """A training batch arrives as the chunk keys of the fixed set or the seeds of fresh chunks (see the
         module docstring): gather or draw its prompts on the device."""
         if "chunk" in batch:
-            return self.fixed_training_set.gather(batch["chunk"])
+            return {k: v.flatten(0, 1) for k, v in self.fixed_training_set.gather(batch["chunk"]).items()}
         if "seed" in batch:
             seeds = batch["host_seeds"] if "host_seeds" in batch else batch["seed"].tolist()
             return self._dataset("train", 0, self.train_context_length).draw(seeds, batch["seed"].device)
