@@ -165,6 +165,7 @@ BAD_INPUT = [
         ],
         "context_length=0 must be >= 1",
     ),
+    (["--data.init_args.generate_on_device", "sometimes"], "generate_on_device: Expected a <class 'bool'>"),
 ]
 
 
