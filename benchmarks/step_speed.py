@@ -38,6 +38,7 @@ from lightning.pytorch import Callback, LightningDataModule, LightningModule, Tr
 from lightning.pytorch.utilities import move_data_to_device
 
 from lit_icl.callbacks.compile import CUDA_GRAPH_MODES, CompileNets, compile_targets, resolve_mode
+from lit_icl.cli.trainer_setup import NoOpProfiler
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,6 +92,7 @@ def lightning_steps(module: LightningModule, batches: list[Any], mode: str, warm
         accelerator="gpu" if device.type == "cuda" else "cpu", devices=1, max_steps=len(batches), logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
         num_sanity_val_steps=0, deterministic=deterministic, callbacks=callbacks,
+        profiler=NoOpProfiler(),  # the CLI's default profiler (lit_icl.cli.trainer_setup.no_op_profiler)
     )
     # A list of batches already on the device; Lightning's transfer to the device is then a no-op.
     trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader(batches, batch_size=None))

@@ -50,7 +50,7 @@ from lit_icl.cli.checks import (
 )
 from lit_icl.cli.messages import find_config_error, one_line_parser_error, trainer_error_message
 from lit_icl.cli.naming import DEFAULT_RUN_NAME, name_run_from_configs
-from lit_icl.cli.trainer_setup import add_compile, add_early_stopping, quiet_progress_bar
+from lit_icl.cli.trainer_setup import add_compile, add_early_stopping, no_op_profiler, quiet_progress_bar
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.legacy import upgrade_checkpoint, upgrade_hparams
 from lit_icl.core.module import ICLModule
@@ -315,6 +315,7 @@ class LitICLCLI(LightningCLI):
         config = self.config[sub] if sub else self.config
         add_compile(trainer, self.model, config.get("compile"))
         quiet_progress_bar(trainer)
+        no_op_profiler(trainer)
         if sub in (None, "fit"):
             # Only training stops early. A fit's saved config.yaml carries its early_stopping options, and
             # `test --config <that file>` must run without them (a test has no validation rounds to count).
