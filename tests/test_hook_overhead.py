@@ -110,3 +110,20 @@ def test_the_cli_gives_a_run_the_no_op_profiler_and_keeps_a_named_one(tmp_path) 
     named = Trainer(accelerator="cpu", profiler=SimpleProfiler(), logger=False)
     no_op_profiler(named)
     assert type(named.profiler) is SimpleProfiler
+
+
+def test_iclmodule_stores_the_hook_name_where_nn_module_would_and_registers_the_rest() -> None:
+    module, reference = _Tiny(), nn.Module()
+    for target in (module, reference):
+        target._current_fx_name = "on_train_batch_start"
+        target.extra = nn.Linear(1, 1)
+        target.scale = nn.Parameter(torch.ones(()))
+        target.register_buffer("count", torch.zeros(()))
+        target.count = torch.ones(())
+    for target in (module, reference):
+        assert target.__dict__["_current_fx_name"] == "on_train_batch_start"
+        assert "_current_fx_name" not in {*target._parameters, *target._buffers, *target._modules}
+        assert "extra" in target._modules and "scale" in target._parameters
+        assert torch.equal(target._buffers["count"], torch.ones(()))
+    assert {n for n, _ in module.named_parameters()} == {"net.weight", "net.bias", "extra.weight", "extra.bias",
+                                                          "scale"}

@@ -58,6 +58,17 @@ class ICLModule(LightningModule):
         self._trained_steps: int | None = None
         self._bound_datamodule: LightningDataModule | None = None
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Lightning sets `_current_fx_name` (the running hook's name, or None) twice around each of the about 60
+        # hook calls of a training step. nn.Module.__setattr__ checks every assignment against its parameters,
+        # buffers and submodules: for this plain string, about 45 us of host time per step on our CPU machine
+        # (benchmarks/loop_overhead.py), which a small GPU step under CUDA graphs waits on. The name is never a
+        # parameter, buffer or submodule, so storing it directly is what nn.Module would do after its checks.
+        if name == "_current_fx_name":
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
+
     # ------------------------------------------------------------------ hyper-parameters
     def save_reloadable_hparams(self) -> None:
         """``save_hyperparameters()`` that keeps config-given nets and drops net *objects*.
