@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 import torch
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer, seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.profilers import PassThroughProfiler, Profiler, SimpleProfiler
 from torch import nn
 from torch.utils.data import DataLoader
 
+from lit_icl.callbacks.checkpoint import RunCheckpoint
 from lit_icl.cli import LitICLCLI
 from lit_icl.cli.trainer_setup import NoOpProfiler, no_op_profiler
 from lit_icl.core.module import ICLModule
@@ -127,3 +129,14 @@ def test_iclmodule_stores_the_hook_name_where_nn_module_would_and_registers_the_
         assert torch.equal(target._buffers["count"], torch.ones(()))
     assert {n for n, _ in module.named_parameters()} == {"net.weight", "net.bias", "extra.weight", "extra.bias",
                                                           "scale"}
+
+
+def test_run_checkpoints_state_key_is_model_checkpoints_and_follows_its_settings(tmp_path) -> None:
+    kwargs = dict(dirpath=tmp_path, monitor="val/acc", mode="max", every_n_epochs=2)
+    ours, lightnings = RunCheckpoint(**kwargs), ModelCheckpoint(**kwargs)
+    assert ours.state_key == lightnings.state_key
+    assert ours.state_key == lightnings.state_key  # the cached key
+    ours.monitor = lightnings.monitor = "val/loss"
+    ours.mode = lightnings.mode = "min"
+    assert ours.state_key == lightnings.state_key
+    assert "val/loss" in ours.state_key

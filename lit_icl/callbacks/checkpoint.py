@@ -26,7 +26,16 @@ class RunCheckpoint(ModelCheckpoint):
     def state_key(self) -> str:
         # Saved under ModelCheckpoint's key, so checkpoints written before this class existed (and after) resume
         # with their bookkeeping: Lightning matches a callback's saved state by this key.
-        return "ModelCheckpoint" + super().state_key.removeprefix(type(self).__qualname__)
+        # Lightning also reads the key at every hook call (it names the profiler's action), about 60 times a
+        # training step, and ModelCheckpoint's is the repr of its trigger settings: so it is made again only
+        # when one of those settings has changed.
+        settings = (self.monitor, self.mode, self._every_n_train_steps, self._every_n_epochs,
+                    self._train_time_interval)
+        cached = self.__dict__.get("_state_key_of")
+        if cached is None or cached[0] != settings:
+            cached = (settings, "ModelCheckpoint" + super().state_key.removeprefix(type(self).__qualname__))
+            self._state_key_of = cached
+        return cached[1]
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         # Lightning 2.6 writes last.ckpt at the end of training even under fast_dev_run, which promises no
