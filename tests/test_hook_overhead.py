@@ -132,7 +132,7 @@ def test_iclmodule_stores_the_hook_name_where_nn_module_would_and_registers_the_
 
 
 def test_run_checkpoints_state_key_is_model_checkpoints_and_follows_its_settings(tmp_path) -> None:
-    kwargs = dict(dirpath=tmp_path, monitor="val/acc", mode="max", every_n_epochs=2)
+    kwargs = {"dirpath": tmp_path, "monitor": "val/acc", "mode": "max", "every_n_epochs": 2}
     ours, lightnings = RunCheckpoint(**kwargs), ModelCheckpoint(**kwargs)
     assert ours.state_key == lightnings.state_key
     assert ours.state_key == lightnings.state_key  # the cached key
