@@ -194,15 +194,11 @@ class PointBank(DeviceBank):
         super().__init__({"x": rows})
         self.scale = scale
 
-    @staticmethod
-    def scaled(points: Tensor, scale: float) -> Tensor:
-        """``points * scale`` in place: gathered points are a fresh tensor, so no second copy is made."""
-        return points.mul_(scale)
-
     def episodes(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         """``batch`` with its ``"ids"`` replaced by the episodes' points ``"x"``, made on the ids' device."""
         rest = {k: v for k, v in batch.items() if k != "ids"}
-        return {"x": self.scaled(self.gather(batch["ids"])["x"], self.scale), **rest}
+        # Scaled in place: the gathered points are a fresh tensor, so no second copy is made.
+        return {"x": self.gather(batch["ids"])["x"].mul_(self.scale), **rest}
 
 
 class EpisodeDataModule(ChunkedDataModule, ABC):
