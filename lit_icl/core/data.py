@@ -53,6 +53,10 @@ class SeededChunks(Dataset, ABC):
     def __getitem__(self, index: int) -> dict[str, Tensor]:
         return self.make_chunk(int(index))
 
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Tensor]]:
+        """The chunks of a batch (a DataLoader asks for them together): :meth:`make_chunks`."""
+        return self.make_chunks([int(i) for i in indices])
+
     def keys(self, index: int) -> tuple[object, ...]:
         """What seeds item ``index`` after ``data_seed``: the stream, then the index."""
         return (*self.stream, index)
@@ -66,6 +70,11 @@ class SeededChunks(Dataset, ABC):
     @abstractmethod
     def make_chunk(self, index: int) -> dict[str, Tensor]:
         """The chunk of item ``index``: a dict of tensors whose first axis is the chunk's episodes."""
+
+    def make_chunks(self, indices: list[int]) -> list[dict[str, Tensor]]:
+        """The chunks of ``indices``, each equal to :meth:`make_chunk`'s. A subclass whose chunks cost a few
+        small ops each may make them in one pass, as long as every chunk stays a function of its own index."""
+        return [self.make_chunk(i) for i in indices]
 
 
 def collate_chunks(items: list[dict[str, Tensor]]) -> dict[str, Tensor]:

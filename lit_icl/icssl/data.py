@@ -37,7 +37,7 @@ from lit_icl.core.validation import (
     check_range,
     check_unique,
 )
-from lit_icl.icssl.manifolds import TORUS_TAU, Manifold, PoseConfig, PoseRotation
+from lit_icl.icssl.manifolds import TORUS_TAU, GeneratorSplit, Manifold, PoseConfig, PoseRotation
 from lit_icl.icssl.sampling import get_manifolds, sample_episodes
 
 Split = Literal["train", "val", "test"]
@@ -158,25 +158,44 @@ class EpisodeChunks(SeededChunks):
         self.labeled_range = labeled_range
 
     def make_chunk(self, index: int) -> dict[str, Tensor]:
-        g = self.generator(index)
-        c = self.chunk_size
-        which = torch.randint(len(self.manifolds), (c,), generator=g)
-        xs, ys, order = [], [], []
+        return self.make_chunks([index])[0]
+
+    def make_chunks(self, indices: list[int]) -> list[dict[str, Tensor]]:
+        """The chunks of ``indices`` in one pass per manifold (:class:`~lit_icl.icssl.manifolds.GeneratorSplit`).
+
+        Chunk ``i`` draws from its own generator, in this order: which manifold each episode is on, then the
+        episodes of each manifold in turn (:func:`~lit_icl.icssl.sampling.sample_episodes`), then the labeled
+        counts. Its episodes are those of a pass over chunk ``i`` alone, in the order of its manifold draws.
+        """
+        gens = [self.generator(i) for i in indices]
+        c, n = self.chunk_size, self.n_points
+        which = [torch.randint(len(self.manifolds), (c,), generator=g) for g in gens]
+        xs: list[Tensor | None] = [None] * len(gens)
+        ys: list[Tensor | None] = [None] * len(gens)
         for k, manifold in enumerate(self.manifolds):
-            idx = (which == k).nonzero().flatten()
-            if idx.numel() == 0:
+            # Per chunk, the positions of its episodes on this manifold, in the order they are drawn (all of
+            # them, in order, when there is one manifold: its draw of `which` is still made, for the stream).
+            at = [None] * len(gens) if len(self.manifolds) == 1 else [(w == k).nonzero().flatten() for w in which]
+            counts = [c if a is None else len(a) for a in at]
+            if not any(counts):
                 continue
-            ep = sample_episodes(manifold, idx.numel(), self.n_points, g, self.pose)
-            xs.append(ep.x)
-            ys.append(ep.y)
-            order.append(idx)
-        # Put episodes back in the order of `which`, so the chunk does not group manifolds together.
-        perm = torch.cat(order).argsort()
-        item = {"x": torch.cat(xs)[perm], "y": torch.cat(ys)[perm]}
+            ep = sample_episodes(manifold, sum(counts), n, GeneratorSplit(gens, counts), self.pose)
+            start = 0
+            for j, (a, count) in enumerate(zip(at, counts)):
+                x, y = ep.x[start:start + count], ep.y[start:start + count]
+                start += count
+                if count == c:  # the whole chunk is on this manifold, in drawing order
+                    xs[j], ys[j] = x, y
+                elif count:
+                    if xs[j] is None:
+                        xs[j], ys[j] = x.new_empty((c, *x.shape[1:])), y.new_empty((c, n))
+                    xs[j][a], ys[j][a] = x, y
+        items = [{"x": x, "y": y} for x, y in zip(xs, ys)]
         if self.labeled_range is not None:
             lo, hi = self.labeled_range
-            item["n_labeled"] = torch.randint(lo, hi + 1, (c,), generator=g)
-        return item
+            for item, g in zip(items, gens):
+                item["n_labeled"] = torch.randint(lo, hi + 1, (c,), generator=g)
+        return items
 
 
 class PointBank(DeviceBank):

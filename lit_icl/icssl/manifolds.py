@@ -17,6 +17,7 @@ Public API (here, and in :mod:`~lit_icl.icssl.sampling` the last four)::
     Manifold                       # base class: name, chart_dim, ambient_dim, tau,
                                    # sample_chart, embed, geodesic, label, embed_and_pose
     Sphere(), Cylinder(height=2.0), Cone(alpha_range=(pi/6, pi/3), s_max=1.0), Spiral(), FlatTorus()
+    GeneratorSplit(generators, counts)  # several chunks' generators, sampled in one pass
     apply_pose(x, pose, generator) -> Tensor
     random_rotation(num, kind, generator, dtype=torch.float32) -> Tensor
     ProductManifold(factors, positive_fraction=0.5)
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -42,6 +44,7 @@ __all__ = [
     "Cone",
     "Cylinder",
     "FlatTorus",
+    "GeneratorSplit",
     "Manifold",
     "PoseConfig",
     "Sphere",
@@ -64,12 +67,83 @@ _DTYPE: torch.dtype = torch.float32
 # ----------------------------------------------------------------------------------------------------------
 # Small helpers
 # ----------------------------------------------------------------------------------------------------------
-def _uniform(
-    shape: tuple[int, ...], low: float, high: float, generator: torch.Generator
-) -> Tensor:
+class GeneratorSplit:
+    """The random source of a batch of episodes made of several chunks, each with its own generator.
+
+    Every draw in this module and in :mod:`~lit_icl.icssl.sampling` has the episodes on its leading axis. Given
+    one, generator ``j`` draws the next ``counts[j]`` rows of it, exactly the draw it makes when it samples its
+    own ``counts[j]`` episodes alone; the rows are stacked in generator order. So a sampler run once over the
+    whole batch makes each chunk's episodes from the same random numbers as a run per chunk, and its arithmetic
+    runs once per batch instead of once per chunk. Generators with a count of 0 are never drawn from, as a
+    chunk with no episode on a manifold does not sample it.
+
+    Equal random numbers give equal episodes only where the arithmetic does not depend on an element's place in
+    the tensor. Charts, embeddings and poses qualify (products, ``sin``, ``cos``, batched matrix products and
+    QR, per element or per matrix). The geodesic distances behind the labels do not: torch's CPU ``atan2`` and
+    ``pow`` round an element one way inside a vectorised loop and another in its scalar tail, so a distance at a
+    label's threshold could come out one ulp apart. :func:`~lit_icl.icssl.sampling.sample_episodes` therefore
+    labels each generator's episodes on their own (:meth:`each`), as a run per chunk would.
+
+    Args:
+        generators: one per chunk.
+        counts: the episodes each generator draws for, in the same order.
+    """
+
+    def __init__(self, generators: Sequence[torch.Generator], counts: Sequence[int]):
+        if len(generators) != len(counts) or not generators:
+            raise ValueError(f"need one count per generator, got {len(generators)} generators, {len(counts)} counts")
+        for g in generators:
+            _check_generator(g)
+        self.parts = [(g, int(c)) for g, c in zip(generators, counts) if c > 0]
+        self.total = sum(c for _, c in self.parts)
+        self.device = generators[0].device
+
+    def draw(self, fn: Callable[[tuple[int, ...], torch.Generator], Tensor], shape: tuple[int, ...]) -> Tensor:
+        """``fn(shape, generator)`` with the leading axis of ``shape`` split over the generators."""
+        if not shape or shape[0] != self.total:
+            raise ValueError(f"a split draw needs {self.total} episodes on its leading axis, got shape {shape}")
+        return torch.cat([fn((c, *shape[1:]), g) for g, c in self.parts])
+
+    def each(self, fn: Callable[..., tuple[Tensor, ...]], *rows: Tensor) -> tuple[Tensor, ...]:
+        """``fn(*rows_j, generator_j)`` on each generator's own rows, the outputs stacked in generator order.
+
+        Each generator's rows are copied into tensors of their own first, laid out as a run over that chunk
+        alone would have them, so ``fn`` computes exactly what it computes there.
+        """
+        outs, start = [], 0
+        for g, c in self.parts:
+            outs.append(fn(*(r[start:start + c].clone() for r in rows), g))
+            start += c
+        return tuple(torch.cat(parts) for parts in zip(*outs))
+
+
+#: What the samplers draw from: one generator, or a batch's generators (:class:`GeneratorSplit`).
+RandomSource = torch.Generator | GeneratorSplit
+
+
+def _draw(fn: Callable[[tuple[int, ...], torch.Generator], Tensor], shape: tuple[int, ...],
+          generator: RandomSource) -> Tensor:
+    return generator.draw(fn, shape) if isinstance(generator, GeneratorSplit) else fn(shape, generator)
+
+
+def _rand(shape: tuple[int, ...], generator: RandomSource, dtype: torch.dtype = _DTYPE) -> Tensor:
+    """``U(0, 1)`` of ``shape`` on the generator's device (the episodes on the leading axis)."""
+    return _draw(lambda s, g: torch.rand(s, generator=g, device=g.device, dtype=dtype), shape, generator)
+
+
+def _randn(shape: tuple[int, ...], generator: RandomSource, dtype: torch.dtype = _DTYPE) -> Tensor:
+    """Standard normal of ``shape`` on the generator's device (the episodes on the leading axis)."""
+    return _draw(lambda s, g: torch.randn(s, generator=g, device=g.device, dtype=dtype), shape, generator)
+
+
+def _randint(high: int, shape: tuple[int, ...], generator: RandomSource) -> Tensor:
+    """Integers in ``[0, high)`` of ``shape`` (int64) on the generator's device (the episodes leading)."""
+    return _draw(lambda s, g: torch.randint(high, s, generator=g, device=g.device), shape, generator)
+
+
+def _uniform(shape: tuple[int, ...], low: float, high: float, generator: RandomSource) -> Tensor:
     """Draw ``U(low, high)`` of ``shape`` (float32) from ``generator`` on the generator's device."""
-    u = torch.rand(shape, generator=generator, device=generator.device, dtype=_DTYPE)
-    return low + (high - low) * u
+    return low + (high - low) * _rand(shape, generator)
 
 
 def wrapped_angle_difference(a: Tensor, b: Tensor, period: float = TWO_PI) -> Tensor:
@@ -84,9 +158,9 @@ def wrapped_angle_difference(a: Tensor, b: Tensor, period: float = TWO_PI) -> Te
     return torch.minimum(d, period - d)
 
 
-def _check_generator(generator: Any) -> torch.Generator:
+def _check_generator(generator: Any) -> RandomSource:
     """Reject a missing generator: silently falling back to the global RNG would break reproducibility."""
-    if not isinstance(generator, torch.Generator):
+    if not isinstance(generator, torch.Generator | GeneratorSplit):
         raise TypeError(
             f"generator must be a torch.Generator (got {type(generator).__name__}); "
             "the manifold sampler never uses the global RNG"
@@ -142,7 +216,7 @@ class PoseConfig:
 def random_rotation(
     num: int,
     kind: PoseRotation,
-    generator: torch.Generator,
+    generator: RandomSource,
     dtype: torch.dtype = _DTYPE,
 ) -> Tensor:
     """Draw ``num`` rotation matrices ``(num, 3, 3)`` to right-multiply row vectors (``x @ R``).
@@ -169,7 +243,7 @@ def random_rotation(
         ]
         return torch.stack(rows, dim=-2)
     if kind == "haar":
-        gauss = torch.randn((num, 3, 3), generator=generator, device=device, dtype=dtype)
+        gauss = _randn((num, 3, 3), generator, dtype)
         q, r = torch.linalg.qr(gauss)
         # sign fix: without it QR's convention (positive or arbitrary diag(R)) biases the distribution.
         signs = torch.where(torch.diagonal(r, dim1=-2, dim2=-1) < 0, -1.0, 1.0).to(dtype)
@@ -181,7 +255,7 @@ def random_rotation(
     raise ValueError(f"unknown rotation kind {kind!r}; choose from 'planar', 'haar', 'none'")
 
 
-def apply_pose(x: Tensor, pose: PoseConfig, generator: torch.Generator) -> Tensor:
+def apply_pose(x: Tensor, pose: PoseConfig, generator: RandomSource) -> Tensor:
     """Apply an independent random pose to each episode: ``x -> s * x @ R + t`` (App. D).
 
     Args:
@@ -214,7 +288,9 @@ class Manifold(ABC):
     Chart points ``u`` are tensors whose last dimension is ``chart_dim``; all methods broadcast over the
     leading dimensions. Subclasses define the chart sampler, the chart map ``Phi`` (:meth:`embed`) and the
     geodesic distance; the default :meth:`label` is the geodesic ball of radius :attr:`tau` around a uniformly
-    drawn centre (App. E.1).
+    drawn centre (App. E.1). Their random draws go through this module's ``_uniform``, ``_rand``, ``_randn``
+    and ``_randint`` with the episodes on the leading axis, so that they sample from a :class:`GeneratorSplit`
+    too (a data module's batch of chunks); a direct ``torch.rand(..., generator=...)`` would refuse it.
 
     Attributes:
         name: canonical name used by :func:`get_manifold`.
@@ -231,7 +307,7 @@ class Manifold(ABC):
     option_names: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
-    def sample_chart(self, num_episodes: int, n_points: int, generator: torch.Generator) -> Tensor:
+    def sample_chart(self, num_episodes: int, n_points: int, generator: RandomSource) -> Tensor:
         """Sample chart parameters uniformly (App. E.1): ``(num_episodes, n_points, chart_dim)`` float32."""
 
     @abstractmethod
@@ -250,7 +326,7 @@ class Manifold(ABC):
         """Geodesic distance of every point to its episode's centre: ``(B, n, m)``, ``(B,)`` -> ``(B, n)``."""
         return self.geodesic(chart, _gather_points(chart, center))
 
-    def label(self, chart: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    def label(self, chart: Tensor, generator: RandomSource) -> tuple[Tensor, Tensor]:
         """Geodesic-ball labels of App. E.1: ``y_i = 1`` iff ``d(x_i, x_c) < tau`` for ``c ~ Unif{0..n-1}``.
 
         Labels are computed on the unit-scale manifold, i.e. before any pose, so they cannot depend on it.
@@ -262,11 +338,11 @@ class Manifold(ABC):
         if self.tau is None:
             raise ValueError(f"manifold {self.name!r} has no label threshold tau; override label()")
         num, n, _ = chart.shape
-        center = torch.randint(n, (num,), generator=generator, device=generator.device)
+        center = _randint(n, (num,), generator)
         dist = self.distance_to_center(chart, center)
         return (dist < self.tau).long(), center
 
-    def embed_and_pose(self, chart: Tensor, pose: PoseConfig, generator: torch.Generator) -> Tensor:
+    def embed_and_pose(self, chart: Tensor, pose: PoseConfig, generator: RandomSource) -> Tensor:
         """Embed with ``Phi`` and apply one random pose per episode (App. D): ``(B, n, ambient_dim)``."""
         return apply_pose(self.embed(chart), pose, generator)
 
@@ -293,7 +369,7 @@ class Sphere(Manifold):
     ambient_dim: ClassVar[int] = 3
     tau: ClassVar[float] = math.pi / 3
 
-    def sample_chart(self, num_episodes: int, n_points: int, generator: torch.Generator) -> Tensor:
+    def sample_chart(self, num_episodes: int, n_points: int, generator: RandomSource) -> Tensor:
         u = _uniform((num_episodes, n_points, 2), 0.0, 1.0, _check_generator(generator))
         return u * torch.tensor([math.pi, TWO_PI], dtype=_DTYPE, device=u.device)
 
@@ -334,7 +410,7 @@ class Cylinder(Manifold):
         if not self.height > 0:
             raise ConfigError(f"Cylinder height must be positive, got {self.height}")
 
-    def sample_chart(self, num_episodes: int, n_points: int, generator: torch.Generator) -> Tensor:
+    def sample_chart(self, num_episodes: int, n_points: int, generator: RandomSource) -> Tensor:
         u = _uniform((num_episodes, n_points, 2), 0.0, 1.0, _check_generator(generator))
         return u * torch.tensor([TWO_PI, self.height], dtype=_DTYPE, device=u.device)
 
@@ -380,7 +456,7 @@ class Cone(Manifold):
         if not self.s_max > 0:
             raise ConfigError(f"Cone s_max must be positive, got {self.s_max}")
 
-    def sample_chart(self, num_episodes: int, n_points: int, generator: torch.Generator) -> Tensor:
+    def sample_chart(self, num_episodes: int, n_points: int, generator: RandomSource) -> Tensor:
         _check_generator(generator)
         st = _uniform((num_episodes, n_points, 2), 0.0, 1.0, generator)
         st = st * torch.tensor([self.s_max, TWO_PI], dtype=_DTYPE, device=st.device)
@@ -421,7 +497,7 @@ class Spiral(Manifold):
     ambient_dim: ClassVar[int] = 3
     tau: ClassVar[None] = None
 
-    def sample_chart(self, num_episodes: int, n_points: int, generator: torch.Generator) -> Tensor:
+    def sample_chart(self, num_episodes: int, n_points: int, generator: RandomSource) -> Tensor:
         return _uniform((num_episodes, n_points, 1), 0.0, 1.0, _check_generator(generator))
 
     def embed(self, u: Tensor) -> Tensor:
@@ -437,7 +513,7 @@ class Spiral(Manifold):
     def geodesic(self, u1: Tensor, u2: Tensor) -> Tensor:
         return torch.abs(self._arc_length_primitive(u2[..., 0]) - self._arc_length_primitive(u1[..., 0]))
 
-    def label(self, chart: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    def label(self, chart: Tensor, generator: RandomSource) -> tuple[Tensor, Tensor]:
         """``y = t < median(t)`` per episode; ``center`` = index of the smallest ``t`` (no random draw)."""
         t = chart[..., 0]
         median = torch.quantile(t, 0.5, dim=-1, keepdim=True)
@@ -473,7 +549,7 @@ class FlatTorus(Manifold):
                 "flat torus); App. E.1.5 states 0.5, the default sqrt(pi/2) = 1.2533 covers 1/8 of the surface"
             )
 
-    def sample_chart(self, num_episodes: int, n_points: int, generator: torch.Generator) -> Tensor:
+    def sample_chart(self, num_episodes: int, n_points: int, generator: RandomSource) -> Tensor:
         return _uniform((num_episodes, n_points, 2), 0.0, TWO_PI, _check_generator(generator))
 
     def embed(self, u: Tensor) -> Tensor:

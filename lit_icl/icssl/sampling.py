@@ -24,11 +24,15 @@ from lit_icl.icssl.manifolds import (
     Cone,
     Cylinder,
     FlatTorus,
+    GeneratorSplit,
     Manifold,
     PoseConfig,
+    RandomSource,
     Sphere,
     Spiral,
     _check_generator,
+    _rand,
+    _randint,
 )
 
 __all__ = ["MANIFOLD_NAMES", "Episodes", "ProductManifold", "get_manifold", "sample_episodes"]
@@ -96,7 +100,7 @@ class ProductManifold(Manifold):
             start += f.chart_dim
         return slices
 
-    def sample_chart(self, num_episodes: int, n_points: int, generator: torch.Generator) -> Tensor:
+    def sample_chart(self, num_episodes: int, n_points: int, generator: RandomSource) -> Tensor:
         return torch.cat([f.sample_chart(num_episodes, n_points, generator) for f in self.factors], dim=-1)
 
     def embed(self, u: Tensor) -> Tensor:
@@ -107,16 +111,16 @@ class ProductManifold(Manifold):
         squares = [f.geodesic(u1[..., sl], u2[..., sl]) ** 2 for f, sl in parts]
         return torch.sqrt(torch.stack(torch.broadcast_tensors(*squares), dim=0).sum(dim=0))
 
-    def label(self, chart: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    def label(self, chart: Tensor, generator: RandomSource) -> tuple[Tensor, Tensor]:
         """Quantile-radius geodesic ball about a random centre (see the class docstring)."""
         num, n, _ = chart.shape
-        center = torch.randint(n, (num,), generator=generator, device=generator.device)
+        center = _randint(n, (num,), generator)
         dist = self.distance_to_center(chart, center)
         radius = torch.quantile(dist, self.positive_fraction, dim=-1, keepdim=True)
         is_center = torch.arange(n, device=chart.device).unsqueeze(0) == center.unsqueeze(1)
         return ((dist < radius) | is_center).long(), center
 
-    def embed_and_pose(self, chart: Tensor, pose: PoseConfig, generator: torch.Generator) -> Tensor:
+    def embed_and_pose(self, chart: Tensor, pose: PoseConfig, generator: RandomSource) -> Tensor:
         # Each factor gets its own pose draw (Sec. 4.3.2: transformations "applied independently to each
         # factor"), consumed from the generator in factor order.
         parts = zip(self.factors, self._chart_slices())
@@ -125,7 +129,7 @@ class ProductManifold(Manifold):
             return x
         b, n, _ = x.shape
         k = len(self.factors)
-        order = torch.rand((b, k), generator=generator, device=generator.device).argsort(dim=-1)
+        order = _rand((b, k), generator).argsort(dim=-1)
         blocks = x.view(b, n, k, 3)
         return blocks.gather(2, order[:, None, :, None].expand(b, n, k, 3)).reshape(b, n, 3 * k)
 
@@ -243,7 +247,7 @@ def sample_episodes(
     manifold: Manifold | str,
     num_episodes: int,
     n_points: int,
-    generator: torch.Generator,
+    generator: RandomSource,
     pose: PoseConfig = PoseConfig(),  # noqa: B008 - frozen (immutable), so one shared default is safe
 ) -> Episodes:
     """Sample ``num_episodes`` labelled episodes of ``n_points`` points on ``manifold`` (Sec. 4.3, App. D-E).
@@ -258,7 +262,9 @@ def sample_episodes(
         manifold: a :class:`Manifold` or a spec string for :func:`get_manifold`.
         num_episodes: batch size ``B``.
         n_points: points per episode ``n`` (the paper uses 100).
-        generator: the only source of randomness.
+        generator: the only source of randomness; a
+            :class:`~lit_icl.icssl.manifolds.GeneratorSplit` samples several chunks' episodes in one pass, each
+            chunk's as its own generator alone would.
         pose: ranges of the random pose; ``PoseConfig(scale=(1, 1), translation=(0, 0), rotation="none")``
             gives the unposed embedding.
     """
@@ -267,7 +273,12 @@ def sample_episodes(
         manifold = get_manifold(manifold)
     if num_episodes < 1 or n_points < 1:
         raise ValueError(f"num_episodes and n_points must be >= 1, got {num_episodes} and {n_points}")
+    if isinstance(generator, GeneratorSplit) and generator.total != num_episodes:
+        raise ValueError(f"the generators draw for {generator.total} episodes, not num_episodes={num_episodes}")
     chart = manifold.sample_chart(num_episodes, n_points, generator)
-    y, center = manifold.label(chart, generator)
+    if isinstance(generator, GeneratorSplit):  # labels chunk by chunk (see GeneratorSplit)
+        y, center = generator.each(manifold.label, chart)
+    else:
+        y, center = manifold.label(chart, generator)
     x = manifold.embed_and_pose(chart, pose, generator)
     return Episodes(x=x.to(_DTYPE), y=y, chart=chart, center=center)

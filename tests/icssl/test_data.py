@@ -65,6 +65,42 @@ def test_items_are_bit_identical_to_the_pre_seeded_chunks_code() -> None:
             assert torch.equal(got[k], want[k]), k
 
 
+@pytest.mark.parametrize(
+    ("specs", "rotation", "n_points", "chunk", "chunks"),
+    [
+        (["cylinder"], "planar", 100, 16, 4),  # the manifolds config: one manifold, whole chunks
+        (["cylinder", "sphere"], "haar", 37, 5, 7),  # mixed chunks, odd sizes
+        (["sphere", "cone", "spiral", "torus", "cylinder"], "none", 20, 3, 9),  # chunks missing some manifolds
+        (["sphere*cylinder*cone*spiral*torus"], "planar", 50, 8, 4),  # a product, its labels by quantile
+        (["sphere*torus", "cone*spiral"], "haar", 30, 4, 5),  # products, permuted factors
+    ],
+)
+def test_chunks_made_together_are_the_chunks_made_alone(specs, rotation, n_points, chunk, chunks) -> None:
+    """A DataLoader asks for a batch's chunks at once (``__getitems__``); EpisodeChunks makes them in one pass
+    per manifold. Every chunk must still be, bit for bit, what its own generator makes alone."""
+    manifolds = [get_manifold(s, permute_factors=True) if "*" in s else get_manifold(s) for s in specs]
+    pose = PoseConfig(rotation=rotation)
+    for split, labeled in (("train", (1, n_points - 1)), ("val", None)):
+        ds = EpisodeChunks(split, manifolds, n_points, chunk, 1000, 0, pose, labeled)
+        indices = [11 + 3 * j for j in range(chunks)]
+        together = ds.__getitems__(indices)
+        assert len(together) == chunks
+        for i, got in zip(indices, together):
+            want = _chunk_as_before(manifolds, n_points, chunk, pose, labeled, split, i)
+            assert got.keys() == want.keys()
+            for k in want:
+                assert torch.equal(got[k], want[k]), (split, i, k)
+    # And through the loader a run uses: each batch is its chunks, made alone, in index order.
+    loader = _dm(train_manifolds=specs, n_points=n_points, chunk_size=chunk, batch_size=2 * chunk,
+                 eval_batch_size=2 * chunk, val_episodes=2 * chunk, test_episodes=2 * chunk, pose_rotation=rotation,
+                 product_permute_factors=True).train_dataloader()
+    ds = loader.dataset
+    batch = next(iter(loader))
+    want = collate_chunks([ds.make_chunks([i])[0] for i in list(loader.sampler)[:2]])
+    for k in want:
+        assert torch.equal(batch[k], want[k]), k
+
+
 def test_training_data_is_fresh_each_epoch_and_eval_data_fixed() -> None:
     dm = _dm()
     loader = dm.train_dataloader()

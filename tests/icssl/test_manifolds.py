@@ -26,6 +26,7 @@ from lit_icl.icssl.manifolds import (
     Cone,
     Cylinder,
     FlatTorus,
+    GeneratorSplit,
     Manifold,
     PoseConfig,
     Sphere,
@@ -543,6 +544,50 @@ def test_global_rng_is_never_used() -> None:
     assert torch.equal(torch.get_rng_state(), state)
     with pytest.raises(TypeError, match="torch.Generator"):
         sample_episodes("sphere", 2, 20, None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("spec", ALL_SPECS)
+def test_split_generators_sample_each_share_as_its_generator_alone(spec: str) -> None:
+    """``GeneratorSplit``: one pass over several generators' episodes gives each generator's own episodes (the
+    same draws, in the same order), bit for bit; a generator with no episodes is left untouched."""
+    counts = [3, 0, 5, 1]
+    generators = [_gen(20 + j) for j in range(len(counts))]
+    split = GeneratorSplit(generators, counts)
+    together = sample_episodes(spec, sum(counts), 40, split, pose=PoseConfig(rotation="haar"))
+    start = 0
+    for j, count in enumerate(counts):
+        if count == 0:
+            continue
+        alone = sample_episodes(spec, count, 40, _gen(20 + j), pose=PoseConfig(rotation="haar"))
+        part = Episodes(*(getattr(together, f)[start:start + count] for f in ("x", "y", "chart", "center")))
+        _assert_episodes_equal(part, alone)
+        start += count
+    assert torch.equal(generators[1].get_state(), _gen(21).get_state())
+    assert not torch.equal(generators[0].get_state(), _gen(20).get_state())
+
+
+def test_split_generators_run_a_function_on_each_generators_own_rows() -> None:
+    """``each`` (how the labels are computed): each generator's rows, copied out, with that generator."""
+    rows = torch.arange(12.0).reshape(6, 2)
+    split = GeneratorSplit([_gen(0), _gen(1), _gen(2)], [2, 0, 4])
+    seen = []
+
+    def fn(x: Tensor, g: torch.Generator) -> tuple[Tensor, Tensor]:
+        seen.append((x.shape, x.storage_offset(), x.is_contiguous()))
+        return x.sum(-1), torch.rand(len(x), generator=g)
+
+    total, noise = split.each(fn, rows)
+    assert seen == [(torch.Size([2, 2]), 0, True), (torch.Size([4, 2]), 0, True)]
+    torch.testing.assert_close(total, rows.sum(-1), rtol=0, atol=0)
+    assert torch.equal(noise, torch.cat([torch.rand(2, generator=_gen(0)), torch.rand(4, generator=_gen(2))]))
+
+
+def test_split_generators_refuse_a_draw_of_another_size() -> None:
+    split = GeneratorSplit([_gen(0), _gen(1)], [2, 3])
+    with pytest.raises(ValueError, match="5 episodes"):
+        sample_episodes("sphere", 4, 10, split)
+    with pytest.raises(ValueError, match="one count per generator"):
+        GeneratorSplit([_gen(0)], [1, 2])
 
 
 # ----------------------------------------------------------------------------------------------------------
