@@ -84,6 +84,23 @@ def test_every_paper_net_compiles_whole_for_training_and_validation(tmp_path, ru
     assert logged["compile/seconds"][1] == logged["compile/seconds"][0] > 0
 
 
+def test_icssl_trains_its_net_as_one_compiled_region_and_evaluates_its_parts(tmp_path) -> None:
+    """Each compiled region costs host time at every call, so IC-SSL's training step, which calls the whole net,
+    is one graph (its representation and head compiled alone would be two); evaluation, which calls them one by
+    one (the head once per label ratio), has a graph for each."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    before = counters["stats"]["unique_graphs"]
+    main(["fit", *tiny_args(tmp_path / "train", "--trainer.max_epochs", "1", "--trainer.limit_val_batches", "0"),
+          *TRACE])
+    assert counters["stats"]["unique_graphs"] - before == 1
+    torch._dynamo.reset()
+    before = counters["stats"]["unique_graphs"]
+    main(["fit", *tiny_args(tmp_path / "both", "--trainer.max_epochs", "1"), *TRACE])
+    assert counters["stats"]["unique_graphs"] - before == 3  # the training graph, the representation, the head
+
+
 def test_the_ledger_counts_and_times_what_torch_reports(capsys) -> None:
     """Each trigger torch reports is one piece of work of its kind; nested triggers count once (torch runs the
     callbacks for the outermost only); kinds torch does not report for a reason (autotuning) are not counted."""
