@@ -84,6 +84,18 @@ def test_every_paper_net_compiles_whole_for_training_and_validation(tmp_path, ru
     assert logged["compile/seconds"][1] == logged["compile/seconds"][0] > 0
 
 
+@pytest.mark.parametrize("config", ["coqe", "transformer"])
+def test_coqe_compiles_whole_in_bf16_with_channels_last_convolutions(tmp_path, config) -> None:
+    """The settings that cut the main command's GPU work (``benchmarks/gpu_suite.py``'s ``main_command_bf16`` and
+    ``main_command_channels_last``) trace without a graph break: autocast's casts and the NHWC layout included.
+    (Image size 20: on a CPU, bf16 needs feature maps larger than 1x1, see ``check_config``.)"""
+    args = coqe_args(tmp_path, "--trainer.precision", "bf16-mixed", "--data.init_args.image_size", "20",
+                     "--model.init_args.net.init_args.channels_last", "true",
+                     **({"config": TRANSFORMER} if config == "transformer" else {}))
+    main(["fit", *args, *TRACE])
+    assert list((tmp_path / "runs").rglob("last.ckpt")), "the compiled run wrote no checkpoint"
+
+
 def test_icssl_trains_its_net_as_one_compiled_region_and_evaluates_its_parts(tmp_path) -> None:
     """Each compiled region costs host time at every call, so IC-SSL's training step, which calls the whole net,
     is one graph (its representation and head compiled alone would be two); evaluation, which calls them one by
