@@ -173,10 +173,9 @@ class EpisodeChunks(SeededChunks):
         xs: list[Tensor | None] = [None] * len(gens)
         ys: list[Tensor | None] = [None] * len(gens)
         for k, manifold in enumerate(self.manifolds):
-            # Per chunk, the positions of its episodes on this manifold, in the order they are drawn (all of
-            # them, in order, when there is one manifold: its draw of `which` is still made, for the stream).
-            at = [None] * len(gens) if len(self.manifolds) == 1 else [(w == k).nonzero().flatten() for w in which]
-            counts = [c if a is None else len(a) for a in at]
+            # Per chunk, the positions of its episodes on this manifold, in the order they are drawn.
+            at = [(w == k).nonzero().flatten() for w in which]
+            counts = [len(a) for a in at]
             if not any(counts):
                 continue
             ep = sample_episodes(manifold, sum(counts), n, GeneratorSplit(gens, counts), self.pose)
@@ -184,7 +183,7 @@ class EpisodeChunks(SeededChunks):
             for j, (a, count) in enumerate(zip(at, counts)):
                 x, y = ep.x[start:start + count], ep.y[start:start + count]
                 start += count
-                if count == c:  # the whole chunk is on this manifold, in drawing order
+                if count == c:  # the whole chunk is on this manifold: its positions are 0..c-1
                     xs[j], ys[j] = x, y
                 elif count:
                     if xs[j] is None:

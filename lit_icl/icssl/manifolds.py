@@ -136,11 +136,6 @@ def _randn(shape: tuple[int, ...], generator: RandomSource, dtype: torch.dtype =
     return _draw(lambda s, g: torch.randn(s, generator=g, device=g.device, dtype=dtype), shape, generator)
 
 
-def _randint(high: int, shape: tuple[int, ...], generator: RandomSource) -> Tensor:
-    """Integers in ``[0, high)`` of ``shape`` (int64) on the generator's device (the episodes leading)."""
-    return _draw(lambda s, g: torch.randint(high, s, generator=g, device=g.device), shape, generator)
-
-
 def _uniform(shape: tuple[int, ...], low: float, high: float, generator: RandomSource) -> Tensor:
     """Draw ``U(low, high)`` of ``shape`` (float32) from ``generator`` on the generator's device."""
     return low + (high - low) * _rand(shape, generator)
@@ -288,9 +283,10 @@ class Manifold(ABC):
     Chart points ``u`` are tensors whose last dimension is ``chart_dim``; all methods broadcast over the
     leading dimensions. Subclasses define the chart sampler, the chart map ``Phi`` (:meth:`embed`) and the
     geodesic distance; the default :meth:`label` is the geodesic ball of radius :attr:`tau` around a uniformly
-    drawn centre (App. E.1). Their random draws go through this module's ``_uniform``, ``_rand``, ``_randn``
-    and ``_randint`` with the episodes on the leading axis, so that they sample from a :class:`GeneratorSplit`
-    too (a data module's batch of chunks); a direct ``torch.rand(..., generator=...)`` would refuse it.
+    drawn centre (App. E.1). Charts and poses draw through this module's ``_uniform``, ``_rand`` and ``_randn``
+    with the episodes on the leading axis, so that they sample from a :class:`GeneratorSplit` too (a data
+    module's batch of chunks); a direct ``torch.rand(..., generator=...)`` would refuse it. :meth:`label` always
+    gets one chunk's own generator (:meth:`GeneratorSplit.each`).
 
     Attributes:
         name: canonical name used by :func:`get_manifold`.
@@ -326,7 +322,7 @@ class Manifold(ABC):
         """Geodesic distance of every point to its episode's centre: ``(B, n, m)``, ``(B,)`` -> ``(B, n)``."""
         return self.geodesic(chart, _gather_points(chart, center))
 
-    def label(self, chart: Tensor, generator: RandomSource) -> tuple[Tensor, Tensor]:
+    def label(self, chart: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         """Geodesic-ball labels of App. E.1: ``y_i = 1`` iff ``d(x_i, x_c) < tau`` for ``c ~ Unif{0..n-1}``.
 
         Labels are computed on the unit-scale manifold, i.e. before any pose, so they cannot depend on it.
@@ -338,7 +334,7 @@ class Manifold(ABC):
         if self.tau is None:
             raise ValueError(f"manifold {self.name!r} has no label threshold tau; override label()")
         num, n, _ = chart.shape
-        center = _randint(n, (num,), generator)
+        center = torch.randint(n, (num,), generator=generator, device=generator.device)
         dist = self.distance_to_center(chart, center)
         return (dist < self.tau).long(), center
 
@@ -513,7 +509,7 @@ class Spiral(Manifold):
     def geodesic(self, u1: Tensor, u2: Tensor) -> Tensor:
         return torch.abs(self._arc_length_primitive(u2[..., 0]) - self._arc_length_primitive(u1[..., 0]))
 
-    def label(self, chart: Tensor, generator: RandomSource) -> tuple[Tensor, Tensor]:
+    def label(self, chart: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         """``y = t < median(t)`` per episode; ``center`` = index of the smallest ``t`` (no random draw)."""
         t = chart[..., 0]
         median = torch.quantile(t, 0.5, dim=-1, keepdim=True)

@@ -32,7 +32,6 @@ from lit_icl.icssl.manifolds import (
     Spiral,
     _check_generator,
     _rand,
-    _randint,
 )
 
 __all__ = ["MANIFOLD_NAMES", "Episodes", "ProductManifold", "get_manifold", "sample_episodes"]
@@ -111,10 +110,10 @@ class ProductManifold(Manifold):
         squares = [f.geodesic(u1[..., sl], u2[..., sl]) ** 2 for f, sl in parts]
         return torch.sqrt(torch.stack(torch.broadcast_tensors(*squares), dim=0).sum(dim=0))
 
-    def label(self, chart: Tensor, generator: RandomSource) -> tuple[Tensor, Tensor]:
+    def label(self, chart: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         """Quantile-radius geodesic ball about a random centre (see the class docstring)."""
         num, n, _ = chart.shape
-        center = _randint(n, (num,), generator)
+        center = torch.randint(n, (num,), generator=generator, device=generator.device)
         dist = self.distance_to_center(chart, center)
         radius = torch.quantile(dist, self.positive_fraction, dim=-1, keepdim=True)
         is_center = torch.arange(n, device=chart.device).unsqueeze(0) == center.unsqueeze(1)
