@@ -27,14 +27,20 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
-import warnings
 from collections import Counter
 from typing import Any
 
 import torch._inductor.config as inductor_config
-from launches_per_step import Study, is_metadata_op, selected_studies, study_arguments, study_row, write_rows
-from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
+from launches_per_step import (
+    Study,
+    fit_study,
+    is_metadata_op,
+    selected_studies,
+    study_arguments,
+    study_row,
+    write_rows,
+)
+from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from lit_icl.callbacks.compile import CompileNets
@@ -105,22 +111,8 @@ def tally(events: list[Any]) -> tuple[Counter[str], Counter[str]]:
 
 def measure(study: Study, at: int, extra: list[str]) -> tuple[Counter[str], Counter[str]]:
     """Compile ``study``'s nets, train ``at + 1`` steps on the CPU and tally step ``at``."""
-    from lit_icl.cli import LitICLCLI
-
-    args = [a for c in study.configs for a in ("--config", c)] + ["--trainer.logger", "false", *study.extra, *extra]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cli = LitICLCLI(LightningModule, LightningDataModule, run=False, args=args)
     step = StepProfile(at)
-    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer = Trainer(
-            accelerator="cpu", devices=1, max_steps=at + 1, logger=False, enable_checkpointing=False,
-            enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
-            log_every_n_steps=int(cli.trainer.log_every_n_steps), default_root_dir=tmp,
-            callbacks=[CompileNets(mode="default"), step],
-        )
-        trainer.fit(cli.model, datamodule=cli.datamodule)
+    fit_study(study, at + 1, [CompileNets(mode="default"), step], extra)
     return tally(step.events)
 
 

@@ -43,6 +43,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
@@ -162,8 +163,10 @@ class StepCounter(Callback):
         self._mode = None
 
 
-def measure(study: Study, warmup: int, steps: int, extra: list[str]) -> dict[str, object]:
-    """Train ``warmup + steps`` steps of ``study`` on the CPU and count the last ``steps``."""
+def fit_study(study: Study, steps: int, callbacks: list[Callback], extra: list[str], **trainer: Any) -> None:
+    """Build ``study``'s module and data module through the CLI and train ``steps`` steps on the CPU with
+    ``callbacks`` (no logger, checkpoints or validation; the config's log interval, which decides what a step
+    logs). ``trainer``: further ``Trainer`` arguments."""
     from lit_icl.cli import LitICLCLI
 
     args = [a for c in study.configs for a in ("--config", c)]
@@ -171,17 +174,20 @@ def measure(study: Study, warmup: int, steps: int, extra: list[str]) -> dict[str
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cli = LitICLCLI(LightningModule, LightningDataModule, run=False, args=args)
-    module, dm = cli.model, cli.datamodule
-    # The config's log interval decides which steps log extra values; keep it so the count is the config's.
-    log_every = int(cli.trainer.log_every_n_steps)
-    prof = StepCounter(warmup, steps)
-    with tempfile.TemporaryDirectory() as tmp:
-        trainer = Trainer(
-            accelerator="cpu", devices=1, max_steps=warmup + steps, logger=False, enable_checkpointing=False,
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        Trainer(
+            accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
             enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
-            deterministic=True, log_every_n_steps=log_every, callbacks=[prof], default_root_dir=tmp,
-        )
-        trainer.fit(module, datamodule=dm)
+            log_every_n_steps=int(cli.trainer.log_every_n_steps), callbacks=callbacks, default_root_dir=tmp,
+            **trainer,
+        ).fit(cli.model, datamodule=cli.datamodule)
+
+
+def measure(study: Study, warmup: int, steps: int, extra: list[str]) -> dict[str, object]:
+    """Train ``warmup + steps`` steps of ``study`` on the CPU and count the last ``steps``."""
+    prof = StepCounter(warmup, steps)
+    fit_study(study, warmup + steps, [prof], extra, deterministic=True)
     n = len(prof.counts)
     mean = {key: sum(c[key] for c in prof.counts) / n for key in prof.counts[0]}
     launches = [c["launches"] for c in prof.counts]
