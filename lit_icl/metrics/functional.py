@@ -87,6 +87,30 @@ def _k_fits(k: int, n: int) -> None:
         )
 
 
+def _neighbour_pair(a3: Tensor, b3: Tensor, batched: bool, k: int,
+                    neighbours: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
+    """The ``(B, N, k)`` neighbour lists of ``A`` and ``B`` (sets already checked by :func:`_check_pair`).
+
+    ``neighbours``, when given, are :func:`knn_indices` of the same ``a`` and ``b`` with the same ``k``, computed
+    once by a caller that scores several alignments of one pair (:class:`~lit_icl.callbacks.RepresentationMetrics`
+    scores three): the scores then equal those computed from the embeddings, bit for bit, with a third of the
+    top-k searches. Only their shapes can be checked here.
+    """
+    if neighbours is None:
+        return knn_indices(a3, k), knn_indices(b3, k)
+    _k_fits(k, a3.shape[1])
+    lists = []
+    for name, idx, sets in (("A", neighbours[0], a3), ("B", neighbours[1], b3)):
+        want = (*sets.shape[:2], k) if batched else (sets.shape[1], k)
+        if tuple(idx.shape) != want or idx.dtype != torch.long:
+            raise ValueError(
+                f"neighbours of {name} must be knn_indices of the same embedding with k={k}: int64 of shape "
+                f"{want}, got {idx.dtype} of shape {tuple(idx.shape)}"
+            )
+        lists.append(idx if batched else idx.unsqueeze(0))
+    return lists[0], lists[1]
+
+
 @torch.autocast("cuda", enabled=False)
 @torch.autocast("cpu", enabled=False)
 def separation_score(emb: Tensor, labels: Tensor) -> Tensor:
@@ -223,7 +247,7 @@ def longest_common_subsequence(a: Tensor, b: Tensor) -> Tensor:
 
 @torch.autocast("cuda", enabled=False)
 @torch.autocast("cpu", enabled=False)
-def mutual_knn(a: Tensor, b: Tensor, k: int) -> Tensor:
+def mutual_knn(a: Tensor, b: Tensor, k: int, neighbours: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """Mutual k-NN alignment (platonic-rep ``mutual_knn``): ``(1/N) sum_i |N_A(i) ∩ N_B(i)| / k``.
 
     Symmetric in ``A`` and ``B``; in [0, 1]; chance level about ``k / (N - 1)``.
@@ -232,12 +256,13 @@ def mutual_knn(a: Tensor, b: Tensor, k: int) -> Tensor:
         a: ``(N, Da)`` or ``(B, N, Da)`` first embedding of the samples.
         b: ``(N, Db)`` or ``(B, N, Db)`` second embedding of the same samples.
         k: neighbours per point, ``1 <= k <= N - 1``.
+        neighbours: optional ``(knn_indices(a, k), knn_indices(b, k))``, computed once for several scores.
 
     Returns:
         float32 score, 0-d or ``(B,)``.
     """
     a3, b3, batched = _check_pair(a, b)
-    na, nb = knn_indices(a3, k), knn_indices(b3, k)
+    na, nb = _neighbour_pair(a3, b3, batched, k, neighbours)
     # Neighbour lists hold distinct indices, so counting equal (p, q) entries counts the intersection.
     overlap = (na.unsqueeze(-1) == nb.unsqueeze(-2)).sum(dim=(-1, -2))  # (B, N)
     score = overlap.float().div(k).mean(-1)
@@ -246,7 +271,7 @@ def mutual_knn(a: Tensor, b: Tensor, k: int) -> Tensor:
 
 @torch.autocast("cuda", enabled=False)
 @torch.autocast("cpu", enabled=False)
-def cycle_knn(a: Tensor, b: Tensor, k: int) -> Tensor:
+def cycle_knn(a: Tensor, b: Tensor, k: int, neighbours: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """Cycle k-NN alignment (platonic-rep ``cycle_knn``): ``(1/N) sum_i 1[i in ∪_{j in N_B(i)} N_A(j)]``.
 
     **Argument order matters** (the score is asymmetric), and matches platonic-rep's ``cycle_knn(feats_A,
@@ -257,12 +282,13 @@ def cycle_knn(a: Tensor, b: Tensor, k: int) -> Tensor:
         a: ``(N, Da)`` or ``(B, N, Da)`` embedding used for the second hop.
         b: ``(N, Db)`` or ``(B, N, Db)`` embedding used for the first hop.
         k: neighbours per point, ``1 <= k <= N - 1``.
+        neighbours: optional ``(knn_indices(a, k), knn_indices(b, k))``, computed once for several scores.
 
     Returns:
         float32 score, 0-d or ``(B,)``.
     """
     a3, b3, batched = _check_pair(a, b)
-    na, nb = knn_indices(a3, k), knn_indices(b3, k)
+    na, nb = _neighbour_pair(a3, b3, batched, k, neighbours)
     n_sets, n, _ = na.shape
     # two_hop[s, i, m, :] = N_A(N_B(i)[m]) within set s.
     two_hop = torch.gather(na, 1, nb.reshape(n_sets, n * k, 1).expand(-1, -1, k)).view(n_sets, n, k, k)
@@ -273,7 +299,7 @@ def cycle_knn(a: Tensor, b: Tensor, k: int) -> Tensor:
 
 @torch.autocast("cuda", enabled=False)
 @torch.autocast("cpu", enabled=False)
-def lcs_knn(a: Tensor, b: Tensor, k: int) -> Tensor:
+def lcs_knn(a: Tensor, b: Tensor, k: int, neighbours: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """LCS k-NN alignment, **normalised by k**: ``(1/N) sum_i LCS(N_A(i), N_B(i)) / k``.
 
     ``N_A(i)`` and ``N_B(i)`` are the rank-ordered neighbour lists (most similar first), and LCS is the
@@ -288,11 +314,12 @@ def lcs_knn(a: Tensor, b: Tensor, k: int) -> Tensor:
         a: ``(N, Da)`` or ``(B, N, Da)`` first embedding of the samples.
         b: ``(N, Db)`` or ``(B, N, Db)`` second embedding of the same samples.
         k: neighbours per point, ``1 <= k <= N - 1``.
+        neighbours: optional ``(knn_indices(a, k), knn_indices(b, k))``, computed once for several scores.
 
     Returns:
         float32 score, 0-d or ``(B,)``.
     """
     a3, b3, batched = _check_pair(a, b)
-    na, nb = knn_indices(a3, k), knn_indices(b3, k)
+    na, nb = _neighbour_pair(a3, b3, batched, k, neighbours)
     score = longest_common_subsequence(na, nb).float().div(k).mean(-1)
     return score if batched else score[0]

@@ -28,7 +28,7 @@ from lit_icl.metrics.functional import (
     validate_k,
 )
 
-__all__ = ["CycleKNN", "LCSKNN", "MutualKNN", "SeparationScore"]
+__all__ = ["LCSKNN", "CycleKNN", "MutualKNN", "SeparationScore"]
 
 
 class _MeanOverSets(Metric):
@@ -95,7 +95,7 @@ class _KNNAlignment(_MeanOverSets):
     plot_upper_bound = 1.0
 
     # Set by each subclass to the functional score (a staticmethod), so update() stays in one place.
-    _score: Callable[[Tensor, Tensor, int], Tensor]
+    _score: Callable[..., Tensor]
 
     def __init__(self, k: int = 10, **kwargs: Any) -> None:
         # Fail at construction (a config error) rather than at the first validation batch.
@@ -103,13 +103,16 @@ class _KNNAlignment(_MeanOverSets):
         super().__init__(**kwargs)
         self.k = k
 
-    def update(self, a: Tensor, b: Tensor) -> None:
+    def update(self, a: Tensor, b: Tensor, neighbours: tuple[Tensor, Tensor] | None = None) -> None:
         """Score the pair of embeddings ``a``, ``b`` of the same samples: ``(N, D*)`` or ``(B, N, D*)``.
 
+        ``neighbours``: optionally their :func:`~lit_icl.metrics.functional.knn_indices` with this metric's ``k``,
+        when the caller scores several alignments of the same pair (the top-k search is most of a score's cost).
+
         Raises:
-            ValueError: if a set has ``N <= k`` points.
+            ValueError: if a set has ``N <= k`` points, or ``neighbours`` do not have the lists' shape.
         """
-        self._accumulate(self._score(a.detach().float(), b.detach().float(), self.k))
+        self._accumulate(self._score(a.detach().float(), b.detach().float(), self.k, neighbours))
 
 
 class MutualKNN(_KNNAlignment):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -248,6 +249,31 @@ def test_alignment_invariances() -> None:
     assert (lcs_knn(a, b, 5) <= mutual_knn(a, b, 5)).all()
 
 
+def test_scores_from_shared_neighbour_lists_equal_scores_from_embeddings() -> None:
+    """Neighbour lists found once and passed to each score give the same scores, bit for bit, batched or not."""
+    a, b = _pair(12, n=30, da=5, db=3, sets=3)
+    for fn in (mutual_knn, cycle_knn, lcs_knn):
+        shared = (knn_indices(a, 4), knn_indices(b, 4))
+        assert torch.equal(fn(a, b, 4, shared), fn(a, b, 4)), fn.__name__
+        one = (knn_indices(a[1], 4), knn_indices(b[1], 4))
+        assert torch.equal(fn(a[1], b[1], 4, one), fn(a[1], b[1], 4)), fn.__name__
+    for cls in (MutualKNN, CycleKNN, LCSKNN):
+        with_lists, without = cls(k=4), cls(k=4)
+        with_lists.update(a, b, neighbours=(knn_indices(a, 4), knn_indices(b, 4)))
+        without.update(a, b)
+        assert torch.equal(with_lists.compute(), without.compute()), cls.__name__
+
+
+def test_neighbour_lists_of_the_wrong_shape_are_refused() -> None:
+    a, b = _pair(13, n=12, sets=2)
+    with pytest.raises(ValueError, match=r"neighbours of A .*k=3.*\(2, 12, 3\).*\(2, 12, 4\)"):
+        mutual_knn(a, b, 3, (knn_indices(a, 4), knn_indices(b, 3)))  # lists found with another k
+    with pytest.raises(ValueError, match=r"neighbours of B .*\(2, 12, 3\)"):
+        cycle_knn(a, b, 3, (knn_indices(a, 3), knn_indices(b[0], 3)))  # one set's lists for a batch
+    with pytest.raises(ValueError, match="int64"):
+        lcs_knn(a, b, 3, (knn_indices(a, 3).int(), knn_indices(b, 3)))
+
+
 def test_k_validation() -> None:
     a, b = _pair(11, n=8)
     with pytest.raises(ValueError, match=r"k=8 .*only 8 points.*k <= 7"):
@@ -421,3 +447,25 @@ def test_callback_logs_functional_values() -> None:
     (results,) = trainer.test(model, val, verbose=False)
     for key, value in expected.items():
         assert results[f"test/{key}"] == pytest.approx(value.item(), abs=1e-6), key
+
+
+def test_representation_metrics_search_each_embedding_once_per_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The three alignment scores of a pair share its two neighbour searches (the costly part of each score)."""
+    from lit_icl.callbacks import representation
+    from lit_icl.metrics import functional
+
+    searched: list[tuple[int, ...]] = []
+    real = functional.knn_indices
+
+    def counted(feats: torch.Tensor, k: int) -> torch.Tensor:
+        searched.append(tuple(feats.shape))
+        return real(feats, k)
+
+    monkeypatch.setattr(representation, "knn_indices", counted)
+    monkeypatch.setattr(functional, "knn_indices", counted)  # a score that searched again would count here
+    callback = representation.RepresentationMetrics(k=3)
+    x = torch.randn(2, 10, 4, generator=_gen(17))
+    outputs = {"embeddings": {"a": x, "b": x.flip(-1), "c": x[..., :2]}}
+    trainer, module = SimpleNamespace(sanity_checking=False), SimpleNamespace(device=torch.device("cpu"))
+    callback.on_validation_batch_end(trainer, module, outputs, None, 0)
+    assert sorted(searched) == [(2, 10, 2), (2, 10, 4), (2, 10, 4)]  # a, b, c once each, for 3 pairs x 3 scores
