@@ -269,3 +269,21 @@ def test_the_sbatch_options_of_a_grid_follow_its_sizing_flags(runner, tmp_path, 
     assert sbatch_options(args) == [f"--job-name={grid_name(args)}", "--time=90", "--cpus-per-task=4",
                                     "--partition=gpu", "--gpus-per-node=1", "--mem=1536MB", "--account=lab",
                                     "--exclusive"]
+
+
+def test_a_grids_slurm_tasks_share_a_compile_cache_in_its_folder_unless_one_is_set(runner, tmp_path, monkeypatch) -> None:
+    import argparse
+
+    from cluster import RunJob, compile_cache_env
+
+    env = compile_cache_env(argparse.Namespace(out=tmp_path / "grid"))
+    assert env == {"TORCHINDUCTOR_CACHE_DIR": str((tmp_path / "grid" / "compile_cache").resolve())}
+    seen = tmp_path / "seen"
+    report = "import os, sys; open(sys.argv[1], 'w').write(os.environ.get('TORCHINDUCTOR_CACHE_DIR', 'unset'))"
+    task = RunJob([sys.executable, "-c", report], cwd=str(tmp_path), env=env)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    assert task(str(seen)) == 0
+    assert seen.read_text() == env["TORCHINDUCTOR_CACHE_DIR"]
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))  # the submitting shell's own choice
+    assert task(str(seen)) == 0
+    assert seen.read_text() == str(tmp_path / "mine")
