@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
@@ -65,6 +65,29 @@ METHOD_NAMES = {
     "LaplacianEigenmap": "EIG+ICL",
     "RawCoordinates": "ORIG+ICL",
 }
+
+
+class TrainingObjective(nn.Module):
+    """A training step's net and loss as one module: ``(loss, logits)`` of ``loss(net(x, y, labeled).logits, y,
+    labeled)``.
+
+    ``--compile.mode`` compiles it as the training step's one region (:meth:`ICSSLModule.compile_targets`), so the
+    loss of Eq. (4) (cross-entropy, masking to the unlabeled points, the means) and its backward run inside the
+    compiled graphs. Compiling the net alone left them as 28 eager ops around it at every step, each a kernel
+    launch and host time on a GPU. Eager, it computes exactly what the step computed before it existed.
+
+    It holds the net without registering it: the net's weights stay where they are (``ICSSLModule.net``), and
+    checkpoints, the model summary and ``.to()`` see nothing new.
+    """
+
+    def __init__(self, net: nn.Module, loss: Callable[[Tensor, Tensor, Tensor], Tensor]) -> None:
+        super().__init__()
+        object.__setattr__(self, "net", net)  # not a submodule (see the class docstring)
+        self.loss = loss
+
+    def forward(self, x: Tensor, y: Tensor, labeled: Tensor) -> tuple[Tensor, Tensor]:
+        logits = self.net(x, y, labeled).logits
+        return self.loss(logits, y, labeled), logits
 
 
 class ConstantPredictorStats(Metric):
@@ -222,18 +245,28 @@ class ICSSLModule(ICLModule):
             )
 
     def compile_targets(self) -> list[nn.Module]:
-        """The net, and a two-stage net's representation and head as well.
+        """The training step's :attr:`training_objective`, the net, and a two-stage net's representation and head.
 
-        The training step calls the whole net: compiled whole, it is one graph forward and one backward (the
-        compiled parts inside it are traced into it), where the parts alone make two of each. Each compiled
-        call costs host time of its own, which a step under CUDA graphs waits on: guards and autograd wrappers,
-        and on a GPU the replay's bookkeeping (``benchmarks/compiled_regions.py``: 37-73 us less per step on our
-        CPU machine). Evaluation calls the parts one by one, the head once per label ratio (:meth:`_sweep`), so
-        they are compiled on their own too.
+        The training step calls the net and its loss as one module: compiled, it is one graph forward and one
+        backward (the compiled net and parts inside it are traced into it), where the parts alone make two of
+        each and the loss runs eager. Each compiled call costs host time of its own, which a step under CUDA
+        graphs waits on: guards and autograd wrappers, and on a GPU the replay's bookkeeping
+        (``benchmarks/compiled_regions.py``: 37-73 us less per step on our CPU machine for one region instead of
+        two). Evaluation calls the parts one by one, the head once per label ratio (:meth:`_sweep`), or the whole
+        net per ratio when it has no parts, so those are compiled on their own too.
         """
         if implements(self.net, TwoStageNet):
-            return [self.net, self.net.representation, self.net.head]
-        return [self.net]
+            return [self.training_objective, self.net, self.net.representation, self.net.head]
+        return [self.training_objective, self.net]
+
+    @property
+    def training_objective(self) -> TrainingObjective:
+        """The :class:`TrainingObjective` of the current net (made again if ``net`` is replaced)."""
+        made = self.__dict__.get("_training_objective")
+        if made is None or made.net is not self.net:
+            made = TrainingObjective(self.net, self.unlabeled_loss)
+            self.__dict__["_training_objective"] = made  # a plain attribute: not a submodule, not in state_dict
+        return made
 
     def representation(self, batch: dict[str, Tensor], net: nn.Module | None = None) -> Tensor:
         """The features ``(B, n, k)`` a net (default: this model's) gives the points of ``batch``.
@@ -292,8 +325,7 @@ class ICSSLModule(ICLModule):
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         x, y = batch["x"], batch["y"]
         labeled = labeled_mask(y, batch["n_labeled"], self.labeled_subset)
-        logits = self(x, y, labeled)
-        loss = self.unlabeled_loss(logits, y, labeled)
+        loss, logits = self.training_objective(x, y, labeled)
         self.log_loss("train/loss", loss)
         # Accuracy only on logging steps: it is cheap, but not free next to an 11k-parameter net.
         if self.logging_step:

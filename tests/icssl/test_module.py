@@ -93,3 +93,42 @@ def test_validation_accuracy_is_the_mean_over_episodes_of_the_unlabeled_points_a
                 per_episode.append(sum(int(pred[b, i] == y[b, i]) for i in unlabeled) / len(unlabeled))
             expected = sum(per_episode) / len(per_episode)
             assert float(module.val_acc[_slot(r)].compute()) == pytest.approx(expected, abs=1e-6)
+
+
+def test_the_training_objective_compiles_the_loss_with_the_net_and_computes_what_eager_does() -> None:
+    """The training step's loss runs inside its compiled region (traced into one graph with the net), gives the
+    eager loss and logits bit for bit, adds nothing to the module's state and follows a replaced net."""
+    from lit_icl.icssl.data import labeled_mask
+
+    torch.manual_seed(0)
+    net = SemiSupervisedICL(InContextEigenmap(n_points=10, n_components=2, stack_repeats=1), GDICLHead())
+    module = ICSSLModule(net=net)
+    keys = set(module.state_dict())
+    x, y = torch.randn(3, 10, 3), torch.randint(0, 2, (3, 10))
+    labeled = labeled_mask(y, torch.tensor([2, 3, 5]))
+    eager_logits = module.net(x, y, labeled).logits
+    eager_loss = module.unlabeled_loss(eager_logits, y, labeled)
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def record(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(gm)
+        return gm.forward  # runs the traced ops as they are: the same values as eager
+
+    torch._dynamo.reset()
+    objective = module.training_objective
+    objective.compile(backend=record, fullgraph=True)
+    loss, logits = module.training_objective(x, y, labeled)
+    assert len(graphs) == 1
+    traced = {str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"}
+    assert any("cross_entropy" in target for target in traced), sorted(traced)
+    assert torch.equal(loss, eager_loss) and torch.equal(logits, eager_logits)
+    assert set(module.state_dict()) == keys and all(m is not objective for m in module.modules())
+    # The training step goes through it (so its compiled region holds the loss).
+    calls = []
+    objective.register_forward_hook(lambda *args: calls.append(args))
+    step_loss = module.training_step({"x": x, "y": y, "n_labeled": torch.tensor([2, 3, 5])}, 0)
+    assert len(calls) == 1 and torch.equal(step_loss, eager_loss)
+    module.net = SemiSupervisedICL(InContextEigenmap(n_points=10, n_components=2, stack_repeats=1), GDICLHead())
+    assert module.training_objective is not objective and module.training_objective.net is module.net
+    torch._dynamo.reset()
