@@ -1,18 +1,24 @@
-"""Host time per training step of a net compiled whole against the same net compiled in parts.
+"""Host time per training step with the net compiled in parts, whole, or whole with its loss (IC-SSL).
 
     python benchmarks/compiled_regions.py                  # IC-SSL's manifolds net, made tiny
     python benchmarks/compiled_regions.py --steps 3000 --rounds 3
 
 A compiled net costs host time at each call besides its kernels: dynamo's guards, AOTAutograd's wrappers and,
 under CUDA graphs, the replay's own bookkeeping, once for each compiled region in the forward and again in the
-backward. IC-SSL's two-stage net is compiled as its representation and its head, which evaluation calls one by
-one; its training step calls the whole net, so compiling the net whole (``ICSSLModule.compile_targets``) makes
-that step one region instead of two. This times the module's ``training_step`` and ``backward`` (the optimizer
-is the same either way and left out) on the CPU with inductor's default mode, the net compiled either way, on a
-net and batch small enough that the host's part shows. Rounds alternate between the two, and the best of each is
-printed with the difference per step: on a shared machine single rounds vary by more than the difference. Under
-CUDA graphs a replay also copies its inputs that are not parameters into its own buffers;
-``benchmarks/gpu_suite.py``'s ``step_speed_icssl`` measures the whole step on a GPU.
+backward; every op left outside the compiled regions costs its own dispatch (and on a GPU its own launch).
+IC-SSL's two-stage net is compiled as its representation and its head, which evaluation calls one by one. Its
+training step can be compiled three ways, each a variant here:
+
+- ``parts``: the representation and the head, two regions, the loss eager;
+- ``net``: the whole net, one region, the loss eager (``ICSSLModule.compile_targets`` before the loss moved in);
+- ``step``: the net and the loss as one module (``ICSSLModule.training_objective``, what the CLI compiles now).
+
+This times the module's ``training_step`` and ``backward`` (the optimizer is the same either way and left out) on
+the CPU with inductor's default mode, on a net and batch small enough that the host's part shows. Rounds
+alternate between the variants, and the best of each is printed with the differences per step: on a shared
+machine single rounds vary by more than the differences. Under CUDA graphs a replay also copies its inputs that
+are not parameters into its own buffers; ``benchmarks/gpu_suite.py``'s ``step_speed_icssl`` measures the whole
+step on a GPU.
 """
 
 from __future__ import annotations
@@ -60,33 +66,31 @@ def main(argv: list[str] | None = None) -> int:
                         help="an extra CLI argument; replaces the tiny-net defaults when given")
     parser.add_argument("--steps", type=int, default=2000, help="steps per timed run, warm-up included")
     parser.add_argument("--warmup", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of (parts, whole); the best of each counts")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of (parts, net, step); the best of each counts")
     args = parser.parse_args(argv)
     configs = args.config or [str(ROOT / "configs/icssl/manifolds.yaml")]
     torch.set_float32_matmul_precision("high")  # as lit_icl.cli.main does
     template, dm = build(configs, TINY if args.set is None else args.set)
-    targets = template.compile_targets()
-    if len(targets) < 2:
-        parser.error(f"{type(template.net).__name__} is compiled as one region already: nothing to compare")
+    if not hasattr(template, "training_objective") or len(template.compile_targets()) < 3:
+        parser.error(f"{type(template.net).__name__} has no parts to compile on their own: nothing to compare")
     device = torch.device("cpu")
     batches = batches_ahead(dm, args.steps, device)
     best: dict[str, float] = {}
     for _ in range(args.rounds):
-        for variant in ("parts", "whole"):
+        for variant in ("parts", "net", "step"):
             torch._dynamo.reset()
             module = copy.deepcopy(template)
-            if variant == "parts":  # the parts only, as evaluation calls them
-                parts = [m for m in module.compile_targets() if m is not module.net]
-                module.compile_targets = lambda parts=parts: parts  # type: ignore[method-assign]
-            for net in module.compile_targets():
-                net.compile(mode="default")
+            targets = module.compile_targets()  # [training objective, net, representation, head]
+            for target in {"parts": targets[2:], "net": targets[1:], "step": targets}[variant]:
+                target.compile(mode="default")
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 us = forward_backward_us(module.train(), batches, args.warmup)
             best[variant] = min(best.get(variant, us), us)
             print(f"{variant:5s}: {us:8.1f} us per step", flush=True)
-    print(f"best: parts {best['parts']:.1f} us, whole {best['whole']:.1f} us per step; the whole net saves "
-          f"{best['parts'] - best['whole']:.1f} us of each step")
+    print(f"best: parts {best['parts']:.1f} us, net {best['net']:.1f} us, step {best['step']:.1f} us per step; "
+          f"the net whole saves {best['parts'] - best['net']:.1f} us of each step, its loss inside "
+          f"{best['net'] - best['step']:.1f} us more")
     return 0
 
 
