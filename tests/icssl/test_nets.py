@@ -579,6 +579,24 @@ def test_eigenmap_backward_passes_gradcheck() -> None:
     assert torch.autograd.gradcheck(run, (phi, gram, *params), eps=1e-6, atol=1e-7, rtol=1e-5)
 
 
+def test_every_parameter_gets_its_gradient_in_its_own_layout() -> None:
+    """Eq. (16) uses ``S`` and ``C_h`` transposed; their gradients still arrive in the parameters' own layout, so
+    autograd does not copy them after the backward (two eager ops per parameter, outside any compiled graph)."""
+    torch.manual_seed(0)
+    net = SemiSupervisedICL(InContextEigenmap(n_points=30, n_components=3, eig_layers=2, stack_repeats=2),
+                            GDICLHead())
+    x, y = _points(), torch.randint(0, 2, (3, 30))
+    labeled = torch.arange(30).expand(3, 30) < 5
+    arrived = {}
+    for name, p in net.named_parameters():
+        p.register_hook(lambda g, name=name: arrived.__setitem__(name, g.stride()))
+    net(x, y, labeled).logits.square().sum().backward()
+    wrong = {name: (arrived[name], p.stride()) for name, p in net.named_parameters()
+             if name in arrived and arrived[name] != p.stride()}
+    assert not wrong, wrong
+    assert {"representation.eigenmap.layers.0.skip", "representation.eigenmap.layers.1.key"} <= set(arrived)
+
+
 def test_linear_attention_layer_gradient_at_a_vanishing_column() -> None:
     """A column of zeros stays zero (its norm is clamped at 1e-8) and gets autograd's clamp gradient g / 1e-8."""
     from lit_icl.icssl.nets import LinearAttentionLayer

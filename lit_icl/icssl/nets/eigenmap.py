@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.nets import contiguous_grad
 from lit_icl.core.precision import float32_region
 from lit_icl.core.validation import check_bool, check_int, check_literal, check_nonnegative, check_positive
 
@@ -53,6 +54,7 @@ def _effective_weights(skip: Tensor, beta: Tensor, value: Tensor, query: Tensor,
     """
     k = skip.shape[-1]
     lead = skip.shape[:-2]
+    skip, key = contiguous_grad(skip), contiguous_grad(key)  # used transposed below
     base = torch.eye(k, dtype=skip.dtype, device=skip.device) + skip.mT  # contiguous: reshaped every step
     value_t = (beta.unsqueeze(-2) @ value.flatten(-2)).view(*lead, k, k).mT  # (sum_h beta_h A_h)^T
     cb = key.mT @ query  # C_h^T B_h

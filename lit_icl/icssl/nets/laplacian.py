@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.nets import contiguous_grad
 from lit_icl.core.precision import float32_region
 from lit_icl.core.validation import (
     check_bool,
@@ -129,7 +130,7 @@ class RBFAttentionLayer(nn.Module):
         """
         b, n = x.shape[0], x.shape[-2]
         # (2, H): 1/sigma_h^2 and 1/rho_h^2 (Remark 1's tied query/key scales b = c = 1/sigma, b' = c' = 1/rho)
-        coef = torch.exp(-2.0 * torch.stack((self.log_sigma, self.log_rho)))
+        coef = torch.exp(-2.0 * contiguous_grad(torch.stack((self.log_sigma, self.log_rho))))  # used transposed
         if self.activation == "linear":
             # Table 6: kappa_ij = (<x_i, x_j> / sigma^2 + <psi_i, psi_j> / rho^2) / n, no softmax.
             coef = coef / n
