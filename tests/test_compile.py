@@ -113,6 +113,42 @@ def test_icssl_trains_its_net_as_one_compiled_region_and_evaluates_its_parts(tmp
     assert counters["stats"]["unique_graphs"] - before == 3  # the training graph, the representation, the head
 
 
+_TRAINING_GRAPHS: list[torch.fx.GraphModule] = []
+
+
+@pytest.fixture
+def recording_backend():
+    """A ``torch.compile`` backend, ``recording``, that keeps each graph it is given and runs it as traced."""
+    from torch._dynamo import register_backend
+    from torch._dynamo.backends.registry import _COMPILER_FNS
+
+    def recording(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        _TRAINING_GRAPHS.append(gm)
+        return gm.forward
+
+    register_backend(recording, name="recording")
+    _TRAINING_GRAPHS.clear()
+    torch._dynamo.reset()
+    yield _TRAINING_GRAPHS
+    _COMPILER_FNS.pop("recording", None)
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("run, loss_ops", [("icssl", {"cross_entropy", "mean"}), ("coqe_regression", {"mean"}),
+                                           ("mmca_synthetic", {"mean"})])
+def test_a_step_that_is_a_net_then_a_loss_compiles_the_loss_in_its_one_region(tmp_path, recording_backend, run,
+                                                                              loss_ops) -> None:
+    """The modules whose training step is "the net, then a loss" (``ICLModule.training_loss``) compile the two as
+    one region: the step's one graph holds the loss, so nothing of it runs eager around the graph."""
+    args = [*RUNS[run](tmp_path), "--trainer.limit_val_batches", "0", "--compile.mode", "default",
+            "--compile.backend", "recording", "--compile.fullgraph", "true"]
+    main(["fit", *args])
+    assert len(recording_backend) == 1, [g.code for g in recording_backend]
+    called = {getattr(node.target, "__name__", str(node.target))
+              for node in recording_backend[0].graph.nodes if node.op in ("call_function", "call_method")}
+    assert loss_ops <= called, sorted(called)
+
+
 def test_the_ledger_counts_and_times_what_torch_reports(capsys) -> None:
     """Each trigger torch reports is one piece of work of its kind; nested triggers count once (torch runs the
     callbacks for the outermost only); kinds torch does not report for a reason (autotuning) are not counted."""

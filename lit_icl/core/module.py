@@ -25,6 +25,7 @@ import inspect
 import io
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -48,8 +49,34 @@ def plain_grouped_hparams(obj: LightningModule | LightningDataModule) -> None:
                 store[key] = asdict(value)
 
 
+class TrainingObjective(nn.Module):
+    """A training step's net and loss as one module: ``(loss(out, *loss_args), out)`` with ``out = net(*net_args)``.
+
+    ``--compile.mode`` compiles it as the training step's one region (:meth:`ICLModule.compile_targets`), so the
+    loss and its backward run inside the compiled graphs. With the net compiled alone they ran as eager ops around
+    the graphs at every step, each a kernel launch and host time on a GPU (IC-SSL's Eq. 4: 13 of them). Eager, it
+    computes exactly what the step computed without it.
+
+    It holds the net without registering it: the net's weights stay where they are (the module's ``net``), and
+    checkpoints, the model summary and ``.to()`` see nothing new.
+    """
+
+    def __init__(self, net: nn.Module, loss: Callable[..., Tensor]) -> None:
+        super().__init__()
+        object.__setattr__(self, "net", net)  # not a submodule (see the class docstring)
+        self.loss = loss
+
+    def forward(self, net_args: tuple[Any, ...], loss_args: tuple[Any, ...]) -> tuple[Tensor, Any]:
+        out = self.net(*net_args)
+        return self.loss(out, *loss_args), out
+
+
 class ICLModule(LightningModule):
     """Base class of the paper modules (see the module docstring for the conventions it carries)."""
+
+    #: The loss of a training step, ``training_loss(net output, *loss_args)``, for a module whose step is "the net,
+    #: then a loss" (:attr:`training_objective`); ``None`` for one whose step does more between the two.
+    training_loss: Callable[..., Tensor] | None = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -148,13 +175,26 @@ class ICLModule(LightningModule):
         """The nets that ``--compile.mode`` compiles (:class:`lit_icl.callbacks.compile.CompileNets`).
 
         Each is compiled in place, so it must be a module whose ``__call__`` the steps call: by default the
-        module's ``net``. A module whose evaluation calls parts of its net one by one names those parts; one
-        whose net cannot be compiled raises :class:`ConfigError` saying why.
+        module's ``net``, and before it the :attr:`training_objective` of a module with a :attr:`training_loss`
+        (its training step's one region, the loss inside). A module whose evaluation calls parts of its net one by
+        one names those parts; one whose net cannot be compiled raises :class:`ConfigError` saying why.
         """
         net = getattr(self, "net", None)
         if not isinstance(net, nn.Module):
             raise ConfigError(f"{type(self).__name__} has no `net` to compile; run without --compile.mode")
-        return [net]
+        return [net] if self.training_loss is None else [self.training_objective, net]
+
+    @property
+    def training_objective(self) -> TrainingObjective:
+        """The :class:`TrainingObjective` of the module's ``net`` and :attr:`training_loss`, which the training step
+        calls as ``loss, out = self.training_objective(net_args, loss_args)``; made again if ``net`` is replaced."""
+        if self.training_loss is None:
+            raise TypeError(f"{type(self).__name__} defines no training_loss, so it has no training_objective")
+        made = self.__dict__.get("_training_objective")
+        if made is None or made.net is not self.net:
+            made = TrainingObjective(self.net, self.training_loss)
+            self.__dict__["_training_objective"] = made  # a plain attribute: not a submodule, not in state_dict
+        return made
 
     # ------------------------------------------------------------------ logging
     @property

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
@@ -65,29 +65,6 @@ METHOD_NAMES = {
     "LaplacianEigenmap": "EIG+ICL",
     "RawCoordinates": "ORIG+ICL",
 }
-
-
-class TrainingObjective(nn.Module):
-    """A training step's net and loss as one module: ``(loss, logits)`` of ``loss(net(x, y, labeled).logits, y,
-    labeled)``.
-
-    ``--compile.mode`` compiles it as the training step's one region (:meth:`ICSSLModule.compile_targets`), so the
-    loss of Eq. (4) (cross-entropy, masking to the unlabeled points, the means) and its backward run inside the
-    compiled graphs. Compiling the net alone left them as 28 eager ops around it at every step, each a kernel
-    launch and host time on a GPU. Eager, it computes exactly what the step computed before it existed.
-
-    It holds the net without registering it: the net's weights stay where they are (``ICSSLModule.net``), and
-    checkpoints, the model summary and ``.to()`` see nothing new.
-    """
-
-    def __init__(self, net: nn.Module, loss: Callable[[Tensor, Tensor, Tensor], Tensor]) -> None:
-        super().__init__()
-        object.__setattr__(self, "net", net)  # not a submodule (see the class docstring)
-        self.loss = loss
-
-    def forward(self, x: Tensor, y: Tensor, labeled: Tensor) -> tuple[Tensor, Tensor]:
-        logits = self.net(x, y, labeled).logits
-        return self.loss(logits, y, labeled), logits
 
 
 class ConstantPredictorStats(Metric):
@@ -259,15 +236,6 @@ class ICSSLModule(ICLModule):
             return [self.training_objective, self.net, self.net.representation, self.net.head]
         return [self.training_objective, self.net]
 
-    @property
-    def training_objective(self) -> TrainingObjective:
-        """The :class:`TrainingObjective` of the current net (made again if ``net`` is replaced)."""
-        made = self.__dict__.get("_training_objective")
-        if made is None or made.net is not self.net:
-            made = TrainingObjective(self.net, self.unlabeled_loss)
-            self.__dict__["_training_objective"] = made  # a plain attribute: not a submodule, not in state_dict
-        return made
-
     def representation(self, batch: dict[str, Tensor], net: nn.Module | None = None) -> Tensor:
         """The features ``(B, n, k)`` a net (default: this model's) gives the points of ``batch``.
 
@@ -311,6 +279,12 @@ class ICSSLModule(ICLModule):
         return (ce * unl).sum(-1) / unl.sum(-1).clamp_min(1.0)
 
     @classmethod
+    def training_loss(cls, out: Any, y: Tensor, labeled: Tensor) -> Tensor:
+        """The loss of :attr:`training_objective` (the net, then this, as one compiled region): Eq. (4) of the
+        net's logits (:meth:`unlabeled_loss`)."""
+        return cls.unlabeled_loss(out.logits, y, labeled)
+
+    @classmethod
     def unlabeled_loss(cls, logits: Tensor, y: Tensor, labeled: Tensor) -> Tensor:
         """The training objective: Eq. (4) averaged over the episodes of the batch.
 
@@ -325,7 +299,8 @@ class ICSSLModule(ICLModule):
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         x, y = batch["x"], batch["y"]
         labeled = labeled_mask(y, batch["n_labeled"], self.labeled_subset)
-        loss, logits = self.training_objective(x, y, labeled)
+        loss, out = self.training_objective((x, y, labeled), (y, labeled))
+        logits = out.logits
         self.log_loss("train/loss", loss)
         # Accuracy only on logging steps: it is cheap, but not free next to an 11k-parameter net.
         if self.logging_step:

@@ -118,7 +118,8 @@ def test_the_training_objective_compiles_the_loss_with_the_net_and_computes_what
     torch._dynamo.reset()
     objective = module.training_objective
     objective.compile(backend=record, fullgraph=True)
-    loss, logits = module.training_objective(x, y, labeled)
+    loss, out = module.training_objective((x, y, labeled), (y, labeled))
+    logits = out.logits
     assert len(graphs) == 1
     traced = {str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"}
     assert any("cross_entropy" in target for target in traced), sorted(traced)

@@ -160,10 +160,15 @@ class CoQERegressionModule(ICLModule):
         self.n_dims = saved.get("n_dims", self.n_dims)
 
     # ---------------------------------------------------------------- training
+    @staticmethod
+    def training_loss(pred: Tensor, ys: Tensor) -> Tensor:
+        """The squared error of every prefix's prediction, over all prompts (Sec. 5.1); the training step runs the
+        net and this as one module (:attr:`training_objective`, one compiled region)."""
+        return ((pred.float() - ys.float()) ** 2).mean()
+
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         xs, ys = batch["xs"], batch["ys"]
-        pred = self.net(xs, ys)
-        loss = ((pred.float() - ys.float()) ** 2).mean()  # all prefixes, all prompts (Sec. 5.1)
+        loss, _ = self.training_objective((xs, ys), (ys,))
         self.log_loss("train/loss", loss)
         if self.logging_step:  # each self.log costs host time: only the values the loggers write
             self.log("train/mse", loss.detach() / xs.shape[-1])  # normalised by d, as the test rows
