@@ -232,9 +232,8 @@ class ICSSLModule(ICLModule):
         two). Evaluation calls the parts one by one, the head once per label ratio (:meth:`_sweep`), or the whole
         net per ratio when it has no parts, so those are compiled on their own too.
         """
-        if implements(self.net, TwoStageNet):
-            return [self.training_objective, self.net, self.net.representation, self.net.head]
-        return [self.training_objective, self.net]
+        parts = [self.net.representation, self.net.head] if implements(self.net, TwoStageNet) else []
+        return [*super().compile_targets(), *parts]
 
     def representation(self, batch: dict[str, Tensor], net: nn.Module | None = None) -> Tensor:
         """The features ``(B, n, k)`` a net (default: this model's) gives the points of ``batch``.

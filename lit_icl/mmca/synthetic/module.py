@@ -141,7 +141,12 @@ class LatentFactorICLModule(ICLModule):
     ) -> Tensor:
         net = self.net if net is None else net
         kwargs = {"depth": depth} if depth is not None and implements(net, LayeredPromptNet) else {}
-        return net(batch["x"], batch["y"], batch["x_query"], batch.get("m"), batch.get("zeta"), **kwargs)
+        return net(*self.net_inputs(batch), **kwargs)
+
+    @staticmethod
+    def net_inputs(batch: dict[str, Tensor]) -> tuple[Tensor | None, ...]:
+        """What a net takes from a batch: ``(x, y, x_query, m, zeta)``, the last two ``None`` where absent."""
+        return batch["x"], batch["y"], batch["x_query"], batch.get("m"), batch.get("zeta")
 
     @staticmethod
     def training_loss(pred: Tensor, y_query: Tensor) -> Tensor:
@@ -150,8 +155,7 @@ class LatentFactorICLModule(ICLModule):
         return (pred - y_query.float()).pow(2).mean()
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        inputs = (batch["x"], batch["y"], batch["x_query"], batch.get("m"), batch.get("zeta"))  # as forward's
-        loss, _ = self.training_objective(inputs, (batch["y_query"],))
+        loss, _ = self.training_objective(self.net_inputs(batch), (batch["y_query"],))
         self.log_loss("train/loss", loss)
         # Each self.log costs host time: the scalars go to the loggers on logging steps only.
         if self.logging_step and implements(self.net, LayeredPromptNet) and self.net.tied:
