@@ -66,7 +66,8 @@ def run(configs: list[str], mode: str, seconds: int, extra: list[str], out: Path
     if phases:
         cmd += ["--trainer.profiler", "lightning.pytorch.profilers.SimpleProfiler", "--trainer.profiler.dirpath",
                 str(out), "--trainer.profiler.filename", PHASES]
-    print("$ python -m lit_icl " + " ".join(cmd[3:]), flush=True)
+    # The run folder is a temporary one: shown as RUN_DIR, so a committed report names no path of the machine.
+    print("$ python -m lit_icl " + " ".join(cmd[3:]).replace(str(out), "RUN_DIR"), flush=True)
     start = time.perf_counter()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
