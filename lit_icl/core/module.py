@@ -21,9 +21,12 @@ Three conventions live here so that each paper follows them without repeating co
 
 from __future__ import annotations
 
+import functools
 import inspect
 import io
 import os
+import sys
+import types
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, is_dataclass
@@ -71,6 +74,28 @@ class TrainingObjective(nn.Module):
         return self.loss(out, *loss_args), out
 
 
+@functools.cache
+def objective_class(module_class: type) -> type[TrainingObjective]:
+    """The :class:`TrainingObjective` of ``module_class``'s modules: a subclass whose ``forward`` is a code object of
+    its own (named ``<module class>.training_objective`` in tracebacks and profiles).
+
+    Dynamo keeps what it compiled for a function on the function's code object, and compiles one code object at
+    most ``torch._dynamo.config.recompile_limit`` times (8) in a process; after that it runs it eager, or fails
+    under ``fullgraph``. Every paper's objective sharing one ``forward`` would spend that limit across papers, as
+    each net and loss is a compilation of its own; one code object per module class keeps each paper's count its
+    own, as each net's ``forward`` does.
+    """
+    base = TrainingObjective.forward
+    # replace() always makes a new code object; Python 3.11+ also names it after the module class.
+    qualname = f"{module_class.__qualname__}.training_objective"
+    code = base.__code__.replace(co_qualname=qualname) if sys.version_info >= (3, 11) else base.__code__.replace()
+    forward = types.FunctionType(code, base.__globals__, base.__name__, base.__defaults__, base.__closure__)
+    forward.__doc__, forward.__annotations__ = base.__doc__, base.__annotations__
+    name = f"{module_class.__name__}Objective"
+    return type(name, (TrainingObjective,), {"forward": forward, "__module__": module_class.__module__,
+                                              "__qualname__": name})
+
+
 class ICLModule(LightningModule):
     """Base class of the paper modules (see the module docstring for the conventions it carries)."""
 
@@ -95,6 +120,13 @@ class ICLModule(LightningModule):
             object.__setattr__(self, name, value)
         else:
             super().__setattr__(name, value)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The training objective is a cache made again on first use; its class (objective_class) is made at run
+        # time, so pickle (DDP spawn, torch.save of a module) could not find it by name.
+        state = super().__getstate__()
+        state.pop("_training_objective", None)
+        return state
 
     # ------------------------------------------------------------------ hyper-parameters
     def save_reloadable_hparams(self) -> None:
@@ -192,7 +224,7 @@ class ICLModule(LightningModule):
             raise TypeError(f"{type(self).__name__} defines no training_loss, so it has no training_objective")
         made = self.__dict__.get("_training_objective")
         if made is None or made.net is not self.net:
-            made = TrainingObjective(self.net, self.training_loss)
+            made = objective_class(type(self))(self.net, self.training_loss)
             self.__dict__["_training_objective"] = made  # a plain attribute: not a submodule, not in state_dict
         return made
 

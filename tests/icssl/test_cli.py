@@ -148,7 +148,7 @@ def test_ddp_with_compiled_nets_matches_single_process(tmp_path, single_process_
         env={**os.environ, **SUBPROCESS_ENV}, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "compiled TrainingObjective, SemiSupervisedICL, InContextEigenmap, GDICLHead" in proc.stderr
+    assert "compiled ICSSLModuleObjective, SemiSupervisedICL, InContextEigenmap, GDICLHead" in proc.stderr
     _assert_same_val_metrics(single_process_run, tmp_path / "ddp/runs/tiny/version_0")
 
 
