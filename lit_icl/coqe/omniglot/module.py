@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from lit_icl.coqe.contracts import SequenceData, SequenceNet
 from lit_icl.coqe.omniglot.data import EVALUATORS
-from lit_icl.coqe.omniglot.nets import CoQEClassifier
+from lit_icl.coqe.omniglot.nets import CoQEClassifier, SequenceLogits
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.figures import bar_figure
 from lit_icl.core.module import ICLModule
@@ -193,24 +193,34 @@ class CoQEClassificationModule(ICLModule):
         # for the device's queue to drain before sending it (lit_icl.core.transfer).
         return to_device(mean + std * z, device)
 
+    @staticmethod
+    def training_loss(out: SequenceLogits, y: Tensor) -> Tensor:
+        """The training objective of the query (Sec. 4.2): the cross-entropy of the logits the net predicts with,
+        plus for CoQE ``L_orig``, that of its static logits. The loss of :attr:`training_objective`: the net and
+        this as one module (one compiled region)."""
+        loss = F.cross_entropy(out.logits[:, -1].float(), y)
+        if out.static_logits is not None:
+            loss = loss + F.cross_entropy(out.static_logits[:, -1].float(), y)
+        return loss
+
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         labels = batch["labels"]
         y = labels[:, -1]
-        out = self.net(batch["images"], labels[:, :-1], self.noise(len(y), labels.device))
-        query = out.logits[:, -1].float()
-        loss = F.cross_entropy(query, y)
+        net_args = (batch["images"], labels[:, :-1], self.noise(len(y), labels.device))
+        loss, out = self.training_objective(net_args, (y,))
         # The parts of the loss, the noise level and the accuracy go to the loggers on logging steps only
-        # (``logging_step``: each ``self.log`` costs host time a GPU step would wait on).
+        # (``logging_step``: each ``self.log`` costs host time a GPU step would wait on). The parts are computed
+        # again there, outside the compiled step, from the same logits: eager, they are the values summed above.
         logging = self.logging_step
-        if out.static_logits is not None:
-            loss_orig = F.cross_entropy(out.static_logits[:, -1].float(), y)
-            if logging:
-                self.log("train/loss_mod", loss)
-                self.log("train/loss_orig", loss_orig)
-            loss = loss + loss_orig
-            if self.uses_noise and logging:
-                mean, _ = self.noise_schedule.at(self.global_step)
-                self.log("train/noise_mean", torch.tensor(mean))  # a host number: no copy to the device
+        if logging:
+            with torch.no_grad():
+                query = out.logits[:, -1].float()
+                if out.static_logits is not None:
+                    self.log("train/loss_mod", F.cross_entropy(query, y))
+                    self.log("train/loss_orig", F.cross_entropy(out.static_logits[:, -1].float(), y))
+                    if self.uses_noise:
+                        mean, _ = self.noise_schedule.at(self.global_step)
+                        self.log("train/noise_mean", torch.tensor(mean))  # a host number: no copy to the device
         self.log_loss("train/loss", loss)
         if logging:
             self.log("train/acc", (query.argmax(-1) == y).float().mean())
