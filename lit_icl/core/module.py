@@ -52,8 +52,20 @@ def plain_grouped_hparams(obj: LightningModule | LightningDataModule) -> None:
                 store[key] = asdict(value)
 
 
+def detached(out: Any) -> Any:
+    """``out`` with each tensor detached, through tuples and NamedTuples (what the nets return)."""
+    if isinstance(out, Tensor):
+        return out.detach()
+    if isinstance(out, tuple):
+        parts = [detached(part) for part in out]
+        return type(out)(*parts) if hasattr(out, "_fields") else tuple(parts)
+    return out
+
+
 class TrainingObjective(nn.Module):
-    """A training step's net and loss as one module: ``(loss(out, *loss_args), out)`` with ``out = net(*net_args)``.
+    """A training step's net and loss as one module: ``(loss(out, *loss_args), out)`` with ``out = net(*net_args)``,
+    ``out`` detached (:func:`detached`): it is there for logging and metrics, and the gradient flows through the
+    loss only.
 
     ``--compile.mode`` compiles it as the training step's one region (:meth:`ICLModule.compile_targets`), so the
     loss and its backward run inside the compiled graphs. With the net compiled alone they ran as eager ops around
@@ -71,7 +83,9 @@ class TrainingObjective(nn.Module):
 
     def forward(self, net_args: tuple[Any, ...], loss_args: tuple[Any, ...]) -> tuple[Tensor, Any]:
         out = self.net(*net_args)
-        return self.loss(out, *loss_args), out
+        # Detached, the output is no output of the compiled backward: otherwise that backward takes a gradient
+        # for it, which nothing computes, so a zero fill per output tensor ran at every step.
+        return self.loss(out, *loss_args), detached(out)
 
 
 @functools.cache

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import sys
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -69,3 +70,36 @@ def test_a_module_pickles_without_its_objective_and_makes_it_again_for_its_own_n
     assert "_training_objective" not in copy.__dict__
     assert copy.training_objective.net is copy.net and copy.net is not module.net
     assert torch.equal(copy.net.weight, module.net.weight)
+
+
+class _TwoOutputs(NamedTuple):
+    pred: Tensor
+    hidden: Tensor
+
+
+class _Pair(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(3, 2)
+
+    def forward(self, x: Tensor) -> _TwoOutputs:
+        hidden = torch.tanh(x)
+        return _TwoOutputs(self.layer(hidden), hidden)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_objective_hands_back_the_nets_output_detached_and_the_loss_with_its_gradient(compiled, fresh_dynamo):
+    """The output is for logging: detached, it is no output of the compiled backward (which would otherwise take
+    a zero gradient for each of its tensors at every step). Its values and type are the net's, and the weights'
+    gradients are those of the loss alone."""
+    net, x, y = _Pair(), torch.randn(5, 3), torch.randn(5, 2)
+    objective = TrainingObjective(net, lambda out, y: F.mse_loss(out.pred, y))
+    if compiled:
+        objective.compile(backend="aot_eager", fullgraph=True)
+    loss, out = objective((x,), (y,))
+    assert isinstance(out, _TwoOutputs) and not out.pred.requires_grad and not out.hidden.requires_grad
+    expected = net(x)
+    assert torch.allclose(out.pred, expected.pred) and torch.equal(out.hidden, expected.hidden)
+    loss.backward()
+    reference = torch.autograd.grad(F.mse_loss(net(x).pred, y), net.layer.weight)[0]
+    assert torch.allclose(net.layer.weight.grad, reference)
