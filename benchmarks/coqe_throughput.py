@@ -109,7 +109,7 @@ class _Timer(Callback):
     def __init__(self) -> None:
         self.times: list[float] = []
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         _sync(pl_module.device)
         self.times.append(time.perf_counter())
 

@@ -89,9 +89,7 @@ def is_metadata_op(name: str) -> bool:
         schema = getattr(packet, overload)._schema
         returns = schema.returns
         # A view returns an alias of an input that it does not write (in-place ops return a written alias).
-        if returns and all(r.alias_info is not None and not r.alias_info.is_write for r in returns):
-            return True
-        return False
+        return bool(returns and all(r.alias_info is not None and not r.alias_info.is_write for r in returns))
     return False
 
 

@@ -29,7 +29,7 @@ class _StepTimer(Callback):
         self.warmup, self.steps = warmup, steps
         self.t0 = self.t1 = 0.0
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step == self.warmup:
             self.t0 = time.perf_counter()
         if trainer.global_step == self.steps:

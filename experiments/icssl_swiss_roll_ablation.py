@@ -38,11 +38,11 @@ from runner import (
     Job,
     add_convergence_args,
     add_job_args,
+    add_stage_arg,
+    drive,
     logger_args,
     markdown_table,
     mean_sd,
-    add_stage_arg,
-    drive,
     parse_driver_args,
 )
 from tidy import add_report_args, check_out, grid_records, load

@@ -38,13 +38,13 @@ from runner import (
     Job,
     add_job_args,
     add_overlay_arg,
+    add_stage_arg,
     best_checkpoint,
+    drive,
     logger_args,
     markdown_table,
     mean_sd,
     overlay_argv,
-    add_stage_arg,
-    drive,
     parse_driver_args,
 )
 from tidy import RunRecord, add_report_args, check_out, grid_records

@@ -13,13 +13,13 @@ ROOT = Path(__file__).parents[1]
 PAGES = sorted(
     [ROOT / "README.md", ROOT / "data/README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("experiments/results/*.md")]
 )
-CODE_BLOCK = re.compile(r"```.*?```", flags=re.S)
+CODE_BLOCK = re.compile(r"```.*?```", flags=re.DOTALL)
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
 def heading_anchors(page: Path) -> set[str]:
     """GitHub's anchors of a page's headings: lower case, punctuation dropped, spaces as hyphens."""
-    headings = re.findall(r"^#+ (.*)$", CODE_BLOCK.sub("", page.read_text()), flags=re.M)
+    headings = re.findall(r"^#+ (.*)$", CODE_BLOCK.sub("", page.read_text()), flags=re.MULTILINE)
     return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
 
 

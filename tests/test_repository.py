@@ -68,10 +68,10 @@ def own_code_lines(source: str, node: ast.ClassDef) -> int:
     """Non-blank, non-comment lines of a class that are not docstrings."""
     docs: set[int] = set()
     for inner in ast.walk(node):
-        if isinstance(inner, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
-            if inner.body and isinstance(inner.body[0], ast.Expr) and isinstance(inner.body[0].value, ast.Constant) \
-                    and isinstance(inner.body[0].value.value, str):
-                docs.update(range(inner.body[0].lineno, inner.body[0].end_lineno + 1))
+        scope = isinstance(inner, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef, ast.Module))
+        first = inner.body[0] if scope and inner.body else None
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            docs.update(range(first.lineno, first.end_lineno + 1))
     lines = source.splitlines()[node.lineno - 1: node.end_lineno]
     return sum(1 for number, line in enumerate(lines, start=node.lineno)
                if number not in docs and line.strip() and not line.strip().startswith("#"))

@@ -48,7 +48,7 @@ def select(rows: Iterable[Row], **where: Any) -> list[Row]:
 
 def mean_sd(values: Sequence[float]) -> tuple[float, float, int]:
     """Mean, sample standard deviation (0 for one value) and count; NaN values are skipped."""
-    finite = [float(v) for v in values if v == v]
+    finite = [float(v) for v in values if not math.isnan(float(v))]
     n = len(finite)
     if n == 0:
         return float("nan"), float("nan"), 0

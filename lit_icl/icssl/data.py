@@ -48,7 +48,7 @@ DEFAULT_LABEL_RATIOS = (0.03, 0.05, 0.10, 0.15, 0.21, 0.25, 0.39)
 
 def labeled_count(ratio: float, n_points: int) -> int:
     """``m = round(ratio * n)``: the number of labeled points of an episode at a label ratio."""
-    return int(round(ratio * n_points))
+    return round(float(ratio) * n_points)
 
 
 def check_label_ratios(ratios: Sequence[float], n_points: int) -> None:

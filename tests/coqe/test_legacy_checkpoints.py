@@ -12,8 +12,8 @@ from coqe.omniglot.helpers import coqe_args
 from coqe.regression.helpers import reg_args
 
 from lit_icl.cli import main
-from lit_icl.core.legacy import current_class_path
 from lit_icl.coqe import CoQEClassificationModule, CoQEClassifier, CoQERegressionModule, CoQERegressor
+from lit_icl.core.legacy import current_class_path
 
 LEGACY = Path(__file__).parents[1] / "data/legacy"
 TINY_OMNIGLOT = (

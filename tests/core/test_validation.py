@@ -4,6 +4,7 @@ with a ConfigError naming the option and the value, and check_run_config calls t
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import pytest
 from torch import nn
@@ -171,7 +172,7 @@ def test_real_hooks_compare_against_the_data_sizes() -> None:
     # Pairs against the embeddings a module declares it returns per stage (unchecked if it declares none).
 
     class _Module:
-        embedding_names = {"val": ("eig", "model"), "test": ("model",)}
+        embedding_names: ClassVar[dict[str, tuple[str, ...]]] = {"val": ("eig", "model"), "test": ("model",)}
 
     RepresentationMetrics(pairs=[("model", "eig")]).check_config(model=object(), datamodule=_DM())
     msg = _refused(RepresentationMetrics(pairs=[("model", "eig")]).check_config, model=_Module(), datamodule=_DM())

@@ -14,8 +14,8 @@ from lit_icl.icssl.sampling import get_manifold, sample_episodes
 
 
 def _dm(**kw) -> ManifoldDataModule:
-    args = dict(n_points=30, batch_size=16, chunk_size=8, eval_batch_size=16, train_batches_per_epoch=2,
-                val_episodes=16, test_episodes=32)
+    args = {"n_points": 30, "batch_size": 16, "chunk_size": 8, "eval_batch_size": 16, "train_batches_per_epoch": 2,
+            "val_episodes": 16, "test_episodes": 32}
     args.update(kw)
     return ManifoldDataModule(**args)
 

@@ -24,9 +24,9 @@ def _feature_file(path, classes: int = 4, per_class: int = 20, dim: int = 6) -> 
 
 
 def _dm(path, **kw) -> FeatureEpisodeDataModule:
-    args = dict(features=str(path), per_class=5, train_episodes=3, val_episodes=4, test_episodes=4,
-                test_fraction=0.3, normalize="none", feature_scale=1.0, batch_size=2, eval_batch_size=4,
-                train_batches_per_epoch=3, train_label_ratio=(0.2, 0.5), eval_label_ratios=[0.2])
+    args = {"features": str(path), "per_class": 5, "train_episodes": 3, "val_episodes": 4, "test_episodes": 4,
+            "test_fraction": 0.3, "normalize": "none", "feature_scale": 1.0, "batch_size": 2, "eval_batch_size": 4,
+            "train_batches_per_epoch": 3, "train_label_ratio": (0.2, 0.5), "eval_label_ratios": [0.2]}
     args.update(kw)
     return FeatureEpisodeDataModule(**args)
 

@@ -382,7 +382,7 @@ def test_product_labels_are_quantile_ball() -> None:
         # radius = linear-interpolated quantile of the distances (the documented rule)
         sorted_d = d.sort(dim=-1).values
         pos = fraction * 99
-        lo = int(math.floor(pos))
+        lo = math.floor(pos)
         radius = sorted_d[:, lo] + (pos - lo) * (sorted_d[:, lo + 1] - sorted_d[:, lo])
         torch.testing.assert_close(ep.y, (d < radius[:, None]).long())
         assert torch.all(ep.y.sum(-1) == expected_positives)

@@ -213,7 +213,7 @@ def test_laplacian_eigenmap_matches_eigh_of_knn_graph() -> None:
     assert (a > 0).sum(-1).min() >= 6  # every point keeps its 6 neighbours (symmetrised graph)
     deg = a.sum(-1)
     lap = torch.eye(40, dtype=torch.float64) - a / torch.sqrt(deg[:, :, None] * deg[:, None, :])
-    evals, evecs = torch.linalg.eigh(lap)
+    _evals, evecs = torch.linalg.eigh(lap)
     for b in range(2):
         assert _subspace_sin(phi[b].double(), evecs[b, :, :4]) < 1e-3
 
@@ -530,16 +530,16 @@ def test_default_net_matches_the_reference_formulas_forward_and_gradients() -> N
     [
         # fewer heads than components, fixed M, linear Laplacian kernel with self loops, Lemma 1's output; the
         # linear head with the exact E(w|f), unnormalised, two GD steps
-        (dict(n_components=3, eig_heads=2, learn_init=False, lap_activation="linear", exclude_self=False,
-              lap_output="laplacian", lap_bandwidths=(0.5, 1.0, 2.0), lap_layers=3, eig_layers=3, layer_repeats=1,
-              stack_repeats=2),
-         dict(num_classes=3, kernel="linear", expectation="exact", num_layers=2, normalize_kernel=False)),
+        ({"n_components": 3, "eig_heads": 2, "learn_init": False, "lap_activation": "linear", "exclude_self": False,
+          "lap_output": "laplacian", "lap_bandwidths": (0.5, 1.0, 2.0), "lap_layers": 3, "eig_layers": 3,
+          "layer_repeats": 1, "stack_repeats": 2},
+         {"num_classes": 3, "kernel": "linear", "expectation": "exact", "num_layers": 2, "normalize_kernel": False}),
         # Lemma 2's construction inside a trainable net (one head, k layers); three GD steps with the MLP
-        (dict(n_components=3, eig_layers=3, eig_init="lemma2", eig_mu=3.0, stack_repeats=2),
-         dict(num_classes=3, kernel="rbf", num_layers=3, gamma=30.0)),
+        ({"n_components": 3, "eig_layers": 3, "eig_init": "lemma2", "eig_mu": 3.0, "stack_repeats": 2},
+         {"num_classes": 3, "kernel": "rbf", "num_layers": 3, "gamma": 30.0}),
         # more heads than components, one layer of each module
-        (dict(n_components=2, eig_heads=5, lap_layers=1, eig_layers=1, layer_repeats=3, stack_repeats=1),
-         dict(kernel="linear", normalize_kernel=True, embed_dim=5, mlp_hidden=7)),
+        ({"n_components": 2, "eig_heads": 5, "lap_layers": 1, "eig_layers": 1, "layer_repeats": 3, "stack_repeats": 1},
+         {"kernel": "linear", "normalize_kernel": True, "embed_dim": 5, "mlp_hidden": 7}),
     ],
     ids=["linear-fixed-init", "lemma2", "one-layer-many-heads"],
 )
@@ -559,7 +559,7 @@ def test_nondefault_nets_match_the_reference_formulas(rep_kwargs: dict, head_kwa
 def test_eigenmap_backward_passes_gradcheck() -> None:
     """The hand-written backward of the eigenmap's applications (App. A.2, Eq. 15) against finite differences, in
     float64, for every input: the features, the Gram matrix and the three stacked effective weights."""
-    from lit_icl.icssl.nets.eigenmap import _EigenmapIterations, _effective_weights
+    from lit_icl.icssl.nets.eigenmap import _effective_weights, _EigenmapIterations
 
     gen = torch.Generator().manual_seed(0)
     b, n, k, layers, heads = 2, 7, 3, 2, 2
@@ -573,7 +573,7 @@ def test_eigenmap_backward_passes_gradcheck() -> None:
     params = [rand(layers, k, k, scale=0.3), rand(layers, heads), rand(layers, heads, k, k, scale=0.3),
               rand(layers, heads, k, k, scale=0.3), rand(layers, heads, k, k, scale=0.3)]
 
-    def run(phi, gram, *params):  # noqa: ANN001, ANN202
+    def run(phi, gram, *params):
         return _EigenmapIterations.apply(phi, gram, *_effective_weights(*params), (2, 2))
 
     assert torch.autograd.gradcheck(run, (phi, gram, *params), eps=1e-6, atol=1e-7, rtol=1e-5)

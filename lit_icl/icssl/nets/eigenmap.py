@@ -87,7 +87,7 @@ class _EigenmapIterations(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, phi, gram, base, value_t, kron, repeats):  # noqa: ANN001, ANN205
+    def forward(ctx, phi, gram, base, value_t, kron, repeats):
         b, _, k = phi.shape
         stack_repeats, layer_repeats = repeats
         phis, g_phis, ps, ws, norms = [phi], [], [], [], []
@@ -114,8 +114,8 @@ class _EigenmapIterations(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     @float32_region
-    def backward(ctx, grad):  # noqa: ANN001, ANN205
-        gram, base, value_t, kron, *saved = ctx.saved_tensors
+    def backward(ctx, grad):
+        gram, _base, value_t, kron, *saved = ctx.saved_tensors
         steps = ctx.steps
         phis = saved[: steps + 1]  # phis[t] is step t's input, phis[t + 1] its output
         g_phis, ps, ws, norms = (saved[steps + 1 + i * steps : steps + 1 + (i + 1) * steps] for i in range(4))

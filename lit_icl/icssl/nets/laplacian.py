@@ -236,7 +236,7 @@ class LaplacianTransformer(nn.Module):
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """``x: (B, n, d)`` -> ``(x_out (B, n, d), Psi (B, n, n))``."""
-        b, n, _ = x.shape
+        _b, n, _ = x.shape
         if n != self.n_points:
             raise ConfigError(
                 f"the Laplacian module was built for n_points={self.n_points} but got episodes of {n} points; "

@@ -55,7 +55,7 @@ def test_fit_then_test_gives_icl_iwl_curves_rows_and_figure(tmp_path, config, me
     assert heights == pytest.approx([r["value"] for r in rows])
     # Through the CLI, the shared writer puts the rows and the figure into the test run's folder.
     main(["test", *coqe_args(tmp_path, config=config), "--ckpt_path", str(ckpt)])
-    out = sorted((tmp_path / "runs/tiny").iterdir())[-1]
+    out = max((tmp_path / "runs/tiny").iterdir())
     result = json.loads((out / "results.json").read_text())
     assert [r["value"] for r in result["rows"] if r["metric"] == "accuracy"] == pytest.approx([r["value"] for r in rows])
     assert result["meta"]["trained_steps"] == 4

@@ -265,7 +265,7 @@ def test_a_read_only_folder_still_loads_and_writes_nothing(tmp_path, monkeypatch
     before = sorted(p.name for p in root.iterdir())
     real_open = builtins.open
 
-    def read_only_open(file, mode="r", *args, **kwargs):  # noqa: ANN001, ANN202
+    def read_only_open(file, mode="r", *args, **kwargs):
         if any(c in mode for c in "wax") and str(file).startswith(str(root)):
             raise OSError(30, "Read-only file system", str(file))
         return real_open(file, mode, *args, **kwargs)

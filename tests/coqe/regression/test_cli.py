@@ -101,8 +101,8 @@ BAD = [
     ([], "--model.init_args.net.init_args.output_scale=nan", "output_scale: nan is not a finite number"),
     ([], "--model.init_args.lr=-1", "lr=-1"),
     # Another experiment's parts: named as such first, before their own checks read this config's values.
-    ([], "--data=lit_icl.mmca.LatentFactorDataModule", "is a data module of lit_icl.mmca.synthetic, but --model "
-     "CoQERegressionModule is lit_icl.coqe.regression's module"),
+    ([], "--data=lit_icl.mmca.LatentFactorDataModule", ("is a data module of lit_icl.mmca.synthetic, but --model "
+     "CoQERegressionModule is lit_icl.coqe.regression's module")),
     ([], "--data=lit_icl.coqe.OmniglotSequenceDataModule", "is a data module of lit_icl.coqe.omniglot"),
     ([], "--model.init_args.net=lit_icl.coqe.CoQEClassifier", "CoQEClassifier is not a regression net"),
     (["--model.init_args.baselines+=lit_icl.coqe.LeastSquares"], None, "appear twice"),
