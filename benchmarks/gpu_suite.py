@@ -206,7 +206,11 @@ STEPS = [
     Step("cuda_tests", "the tests marked `cuda` (skipped on the CPU): GPU-only code paths",
          # -v names each test as it ends, so a run cut by the lease still says which passed.
          ["-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "cuda", "tests"],
-         ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "--collect-only", "tests"], 420),
+         ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "--collect-only", "tests"], 420,
+         # Short: all but CoQE regression's and the multi-modal runs, whose steps have the same structure (the net
+         # and its loss as one compiled objective) as IC-SSL's and the main command's, which stay.
+         short=["-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "cuda", "-k",
+                "not coqe_regression and not mmca", "tests"]),
     Step("coqe_omniglot_fp32", "CoQE / Transformer steps/s at the paper's size, fp32 (and the sequence generator)",
          ["benchmarks/coqe_throughput.py", "--device", "cuda", "--steps", "100", "--precision", "32-true"],
          ["benchmarks/coqe_throughput.py", "--device", "cpu", "--steps", "2", "--image-size", "28", "--only",
