@@ -2,6 +2,7 @@
 
     python benchmarks/compiled_kernels.py                              # every paper's main config
     python benchmarks/compiled_kernels.py --only icssl_manifolds --csv experiments/results/compiled_kernels_cpu.csv
+    python benchmarks/compiled_kernels.py --only coqe_omniglot --eager     # and each op left outside the graphs
 
 ``launches_per_step.py`` counts the kernels of an eager step. Under ``--compile.mode`` the nets run as inductor
 graphs instead, and under CUDA graphs a GPU replays each graph's kernels without the host, so what bounds such a
@@ -15,6 +16,8 @@ kernels recorded (``torch._inductor.config.cpp.enable_kernel_profile``). Per ste
 - ``generated``: the kernels inductor wrote for those graphs (fused pointwise and reduction loops);
 - ``extern``: the library calls inside them (matrix products, convolutions), the same on a GPU;
 - ``eager``: the ops that ran outside any graph (loss parts, masks, logging), each a launch on a GPU.
+
+``--eager`` lists those ops, each with the autograd node it ran in (``forward`` for the step's own).
 
 The optimizer's update is left out (everything after ``on_before_optimizer_step``): on a GPU the project's
 Adam/AdamW is ``fused``, a few kernels per step.
@@ -77,13 +80,19 @@ class StepProfile(Callback):
             self.prof = None
 
 
-def tally(events: list[Any]) -> tuple[Counter[str], Counter[str]]:
-    """``(kinds, extern and eager ops by name)`` of a step's profiler events (see the module docstring)."""
+#: How the profiler names the autograd node a backward op runs in.
+AUTOGRAD_NODE = "autograd::engine::evaluate_function: "
+
+
+def tally(events: list[Any]) -> tuple[Counter[str], Counter[str], Counter[str]]:
+    """``(kinds, extern and eager ops by name, eager ops by name and where they ran)`` of a step's profiler events
+    (see the module docstring); "where" is the autograd node of an op of the backward, else ``forward``."""
     kinds: Counter[str] = Counter()
     ops: Counter[str] = Counter()
+    eager: Counter[str] = Counter()
     update = min((e.time_range.start for e in events if e.name == UPDATE), default=float("inf"))
 
-    def walk(event: Any) -> None:
+    def walk(event: Any, node: str) -> None:
         if event.time_range.start >= update:  # the optimizer's update: not counted
             return
         name = event.name
@@ -99,17 +108,20 @@ def tally(events: list[Any]) -> tuple[Counter[str], Counter[str]]:
             if not is_metadata_op(name[6:]):
                 kinds["eager"] += 1
                 ops[name[6:]] += 1
+                eager[f"{name[6:]} ({node})"] += 1
         else:
+            if name.startswith(AUTOGRAD_NODE):
+                node = name.removeprefix(AUTOGRAD_NODE)
             for child in event.cpu_children:
-                walk(child)
+                walk(child, node)
 
     for event in events:
         if event.cpu_parent is None:
-            walk(event)
-    return kinds, ops
+            walk(event, "forward")
+    return kinds, ops, eager
 
 
-def measure(study: Study, at: int, extra: list[str]) -> tuple[Counter[str], Counter[str]]:
+def measure(study: Study, at: int, extra: list[str]) -> tuple[Counter[str], Counter[str], Counter[str]]:
     """Compile ``study``'s nets, train ``at + 1`` steps on the CPU and tally step ``at``."""
     step = StepProfile(at)
     fit_study(study, at + 1, [CompileNets(mode="default"), step], extra)
@@ -119,6 +131,8 @@ def measure(study: Study, at: int, extra: list[str]) -> tuple[Counter[str], Coun
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--at", type=int, default=3, help="the training step profiled (earlier ones compile)")
+    parser.add_argument("--eager", action="store_true",
+                        help="also list each op left outside the graphs, with the autograd node it ran in")
     study_arguments(parser)
     args = parser.parse_args(argv)
     studies = [s for s in selected_studies(parser, args) if not s.name.startswith("i2cl")]  # I2CL: i2cl_compile.py
@@ -127,11 +141,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{'floor, 2 us':>11s}  top extern and eager ops per step")
     rows = []
     for study in studies:
-        kinds, ops = measure(study, args.at, args.set)
+        kinds, ops, eager = measure(study, args.at, args.set)
         kernels = kinds["generated"] + kinds["extern"] + kinds["eager"]
         top = ", ".join(f"{name} {count}" for name, count in ops.most_common(6))
         print(f"{study.name:28s} {kinds['regions']:7d} {kinds['generated']:9d} {kinds['extern']:6d} "
               f"{kinds['eager']:5d} {kernels:7d} {kernels * 2e-3:9.2f} ms  {top}", flush=True)
+        if args.eager:
+            for where, count in sorted(eager.items()):
+                print(f"    eager: {count:3d} x {where}", flush=True)
         rows.append(study_row(study, args.label, {
             "compiled_regions": str(kinds["regions"]), "generated_kernels": str(kinds["generated"]),
             "extern_calls": str(kinds["extern"]), "eager_ops": str(kinds["eager"]), "kernels": str(kernels),

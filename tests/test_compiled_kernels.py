@@ -48,11 +48,13 @@ def test_a_compiled_step_is_counted_by_kind_and_the_update_is_left_out(script, m
         with record_function(script.UPDATE):
             pass
         opt.step()  # after the marker: not counted
-    kinds, ops = script.tally(list(prof.events()))
+    kinds, ops, eager = script.tally(list(prof.events()))
     assert kinds["regions"] == 2  # the forward graph and the backward graph
     assert kinds["generated"] >= 2  # at least one fused kernel in each
     # The library calls inside them: the layer's product forward, its weight's gradient backward.
     assert kinds["extern"] == 2 and ops["addmm"] == 1 and ops["mm"] == 1
     # Outside the graphs: the multiplication forward and backward, and the seed of the backward.
     assert kinds["eager"] == 3 and ops["mul"] == 2 and ops["ones_like"] == 1
+    # Each with where it ran: the step's own (forward) or the autograd node of the backward.
+    assert eager == {"mul (forward)": 1, "ones_like (forward)": 1, "mul (MulBackward0)": 1}
     assert "add_" not in ops  # SGD's update, after the marker
