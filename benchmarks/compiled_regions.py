@@ -32,6 +32,8 @@ import warnings
 import torch
 from step_speed import ROOT, _stub_trainer, batches_ahead, build
 
+from lit_icl.cli import process_defaults
+
 #: A tiny IC-SSL net and batch (as the tests' runs), so the step's arithmetic does not hide its host time.
 TINY = [
     "--model.init_args.net.init_args.representation.init_args.n_points=10",
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="rounds of (parts, net, step); the best of each counts")
     args = parser.parse_args(argv)
     configs = args.config or [str(ROOT / "configs/icssl/manifolds.yaml")]
-    torch.set_float32_matmul_precision("high")  # as lit_icl.cli.main does
+    process_defaults()  # as python -m lit_icl does
     template, dm = build(configs, TINY if args.set is None else args.set)
     if not hasattr(template, "training_objective") or len(template.compile_targets()) < 3:
         parser.error(f"{type(template.net).__name__} has no parts to compile on their own: nothing to compare")

@@ -30,7 +30,7 @@ import warnings
 import torch
 from lightning.pytorch import LightningDataModule, LightningModule
 
-from lit_icl.cli import LitICLCLI
+from lit_icl.cli import LitICLCLI, process_defaults
 
 
 def ms_per_batch(configs: list[str], batches: int) -> tuple[float, float]:
@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                         default=torch.multiprocessing.get_sharing_strategy(),
                         help="with --workers: how tensors travel from the workers (torch's default first)")
     args = parser.parse_args(argv)
+    process_defaults()  # as python -m lit_icl does
     if args.workers is not None:
         torch.multiprocessing.set_sharing_strategy(args.sharing)
         mean, median = ms_in_next(args.config, args.batches, args.workers, args.step_ms)

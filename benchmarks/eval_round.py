@@ -22,7 +22,7 @@ import warnings
 from lightning.pytorch import LightningDataModule, LightningModule
 from torch.profiler import profile
 
-from lit_icl.cli import LitICLCLI
+from lit_icl.cli import LitICLCLI, process_defaults
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
 
+    process_defaults()  # as python -m lit_icl does
     with tempfile.TemporaryDirectory() as root:
         cli_args = [a for c in args.config for a in ("--config", c)]
         cli_args += ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false",

@@ -259,7 +259,9 @@ def selected_studies(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     if unknown:
         parser.error(f"unknown study {', '.join(unknown)}; choose from {', '.join(names)}")
     os.chdir(ROOT)
-    torch.utils.deterministic.fill_uninitialized_memory = False  # as lit_icl.cli.main does
+    from lit_icl.cli import process_defaults
+
+    process_defaults()  # as python -m lit_icl does
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, commit {commit()}")
     out = []
     for study in STUDIES:

@@ -38,7 +38,7 @@ from lightning.pytorch import Callback, LightningDataModule, LightningModule, Tr
 from lightning.pytorch.profilers import PassThroughProfiler
 from torch import nn
 
-from lit_icl.cli import LitICLCLI
+from lit_icl.cli import LitICLCLI, process_defaults
 from lit_icl.core.module import ICLModule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.warmup >= args.steps:
         parser.error("--warmup must be smaller than --steps")
     os.chdir(ROOT)
+    process_defaults()  # as python -m lit_icl does
     configs = args.config or ["configs/coqe_omniglot.yaml"]
     print(f"config: {' + '.join(configs)}  torch {torch.__version__}  threads {torch.get_num_threads()}  "
           f"steps timed: {args.steps - args.warmup} (after {args.warmup}), best of {args.repeats}", flush=True)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from lightning.pytorch import LightningDataModule, LightningModule
 
-from lit_icl.cli import LitICLCLI
+from lit_icl.cli import LitICLCLI, process_defaults
 from lit_icl.mmca.synthetic.figures import mmca_figures
 from lit_icl.mmca.theory import bayes_mse, lsa_error_floor, one_parameter_loss
 
@@ -117,6 +117,7 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], help="CLI override key=value for every run")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
+    process_defaults()  # as python -m lit_icl does
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []

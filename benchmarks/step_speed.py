@@ -38,6 +38,7 @@ from lightning.pytorch import Callback, LightningDataModule, LightningModule, Tr
 from lightning.pytorch.utilities import move_data_to_device
 
 from lit_icl.callbacks.compile import CUDA_GRAPH_MODES, CompileNets, compile_targets, resolve_mode
+from lit_icl.cli import process_defaults
 from lit_icl.cli.trainer_setup import NoOpProfiler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -176,8 +177,7 @@ def prepare(parser: argparse.ArgumentParser, args: argparse.Namespace
         parser.error("--warmup must be smaller than --steps")
     os.chdir(ROOT)
     device = torch.device(args.device)
-    torch.utils.deterministic.fill_uninitialized_memory = False  # as lit_icl.cli.main does
-    torch.set_float32_matmul_precision("high")  # as lit_icl.cli.main does (TF32 on a GPU)
+    process_defaults()  # as python -m lit_icl does (TF32 on a GPU)
     template, dm = build(args.config, args.set)
     batches = batches_ahead(dm, args.steps, device)
     return device, template, batches, copy.deepcopy(template.state_dict())

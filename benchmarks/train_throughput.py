@@ -21,7 +21,7 @@ import time
 import torch
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 
-from lit_icl.cli import LitICLCLI
+from lit_icl.cli import LitICLCLI, process_defaults
 
 
 class _StepTimer(Callback):
@@ -103,7 +103,7 @@ def main() -> None:
     parser.add_argument("--deterministic", choices=["true", "false"], default="true")
     args = parser.parse_args()
     deterministic = args.deterministic == "true"
-    torch.utils.deterministic.fill_uninitialized_memory = False  # as lit_icl.cli.main does
+    process_defaults()  # as python -m lit_icl does
 
     cli = LitICLCLI(LightningModule, LightningDataModule, run=False, args=["--config", args.config, "--trainer.logger", "false"])
     template = cli.model

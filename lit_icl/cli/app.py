@@ -333,12 +333,22 @@ def requested_subcommand(args: ArgsType, known: Mapping[str, Any]) -> str | None
     return argv[0] if argv[0] in known else None
 
 
+def process_defaults() -> None:
+    """What ``python -m lit_icl`` sets for its whole process before it builds a run. A script that builds runs
+    itself (``LitICLCLI(..., run=False)``, as ``benchmarks/`` do) calls it too, so it runs what the CLI runs.
+
+    - TF32 matrix products on a GPU (``torch.set_float32_matmul_precision("high")``; fp32 CPU products are
+      unchanged);
+    - deterministic mode without its filling of every new tensor with NaN, which exposes reads of uninitialised
+      memory: a debugging aid, not part of reproducibility, that only adds work (a kernel per new tensor on a GPU).
+    """
+    torch.set_float32_matmul_precision("high")
+    torch.utils.deterministic.fill_uninitialized_memory = False
+
+
 def main(args: ArgsType = None) -> None:
     """Entry point of ``python -m lit_icl`` and the ``lit-icl`` script."""
-    torch.set_float32_matmul_precision("high")
-    # Deterministic mode would also fill every new tensor with NaN to expose reads of uninitialised memory; that
-    # is a debugging aid, not part of reproducibility, so it is left off (it only adds work).
-    torch.utils.deterministic.fill_uninitialized_memory = False
+    process_defaults()
     _HELD.hold()
     try:
         LitICLCLI(
