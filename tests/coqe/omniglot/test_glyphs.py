@@ -93,3 +93,17 @@ def test_drawers_keep_the_glyph_recognisable() -> None:
     nearest = (q @ p.T).argmax(1)
     acc = (nearest == torch.arange(40).repeat_interleave(4)).float().mean().item()
     assert acc > 0.5, acc  # chance is 1/40; pixel overlap under random affine maps is a crude classifier
+
+
+@pytest.mark.parametrize("erode", [True, False])
+def test_stroke_morphology_is_the_3x3_window_min_or_max_with_paper_outside(erode) -> None:
+    """The stroke widths' erosion (min) and dilation (max), computed as a row pass then a column pass, equal the
+    3x3 window's, taken here with ``max_pool2d`` over the image padded with 0 (outside is no ink), borders
+    included, bit for bit."""
+    from lit_icl.coqe.omniglot.glyphs import _morph
+
+    y = torch.rand(5, 13, 11, generator=torch.Generator().manual_seed(0))
+    sign = -1.0 if erode else 1.0  # min is -max(-x)
+    window = sign * F.max_pool2d(sign * F.pad(y, (1, 1, 1, 1), value=0.0)[:, None], 3, stride=1)[:, 0]
+    assert torch.equal(_morph(y, erode=erode), window)
+    assert torch.equal(_morph(y[:0], erode=erode), y[:0])  # no drawing takes this width
