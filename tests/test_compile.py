@@ -25,6 +25,7 @@ from mmca.avmnist.helpers import avmnist_args, write_layout
 from mmca.synthetic.helpers import mmca_args
 
 from lit_icl.cli import main
+from lit_icl.core.errors import ConfigError
 
 #: Trace with AOTAutograd, and fail on any graph break.
 TRACE = ["--compile.mode", "default", "--compile.backend", "aot_eager", "--compile.fullgraph", "true"]
@@ -275,3 +276,18 @@ def test_cuda_graphs_train_validate_test_and_resume(tmp_path, run) -> None:
     assert not any("_orig_mod" in key for key in _state(ckpt))
     main(["test", *args, "--ckpt_path", str(ckpt)])
     assert list((tmp_path / "runs").rglob("results.json"))
+
+
+def test_a_built_in_backend_is_accepted_without_listing_the_registry(monkeypatch) -> None:
+    """Listing torch's backends imports every backend's module (tenths of a second that every command paid for
+    the default); the built-in names need no look, and any other name is still checked against the registry."""
+    from lit_icl.callbacks.compile import check_backend
+
+    listed = []
+    real = torch._dynamo.list_backends
+    monkeypatch.setattr(torch._dynamo, "list_backends", lambda *a, **k: listed.append(1) or real(*a, **k))
+    assert [check_backend(name) for name in ("inductor", "eager", "aot_eager")] == ["inductor", "eager", "aot_eager"]
+    assert not listed
+    with pytest.raises(ConfigError, match="is not a torch.compile backend here"):
+        check_backend("no_such_backend")
+    assert listed
