@@ -194,14 +194,19 @@ class CoQEClassificationModule(ICLModule):
         return to_device(mean + std * z, device)
 
     @staticmethod
-    def training_loss(out: SequenceLogits, y: Tensor) -> Tensor:
-        """The training objective of the query (Sec. 4.2): the cross-entropy of the logits the net predicts with,
-        plus for CoQE ``L_orig``, that of its static logits. The loss of :attr:`training_objective`: the net and
-        this as one module (one compiled region)."""
-        loss = F.cross_entropy(out.logits[:, -1].float(), y)
-        if out.static_logits is not None:
-            loss = loss + F.cross_entropy(out.static_logits[:, -1].float(), y)
-        return loss
+    def query_losses(out: SequenceLogits, y: Tensor) -> tuple[Tensor, Tensor | None]:
+        """``(L_mod, L_orig)`` of the query (Sec. 4.2): the cross-entropy of the logits the net predicts with, and
+        for CoQE that of its static logits (``None`` for the Transformer)."""
+        mod = F.cross_entropy(out.logits[:, -1].float(), y)
+        orig = None if out.static_logits is None else F.cross_entropy(out.static_logits[:, -1].float(), y)
+        return mod, orig
+
+    @classmethod
+    def training_loss(cls, out: SequenceLogits, y: Tensor) -> Tensor:
+        """``L_mod + L_orig`` (the Transformer: ``L_mod``). The loss of :attr:`training_objective`: the net and this
+        as one module (one compiled region)."""
+        mod, orig = cls.query_losses(out, y)
+        return mod if orig is None else mod + orig
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         labels = batch["labels"]
@@ -212,18 +217,17 @@ class CoQEClassificationModule(ICLModule):
         # (``logging_step``: each ``self.log`` costs host time a GPU step would wait on). The parts are computed
         # again there, outside the compiled step, from the same logits: eager, they are the values summed above.
         logging = self.logging_step
-        if logging:
+        if logging and out.static_logits is not None:
             with torch.no_grad():
-                query = out.logits[:, -1].float()
-                if out.static_logits is not None:
-                    self.log("train/loss_mod", F.cross_entropy(query, y))
-                    self.log("train/loss_orig", F.cross_entropy(out.static_logits[:, -1].float(), y))
-                    if self.uses_noise:
-                        mean, _ = self.noise_schedule.at(self.global_step)
-                        self.log("train/noise_mean", torch.tensor(mean))  # a host number: no copy to the device
+                loss_mod, loss_orig = self.query_losses(out, y)
+            self.log("train/loss_mod", loss_mod)
+            self.log("train/loss_orig", loss_orig)
+            if self.uses_noise:
+                mean, _ = self.noise_schedule.at(self.global_step)
+                self.log("train/noise_mean", torch.tensor(mean))  # a host number: no copy to the device
         self.log_loss("train/loss", loss)
         if logging:
-            self.log("train/acc", (query.argmax(-1) == y).float().mean())
+            self.log("train/acc", (out.logits[:, -1].argmax(-1) == y).float().mean())
         return loss
 
     # ---------------------------------------------------------------- evaluation
