@@ -194,6 +194,36 @@ def test_the_ledger_counts_and_times_what_torch_reports(capsys) -> None:
     assert not ledger.active
 
 
+def test_the_ledger_names_graphs_that_run_without_cuda_graphs() -> None:
+    """Inductor says once per graph when it runs one without CUDA graphs although the mode asked for them (each
+    call then launches every kernel from the host): the ledger counts it, names the reason in its line and logs
+    ``compile/cuda_graph_skips``. A CPU run, where no graph is captured anyway, reports none."""
+    from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
+
+    from lit_icl.callbacks.compile import CompileLedger
+
+    ledger = CompileLedger()
+    ledger.install()
+    try:
+        first = ledger.snapshot()
+        # What torch's CUDA-graph trees say for a graph that mutates an input they do not manage.
+        log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to mutated inputs (1 instances). Found from : \n"
+                                            '  File "nets.py", line 3, in forward\n    x.add_(1)')
+        compiled = torch.compile(lambda x: (x.sin() * 2).sum(), mode="reduce-overhead")
+        x = torch.randn(8, requires_grad=True)
+        compiled(x).backward()
+    finally:
+        ledger.remove()
+    log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to cpu device")  # removed: no longer counted
+    assert ledger.counts["cuda_graph_skips"] == 1 and ledger.metrics()["compile/cuda_graph_skips"] == 1.0
+    assert dict(ledger.skip_reasons) == {"mutated inputs (1 instances)": 1}
+    line = ledger.describe(since=first)
+    assert "1 graph run without CUDA graphs (mutated inputs (1 instances))" in line
+    assert ", 1 graph run without CUDA graphs (each recurs" in line.split("after the first validation round")[1]
+    assert line.endswith("(TORCH_LOGS=cudagraphs says where in the code)")
+    assert "without CUDA graphs" not in CompileLedger().describe()
+
+
 def _state(ckpt: Path) -> dict[str, torch.Tensor]:
     return torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
 

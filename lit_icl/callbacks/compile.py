@@ -20,14 +20,16 @@ run of the same seed to rounding (``tests/test_compile.py`` states the tolerance
 unchanged and stay bit-identical.
 
 What compilation cost is reported as it happens (:class:`CompileLedger`): graphs traced, backward graphs compiled
-on first use and CUDA graphs recorded, with their seconds, logged as ``compile/*`` at every validation round and
-summed up in one line at the end of the run. A healthy run compiles and records everything by the end of its
+on first use and CUDA graphs recorded, with their seconds, and any graph that inductor runs without a CUDA graph
+although the mode asked for one, with inductor's reason (on a GPU each call of such a graph launches its kernels
+from the host); logged as ``compile/*`` at every validation round and summed up in one line at the end of the run. A healthy run compiles and records everything by the end of its
 first validation round; work after it (a recompile, a CUDA graph recorded again) is named in that line, since on
 a GPU each costs from milliseconds to seconds at every occurrence.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter, defaultdict
 from typing import Any, Literal
@@ -81,24 +83,57 @@ except ImportError:  # pragma: no cover - depends on the installed torch
 #: The work torch reports through dynamo's compile callbacks, by trigger: a frame traced and compiled, a
 #: backward graph compiled at its first use, a CUDA graph recorded (``reduce-overhead`` on a GPU).
 LEDGER_KINDS = {"DYNAMO": "graphs", "LAZY_BACKWARD": "backward_graphs", "CUDAGRAPH_RECORDING": "cuda_graphs"}
+#: A compiled graph that inductor runs without a CUDA graph, although the mode asked for one: every call of it
+#: launches its kernels from the host, which is what CUDA graphs are there to avoid (counted, not timed).
+SKIPS = "cuda_graph_skips"
 #: How the summary line names one and several pieces of each kind of work.
 _SAID = {"graphs": ("graph compiled", "graphs compiled"),
          "backward_graphs": ("backward graph compiled", "backward graphs compiled"),
-         "cuda_graphs": ("CUDA graph recorded", "CUDA graphs recorded")}
+         "cuda_graphs": ("CUDA graph recorded", "CUDA graphs recorded"),
+         SKIPS: ("graph run without CUDA graphs", "graphs run without CUDA graphs")}
+#: Where inductor says that it runs a graph without CUDA graphs ("skipping cudagraphs due to <reason>"), once per
+#: graph and reason: the ``cudagraphs`` log artifact, shown by default (torch >= 2.6), or before it the
+#: ``perf_hints`` artifact, hidden unless ``TORCH_LOGS=perf_hints``. The ledger listens to both.
+CUDAGRAPH_SKIP_LOGGERS = ("torch._inductor.cudagraph_utils.__cudagraphs",
+                          "torch._inductor.cudagraph_utils.__perf_hints")
+
+
+def skip_reason(message: str) -> str:
+    """The reason of inductor's "skipping cudagraph(s) due to <reason>. Found from : <stack>" in one line."""
+    reason = message.split("due to", 1)[-1].split("Found from", 1)[0].strip().rstrip(".")
+    return " ".join(reason.split())
+
+
+class _SkipListener(logging.Handler):
+    """Hands each of inductor's CUDA-graph skip messages to a :class:`CompileLedger`."""
+
+    def __init__(self, ledger: CompileLedger) -> None:
+        super().__init__(logging.WARNING)
+        self.ledger = ledger
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("skipping cudagraph"):  # perf_hints carries other hints too
+            self.ledger.skipped(skip_reason(message))
 
 
 class CompileLedger:
     """Counts and times ``torch.compile``'s work in this process as it happens (dynamo's compile callbacks).
 
     ``counts`` and ``seconds`` are keyed by the values of :data:`LEDGER_KINDS`. Only the work of the outermost
-    trigger is counted (torch runs the callbacks once for nested compilations).
+    trigger is counted (torch runs the callbacks once for nested compilations). ``counts[SKIPS]`` counts the graphs
+    inductor runs without CUDA graphs (it says so in its log, :data:`CUDAGRAPH_SKIP_LOGGERS`), with their reasons
+    in ``skip_reasons``.
     """
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
         self.seconds: defaultdict[str, float] = defaultdict(float)
+        #: Why inductor ran graphs without CUDA graphs, with how often each reason was given.
+        self.skip_reasons: Counter[str] = Counter()
         self._started: float | None = None
         self._installed = False
+        self._listener = _SkipListener(self)
 
     def _start(self, args: CallbackArgs) -> None:
         self._started = time.perf_counter()
@@ -110,6 +145,11 @@ class CompileLedger:
             self.seconds[kind] += time.perf_counter() - self._started
         self._started = None
 
+    def skipped(self, reason: str) -> None:
+        """Record one graph that runs without CUDA graphs, and why (inductor's words)."""
+        self.counts[SKIPS] += 1
+        self.skip_reasons[reason] += 1
+
     @property
     def active(self) -> bool:
         """Whether it is counting."""
@@ -120,6 +160,8 @@ class CompileLedger:
         if callback_handler is not None and not self._installed:
             callback_handler.register_start_callback(self._start)
             callback_handler.register_end_callback(self._end)
+            for name in CUDAGRAPH_SKIP_LOGGERS:
+                logging.getLogger(name).addHandler(self._listener)
             self._installed = True
 
     def remove(self) -> None:
@@ -129,21 +171,26 @@ class CompileLedger:
                                          (callback_handler.end_callbacks, self._end)):
                 if callback in registered:
                     registered.remove(callback)
+            for name in CUDAGRAPH_SKIP_LOGGERS:
+                logging.getLogger(name).removeHandler(self._listener)
             self._installed = False
 
     def snapshot(self) -> tuple[Counter[str], dict[str, float]]:
         return Counter(self.counts), dict(self.seconds)
 
     def metrics(self) -> dict[str, float]:
-        """``compile/<kind>`` counts and ``compile/seconds``, for a logger."""
-        out = {f"compile/{kind}": float(self.counts[kind]) for kind in LEDGER_KINDS.values()}
+        """``compile/<kind>`` counts (graphs run without CUDA graphs included) and ``compile/seconds``."""
+        out = {f"compile/{kind}": float(self.counts[kind]) for kind in (*LEDGER_KINDS.values(), SKIPS)}
         out["compile/seconds"] = float(sum(self.seconds.values()))
         return out
 
-    @staticmethod
-    def _describe(counts: Counter[str], seconds: dict[str, float]) -> str:
+    def _describe(self, counts: Counter[str], seconds: dict[str, float], reasons: bool = True) -> str:
         parts = [f"{counts[kind]} {_SAID[kind][counts[kind] != 1]} ({seconds.get(kind, 0.0):.1f} s)"
                  for kind in LEDGER_KINDS.values() if counts[kind]]
+        if counts[SKIPS]:
+            # Inductor's reasons, which a user acts on (a few at most); said once, in the line's first part.
+            why = f" ({'; '.join(self.skip_reasons)})" if reasons else ""
+            parts.append(f"{counts[SKIPS]} {_SAID[SKIPS][counts[SKIPS] != 1]}{why}")
         return ", ".join(parts) or "none"
 
     def describe(self, since: tuple[Counter[str], dict[str, float]] | None = None) -> str:
@@ -153,9 +200,12 @@ class CompileLedger:
             counts, seconds = since
             later = self.counts - counts
             later_s = {k: self.seconds[k] - seconds.get(k, 0.0) for k in later}
-            line += f"; after the first validation round: {self._describe(later, later_s)}"
+            line += f"; after the first validation round: {self._describe(later, later_s, reasons=False)}"
             if later:
                 line += " (each recurs as often as its cause; TORCH_LOGS=recompiles,cudagraphs names it)"
+        if self.counts[SKIPS]:
+            line += ("; a graph run without CUDA graphs launches its kernels from the host at every call "
+                     "(TORCH_LOGS=cudagraphs says where in the code)")
         return line
 
 
