@@ -10,6 +10,9 @@ the report):
   (``--compile.mode reduce-overhead``) and eager, then with CUDA graphs in bf16-mixed and channels-last, and
   IC-SSL's manifolds config the same way (``benchmarks/main_command.py``); both again with their batches made
   by two DataLoader workers instead of the training process;
+- 20 steps of each of those two runs under the profiler, after warm-up: host time of the step, its backward and
+  its update, with the CUDA graph launches, kernel launches and waits in each (``--trace``,
+  ``benchmarks/step_trace.py``);
 - batched ``eigh`` of IC-SSL's 100-point Laplacians on the GPU vs the host route it takes
   (``benchmarks/eigh_route.py``);
 - each paper's training step eager, compiled and CUDA-graph-captured, Lightning vs a bare loop of the same
@@ -28,7 +31,7 @@ the report):
 
 The report names the device, torch version, date, commit and every command, tabulates the speed goals its steps
 measured (met or not), and keeps each script's output verbatim; a step that fails or times out is reported as such (with its last lines) and the suite goes on. The
-per-step time limits add up to 90 minutes. With less GPU time (a 15-minute lease), name the steps wanted most
+per-step time limits add up to 96 minutes. With less GPU time (a 15-minute lease), name the steps wanted most
 with ``--only``, take their short forms with ``--short`` (fewer modes and steps, the same code paths) and cap
 the whole suite with ``--budget``; the report is rewritten after each step:
 
@@ -144,6 +147,24 @@ STEPS = [
     _speed("step_speed_coqe", ["configs/coqe/omniglot.yaml"],
            "CoQE (paper size) step: eager / compiled / CUDA graphs, Lightning vs bare, deterministic on and off",
            ["--config", "configs/coqe/omniglot/cpu.yaml"], 420),
+    # Where a step's host time goes inside the CLI run, after compiling and the first validation round: per step,
+    # the host time of the step, of its backward and of its update, and the CUDA graph launches, kernel launches
+    # and waits in each (a captured step replays its graphs; a graph run uncaptured launches its kernels).
+    Step("trace_icssl", "IC-SSL's manifolds config through the CLI with CUDA graphs, 20 steps after the first "
+         "validation round under the profiler: host time, graph and kernel launches and waits per step",
+         ["benchmarks/main_command.py", "--config", "configs/icssl/manifolds.yaml", "--modes", "reduce-overhead",
+          "--seconds", "60", "--skip", "15", "--trace", "400:20"],
+         ["benchmarks/main_command.py", "--config", "configs/icssl/manifolds.yaml", "--modes", "off",
+          "--seconds", "15", "--skip", "0", "--trace", "6:3", *_DRY_ICSSL], 150),
+    # The main command validates every 1,000 steps; steps 300-319 come after compiling and warming up.
+    Step("trace_main", "the main command with CUDA graphs the same way, 20 steps after warm-up (steps 300-319)",
+         ["benchmarks/main_command.py", "--modes", "reduce-overhead", "--seconds", "75", "--skip", "15", "--trace",
+          "300:20"],
+         ["benchmarks/main_command.py", "--config", "configs/coqe/omniglot.yaml", "--config",
+          "configs/coqe/omniglot/cpu.yaml", "--modes", "off", "--seconds", "15", "--skip", "0",
+          "--set=--trainer.log_every_n_steps=1", "--set=--trainer.val_check_interval=5",
+          "--set=--data.init_args.val_sequences=32", "--set=--model.init_args.net.init_args.depth=1",
+          "--trace", "7:3"], 180),
     # IC-SSL's EIG reference and EIG baselines solve a batch of 100 x 100 Laplacians; torch's CUDA eigh loops over
     # such a batch, so symmetric_eigenvectors solves it on the host. This times both routes.
     Step("eigh_route", "batched eigh of 100-point Laplacians: on the GPU vs the host route IC-SSL takes",
@@ -244,7 +265,7 @@ STEPS = [
          ["benchmarks/i2cl_latency.py", "--queries", "2", "--model", "data/i2cl/gemma-3-270m"], 120,
          needs="data/i2cl/gemma-3-270m"),
 ]
-assert sum(step.timeout_s for step in STEPS) <= 90 * 60
+assert sum(step.timeout_s for step in STEPS) <= 96 * 60
 
 
 def headline(step: Step, output: str) -> str:
@@ -262,9 +283,15 @@ def headline(step: Step, output: str) -> str:
         found = re.findall(r"^mode=(\S+)\s*:\s+([\d.]+) steps/s all-in.*?10\^5 steps would take (\d+) min", output,
                            re.MULTILINE)
         steady = dict(re.findall(r"^mode=(\S+)\s*:\s+([\d.]+) steps/s between", output, re.MULTILINE))
-        return ", ".join(f"{mode}: {sps} steps/s all-in (10^5 steps in {mins} min"
+        text = ", ".join(f"{mode}: {sps} steps/s all-in (10^5 steps in {mins} min"
                          + (f"; {steady[mode]} between validations)" if mode in steady else ")")
                          for mode, sps, mins in found)
+        # --trace: each traced range's host time and launches per step.
+        traced = re.findall(r"^mode=(\S+)\s*: trace: (step|backward|update): ([\d.]+) ms of host time per step; per "
+                            r"step ([\d.]+) CUDA graph launches, ([\d.]+) kernel launches", output, re.MULTILINE)
+        parts = [f"{mode} {name} {ms} ms host, {graphs} graph / {kernels} kernel launches"
+                 for mode, name, ms, graphs, kernels in traced]
+        return "; ".join(filter(None, [text, *parts]))
     if step.script.endswith("step_speed.py"):
         rates = re.findall(r"^(lightning|bare)\s+mode=(\S+)\s+deterministic=true\s*:\s+([\d.]+|nan) steps/s", output,
                            re.MULTILINE)

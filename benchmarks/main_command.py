@@ -17,6 +17,12 @@ first rate are printed as a projection.
 seconds per hook and loop stage; its cost was within the noise of a 3 ms step on our CPU machine), and the
 ``--top`` stages by total time are printed with their calls, e.g. training batches, validation steps, the
 representation metrics and checkpoint saving. A run's wall time that its steps do not explain shows up there.
+
+``--trace START:STEPS`` profiles global steps ``START`` to ``START + STEPS - 1`` of each run with
+``torch.profiler`` (``step_trace.StepTrace``) and prints, per step, the host time of the step, of its backward and
+of its update, with the CUDA graph launches, kernel launches and synchronising calls made in each: whether a
+captured step replays its graphs, and where the host waits. ``--trace-dir`` keeps each run's full table and
+Chrome trace.
 """
 
 from __future__ import annotations
@@ -50,13 +56,15 @@ def _stop(signum: int, frame: object) -> None:
 
 
 def run(configs: list[str], mode: str, seconds: int, extra: list[str], out: Path,
-        limit: float, phases: bool = False) -> tuple[int | None, float, str]:
+        limit: float, phases: bool = False, trace: tuple[int, int, Path | None] | None = None
+        ) -> tuple[int | None, float, str]:
     """Run the command for ``seconds``; ``(exit status, wall seconds, its output)``.
 
     The status is ``None`` when the run was stopped: it outlived ``limit`` seconds, or this script got SIGTERM.
     Either way the run (in a process session of its own, with any workers it started) is killed, and what it
     logged so far stays in ``out`` to be read: a lease that ends early still gives a rate. ``phases``: the run
-    writes Lightning's ``SimpleProfiler`` report into ``out`` (read by :func:`phase_lines`).
+    writes Lightning's ``SimpleProfiler`` report into ``out`` (read by :func:`phase_lines`). ``trace``:
+    ``(start, steps, report file or None)`` for ``step_trace.StepTrace``.
     """
     hms = time.strftime("%H:%M:%S", time.gmtime(seconds))
     cmd = [sys.executable, "-m", "lit_icl", "fit", *[a for c in configs for a in ("--config", c)],
@@ -66,10 +74,18 @@ def run(configs: list[str], mode: str, seconds: int, extra: list[str], out: Path
     if phases:
         cmd += ["--trainer.profiler", "lightning.pytorch.profilers.SimpleProfiler", "--trainer.profiler.dirpath",
                 str(out), "--trainer.profiler.filename", PHASES]
+    if trace is not None:
+        start, steps, path = trace
+        cmd += ["--trainer.callbacks+=step_trace.StepTrace", f"--trainer.callbacks.start={start}",
+                f"--trainer.callbacks.steps={steps}"]
+        if path is not None:
+            cmd += [f"--trainer.callbacks.path={path}"]
     # The run folder is a temporary one: shown as RUN_DIR, so a committed report names no path of the machine.
     print("$ python -m lit_icl " + " ".join(cmd[3:]).replace(str(out), "RUN_DIR"), flush=True)
     start = time.perf_counter()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    # benchmarks/ too: the run imports step_trace.StepTrace from there.
+    path = [str(ROOT), str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, path)))
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
     status: int | None
@@ -134,6 +150,17 @@ def phase_lines(report: str, top: int) -> list[str]:
             for name, mean, calls, total in rows[:top]]
 
 
+def _window(text: str) -> tuple[int, int]:
+    """``START:STEPS`` -> ``(start, steps)``."""
+    try:
+        start, steps = (int(part) for part in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not START:STEPS, e.g. 300:20") from None
+    if start < 0 or steps < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: START must be >= 0 and STEPS >= 1")
+    return start, steps
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", action="append", default=None,
@@ -151,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phases", action="store_true",
                         help="record where the time went (Lightning's SimpleProfiler) and print the top stages")
     parser.add_argument("--top", type=int, default=10, help="stages printed by --phases")
+    parser.add_argument("--trace", type=_window, default=None, metavar="START:STEPS",
+                        help="profile global steps START to START+STEPS-1 and print where each step's host time "
+                             "goes (step_trace.py)")
+    parser.add_argument("--trace-dir", type=Path, default=None,
+                        help="keep each run's trace (table and Chrome trace) here, as trace-<mode>.txt/.json")
     args = parser.parse_args(argv)
     configs = args.config or ["configs/coqe_omniglot.yaml"]
     limit = args.seconds + args.allowance
@@ -158,10 +190,16 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _stop)
     for mode in args.modes.split(","):
         with tempfile.TemporaryDirectory() as tmp:
-            status, wall, output = run(configs, mode, args.seconds, args.set, Path(tmp), limit, args.phases)
+            trace = None
+            if args.trace is not None:
+                kept = args.trace_dir.resolve() / f"trace-{mode}.txt" if args.trace_dir is not None else None
+                trace = (*args.trace, kept)
+            status, wall, output = run(configs, mode, args.seconds, args.set, Path(tmp), limit, args.phases, trace)
             tail = "\n".join(output.strip().splitlines()[-15:])
             # CompileNets' summary of what compiling cost, and whether anything compiled after the first round.
             compiled = [ln for ln in output.splitlines() if ln.startswith("lit_icl: compilation in this run")]
+            traced = [ln.removeprefix("lit_icl trace: ") for ln in output.splitlines()
+                      if ln.startswith("lit_icl trace: ")]
             report = Path(tmp) / f"fit-{PHASES}.txt"
             stages = phase_lines(report.read_text(), args.top) if report.is_file() else []
             if status is None:  # stopped: its numbers so far still count, marked as such
@@ -187,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"rounds (validation and checkpoints included, compilation done)", flush=True)
         if compiled:
             print(f"mode={mode:16s}: {compiled[-1].removeprefix('lit_icl: ')}", flush=True)
+        for line in traced:
+            print(f"mode={mode:16s}: trace: {line}", flush=True)
+        if args.trace is not None and not traced:
+            print(f"mode={mode:16s}: trace: the run ended before step {args.trace[0]}", flush=True)
         if args.phases:
             print(f"mode={mode:16s}: where the time went (host seconds, Lightning's SimpleProfiler): "
                   + ("; ".join(stages) if stages else "no profiler report (the run did not finish cleanly)"),

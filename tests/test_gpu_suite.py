@@ -83,6 +83,16 @@ def test_headlines_read_each_scripts_output() -> None:
         "pageable copies waited at 25.7 MiB; pinned copies took at most 0.005 ms of host time")
     assert suite.headline(steps["h2d_copy"], "copy 6.8 KiB: pageable non-blocking 0.006 ms, blocking 0.005 ms; "
                           "pageable waited for the queue: n/a\n") == "no GPU: no queue to wait for"
+    traced = ("mode=reduce-overhead :    37.50 steps/s all-in, 1369 steps in 91 s of wall time; 10^5 steps would "
+              "take 44 min; last validation: none\n"
+              "mode=reduce-overhead : trace: 20 steps profiled\n"
+              "mode=reduce-overhead : trace: step: 26.10 ms of host time per step; per step 2.0 CUDA graph launches, "
+              "3.0 kernel launches, 1.0 synchronising calls (0.10 ms waiting)\n"
+              "mode=reduce-overhead : trace: backward: 22.58 ms of host time per step; per step 1.0 CUDA graph "
+              "launches, 0.0 kernel launches, 0.0 synchronising calls (0.00 ms waiting)\n")
+    assert suite.headline(steps["trace_icssl"], traced) == (
+        "reduce-overhead: 37.50 steps/s all-in (10^5 steps in 44 min); reduce-overhead step 26.10 ms host, 2.0 graph "
+        "/ 3.0 kernel launches; reduce-overhead backward 22.58 ms host, 1.0 graph / 0.0 kernel launches")
     i2cl = ("mode=off             :     40.0 ms/step steady,     0.5 s more in the first 10 steps, 0 graphs, 2.0 s\n"
             "mode=reduce-overhead :      5.0 ms/step steady,    60.0 s more in the first 10 steps, 2 graphs, 61.0 s\n"
             "mode=reduce-overhead: 8.00x eager per step; compilation pays for itself after 1714 steps\n")
@@ -120,10 +130,10 @@ def test_the_goals_table_reads_the_rates_ratios_and_deterministic_cost_with_cuda
     assert "None of the steps" in suite.report([], dry=True, started=suite.dt.datetime(2026, 11, 27))
 
 
-def test_the_step_time_limits_fit_90_minutes_and_the_speed_goals_15() -> None:
+def test_the_step_time_limits_fit_96_minutes_and_the_speed_goals_15() -> None:
     """A lent GPU comes for 15 minutes: the three steps the speed goals are judged by fit in them."""
     steps = _suite().STEPS
-    assert sum(step.timeout_s for step in steps) <= 90 * 60
+    assert sum(step.timeout_s for step in steps) <= 96 * 60
     assert [step.name for step in steps[:3]] == ["main_command", "icssl_cli", "step_speed_icssl"]
     assert sum(step.timeout_s for step in steps[:3]) <= 15 * 60
 

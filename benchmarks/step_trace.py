@@ -1,0 +1,170 @@
+"""``StepTrace``: profile a window of training steps inside a user's run, and say where each step's host time goes.
+
+    python benchmarks/main_command.py --config configs/icssl/manifolds.yaml --modes reduce-overhead \\
+        --seconds 60 --trace 300:20 --trace-dir OUT
+
+``main_command.py --trace START:STEPS`` adds this callback to the run (``--trainer.callbacks+=step_trace.StepTrace``,
+with ``benchmarks/`` on the run's ``PYTHONPATH``). It records steps ``START`` to ``START + STEPS - 1`` with
+``torch.profiler`` (host and, on a GPU, device activity), after compilation, CUDA-graph recording and the first
+validation round when ``START`` is chosen past them, and marks the stages of each step as ranges:
+
+- ``step``: from ``on_train_batch_start`` to ``on_train_batch_end``;
+- ``backward``: from ``on_before_backward`` to ``on_after_backward`` (the loss's backward, as Lightning runs it);
+- ``update``: from ``on_before_optimizer_step`` to the end of the step (the optimizer, the LR schedule, logging).
+
+What a step waits on shows in the CUDA runtime calls made inside each range, counted per step: a captured step
+replays its graphs with one ``cudaGraphLaunch`` each, a graph run without capture launches its kernels one by one
+(``cudaLaunchKernel``, ``cuLaunchKernel``), and the host waits for the device in the synchronising calls
+(``cudaStreamSynchronize``, ``cudaEventSynchronize``, ``cudaDeviceSynchronize``, a ``cudaMemcpy`` that is not
+``Async``). Printed as lines starting ``lit_icl trace:`` (``main_command.py`` repeats them), with the ops that
+took the most host time, and written with the full table to ``path`` (and a Chrome trace beside it).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from torch.profiler import ProfilerActivity, profile, record_function
+
+#: The ranges this callback marks, by name in the trace.
+RANGES = ("step", "backward", "update")
+#: CUDA runtime and driver calls by what they mean for a step.
+GRAPH_LAUNCHES = ("cudaGraphLaunch",)
+KERNEL_LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
+SYNCS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaMemcpy",
+         "cudaStreamWaitEvent")
+PREFIX = "lit_icl trace:"
+
+
+def _range(name: str) -> str:
+    return f"## lit_icl {name} ##"
+
+
+class StepTrace(Callback):
+    """Profile training steps ``start`` to ``start + steps - 1`` (global steps) and report them (module docstring).
+
+    Args:
+        start: the first global step profiled; choose it past compilation and the first validation round.
+        steps: how many steps to profile.
+        path: the report's file (the Chrome trace is written beside it, ``.json``); ``None``: printed only.
+        top: how many ops by host time the printed report lists.
+    """
+
+    def __init__(self, start: int = 100, steps: int = 20, path: str | None = None, top: int = 12) -> None:
+        if start < 0 or steps < 1:
+            raise ValueError(f"start={start} must be >= 0 and steps={steps} >= 1")
+        self.start, self.steps, self.path, self.top = start, steps, path, top
+        self._prof: profile | None = None
+        self._open: dict[str, record_function] = {}
+        self._done = False
+
+    # ------------------------------------------------------------------ ranges
+    def _enter(self, name: str) -> None:
+        if self._prof is not None and name not in self._open:
+            self._open[name] = record_function(_range(name))
+            self._open[name].__enter__()
+
+    def _exit(self, name: str) -> None:
+        rf = self._open.pop(name, None)
+        if rf is not None:
+            rf.__exit__(None, None, None)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        if self._done or trainer.global_step < self.start:
+            return
+        if self._prof is None:
+            activities = [ProfilerActivity.CPU]
+            if pl_module.device.type == "cuda":
+                activities.append(ProfilerActivity.CUDA)
+                torch.cuda.synchronize(pl_module.device)  # the window starts with an idle device
+            self._prof = profile(activities=activities)
+            self._prof.start()
+        self._enter("step")
+
+    def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
+        self._enter("backward")
+
+    def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._exit("backward")
+
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
+        self._enter("update")
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self._prof is None:
+            return
+        self._exit("update")
+        self._exit("step")
+        if trainer.global_step >= self.start + self.steps:
+            self._finish(pl_module)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._prof is not None:  # the run ended inside the window: report what was recorded
+            for name in list(self._open):
+                self._exit(name)
+            self._finish(pl_module)
+
+    # ------------------------------------------------------------------ the report
+    def _finish(self, pl_module: LightningModule) -> None:
+        prof, self._prof, self._done = self._prof, None, True
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+        prof.stop()
+        lines = summarize(prof, self.top)
+        for line in lines:
+            print(f"{PREFIX} {line}", flush=True)
+        if self.path is not None:
+            path = Path(self.path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
+            path.write_text("\n".join(lines) + "\n\n" + table + "\n")
+            prof.export_chrome_trace(str(path.with_suffix(".json")))
+
+
+def summarize(prof: profile, top: int) -> list[str]:
+    """Per profiled step: host ms and CUDA runtime calls in each range; then the ops with the most host time."""
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU]
+    ranges: dict[str, list[Any]] = {name: [e for e in events if e.name == _range(name)] for name in RANGES}
+    steps = len(ranges["step"])
+    if steps == 0:
+        return ["no step was recorded"]
+    calls: dict[str, Counter[str]] = defaultdict(Counter)
+    sync_us: Counter[str] = Counter()
+    runtime = [e for e in events if e.name.startswith(("cuda", "cu")) and not e.name.startswith("cudnn")]
+    for call in runtime:
+        # By time, on any thread: autograd runs a CUDA backward on a thread of its own, while the training thread
+        # waits inside the backward range.
+        t = call.time_range.start
+        for name, spans in ranges.items():
+            if any(s.time_range.start <= t <= s.time_range.end for s in spans):
+                calls[name][call.name] += 1
+                if call.name in SYNCS:
+                    sync_us[name] += call.time_range.elapsed_us()
+    lines = [f"{steps} steps profiled"]
+    for name in RANGES:
+        spans = ranges[name]
+        if not spans:
+            continue
+        host_ms = sum(s.time_range.elapsed_us() for s in spans) / 1e3 / steps
+        c = calls[name]
+        graphs = sum(c[k] for k in GRAPH_LAUNCHES)
+        kernels = sum(c[k] for k in KERNEL_LAUNCHES)
+        syncs = sum(c[k] for k in SYNCS)
+        lines.append(f"{name}: {host_ms:.2f} ms of host time per step; per step {graphs / steps:.1f} CUDA graph "
+                     f"launches, {kernels / steps:.1f} kernel launches, {syncs / steps:.1f} synchronising calls "
+                     f"({sync_us[name] / 1e3 / steps:.2f} ms waiting)")
+        others = {k: v for k, v in c.items() if k not in (*GRAPH_LAUNCHES, *KERNEL_LAUNCHES, *SYNCS)}
+        if others:
+            shown = ", ".join(f"{k} {v / steps:.1f}" for k, v in sorted(others.items(), key=lambda kv: -kv[1])[:6])
+            lines.append(f"{name}: other CUDA calls per step: {shown}")
+    averages = [a for a in prof.key_averages() if not a.key.startswith("## lit_icl")]
+    averages.sort(key=lambda a: -a.self_cpu_time_total)
+    shown = ", ".join(f"{a.key} {a.self_cpu_time_total / 1e3 / steps:.2f} ms ({a.count / steps:.1f}x)"
+                      for a in averages[:top])
+    lines.append(f"most host time per step (self): {shown}")
+    return lines

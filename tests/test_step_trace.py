@@ -1,0 +1,85 @@
+"""``benchmarks/step_trace.py``: a window of a run's training steps under the profiler, and what it says of them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from conftest import load_script
+from icssl.helpers import tiny_args
+
+from lit_icl.cli import main
+
+TRACE = load_script(Path(__file__).resolve().parents[1] / "benchmarks/step_trace.py")
+
+
+def _fit(tmp_path: Path, start: int, steps: int, report: Path) -> None:
+    # 3 training batches per epoch, 2 epochs: global steps 0-5.
+    main(["fit", *tiny_args(tmp_path), "--trainer.callbacks+=step_trace.StepTrace",
+          f"--trainer.callbacks.start={start}", f"--trainer.callbacks.steps={steps}",
+          f"--trainer.callbacks.path={report}"])
+
+
+def test_a_window_of_a_cli_run_is_profiled_and_reported_by_stage(tmp_path, capsys) -> None:
+    """Steps 2-4 of a 6-step run (across an epoch's end): each stage's host time per step, the backward and the
+    update inside the step, and the report with its table and Chrome trace."""
+    report = tmp_path / "trace.txt"
+    _fit(tmp_path, start=2, steps=3, report=report)
+    printed = [line.removeprefix(TRACE.PREFIX + " ") for line in capsys.readouterr().out.splitlines()
+               if line.startswith(TRACE.PREFIX)]
+    assert printed[0] == "3 steps profiled"
+    host = {line.split(":")[0]: float(line.split(": ")[1].split(" ms")[0]) for line in printed[1:4]}
+    assert set(host) == {"step", "backward", "update"}
+    assert 0 < host["backward"] < host["step"] and 0 < host["update"] < host["step"]
+    # On the CPU no CUDA call is made.
+    assert all("0.0 CUDA graph launches, 0.0 kernel launches, 0.0 synchronising calls" in line for line in printed[1:4])
+    assert printed[-1].startswith("most host time per step (self): ")
+    text = report.read_text()
+    assert text.startswith("3 steps profiled\n") and "Self CPU" in text
+    assert report.with_suffix(".json").stat().st_size > 0
+
+
+def test_a_run_that_ends_inside_the_window_reports_its_steps_and_one_that_ends_before_reports_nothing(
+        tmp_path, capsys) -> None:
+    inside = tmp_path / "inside.txt"
+    _fit(tmp_path / "a", start=4, steps=10, report=inside)
+    assert inside.read_text().startswith("2 steps profiled\n")
+    capsys.readouterr()
+    before = tmp_path / "before.txt"
+    _fit(tmp_path / "b", start=50, steps=5, report=before)
+    assert not before.exists() and TRACE.PREFIX not in capsys.readouterr().out
+
+
+def _event(name: str, start: float, end: float, thread: int = 1) -> SimpleNamespace:
+    span = SimpleNamespace(start=start, end=end, elapsed_us=lambda: end - start)
+    return SimpleNamespace(name=name, time_range=span, thread=thread, device_type=torch.autograd.DeviceType.CPU)
+
+
+def test_cuda_calls_count_in_the_ranges_they_fall_in_on_any_thread() -> None:
+    """Two steps; the backward's graph launch and wait come from autograd's own thread, as on a GPU; a call between
+    the steps counts in none; kernel time on the device is not a host call."""
+    step, backward = TRACE._range("step"), TRACE._range("backward")
+    events = [
+        _event(step, 0, 1000), _event(backward, 100, 900),
+        _event(step, 2000, 3000), _event(backward, 2100, 2900),
+        _event("cudaGraphLaunch", 200, 210, thread=2), _event("cudaGraphLaunch", 2200, 2210, thread=2),
+        _event("cudaStreamSynchronize", 300, 800, thread=2),  # 500 us waiting, in step 1's backward
+        _event("cudaLaunchKernel", 950, 960), _event("cudaLaunchKernel", 2950, 2960),  # after the backward
+        _event("cudaMemcpyAsync", 1500, 1510),  # between the steps
+    ]
+    device = SimpleNamespace(name="triton_poi_fused_0", time_range=SimpleNamespace(start=250, end=260),
+                             thread=0, device_type=torch.autograd.DeviceType.CUDA)
+    averages = [SimpleNamespace(key="aten::bmm", self_cpu_time_total=4000.0, count=10),
+                SimpleNamespace(key=step, self_cpu_time_total=9000.0, count=2),
+                SimpleNamespace(key="aten::mm", self_cpu_time_total=1000.0, count=4)]
+    prof = SimpleNamespace(events=lambda: [*events, device], key_averages=lambda: averages)
+    lines = TRACE.summarize(prof, top=5)
+    assert lines == [
+        "2 steps profiled",
+        ("step: 1.00 ms of host time per step; per step 1.0 CUDA graph launches, 1.0 kernel launches, 0.5 "
+         "synchronising calls (0.25 ms waiting)"),
+        ("backward: 0.80 ms of host time per step; per step 1.0 CUDA graph launches, 0.0 kernel launches, 0.5 "
+         "synchronising calls (0.25 ms waiting)"),
+        "most host time per step (self): aten::bmm 2.00 ms (5.0x), aten::mm 0.50 ms (2.0x)",
+    ]
