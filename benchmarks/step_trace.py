@@ -10,7 +10,8 @@ validation round when ``START`` is chosen past them, and marks the stages of eac
 
 - ``step``: from ``on_train_batch_start`` to ``on_train_batch_end``;
 - ``backward``: from ``on_before_backward`` to ``on_after_backward`` (the loss's backward, as Lightning runs it);
-- ``update``: from ``on_before_optimizer_step`` to the end of the step (the optimizer, the LR schedule, logging).
+- ``update``: from ``on_before_optimizer_step`` to the end of the step (the optimizer, the LR schedule, logging);
+- and what lies between one step's end and the next one's start (fetching the next batch, Lightning's loop).
 
 What a step waits on shows in the CUDA runtime calls made inside each range, counted per step: a captured step
 replays its graphs with one ``cudaGraphLaunch`` each, a graph run without capture launches its kernels one by one
@@ -162,6 +163,13 @@ def summarize(prof: profile, top: int) -> list[str]:
         if others:
             shown = ", ".join(f"{k} {v / steps:.1f}" for k, v in sorted(others.items(), key=lambda kv: -kv[1])[:6])
             lines.append(f"{name}: other CUDA calls per step: {shown}")
+    spans = sorted(ranges["step"], key=lambda e: e.time_range.start)
+    if len(spans) > 1:
+        # Between one step's end and the next one's start: fetching the batch and Lightning's loop.
+        between = spans[-1].time_range.start - spans[0].time_range.end
+        between -= sum(s.time_range.elapsed_us() for s in spans[1:-1])
+        lines.append(f"between steps: {between / 1e3 / (len(spans) - 1):.2f} ms of host time per step (the next "
+                     "batch, Lightning's loop)")
     averages = [a for a in prof.key_averages() if not a.key.startswith("## lit_icl")]
     averages.sort(key=lambda a: -a.self_cpu_time_total)
     shown = ", ".join(f"{a.key} {a.self_cpu_time_total / 1e3 / steps:.2f} ms ({a.count / steps:.1f}x)"

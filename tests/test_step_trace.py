@@ -34,7 +34,7 @@ def test_a_window_of_a_cli_run_is_profiled_and_reported_by_stage(tmp_path, capsy
     assert 0 < host["backward"] < host["step"] and 0 < host["update"] < host["step"]
     # On the CPU no CUDA call is made.
     assert all("0.0 CUDA graph launches, 0.0 kernel launches, 0.0 synchronising calls" in line for line in printed[1:4])
-    assert printed[-1].startswith("most host time per step (self): ")
+    assert printed[4].startswith("between steps: ") and printed[-1].startswith("most host time per step (self): ")
     text = report.read_text()
     assert text.startswith("3 steps profiled\n") and "Self CPU" in text
     assert report.with_suffix(".json").stat().st_size > 0
@@ -81,5 +81,6 @@ def test_cuda_calls_count_in_the_ranges_they_fall_in_on_any_thread() -> None:
          "synchronising calls (0.25 ms waiting)"),
         ("backward: 0.80 ms of host time per step; per step 1.0 CUDA graph launches, 0.0 kernel launches, 0.5 "
          "synchronising calls (0.25 ms waiting)"),
+        "between steps: 1.00 ms of host time per step (the next batch, Lightning's loop)",
         "most host time per step (self): aten::bmm 2.00 ms (5.0x), aten::mm 0.50 ms (2.0x)",
     ]
