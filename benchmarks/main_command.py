@@ -13,10 +13,11 @@ checkpoint, after every graph (training and evaluation) is compiled; it is what 
 last value of every ``val/`` metric is printed too, to show the run learns. The paper's 10^5 steps at the
 first rate are printed as a projection.
 
-``--phases`` also says where the run's time went: the run records it with Lightning's ``SimpleProfiler`` (host
-seconds per hook and loop stage; its cost was within the noise of a 3 ms step on our CPU machine), and the
-``--top`` stages by total time are printed with their calls, e.g. training batches, validation steps, the
-representation metrics and checkpoint saving. A run's wall time that its steps do not explain shows up there.
+``--phases`` also says where the run's time went: the run records it with ``step_trace.PhaseProfiler``
+(Lightning's ``SimpleProfiler``, host seconds per hook and loop stage, whose cost was within the noise of a 3 ms
+step on our CPU machine), and the ``--top`` stages by total time are printed with their calls, mean and median,
+e.g. training batches, validation steps, the representation metrics and checkpoint saving. The median is the
+steady cost: the mean carries the first calls' compiling. A run's wall time that its steps do not explain shows up there.
 
 ``--trace START:STEPS`` profiles global steps ``START`` to ``START + STEPS - 1`` of each run with
 ``torch.profiler`` (``step_trace.StepTrace``) and prints, per step, the host time of the step, of its backward and
@@ -43,8 +44,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PAPER_STEPS = 100_000
 #: File name stem of the profiler report a ``--phases`` run writes (Lightning names it ``fit-<stem>.txt``).
 PHASES = "phases"
-#: A row of Lightning's profiler report: ``|  action  |  mean (s)  |  calls  |  total (s)  |  percent  |``.
-_ROW = re.compile(r"^\|\s+(.+?)\s+\|\s+([-\d.e]+)\s+\|\s+(\d+)\s+\|\s+([\d.e-]+)\s+\|", re.MULTILINE)
+#: A row of ``step_trace.PhaseProfiler``'s report: ``| action | calls | total (s) | mean (ms) | median (ms) |``.
+_ROW = re.compile(r"^\| (.+) \| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", re.MULTILINE)
 
 
 class Stopped(Exception):
@@ -63,7 +64,7 @@ def run(configs: list[str], mode: str, seconds: int, extra: list[str], out: Path
     The status is ``None`` when the run was stopped: it outlived ``limit`` seconds, or this script got SIGTERM.
     Either way the run (in a process session of its own, with any workers it started) is killed, and what it
     logged so far stays in ``out`` to be read: a lease that ends early still gives a rate. ``phases``: the run
-    writes Lightning's ``SimpleProfiler`` report into ``out`` (read by :func:`phase_lines`). ``trace``:
+    writes ``step_trace.PhaseProfiler``'s report into ``out`` (read by :func:`phase_lines`). ``trace``:
     ``(start, steps, report file or None)`` for ``step_trace.StepTrace``.
     """
     hms = time.strftime("%H:%M:%S", time.gmtime(seconds))
@@ -72,7 +73,7 @@ def run(configs: list[str], mode: str, seconds: int, extra: list[str], out: Path
            "--trainer.logger.init_args.save_dir", str(out), *extra]
     cmd += ["--compile.mode", mode]  # named even when off: the CLI's default is auto (CUDA graphs on a GPU)
     if phases:
-        cmd += ["--trainer.profiler", "lightning.pytorch.profilers.SimpleProfiler", "--trainer.profiler.dirpath",
+        cmd += ["--trainer.profiler", "step_trace.PhaseProfiler", "--trainer.profiler.dirpath",
                 str(out), "--trainer.profiler.filename", PHASES]
     if trace is not None:
         start, steps, path = trace
@@ -141,13 +142,13 @@ def _short_action(action: str) -> str:
 
 
 def phase_lines(report: str, top: int) -> list[str]:
-    """The ``top`` stages of a ``SimpleProfiler`` report by total time: ``name: total s (calls x mean ms)``."""
-    rows = [(m.group(1), float(m.group(2)) if m.group(2) != "-" else float("nan"), int(m.group(3)),
-             float(m.group(4))) for m in _ROW.finditer(report)]
-    rows = [r for r in rows if r[0] != "Total"]
-    rows.sort(key=lambda r: -r[3])
-    return [f"{_short_action(name)}: {total:.2f} s ({calls} x {1e3 * mean:.2f} ms)"
-            for name, mean, calls, total in rows[:top]]
+    """The ``top`` stages of a ``PhaseProfiler`` report by total time: ``name: total s (calls x mean ms, median
+    median ms)``; the median leaves out what the first calls paid for compiling (``step_trace.PhaseProfiler``)."""
+    rows = [(m.group(1), int(m.group(2)), float(m.group(3)), float(m.group(4)), float(m.group(5)))
+            for m in _ROW.finditer(report)]
+    rows.sort(key=lambda r: -r[2])
+    return [f"{_short_action(name)}: {total:.2f} s ({calls} x {mean:.2f} ms, median {median:.2f} ms)"
+            for name, calls, total, mean, median in rows[:top]]
 
 
 def _window(text: str) -> tuple[int, int]:
@@ -176,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                              "it is stopped and its rate so far reported; measured on one H200: about 60 s for the "
                              "main command with its glyphs built, 25 s for IC-SSL")
     parser.add_argument("--phases", action="store_true",
-                        help="record where the time went (Lightning's SimpleProfiler) and print the top stages")
+                        help="record where the time went (step_trace.PhaseProfiler: Lightning's SimpleProfiler with "
+                             "medians) and print the top stages")
     parser.add_argument("--top", type=int, default=10, help="stages printed by --phases")
     parser.add_argument("--trace", type=_window, default=None, metavar="START:STEPS",
                         help="profile global steps START to START+STEPS-1 and print where each step's host time "
@@ -230,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.trace is not None and not traced:
             print(f"mode={mode:16s}: trace: the run ended before step {args.trace[0]}", flush=True)
         if args.phases:
-            print(f"mode={mode:16s}: where the time went (host seconds, Lightning's SimpleProfiler): "
+            print(f"mode={mode:16s}: where the time went (host seconds, Lightning's SimpleProfiler with medians): "
                   + ("; ".join(stages) if stages else "no profiler report (the run did not finish cleanly)"),
                   flush=True)
     return 1 if failed else 0

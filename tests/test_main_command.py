@@ -4,40 +4,42 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from conftest import load_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks/main_command.py"
-
-#: Rows as Lightning's SimpleProfiler writes them (from a CPU run of configs/icssl/manifolds.yaml), in its order.
-REPORT = """FIT Profiler Report
-
--------------------------------------------------------------------------------------------------------------
-|  Action                                   	|  Mean duration (s)	|  Num calls      	|  Total time (s) 	|  Percentage %   	|
--------------------------------------------------------------------------------------------------------------
-|  Total                                    	|  -              	|  1043           	|  5.1513         	|  100 %          	|
--------------------------------------------------------------------------------------------------------------
-|  run_training_epoch                       	|  1.5118         	|  2              	|  3.0235         	|  58.694         	|
-|  [Strategy]SingleDeviceStrategy.validation_step	|  0.73064        	|  3              	|  2.1919         	|  42.551         	|
-|  run_training_batch                       	|  0.16884        	|  10             	|  1.6884         	|  32.777         	|
-|  save_checkpoint                          	|  0.0058208      	|  6              	|  0.034925       	|  0.67797        	|
-|  [Callback]ModelCheckpoint{'monitor': 'val/acc/label_ratio=0.25', 'mode': 'max', 'every_n_train_steps': 0, 'every_n_epochs': 1, 'train_time_interval': None}.on_train_epoch_end	|  0.011421       	|  2              	|  0.022841       	|  0.44341        	|
-|  [_TrainingEpochLoop].train_dataloader_next	|  0.0018234      	|  10             	|  0.018234       	|  0.35396        	|
-|  [Callback]ModelCheckpoint{'monitor': None, 'mode': 'min', 'every_n_train_steps': 0, 'every_n_epochs': 1, 'train_time_interval': None}.on_train_epoch_end	|  0.012532       	|  2              	|  0.025063       	|  0.48654        	|
-"""
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def test_the_top_stages_come_by_total_time_with_short_names_calls_and_mean() -> None:
-    script = load_script(SCRIPT)
-    lines = script.phase_lines(REPORT, top=5)
-    assert lines == [
-        "run_training_epoch: 3.02 s (2 x 1511.80 ms)",
-        "validation_step: 2.19 s (3 x 730.64 ms)",
-        "run_training_batch: 1.69 s (10 x 168.84 ms)",
-        "save_checkpoint: 0.03 s (6 x 5.82 ms)",
-        "ModelCheckpoint(monitor=None).on_train_epoch_end: 0.03 s (2 x 12.53 ms)",
+@pytest.fixture(scope="module")
+def scripts():
+    return load_script(BENCHMARKS / "main_command.py"), load_script(BENCHMARKS / "step_trace.py")
+
+
+def test_the_top_stages_come_by_total_time_with_short_names_calls_mean_and_median(scripts) -> None:
+    """As a run's ``PhaseProfiler`` writes them; a stage whose first call compiled shows a mean far above its
+    median, which is what each later call cost."""
+    script, trace = scripts
+    profiler = trace.PhaseProfiler()
+    profiler.recorded_durations.update({
+        "run_training_epoch": [1.5, 1.52],
+        "[Strategy]SingleDeviceStrategy.validation_step": [2.0, 0.1, 0.09],
+        "[Strategy]SingleDeviceStrategy.backward": [7.0] + [0.003] * 999,  # the first call compiles for 7 s
+        "[Callback]ModelCheckpoint{'monitor': 'val/acc/label_ratio=0.25', 'mode': 'max', 'every_n_train_steps': 0, "
+        "'every_n_epochs': 1, 'train_time_interval': None}.on_train_epoch_end": [0.01, 0.012],
+        "[Callback]ModelCheckpoint{'monitor': None, 'mode': 'min', 'every_n_train_steps': 0, 'every_n_epochs': 1, "
+        "'train_time_interval': None}.on_train_epoch_end": [0.02, 0.03],
+        "[_TrainingEpochLoop].train_dataloader_next": [0.002] * 10,
+    })
+    report = profiler.summary()
+    assert script.phase_lines(report, top=3) == [
+        "backward: 10.00 s (1000 x 10.00 ms, median 3.00 ms)",
+        "run_training_epoch: 3.02 s (2 x 1510.00 ms, median 1510.00 ms)",
+        "validation_step: 2.19 s (3 x 730.00 ms, median 100.00 ms)",
     ]
-    # The total row is never a stage; the rest follow by total time.
-    everything = script.phase_lines(REPORT, top=50)
-    assert len(everything) == 7 and not any(line.startswith("Total") for line in everything)
-    assert everything[5] == "ModelCheckpoint(monitor=val/acc/label_ratio=0.25).on_train_epoch_end: 0.02 s (2 x 11.42 ms)"
-    assert everything[6] == "train_dataloader_next: 0.02 s (10 x 1.82 ms)"
+    everything = script.phase_lines(report, top=50)
+    assert len(everything) == 6
+    assert everything[3] == "ModelCheckpoint(monitor=None).on_train_epoch_end: 0.05 s (2 x 25.00 ms, median 25.00 ms)"
+    assert everything[4] == ("ModelCheckpoint(monitor=val/acc/label_ratio=0.25).on_train_epoch_end: 0.02 s "
+                             "(2 x 11.00 ms, median 11.00 ms)")
+    assert everything[5] == "train_dataloader_next: 0.02 s (10 x 2.00 ms, median 2.00 ms)"
+    assert script.phase_lines("FIT phases\n", top=5) == []
