@@ -83,8 +83,8 @@ class StepTrace(Callback):
             rf.__exit__(None, None, None)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        if self._done or trainer.global_step < self.start:
-            return
+        if self._done or trainer.global_step < self.start or not trainer.is_global_zero:
+            return  # under DDP the first process profiles (its steps are every process's)
         if self._prof is None:
             activities = [ProfilerActivity.CPU]
             if pl_module.device.type == "cuda":
