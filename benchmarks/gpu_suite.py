@@ -152,11 +152,12 @@ STEPS = [
     # the host time of the step, of its backward and of its update, and the CUDA graph launches, kernel launches
     # and waits in each (a captured step replays its graphs; a graph run uncaptured launches its kernels).
     Step("trace_icssl", "IC-SSL's manifolds config through the CLI with CUDA graphs, 20 steps after the first "
-         "validation round under the profiler: host time, graph and kernel launches and waits per step",
+         "validation round and the second round under the profiler: host time, graph and kernel launches and waits "
+         "per step and per validation batch",
          ["benchmarks/main_command.py", "--config", "configs/icssl/manifolds.yaml", "--modes", "reduce-overhead",
-          "--seconds", "60", "--skip", "15", "--trace", "400:20"],
+          "--seconds", "70", "--skip", "15", "--trace", "400:20", "--trace-val", "2"],
          ["benchmarks/main_command.py", "--config", "configs/icssl/manifolds.yaml", "--modes", "off",
-          "--seconds", "15", "--skip", "0", "--trace", "6:3", *_DRY_ICSSL], 150),
+          "--seconds", "15", "--skip", "0", "--trace", "6:3", "--trace-val", "2", *_DRY_ICSSL], 160),
     # The main command validates every 1,000 steps; steps 300-319 come after compiling and warming up.
     Step("trace_main", "the main command with CUDA graphs the same way, 20 steps after warm-up (steps 300-319)",
          ["benchmarks/main_command.py", "--modes", "reduce-overhead", "--seconds", "75", "--skip", "15", "--trace",
@@ -294,8 +295,9 @@ def headline(step: Step, output: str) -> str:
                          + (f"; {steady[mode]} between validations)" if mode in steady else ")")
                          for mode, sps, mins in found)
         # --trace: each traced range's host time and launches per step.
-        traced = re.findall(r"^mode=(\S+)\s*: trace: (step|backward|update): ([\d.]+) ms of host time per step; per "
-                            r"step ([\d.]+) CUDA graph launches, ([\d.]+) kernel launches", output, re.MULTILINE)
+        traced = re.findall(r"^mode=(\S+)\s*: trace: (?:validation round \d+: )?(step|backward|update|val_batch): "
+                            r"([\d.]+) ms of host time per \w+; per \w+ ([\d.]+) CUDA graph launches, ([\d.]+) kernel "
+                            r"launches", output, re.MULTILINE)
         parts = [f"{mode} {name} {ms} ms host, {graphs} graph / {kernels} kernel launches"
                  for mode, name, ms, graphs, kernels in traced]
         return "; ".join(filter(None, [text, *parts]))

@@ -22,8 +22,8 @@ steady cost: the mean carries the first calls' compiling. A run's wall time that
 ``--trace START:STEPS`` profiles global steps ``START`` to ``START + STEPS - 1`` of each run with
 ``torch.profiler`` (``step_trace.StepTrace``) and prints, per step, the host time of the step, of its backward and
 of its update, with the CUDA graph launches, kernel launches and synchronising calls made in each: whether a
-captured step replays its graphs, and where the host waits. ``--trace-dir`` keeps each run's full table and
-Chrome trace.
+captured step replays its graphs, and where the host waits. ``--trace-val ROUND`` profiles validation round
+``ROUND`` the same way, per validation batch. ``--trace-dir`` keeps each run's full table and Chrome trace.
 """
 
 from __future__ import annotations
@@ -57,15 +57,15 @@ def _stop(signum: int, frame: object) -> None:
 
 
 def run(configs: list[str], mode: str, seconds: int, extra: list[str], out: Path,
-        limit: float, phases: bool = False, trace: tuple[int, int, Path | None] | None = None
-        ) -> tuple[int | None, float, str]:
+        limit: float, phases: bool = False,
+        trace: tuple[tuple[int, int] | None, int | None, Path | None] | None = None) -> tuple[int | None, float, str]:
     """Run the command for ``seconds``; ``(exit status, wall seconds, its output)``.
 
     The status is ``None`` when the run was stopped: it outlived ``limit`` seconds, or this script got SIGTERM.
     Either way the run (in a process session of its own, with any workers it started) is killed, and what it
     logged so far stays in ``out`` to be read: a lease that ends early still gives a rate. ``phases``: the run
     writes ``step_trace.PhaseProfiler``'s report into ``out`` (read by :func:`phase_lines`). ``trace``:
-    ``(start, steps, report file or None)`` for ``step_trace.StepTrace``.
+    ``((start, steps) or None, validation round or None, report file or None)`` for ``step_trace.StepTrace``.
     """
     hms = time.strftime("%H:%M:%S", time.gmtime(seconds))
     cmd = [sys.executable, "-m", "lit_icl", "fit", *[a for c in configs for a in ("--config", c)],
@@ -76,9 +76,14 @@ def run(configs: list[str], mode: str, seconds: int, extra: list[str], out: Path
         cmd += ["--trainer.profiler", "step_trace.PhaseProfiler", "--trainer.profiler.dirpath",
                 str(out), "--trainer.profiler.filename", PHASES]
     if trace is not None:
-        start, steps, path = trace
-        cmd += ["--trainer.callbacks+=step_trace.StepTrace", f"--trainer.callbacks.start={start}",
-                f"--trainer.callbacks.steps={steps}"]
+        window, val_round, path = trace
+        cmd += ["--trainer.callbacks+=step_trace.StepTrace"]
+        if window is None:
+            cmd += ["--trainer.callbacks.start=null"]
+        else:
+            cmd += [f"--trainer.callbacks.start={window[0]}", f"--trainer.callbacks.steps={window[1]}"]
+        if val_round is not None:
+            cmd += [f"--trainer.callbacks.val_round={val_round}"]
         if path is not None:
             cmd += [f"--trainer.callbacks.path={path}"]
     # The run folder is a temporary one: shown as RUN_DIR, so a committed report names no path of the machine.
@@ -183,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace", type=_window, default=None, metavar="START:STEPS",
                         help="profile global steps START to START+STEPS-1 and print where each step's host time "
                              "goes (step_trace.py)")
+    parser.add_argument("--trace-val", type=int, default=None, metavar="ROUND",
+                        help="profile validation round ROUND (1: the first after the sanity check) the same way")
     parser.add_argument("--trace-dir", type=Path, default=None,
                         help="keep each run's trace (table and Chrome trace) here, as trace-<mode>.txt/.json")
     args = parser.parse_args(argv)
@@ -193,9 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     for mode in args.modes.split(","):
         with tempfile.TemporaryDirectory() as tmp:
             trace = None
-            if args.trace is not None:
+            if args.trace is not None or args.trace_val is not None:
                 kept = args.trace_dir.resolve() / f"trace-{mode}.txt" if args.trace_dir is not None else None
-                trace = (*args.trace, kept)
+                trace = (args.trace, args.trace_val, kept)
             status, wall, output = run(configs, mode, args.seconds, args.set, Path(tmp), limit, args.phases, trace)
             tail = "\n".join(output.strip().splitlines()[-15:])
             # CompileNets' summary of what compiling cost, and whether anything compiled after the first round.
@@ -229,8 +236,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mode={mode:16s}: {compiled[-1].removeprefix('lit_icl: ')}", flush=True)
         for line in traced:
             print(f"mode={mode:16s}: trace: {line}", flush=True)
-        if args.trace is not None and not traced:
+        if args.trace is not None and not any(not line.startswith("validation round") for line in traced):
             print(f"mode={mode:16s}: trace: the run ended before step {args.trace[0]}", flush=True)
+        if args.trace_val is not None and not any(line.startswith("validation round") for line in traced):
+            print(f"mode={mode:16s}: trace: the run ended before validation round {args.trace_val}", flush=True)
         if args.phases:
             print(f"mode={mode:16s}: where the time went (host seconds, Lightning's SimpleProfiler with medians): "
                   + ("; ".join(stages) if stages else "no profiler report (the run did not finish cleanly)"),

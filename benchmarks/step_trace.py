@@ -13,6 +13,10 @@ validation round when ``START`` is chosen past them, and marks the stages of eac
 - ``update``: from ``on_before_optimizer_step`` to the end of the step (the optimizer, the LR schedule, logging);
 - and what lies between one step's end and the next one's start (fetching the next batch, Lightning's loop).
 
+With ``val_round`` (``main_command.py --trace-val ROUND``) it also profiles one validation round, its batches
+marked as ``val_batch`` (from ``on_validation_batch_start`` to the end of the callbacks' ``on_validation_batch_end``,
+where metrics such as IC-SSL's representation scores run) and the whole round as ``round``.
+
 What a step waits on shows in the CUDA runtime calls made inside each range, counted per step: a captured step
 replays its graphs with one ``cudaGraphLaunch`` each, a graph run without capture launches its kernels one by one
 (``cudaLaunchKernel``, ``cuLaunchKernel``), and the host waits for the device in the synchronising calls
@@ -39,8 +43,11 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.profilers import SimpleProfiler
 from torch.profiler import ProfilerActivity, profile, record_function
 
-#: The ranges this callback marks, by name in the trace.
+#: The ranges this callback marks, by name in the trace: those of a training step, those of a validation round.
 RANGES = ("step", "backward", "update")
+VAL_RANGES = ("val_batch", "round")
+#: What each range is counted per in the report.
+UNIT = {"step": "step", "backward": "step", "update": "step", "val_batch": "batch", "round": "round"}
 #: CUDA runtime and driver calls by what they mean for a step.
 GRAPH_LAUNCHES = ("cudaGraphLaunch",)
 KERNEL_LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
@@ -53,23 +60,39 @@ def _range(name: str) -> str:
     return f"## lit_icl {name} ##"
 
 
+def _plural(unit: str, n: int) -> str:
+    return unit if n == 1 else f"{unit}es" if unit.endswith("ch") else f"{unit}s"
+
+
 class StepTrace(Callback):
-    """Profile training steps ``start`` to ``start + steps - 1`` (global steps) and report them (module docstring).
+    """Profile training steps ``start`` to ``start + steps - 1`` (global steps), and validation round
+    ``val_round``, and report each (module docstring).
 
     Args:
         start: the first global step profiled; choose it past compilation and the first validation round.
+            ``None``: no training steps.
         steps: how many steps to profile.
-        path: the report's file (the Chrome trace is written beside it, ``.json``); ``None``: printed only.
+        val_round: the validation round to profile (1 is the first after the sanity check; choose one after the
+            first, whose graphs are compiled and recorded by then), or the first one after it that the training
+            window leaves free. ``None``: none.
+        path: the report's file (the Chrome trace is written beside it, ``.json``; a validation round's as
+            ``<name>-val``); ``None``: printed only.
         top: how many ops by host time the printed report lists.
     """
 
-    def __init__(self, start: int = 100, steps: int = 20, path: str | None = None, top: int = 12) -> None:
-        if start < 0 or steps < 1:
-            raise ValueError(f"start={start} must be >= 0 and steps={steps} >= 1")
-        self.start, self.steps, self.path, self.top = start, steps, path, top
+    def __init__(self, start: int | None = 100, steps: int = 20, val_round: int | None = None,
+                 path: str | None = None, top: int = 12) -> None:
+        if (start is not None and start < 0) or steps < 1 or (val_round is not None and val_round < 1):
+            raise ValueError(f"start={start} must be None or >= 0, steps={steps} >= 1, val_round={val_round} None "
+                             "or >= 1")
+        if start is None and val_round is None:
+            raise ValueError("nothing to profile: give start (training steps) or val_round (a validation round)")
+        self.start, self.steps, self.val_round, self.path, self.top = start, steps, val_round, path, top
         self._prof: profile | None = None
+        self._kind: str | None = None  # "train" or "val" while profiling
         self._open: dict[str, record_function] = {}
-        self._done = False
+        self._train_done, self._val_done = start is None, val_round is None
+        self._rounds = 0  # validation rounds begun (the sanity check apart)
 
     # ------------------------------------------------------------------ ranges
     def _enter(self, name: str) -> None:
@@ -82,34 +105,69 @@ class StepTrace(Callback):
         if rf is not None:
             rf.__exit__(None, None, None)
 
+    def _begin(self, kind: str, pl_module: LightningModule) -> None:
+        activities = [ProfilerActivity.CPU]
+        if pl_module.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+            torch.cuda.synchronize(pl_module.device)  # the window starts with an idle device
+        self._prof, self._kind = profile(activities=activities), kind
+        self._prof.start()
+
+    # ------------------------------------------------------------------ training steps
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        if self._done or trainer.global_step < self.start or not trainer.is_global_zero:
-            return  # under DDP the first process profiles (its steps are every process's)
-        if self._prof is None:
-            activities = [ProfilerActivity.CPU]
-            if pl_module.device.type == "cuda":
-                activities.append(ProfilerActivity.CUDA)
-                torch.cuda.synchronize(pl_module.device)  # the window starts with an idle device
-            self._prof = profile(activities=activities)
-            self._prof.start()
-        self._enter("step")
+        if self._kind is None and not self._train_done and trainer.global_step >= self.start:
+            if not trainer.is_global_zero:  # under DDP the first process profiles (its steps are every process's)
+                self._train_done = True
+                return
+            self._begin("train", pl_module)
+        if self._kind == "train":
+            self._enter("step")
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
-        self._enter("backward")
+        if self._kind == "train":
+            self._enter("backward")
 
     def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._exit("backward")
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
-        self._enter("update")
+        if self._kind == "train":
+            self._enter("update")
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if self._prof is None:
+        if self._kind != "train":
             return
         self._exit("update")
         self._exit("step")
         if trainer.global_step >= self.start + self.steps:
+            self._finish(pl_module)
+
+    # ------------------------------------------------------------------ a validation round
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        self._rounds += 1
+        if self._kind is None and not self._val_done and self._rounds >= self.val_round:
+            if not trainer.is_global_zero:
+                self._val_done = True
+                return
+            self._begin("val", pl_module)
+            self._enter("round")
+
+    def on_validation_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int,
+                                  dataloader_idx: int = 0) -> None:
+        if self._kind == "val":
+            self._enter("val_batch")
+
+    def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                                batch_idx: int, dataloader_idx: int = 0) -> None:
+        if self._kind == "val":
+            self._exit("val_batch")
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._kind == "val":
+            self._exit("round")
             self._finish(pl_module)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -120,28 +178,39 @@ class StepTrace(Callback):
 
     # ------------------------------------------------------------------ the report
     def _finish(self, pl_module: LightningModule) -> None:
-        prof, self._prof, self._done = self._prof, None, True
+        prof, kind, self._prof, self._kind = self._prof, self._kind, None, None
+        if kind == "train":
+            self._train_done = True
+        else:
+            self._val_done = True
         if pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)
         prof.stop()
-        lines = summarize(prof, self.top)
+        lines = summarize(prof, self.top, RANGES if kind == "train" else VAL_RANGES)
+        if kind == "val":
+            lines = [f"validation round {self._rounds}: {line}" for line in lines]
         for line in lines:
             print(f"{PREFIX} {line}", flush=True)
         if self.path is not None:
             path = Path(self.path)
+            if kind == "val":
+                path = path.with_name(f"{path.stem}-val{path.suffix}")
             path.parent.mkdir(parents=True, exist_ok=True)
             table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
             path.write_text("\n".join(lines) + "\n\n" + table + "\n")
             prof.export_chrome_trace(str(path.with_suffix(".json")))
 
 
-def summarize(prof: profile, top: int) -> list[str]:
-    """Per profiled step: host ms and CUDA runtime calls in each range; then the ops with the most host time."""
+def summarize(prof: profile, top: int, names: tuple[str, ...] = RANGES) -> list[str]:
+    """Per profiled step (or validation batch): host ms and CUDA runtime calls in each range of ``names``; the host
+    time between the first range's spans; then the ops with the most host time."""
     events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU]
-    ranges: dict[str, list[Any]] = {name: [e for e in events if e.name == _range(name)] for name in RANGES}
-    steps = len(ranges["step"])
-    if steps == 0:
-        return ["no step was recorded"]
+    ranges: dict[str, list[Any]] = {name: [e for e in events if e.name == _range(name)] for name in names}
+    first = names[0]
+    unit = UNIT[first]
+    n = len(ranges[first])
+    if n == 0:
+        return [f"no {unit} was recorded"]
     calls: dict[str, Counter[str]] = defaultdict(Counter)
     sync_us: Counter[str] = Counter()
     runtime = [e for e in events if e.name.startswith(("cuda", "cu")) and not e.name.startswith("cudnn")]
@@ -154,35 +223,36 @@ def summarize(prof: profile, top: int) -> list[str]:
                 calls[name][call.name] += 1
                 if call.name in SYNCS:
                     sync_us[name] += call.time_range.elapsed_us()
-    lines = [f"{steps} steps profiled"]
-    for name in RANGES:
+    lines = [f"{n} {_plural(unit, n)} profiled"]
+    for name in names:
         spans = ranges[name]
         if not spans:
             continue
-        host_ms = sum(s.time_range.elapsed_us() for s in spans) / 1e3 / steps
+        per, each = UNIT[name], len(spans)
+        host_ms = sum(s.time_range.elapsed_us() for s in spans) / 1e3 / each
         c = calls[name]
         graphs = sum(c[k] for k in GRAPH_LAUNCHES)
         kernels = sum(c[k] for k in KERNEL_LAUNCHES)
         syncs = sum(c[k] for k in SYNCS)
-        lines.append(f"{name}: {host_ms:.2f} ms of host time per step; per step {graphs / steps:.1f} CUDA graph "
-                     f"launches, {kernels / steps:.1f} kernel launches, {syncs / steps:.1f} synchronising calls "
-                     f"({sync_us[name] / 1e3 / steps:.2f} ms waiting)")
+        lines.append(f"{name}: {host_ms:.2f} ms of host time per {per}; per {per} {graphs / each:.1f} CUDA graph "
+                     f"launches, {kernels / each:.1f} kernel launches, {syncs / each:.1f} synchronising calls "
+                     f"({sync_us[name] / 1e3 / each:.2f} ms waiting)")
         others = {k: v for k, v in c.items() if k not in (*GRAPH_LAUNCHES, *KERNEL_LAUNCHES, *SYNCS)}
         if others:
-            shown = ", ".join(f"{k} {v / steps:.1f}" for k, v in sorted(others.items(), key=lambda kv: -kv[1])[:6])
-            lines.append(f"{name}: other CUDA calls per step: {shown}")
-    spans = sorted(ranges["step"], key=lambda e: e.time_range.start)
+            shown = ", ".join(f"{k} {v / each:.1f}" for k, v in sorted(others.items(), key=lambda kv: -kv[1])[:6])
+            lines.append(f"{name}: other CUDA calls per {per}: {shown}")
+    spans = sorted(ranges[first], key=lambda e: e.time_range.start)
     if len(spans) > 1:
-        # Between one step's end and the next one's start: fetching the batch and Lightning's loop.
+        # Between one span's end and the next one's start: fetching the next batch, Lightning's loop.
         between = spans[-1].time_range.start - spans[0].time_range.end
         between -= sum(s.time_range.elapsed_us() for s in spans[1:-1])
-        lines.append(f"between steps: {between / 1e3 / (len(spans) - 1):.2f} ms of host time per step (the next "
-                     "batch, Lightning's loop)")
+        lines.append(f"between {_plural(unit, 2)}: {between / 1e3 / (len(spans) - 1):.2f} ms of host time per {unit} "
+                     "(the next batch, Lightning's loop)")
     averages = [a for a in prof.key_averages() if not a.key.startswith("## lit_icl")]
     averages.sort(key=lambda a: -a.self_cpu_time_total)
-    shown = ", ".join(f"{a.key} {a.self_cpu_time_total / 1e3 / steps:.2f} ms ({a.count / steps:.1f}x)"
+    shown = ", ".join(f"{a.key} {a.self_cpu_time_total / 1e3 / n:.2f} ms ({a.count / n:.1f}x)"
                       for a in averages[:top])
-    lines.append(f"most host time per step (self): {shown}")
+    lines.append(f"most host time per {unit} (self): {shown}")
     return lines
 
 

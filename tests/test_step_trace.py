@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 from conftest import load_script
 from icssl.helpers import tiny_args
@@ -14,11 +15,16 @@ from lit_icl.cli import main
 TRACE = load_script(Path(__file__).resolve().parents[1] / "benchmarks/step_trace.py")
 
 
-def _fit(tmp_path: Path, start: int, steps: int, report: Path) -> None:
-    # 3 training batches per epoch, 2 epochs: global steps 0-5.
+def _fit(tmp_path: Path, start: int | None, steps: int, report: Path, *extra: str) -> None:
+    # 3 training batches per epoch, 2 epochs (global steps 0-5), a validation round after each.
     main(["fit", *tiny_args(tmp_path), "--trainer.callbacks+=step_trace.StepTrace",
-          f"--trainer.callbacks.start={start}", f"--trainer.callbacks.steps={steps}",
-          f"--trainer.callbacks.path={report}"])
+          f"--trainer.callbacks.start={'null' if start is None else start}", f"--trainer.callbacks.steps={steps}",
+          f"--trainer.callbacks.path={report}", *extra])
+
+
+def _printed(capsys) -> list[str]:
+    return [line.removeprefix(TRACE.PREFIX + " ") for line in capsys.readouterr().out.splitlines()
+            if line.startswith(TRACE.PREFIX)]
 
 
 def test_a_window_of_a_cli_run_is_profiled_and_reported_by_stage(tmp_path, capsys) -> None:
@@ -26,8 +32,7 @@ def test_a_window_of_a_cli_run_is_profiled_and_reported_by_stage(tmp_path, capsy
     update inside the step, and the report with its table and Chrome trace."""
     report = tmp_path / "trace.txt"
     _fit(tmp_path, start=2, steps=3, report=report)
-    printed = [line.removeprefix(TRACE.PREFIX + " ") for line in capsys.readouterr().out.splitlines()
-               if line.startswith(TRACE.PREFIX)]
+    printed = _printed(capsys)
     assert printed[0] == "3 steps profiled"
     host = {line.split(":")[0]: float(line.split(": ")[1].split(" ms")[0]) for line in printed[1:4]}
     assert set(host) == {"step", "backward", "update"}
@@ -49,6 +54,34 @@ def test_a_run_that_ends_inside_the_window_reports_its_steps_and_one_that_ends_b
     before = tmp_path / "before.txt"
     _fit(tmp_path / "b", start=50, steps=5, report=before)
     assert not before.exists() and TRACE.PREFIX not in capsys.readouterr().out
+
+
+def test_a_validation_round_is_profiled_by_batch_beside_the_training_window(tmp_path, capsys) -> None:
+    """Round 2 (the validation after the second epoch) with 8-episode batches: two batches, the round around them;
+    the training window (steps 0-1) reports apart; the round's report is written as ``<name>-val``."""
+    report = tmp_path / "trace.txt"
+    _fit(tmp_path, 0, 2, report, "--trainer.callbacks.val_round=2", "--data.init_args.eval_batch_size", "8")
+    printed = _printed(capsys)
+    assert printed[0] == "2 steps profiled"
+    val = [line.removeprefix("validation round 2: ") for line in printed if line.startswith("validation round 2: ")]
+    assert val[0] == "2 batches profiled"
+    batch = float(val[1].split("val_batch: ")[1].split(" ms")[0])
+    round_ms = float(val[2].split("round: ")[1].split(" ms")[0])
+    assert val[2].startswith("round: ") and 2 * batch < round_ms
+    assert val[3].startswith("between batches: ") and val[-1].startswith("most host time per batch (self): ")
+    assert (tmp_path / "trace-val.txt").read_text().startswith("validation round 2: 2 batches profiled\n")
+    # Only a round: no training window.
+    _fit(tmp_path / "b", None, 1, tmp_path / "b.txt", "--trainer.callbacks.val_round=1")
+    printed = _printed(capsys)
+    assert printed[0] == "validation round 1: 1 batch profiled"
+    assert (tmp_path / "b-val.txt").is_file() and not (tmp_path / "b.txt").exists()
+
+
+def test_a_trace_of_nothing_is_refused() -> None:
+    with pytest.raises(ValueError, match="nothing to profile"):
+        TRACE.StepTrace(start=None)
+    with pytest.raises(ValueError, match="val_round=0"):
+        TRACE.StepTrace(val_round=0)
 
 
 def _event(name: str, start: float, end: float, thread: int = 1) -> SimpleNamespace:
