@@ -21,7 +21,8 @@ What a step waits on shows in the CUDA runtime calls made inside each range, cou
 replays its graphs with one ``cudaGraphLaunch`` each, a graph run without capture launches its kernels one by one
 (``cudaLaunchKernel``, ``cuLaunchKernel``), and the host waits for the device in the synchronising calls
 (``cudaStreamSynchronize``, ``cudaEventSynchronize``, ``cudaDeviceSynchronize``, a ``cudaMemcpy`` that is not
-``Async``). Printed as lines starting ``lit_icl trace:`` (``main_command.py`` repeats them), with the ops that
+``Async``). The host time of all CUDA calls is given too, and the other calls by their time: a copy from
+pageable memory or a pinned allocation (``cudaHostAlloc``) can hold the host as well. Printed as lines starting ``lit_icl trace:`` (``main_command.py`` repeats them), with the ops that
 took the most host time, and written with the full table to ``path`` (and a Chrome trace beside it).
 
 ``PhaseProfiler`` is Lightning's ``SimpleProfiler`` with each stage's *median* next to its mean
@@ -51,8 +52,7 @@ UNIT = {"step": "step", "backward": "step", "update": "step", "val_batch": "batc
 #: CUDA runtime and driver calls by what they mean for a step.
 GRAPH_LAUNCHES = ("cudaGraphLaunch",)
 KERNEL_LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
-SYNCS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaMemcpy",
-         "cudaStreamWaitEvent")
+SYNCS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaMemcpy")
 PREFIX = "lit_icl trace:"
 
 
@@ -213,6 +213,7 @@ def summarize(prof: profile, top: int, names: tuple[str, ...] = RANGES) -> list[
         return [f"no {unit} was recorded"]
     calls: dict[str, Counter[str]] = defaultdict(Counter)
     sync_us: Counter[str] = Counter()
+    call_us: dict[str, Counter[str]] = defaultdict(Counter)  # host time in each kind of call
     runtime = [e for e in events if e.name.startswith(("cuda", "cu")) and not e.name.startswith("cudnn")]
     for call in runtime:
         # By time, on any thread: autograd runs a CUDA backward on a thread of its own, while the training thread
@@ -221,6 +222,7 @@ def summarize(prof: profile, top: int, names: tuple[str, ...] = RANGES) -> list[
         for name, spans in ranges.items():
             if any(s.time_range.start <= t <= s.time_range.end for s in spans):
                 calls[name][call.name] += 1
+                call_us[name][call.name] += call.time_range.elapsed_us()
                 if call.name in SYNCS:
                     sync_us[name] += call.time_range.elapsed_us()
     lines = [f"{n} {_plural(unit, n)} profiled"]
@@ -236,10 +238,13 @@ def summarize(prof: profile, top: int, names: tuple[str, ...] = RANGES) -> list[
         syncs = sum(c[k] for k in SYNCS)
         lines.append(f"{name}: {host_ms:.2f} ms of host time per {per}; per {per} {graphs / each:.1f} CUDA graph "
                      f"launches, {kernels / each:.1f} kernel launches, {syncs / each:.1f} synchronising calls "
-                     f"({sync_us[name] / 1e3 / each:.2f} ms waiting)")
+                     f"({sync_us[name] / 1e3 / each:.2f} ms waiting), {sum(call_us[name].values()) / 1e3 / each:.2f} "
+                     "ms in all CUDA calls")
+        # The rest (copies, events, allocations), by host time: a copy or an allocation may block too.
         others = {k: v for k, v in c.items() if k not in (*GRAPH_LAUNCHES, *KERNEL_LAUNCHES, *SYNCS)}
         if others:
-            shown = ", ".join(f"{k} {v / each:.1f}" for k, v in sorted(others.items(), key=lambda kv: -kv[1])[:6])
+            shown = ", ".join(f"{k} {v / each:.1f}x ({call_us[name][k] / 1e3 / each:.2f} ms)"
+                              for k, v in sorted(others.items(), key=lambda kv: -call_us[name][kv[0]])[:6])
             lines.append(f"{name}: other CUDA calls per {per}: {shown}")
     spans = sorted(ranges[first], key=lambda e: e.time_range.start)
     if len(spans) > 1:

@@ -38,7 +38,8 @@ def test_a_window_of_a_cli_run_is_profiled_and_reported_by_stage(tmp_path, capsy
     assert set(host) == {"step", "backward", "update"}
     assert 0 < host["backward"] < host["step"] and 0 < host["update"] < host["step"]
     # On the CPU no CUDA call is made.
-    assert all("0.0 CUDA graph launches, 0.0 kernel launches, 0.0 synchronising calls" in line for line in printed[1:4])
+    assert all("0.0 CUDA graph launches, 0.0 kernel launches, 0.0 synchronising calls (0.00 ms waiting), 0.00 ms in "
+               "all CUDA calls" in line for line in printed[1:4])
     assert printed[4].startswith("between steps: ") and printed[-1].startswith("most host time per step (self): ")
     text = report.read_text()
     assert text.startswith("3 steps profiled\n") and "Self CPU" in text
@@ -100,6 +101,7 @@ def test_cuda_calls_count_in_the_ranges_they_fall_in_on_any_thread() -> None:
         _event("cudaStreamSynchronize", 300, 800, thread=2),  # 500 us waiting, in step 1's backward
         _event("cudaLaunchKernel", 950, 960), _event("cudaLaunchKernel", 2950, 2960),  # after the backward
         _event("cudaMemcpyAsync", 1500, 1510),  # between the steps
+        _event("cudaHostAlloc", 2300, 2700), _event("cudaEventRecord", 2800, 2802),  # other calls, in step 2's backward
     ]
     device = SimpleNamespace(name="triton_poi_fused_0", time_range=SimpleNamespace(start=250, end=260),
                              thread=0, device_type=torch.autograd.DeviceType.CUDA)
@@ -111,9 +113,11 @@ def test_cuda_calls_count_in_the_ranges_they_fall_in_on_any_thread() -> None:
     assert lines == [
         "2 steps profiled",
         ("step: 1.00 ms of host time per step; per step 1.0 CUDA graph launches, 1.0 kernel launches, 0.5 "
-         "synchronising calls (0.25 ms waiting)"),
+         "synchronising calls (0.25 ms waiting), 0.47 ms in all CUDA calls"),
+        "step: other CUDA calls per step: cudaHostAlloc 0.5x (0.20 ms), cudaEventRecord 0.5x (0.00 ms)",
         ("backward: 0.80 ms of host time per step; per step 1.0 CUDA graph launches, 0.0 kernel launches, 0.5 "
-         "synchronising calls (0.25 ms waiting)"),
+         "synchronising calls (0.25 ms waiting), 0.46 ms in all CUDA calls"),
+        "backward: other CUDA calls per step: cudaHostAlloc 0.5x (0.20 ms), cudaEventRecord 0.5x (0.00 ms)",
         "between steps: 1.00 ms of host time per step (the next batch, Lightning's loop)",
         "most host time per step (self): aten::bmm 2.00 ms (5.0x), aten::mm 0.50 ms (2.0x)",
     ]
