@@ -22,9 +22,10 @@ unchanged and stay bit-identical.
 What compilation cost is reported as it happens (:class:`CompileLedger`): graphs traced, backward graphs compiled
 on first use and CUDA graphs recorded, with their seconds, and any graph that inductor runs without a CUDA graph
 although the mode asked for one, with inductor's reason (on a GPU each call of such a graph launches its kernels
-from the host); logged as ``compile/*`` at every validation round and summed up in one line at the end of the run. A healthy run compiles and records everything by the end of its
-first validation round; work after it (a recompile, a CUDA graph recorded again) is named in that line, since on
-a GPU each costs from milliseconds to seconds at every occurrence.
+from the host); logged as ``compile/*`` at every validation round and summed up in one line at the end of the
+run. A healthy run compiles and records everything by the end of its first validation round; work after it (a
+recompile, a CUDA graph recorded again) is named in that line, since on a GPU each costs from milliseconds to
+seconds at every occurrence.
 """
 
 from __future__ import annotations
