@@ -43,3 +43,14 @@ def test_the_top_stages_come_by_total_time_with_short_names_calls_mean_and_media
                              "(2 x 11.00 ms, median 11.00 ms)")
     assert everything[5] == "train_dataloader_next: 0.02 s (10 x 2.00 ms, median 2.00 ms)"
     assert script.phase_lines("FIT phases\n", top=5) == []
+
+
+def test_a_trace_window_is_start_colon_steps_and_anything_else_is_refused(scripts, capsys) -> None:
+    script, _ = scripts
+    assert script._window("400:20") == (400, 20)
+    for bad in ("400", "a:b", "-1:5", "10:0"):
+        with pytest.raises(SystemExit) as exit_info:
+            script.main(["--trace", bad])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert "--trace" in err and repr(bad) in err
