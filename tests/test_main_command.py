@@ -50,7 +50,7 @@ def test_a_trace_window_is_start_colon_steps_and_anything_else_is_refused(script
     assert script._window("400:20") == (400, 20)
     for bad in ("400", "a:b", "-1:5", "10:0"):
         with pytest.raises(SystemExit) as exit_info:
-            script.main(["--trace", bad])
+            script.main([f"--trace={bad}"])
         assert exit_info.value.code == 2
         err = capsys.readouterr().err
         assert "--trace" in err and repr(bad) in err
