@@ -19,6 +19,11 @@ step on our CPU machine), and the ``--top`` stages by total time are printed wit
 e.g. training batches, validation steps, the representation metrics and checkpoint saving. The median is the
 steady cost: the mean carries the first calls' compiling. A run's wall time that its steps do not explain shows up there.
 
+``--variant NAME=ARGS`` (repeatable) runs each mode once per variant, with that variant's CLI arguments added
+(space-separated; none for the config as shipped), and labels its lines ``mode=MODE/NAME``: one call then says what
+each setting costs a run, e.g. validation (``no-validation=--trainer.limit_val_batches=0``), deterministic
+kernels or DataLoader workers, each run against the same config as shipped.
+
 ``--trace START:STEPS`` profiles global steps ``START`` to ``START + STEPS - 1`` of each run with
 ``torch.profiler`` (``step_trace.StepTrace``) and prints, per step, the host time of the step, of its backward and
 of its update, with the CUDA graph launches, kernel launches and synchronising calls made in each: whether a
@@ -167,6 +172,26 @@ def _window(text: str) -> tuple[int, int]:
     return start, steps
 
 
+def _variant(text: str) -> tuple[str, list[str]]:
+    """``NAME=ARGS`` -> ``(NAME, [ARG, ...])``; ARGS are CLI arguments separated by spaces, and may be empty."""
+    name, sep, rest = text.partition("=")
+    if not sep or not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not NAME=ARGS with a NAME of letters, digits, '-' and '_', "
+            "e.g. no-validation=--trainer.limit_val_batches=0 (or shipped= for no change)")
+    return name, rest.split()
+
+
+def runs(modes: str, variants: list[tuple[str, list[str]]]) -> list[tuple[str, str, list[str]]]:
+    """``(label, mode, extra arguments)`` of each run: every mode, once per variant (``MODE/NAME``), or once
+    when no variant is named."""
+    names = [name for name, _ in variants]
+    if len(set(names)) < len(names):
+        raise ValueError(f"variant names repeat: {names}; give each its own")
+    return [(mode if not variants else f"{mode}/{name}", mode, extra)
+            for mode in modes.split(",") for name, extra in (variants or [("", [])])]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", action="append", default=None,
@@ -177,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds after the first logged step that the rate ignores (compilation, warm-up)")
     parser.add_argument("--set", action="append", default=[], metavar="ARG",
                         help="an extra CLI argument, e.g. --set=--trainer.log_every_n_steps=10")
+    parser.add_argument("--variant", type=_variant, action="append", default=[], metavar="NAME=ARGS",
+                        help="run each mode once more with these CLI arguments (space-separated; empty: as shipped) "
+                             "and label it MODE/NAME, e.g. no-validation=--trainer.limit_val_batches=0; repeatable")
     parser.add_argument("--allowance", type=float, default=120.0,
                         help="seconds a run may take beyond --seconds (start-up, building a stand-in, saving) before "
                              "it is stopped and its rate so far reported; measured on one H200: about 60 s for the "
@@ -191,19 +219,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace-val", type=int, default=None, metavar="ROUND",
                         help="profile validation round ROUND (1: the first after the sanity check) the same way")
     parser.add_argument("--trace-dir", type=Path, default=None,
-                        help="keep each run's trace (table and Chrome trace) here, as trace-<mode>.txt/.json")
+                        help="keep each run's trace (table and Chrome trace) here, as trace-<mode>[-<variant>].txt/.json")
     args = parser.parse_args(argv)
+    try:
+        planned = runs(args.modes, args.variant)
+    except ValueError as err:
+        parser.error(str(err))
     configs = args.config or ["configs/coqe_omniglot.yaml"]
     limit = args.seconds + args.allowance
     failed = False
     signal.signal(signal.SIGTERM, _stop)
-    for mode in args.modes.split(","):
+    for label, mode, extra in planned:
         with tempfile.TemporaryDirectory() as tmp:
             trace = None
             if args.trace is not None or args.trace_val is not None:
-                kept = args.trace_dir.resolve() / f"trace-{mode}.txt" if args.trace_dir is not None else None
+                stem = label.replace("/", "-")
+                kept = args.trace_dir.resolve() / f"trace-{stem}.txt" if args.trace_dir is not None else None
                 trace = (args.trace, args.trace_val, kept)
-            status, wall, output = run(configs, mode, args.seconds, args.set, Path(tmp), limit, args.phases, trace)
+            status, wall, output = run(configs, mode, args.seconds, [*args.set, *extra], Path(tmp), limit,
+                                       args.phases, trace)
             tail = "\n".join(output.strip().splitlines()[-15:])
             # CompileNets' summary of what compiling cost, and whether anything compiled after the first round.
             compiled = [ln for ln in output.splitlines() if ln.startswith("lit_icl: compilation in this run")]
@@ -212,36 +246,36 @@ def main(argv: list[str] | None = None) -> int:
             report = Path(tmp) / f"fit-{PHASES}.txt"
             stages = phase_lines(report.read_text(), args.top) if report.is_file() else []
             if status is None:  # stopped: its numbers so far still count, marked as such
-                print(f"mode={mode}: STOPPED after {wall:.0f} s (the --allowance limit or SIGTERM); the rate below "
+                print(f"mode={label}: STOPPED after {wall:.0f} s (the --allowance limit or SIGTERM); the rate below "
                       f"covers what it logged until then\n{tail}", flush=True)
                 failed = True
             elif status != 0:
-                print(f"mode={mode}: FAILED (exit {status}) after {wall:.0f} s\n{tail}", flush=True)
+                print(f"mode={label}: FAILED (exit {status}) after {wall:.0f} s\n{tail}", flush=True)
                 failed = True
                 continue
             try:
                 sps, last, vals, steady = rate(Path(tmp), args.skip)
             except (RuntimeError, KeyError) as err:
-                print(f"mode={mode}: no rate ({err})\n{tail}", flush=True)
+                print(f"mode={label}: no rate ({err})\n{tail}", flush=True)
                 failed = True
                 continue
         shown = ", ".join(f"{k} {v:.3f}" for k, v in sorted(vals.items()))
-        print(f"mode={mode:16s}: {sps:8.2f} steps/s all-in, {last + 1} steps in {wall:.0f} s of wall time; "
+        print(f"mode={label:16s}: {sps:8.2f} steps/s all-in, {last + 1} steps in {wall:.0f} s of wall time; "
               f"10^5 steps would take {PAPER_STEPS / sps / 60:.0f} min; last validation: {shown or 'none'}",
               flush=True)
         if steady is not None:
-            print(f"mode={mode:16s}: {steady[0]:8.2f} steps/s between the first and last of {steady[1]} validation "
+            print(f"mode={label:16s}: {steady[0]:8.2f} steps/s between the first and last of {steady[1]} validation "
                   f"rounds (validation and checkpoints included, compilation done)", flush=True)
         if compiled:
-            print(f"mode={mode:16s}: {compiled[-1].removeprefix('lit_icl: ')}", flush=True)
+            print(f"mode={label:16s}: {compiled[-1].removeprefix('lit_icl: ')}", flush=True)
         for line in traced:
-            print(f"mode={mode:16s}: trace: {line}", flush=True)
+            print(f"mode={label:16s}: trace: {line}", flush=True)
         if args.trace is not None and not any(not line.startswith("validation round") for line in traced):
-            print(f"mode={mode:16s}: trace: the run ended before step {args.trace[0]}", flush=True)
+            print(f"mode={label:16s}: trace: the run ended before step {args.trace[0]}", flush=True)
         if args.trace_val is not None and not any(line.startswith("validation round") for line in traced):
-            print(f"mode={mode:16s}: trace: the run ended before validation round {args.trace_val}", flush=True)
+            print(f"mode={label:16s}: trace: the run ended before validation round {args.trace_val}", flush=True)
         if args.phases:
-            print(f"mode={mode:16s}: where the time went (host seconds, Lightning's SimpleProfiler with medians): "
+            print(f"mode={label:16s}: where the time went (host seconds, Lightning's SimpleProfiler with medians): "
                   + ("; ".join(stages) if stages else "no profiler report (the run did not finish cleanly)"),
                   flush=True)
     return 1 if failed else 0

@@ -54,3 +54,28 @@ def test_a_trace_window_is_start_colon_steps_and_anything_else_is_refused(script
         assert exit_info.value.code == 2
         err = capsys.readouterr().err
         assert "--trace" in err and repr(bad) in err
+
+
+def test_variants_run_each_mode_once_each_with_their_arguments_and_a_label_of_their_own(scripts) -> None:
+    script, _ = scripts
+    shipped, no_val = script._variant("shipped="), script._variant("no-val=--trainer.limit_val_batches=0 --x=1")
+    assert shipped == ("shipped", []) and no_val == ("no-val", ["--trainer.limit_val_batches=0", "--x=1"])
+    assert script.runs("reduce-overhead,off", [shipped, no_val]) == [
+        ("reduce-overhead/shipped", "reduce-overhead", []),
+        ("reduce-overhead/no-val", "reduce-overhead", ["--trainer.limit_val_batches=0", "--x=1"]),
+        ("off/shipped", "off", []),
+        ("off/no-val", "off", ["--trainer.limit_val_batches=0", "--x=1"]),
+    ]
+    # Without variants, one run per mode, labelled by the mode alone (as gpu_suite.py's headlines read it).
+    assert script.runs("off", []) == [("off", "off", [])]
+
+
+def test_a_variant_without_a_name_or_with_a_repeated_name_is_refused(scripts, capsys) -> None:
+    script, _ = scripts
+    for argv in (["--variant=--trainer.deterministic=false"], ["--variant=no val=--x"],
+                 ["--variant=a=", "--variant=a=--x=1"]):
+        with pytest.raises(SystemExit) as exit_info:
+            script.main(argv)
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert "variant" in err and "NAME" in err or "repeat" in err
