@@ -133,10 +133,10 @@ def test_the_goals_table_reads_the_rates_ratios_and_deterministic_cost_with_cuda
     assert "None of the steps" in suite.report([], dry=True, started=suite.dt.datetime(2026, 11, 27))
 
 
-def test_the_step_time_limits_fit_106_minutes_and_the_speed_goals_15() -> None:
+def test_the_step_time_limits_fit_109_minutes_and_the_speed_goals_15() -> None:
     """A lent GPU comes for 15 minutes: the three steps the speed goals are judged by fit in them."""
     steps = _suite().STEPS
-    assert sum(step.timeout_s for step in steps) <= 106 * 60
+    assert sum(step.timeout_s for step in steps) <= 109 * 60
     assert [step.name for step in steps[:3]] == ["main_command", "icssl_cli", "step_speed_icssl"]
     assert sum(step.timeout_s for step in steps[:3]) <= 15 * 60
 
@@ -176,7 +176,10 @@ def test_short_forms_keep_each_steps_script_and_the_modes_the_goals_are_judged_b
         assert short[0] == step.gpu[0], step.name
         assert step.argv(dry=True, short=True) == step.dry
         if step.script.endswith("step_speed.py"):
-            assert short[short.index("--modes") + 1] == "reduce-overhead,off"
+            modes = short[short.index("--modes") + 1].split(",")
+            assert "reduce-overhead" in modes, step.name
+            if "off" in step.gpu[step.gpu.index("--modes") + 1].split(","):  # a step that compares with eager
+                assert "off" in modes, step.name
             assert short[short.index("--deterministic") + 1] == "true,false"
     main_command = next(step for step in suite.STEPS if step.name == "main_command")
     assert main_command.argv(dry=False, short=True)[1:3] == ["--modes", "reduce-overhead"]
