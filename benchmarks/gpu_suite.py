@@ -317,11 +317,15 @@ def headline(step: Step, output: str) -> str:
                          + (f"; {steady[mode]} between validations)" if mode in steady else ")")
                          for mode, sps, mins in found)
         # --trace: each traced range's host time and launches per step.
-        traced = re.findall(r"^mode=(\S+)\s*: trace: (?:validation round \d+: )?(step|backward|update|val_batch): "
-                            r"([\d.]+) ms of host time per \w+; per \w+ ([\d.]+) CUDA graph launches, ([\d.]+) kernel "
-                            r"launches", output, re.MULTILINE)
+        traced = re.findall(r"^mode=(\S+)\s*: trace: (?:validation round \d+: )?"
+                            r"(step|backward|update|val_batch|between steps|between batches): ([\d.]+) ms of host time "
+                            r"per \w+(?: \([^)]*\))?; per \w+ ([\d.]+) CUDA graph launches, ([\d.]+) kernel launches",
+                            output, re.MULTILINE)
         parts = [f"{mode} {name} {ms} ms host, {graphs} graph / {kernels} kernel launches"
                  for mode, name, ms, graphs, kernels in traced]
+        # What the allocators did in the window: allocations from CUDA rather than from their caches.
+        parts += [f"{mode} {what}" for mode, what in re.findall(
+            r"^mode=(\S+)\s*: trace: (?:validation round \d+: )?(allocators per \w+: .*)$", output, re.MULTILINE)]
         return "; ".join(filter(None, [text, *parts]))
     if step.script.endswith("step_speed.py"):
         rates = re.findall(r"^(lightning|bare)\s+mode=(\S+)\s+deterministic=true\s*:\s+([\d.]+|nan) steps/s", output,

@@ -22,8 +22,13 @@ replays its graphs with one ``cudaGraphLaunch`` each, a graph run without captur
 (``cudaLaunchKernel``, ``cuLaunchKernel``), and the host waits for the device in the synchronising calls
 (``cudaStreamSynchronize``, ``cudaEventSynchronize``, ``cudaDeviceSynchronize``, a ``cudaMemcpy`` that is not
 ``Async``). The host time of all CUDA calls is given too, and the other calls by their time: a copy from
-pageable memory or a pinned allocation (``cudaHostAlloc``) can hold the host as well. Printed as lines starting ``lit_icl trace:`` (``main_command.py`` repeats them), with the ops that
-took the most host time, and written with the full table to ``path`` (and a Chrome trace beside it).
+pageable memory or a pinned allocation (``cudaHostAlloc``) can hold the host as well. The host time between one
+step and the next (making and pinning the next batch, Lightning's loop) gets the same census. On a GPU the
+allocators' own counters over the window say how often memory came from CUDA rather than from their caches:
+device allocations and frees (``cudaMalloc``, and ``cudaFree``, which waits for the device), the allocator's
+retries (a retry frees every cached block and waits), and pinned host allocations (``cudaHostAlloc``) with their
+time. Printed as lines starting ``lit_icl trace:`` (``main_command.py`` repeats them), with the ops that took the
+most host time, and written with the full table to ``path`` (and a Chrome trace beside it).
 
 ``PhaseProfiler`` is Lightning's ``SimpleProfiler`` with each stage's *median* next to its mean
 (``main_command.py --phases``). A stage's first call pays for compiling its graphs and recording its CUDA graphs
@@ -33,6 +38,7 @@ took the most host time, and written with the full table to ``path`` (and a Chro
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections import Counter, defaultdict
@@ -54,6 +60,8 @@ GRAPH_LAUNCHES = ("cudaGraphLaunch",)
 KERNEL_LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
 SYNCS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaMemcpy")
 PREFIX = "lit_icl trace:"
+#: The name under which the time between one span of a window's first range and the next is counted.
+BETWEEN = "between"
 
 
 def _range(name: str) -> str:
@@ -93,6 +101,7 @@ class StepTrace(Callback):
         self._open: dict[str, record_function] = {}
         self._train_done, self._val_done = start is None, val_round is None
         self._rounds = 0  # validation rounds begun (the sanity check apart)
+        self._counters: dict[str, float] = {}  # the allocators' counters when the window began
 
     # ------------------------------------------------------------------ ranges
     def _enter(self, name: str) -> None:
@@ -111,6 +120,7 @@ class StepTrace(Callback):
             activities.append(ProfilerActivity.CUDA)
             torch.cuda.synchronize(pl_module.device)  # the window starts with an idle device
         self._prof, self._kind = profile(activities=activities), kind
+        self._counters = allocator_counters(pl_module.device)
         self._prof.start()
 
     # ------------------------------------------------------------------ training steps
@@ -187,6 +197,10 @@ class StepTrace(Callback):
             torch.cuda.synchronize(pl_module.device)
         prof.stop()
         lines = summarize(prof, self.top, RANGES if kind == "train" else VAL_RANGES)
+        if self._counters:
+            first = RANGES[0] if kind == "train" else VAL_RANGES[0]
+            units = sum(1 for e in prof.events() if e.name == _range(first))
+            lines.insert(-1, allocator_line(self._counters, allocator_counters(pl_module.device), units, UNIT[first]))
         if kind == "val":
             lines = [f"validation round {self._rounds}: {line}" for line in lines]
         for line in lines:
@@ -201,9 +215,57 @@ class StepTrace(Callback):
             prof.export_chrome_trace(str(path.with_suffix(".json")))
 
 
+#: The allocators' counters a window reports, by the name it prints: CUDA's caching allocator (``memory_stats``)
+#: and the pinned host allocator (``host_memory_stats``; its time in microseconds).
+DEVICE_COUNTERS = {"cudaMalloc": "num_device_alloc", "cudaFree": "num_device_free",
+                   "allocator retries": "num_alloc_retries"}
+HOST_COUNTERS = {"pinned host allocations": "num_host_alloc", "pinned allocation us": "host_alloc_time.total"}
+
+
+def allocator_counters(device: torch.device) -> dict[str, float]:
+    """The allocators' counters now (host reads only, no wait for the device); ``{}`` off CUDA. A counter that
+    this torch does not keep is left out."""
+    if device.type != "cuda":
+        return {}
+    stats = torch.cuda.memory_stats(device)
+    host_stats = torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats") else {}
+    counters = {name: float(stats[key]) for name, key in DEVICE_COUNTERS.items() if key in stats}
+    counters.update({name: float(host_stats[key]) for name, key in HOST_COUNTERS.items() if key in host_stats})
+    return counters
+
+
+def allocator_line(before: dict[str, float], after: dict[str, float], units: int, unit: str) -> str:
+    """What the allocators did over a window of ``units`` steps (or batches), per ``unit``."""
+    n = max(units, 1)
+    parts = [f"{(after[name] - before[name]) / n:.2f} {name}" for name in (*DEVICE_COUNTERS, "pinned host allocations")
+             if name in before and name in after]
+    if "pinned allocation us" in before and "pinned allocation us" in after:
+        parts.append(f"{(after['pinned allocation us'] - before['pinned allocation us']) / 1e3 / n:.2f} ms in them")
+    return f"allocators per {unit}: " + (", ".join(parts) if parts else "no counters in this torch")
+
+
+def _census(label: str, per: str, each: int, host_ms: float, calls: Counter[str], call_us: Counter[str],
+            sync_us: float) -> list[str]:
+    """The lines of one range (or of the time between ranges): its host time and CUDA calls, per ``per``."""
+    graphs = sum(calls[k] for k in GRAPH_LAUNCHES)
+    kernels = sum(calls[k] for k in KERNEL_LAUNCHES)
+    syncs = sum(calls[k] for k in SYNCS)
+    first = (f"{label}: {host_ms:.2f} ms of host time per {per}; per {per} {graphs / each:.1f} CUDA graph launches, "
+             f"{kernels / each:.1f} kernel launches, {syncs / each:.1f} synchronising calls "
+             f"({sync_us / 1e3 / each:.2f} ms waiting), {sum(call_us.values()) / 1e3 / each:.2f} ms in all CUDA calls")
+    lines = [first]
+    # The rest (copies, events, allocations), by host time: a copy or an allocation may block too.
+    others = {k: v for k, v in calls.items() if k not in (*GRAPH_LAUNCHES, *KERNEL_LAUNCHES, *SYNCS)}
+    if others:
+        shown = ", ".join(f"{k} {v / each:.1f}x ({call_us[k] / 1e3 / each:.2f} ms)"
+                          for k, v in sorted(others.items(), key=lambda kv: -call_us[kv[0]])[:6])
+        lines.append(f"{label}: other CUDA calls per {per}: {shown}")
+    return lines
+
+
 def summarize(prof: profile, top: int, names: tuple[str, ...] = RANGES) -> list[str]:
-    """Per profiled step (or validation batch): host ms and CUDA runtime calls in each range of ``names``; the host
-    time between the first range's spans; then the ops with the most host time."""
+    """Per profiled step (or validation batch): host ms and CUDA runtime calls in each range of ``names``, and in
+    the time between the first range's spans; then the ops with the most host time."""
     events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU]
     ranges: dict[str, list[Any]] = {name: [e for e in events if e.name == _range(name)] for name in names}
     first = names[0]
@@ -211,6 +273,11 @@ def summarize(prof: profile, top: int, names: tuple[str, ...] = RANGES) -> list[
     n = len(ranges[first])
     if n == 0:
         return [f"no {unit} was recorded"]
+    # Between one span of the first range and the next: fetching the next batch, Lightning's loop.
+    spans = sorted(ranges[first], key=lambda e: e.time_range.start)
+    gaps = [(a.time_range.end, b.time_range.start) for a, b in itertools.pairwise(spans)]
+    windows = {name: [(e.time_range.start, e.time_range.end) for e in found] for name, found in ranges.items()}
+    windows[BETWEEN] = gaps
     calls: dict[str, Counter[str]] = defaultdict(Counter)
     sync_us: Counter[str] = Counter()
     call_us: dict[str, Counter[str]] = defaultdict(Counter)  # host time in each kind of call
@@ -219,40 +286,24 @@ def summarize(prof: profile, top: int, names: tuple[str, ...] = RANGES) -> list[
         # By time, on any thread: autograd runs a CUDA backward on a thread of its own, while the training thread
         # waits inside the backward range.
         t = call.time_range.start
-        for name, spans in ranges.items():
-            if any(s.time_range.start <= t <= s.time_range.end for s in spans):
+        for name, spans_of in windows.items():
+            if any(lo <= t <= hi for lo, hi in spans_of):
                 calls[name][call.name] += 1
                 call_us[name][call.name] += call.time_range.elapsed_us()
                 if call.name in SYNCS:
                     sync_us[name] += call.time_range.elapsed_us()
     lines = [f"{n} {_plural(unit, n)} profiled"]
     for name in names:
-        spans = ranges[name]
-        if not spans:
-            continue
-        per, each = UNIT[name], len(spans)
-        host_ms = sum(s.time_range.elapsed_us() for s in spans) / 1e3 / each
-        c = calls[name]
-        graphs = sum(c[k] for k in GRAPH_LAUNCHES)
-        kernels = sum(c[k] for k in KERNEL_LAUNCHES)
-        syncs = sum(c[k] for k in SYNCS)
-        lines.append(f"{name}: {host_ms:.2f} ms of host time per {per}; per {per} {graphs / each:.1f} CUDA graph "
-                     f"launches, {kernels / each:.1f} kernel launches, {syncs / each:.1f} synchronising calls "
-                     f"({sync_us[name] / 1e3 / each:.2f} ms waiting), {sum(call_us[name].values()) / 1e3 / each:.2f} "
-                     "ms in all CUDA calls")
-        # The rest (copies, events, allocations), by host time: a copy or an allocation may block too.
-        others = {k: v for k, v in c.items() if k not in (*GRAPH_LAUNCHES, *KERNEL_LAUNCHES, *SYNCS)}
-        if others:
-            shown = ", ".join(f"{k} {v / each:.1f}x ({call_us[name][k] / 1e3 / each:.2f} ms)"
-                              for k, v in sorted(others.items(), key=lambda kv: -call_us[name][kv[0]])[:6])
-            lines.append(f"{name}: other CUDA calls per {per}: {shown}")
-    spans = sorted(ranges[first], key=lambda e: e.time_range.start)
-    if len(spans) > 1:
-        # Between one span's end and the next one's start: fetching the next batch, Lightning's loop.
-        between = spans[-1].time_range.start - spans[0].time_range.end
-        between -= sum(s.time_range.elapsed_us() for s in spans[1:-1])
-        lines.append(f"between {_plural(unit, 2)}: {between / 1e3 / (len(spans) - 1):.2f} ms of host time per {unit} "
-                     "(the next batch, Lightning's loop)")
+        found = ranges[name]
+        if found:
+            host_ms = sum(e.time_range.elapsed_us() for e in found) / 1e3 / len(found)
+            lines += _census(name, UNIT[name], len(found), host_ms, calls[name], call_us[name], sync_us[name])
+    if gaps:
+        host_ms = sum(hi - lo for lo, hi in gaps) / 1e3 / len(gaps)
+        census = _census(f"between {_plural(unit, 2)}", unit, len(gaps), host_ms, calls[BETWEEN], call_us[BETWEEN],
+                         sync_us[BETWEEN])
+        census[0] = census[0].replace(f"per {unit};", f"per {unit} (the next batch, Lightning's loop);", 1)
+        lines += census
     averages = [a for a in prof.key_averages() if not a.key.startswith("## lit_icl")]
     averages.sort(key=lambda a: -a.self_cpu_time_total)
     shown = ", ".join(f"{a.key} {a.self_cpu_time_total / 1e3 / n:.2f} ms ({a.count / n:.1f}x)"

@@ -90,12 +90,17 @@ def test_headlines_read_each_scripts_output() -> None:
               "3.0 kernel launches, 1.0 synchronising calls (0.10 ms waiting)\n"
               "mode=reduce-overhead : trace: backward: 22.58 ms of host time per step; per step 1.0 CUDA graph "
               "launches, 0.0 kernel launches, 0.0 synchronising calls (0.00 ms waiting)\n"
+              "mode=reduce-overhead : trace: between steps: 5.25 ms of host time per step (the next batch, "
+              "Lightning's loop); per step 0.0 CUDA graph launches, 1.0 kernel launches, 0.0 synchronising calls\n"
+              "mode=reduce-overhead : trace: allocators per step: 0.00 cudaMalloc, 3.00 pinned host allocations\n"
               "mode=reduce-overhead : trace: validation round 2: val_batch: 40.00 ms of host time per batch; per "
               "batch 8.0 CUDA graph launches, 30.0 kernel launches, 2.0 synchronising calls (1.00 ms waiting)\n")
     assert suite.headline(steps["trace_icssl"], traced) == (
         "reduce-overhead: 37.50 steps/s all-in (10^5 steps in 44 min); reduce-overhead step 26.10 ms host, 2.0 graph "
         "/ 3.0 kernel launches; reduce-overhead backward 22.58 ms host, 1.0 graph / 0.0 kernel launches; "
-        "reduce-overhead val_batch 40.00 ms host, 8.0 graph / 30.0 kernel launches")
+        "reduce-overhead between steps 5.25 ms host, 0.0 graph / 1.0 kernel launches; reduce-overhead val_batch "
+        "40.00 ms host, 8.0 graph / 30.0 kernel launches; reduce-overhead allocators per step: 0.00 cudaMalloc, "
+        "3.00 pinned host allocations")
     i2cl = ("mode=off             :     40.0 ms/step steady,     0.5 s more in the first 10 steps, 0 graphs, 2.0 s\n"
             "mode=reduce-overhead :      5.0 ms/step steady,    60.0 s more in the first 10 steps, 2 graphs, 61.0 s\n"
             "mode=reduce-overhead: 8.00x eager per step; compilation pays for itself after 1714 steps\n")

@@ -91,8 +91,9 @@ def _event(name: str, start: float, end: float, thread: int = 1) -> SimpleNamesp
 
 
 def test_cuda_calls_count_in_the_ranges_they_fall_in_on_any_thread() -> None:
-    """Two steps; the backward's graph launch and wait come from autograd's own thread, as on a GPU; a call between
-    the steps counts in none; kernel time on the device is not a host call."""
+    """Two steps; the backward's graph launch and wait come from autograd's own thread, as on a GPU; calls between
+    the steps (the next batch's pinning and copy) count between them, in no step; kernel time on the device is not
+    a host call."""
     step, backward = TRACE._range("step"), TRACE._range("backward")
     events = [
         _event(step, 0, 1000), _event(backward, 100, 900),
@@ -100,7 +101,7 @@ def test_cuda_calls_count_in_the_ranges_they_fall_in_on_any_thread() -> None:
         _event("cudaGraphLaunch", 200, 210, thread=2), _event("cudaGraphLaunch", 2200, 2210, thread=2),
         _event("cudaStreamSynchronize", 300, 800, thread=2),  # 500 us waiting, in step 1's backward
         _event("cudaLaunchKernel", 950, 960), _event("cudaLaunchKernel", 2950, 2960),  # after the backward
-        _event("cudaMemcpyAsync", 1500, 1510),  # between the steps
+        _event("cudaMemcpyAsync", 1500, 1510), _event("cudaHostAlloc", 1600, 1900),  # between the steps
         _event("cudaHostAlloc", 2300, 2700), _event("cudaEventRecord", 2800, 2802),  # other calls, in step 2's backward
     ]
     device = SimpleNamespace(name="triton_poi_fused_0", time_range=SimpleNamespace(start=250, end=260),
@@ -118,6 +119,24 @@ def test_cuda_calls_count_in_the_ranges_they_fall_in_on_any_thread() -> None:
         ("backward: 0.80 ms of host time per step; per step 1.0 CUDA graph launches, 0.0 kernel launches, 0.5 "
          "synchronising calls (0.25 ms waiting), 0.46 ms in all CUDA calls"),
         "backward: other CUDA calls per step: cudaHostAlloc 0.5x (0.20 ms), cudaEventRecord 0.5x (0.00 ms)",
-        "between steps: 1.00 ms of host time per step (the next batch, Lightning's loop)",
+        ("between steps: 1.00 ms of host time per step (the next batch, Lightning's loop); per step 0.0 CUDA graph "
+         "launches, 0.0 kernel launches, 0.0 synchronising calls (0.00 ms waiting), 0.31 ms in all CUDA calls"),
+        "between steps: other CUDA calls per step: cudaHostAlloc 1.0x (0.30 ms), cudaMemcpyAsync 1.0x (0.01 ms)",
         "most host time per step (self): aten::bmm 2.00 ms (5.0x), aten::mm 0.50 ms (2.0x)",
     ]
+
+
+def test_the_allocators_counters_over_a_window_are_given_per_step() -> None:
+    """Over 4 steps, 8 pinned allocations taking 2 ms and 2 device allocations: per step; a counter this torch does
+    not keep is left out; off CUDA there are no counters."""
+    before = {"cudaMalloc": 10.0, "cudaFree": 3.0, "allocator retries": 0.0, "pinned host allocations": 5.0,
+              "pinned allocation us": 1000.0}
+    after = {"cudaMalloc": 12.0, "cudaFree": 3.0, "allocator retries": 0.0, "pinned host allocations": 13.0,
+             "pinned allocation us": 3000.0}
+    assert TRACE.allocator_line(before, after, 4, "step") == (
+        "allocators per step: 0.50 cudaMalloc, 0.00 cudaFree, 0.00 allocator retries, 2.00 pinned host allocations, "
+        "0.50 ms in them")
+    older = {k: v for k, v in before.items() if not k.startswith("pinned")}
+    assert TRACE.allocator_line(older, older, 2, "batch") == (
+        "allocators per batch: 0.00 cudaMalloc, 0.00 cudaFree, 0.00 allocator retries")
+    assert TRACE.allocator_counters(torch.device("cpu")) == {}
