@@ -166,10 +166,10 @@ STEPS = [
     # IC-SSL's captured step alone, as the CLI compiles it now (the net and its loss as one region), through
     # Lightning and in a bare loop with batches made ahead: what icssl_variants' runs are measured against.
     Step("step_speed_icssl_graphs", "IC-SSL's step alone with CUDA graphs, Lightning vs bare, deterministic on and "
-         "off (step_speed_icssl without its eager runs)",
+         "off (step_speed_icssl without its eager runs), with the median of each stage of the Lightning runs",
          ["benchmarks/step_speed.py", "--config", "configs/icssl/manifolds.yaml", "--device", "cuda", "--modes",
-          "reduce-overhead", "--deterministic", "true,false", "--steps", "300", "--warmup", "60"],
-         ["benchmarks/step_speed.py", "--config", "configs/icssl/manifolds.yaml", *_DRY_SPEED], 180),
+          "reduce-overhead", "--deterministic", "true,false", "--steps", "300", "--warmup", "60", "--phases"],
+         ["benchmarks/step_speed.py", "--config", "configs/icssl/manifolds.yaml", *_DRY_SPEED, "--phases"], 180),
     # Where a step's host time goes inside the CLI run, after compiling and the first validation round: per step,
     # the host time of the step, of its backward and of its update, and the CUDA graph launches, kernel launches
     # and waits in each (a captured step replays its graphs; a graph run uncaptured launches its kernels).

@@ -18,6 +18,10 @@ Both read the same batches, made ahead and moved to the device before timing (so
 ``benchmarks/main_command.py`` measures a run all-in). Timing starts after ``--warmup`` steps (compilation
 and CUDA-graph recording happen there) and each path is timed ``--repeats`` times; the best is reported.
 The issue's goal is ``lightning / bare >= 0.95`` for every paper and deterministic mode at most 5 % slower.
+
+``--phases`` records each Lightning run with ``step_trace.PhaseProfiler`` and prints its stages' calls, means and
+medians (``phases ...`` lines), the same stages ``main_command.py --phases`` gives for a CLI run: where a run's
+training batch costs more than the step alone shows stage by stage.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import copy
 import itertools
+import math
 import os
 import sys
 import time
@@ -35,6 +40,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
+from lightning.pytorch.profilers import Profiler
 from lightning.pytorch.utilities import move_data_to_device
 
 from lit_icl.callbacks.compile import CUDA_GRAPH_MODES, CompileNets, compile_targets, resolve_mode
@@ -84,7 +90,12 @@ class _Timer(Callback):
 
 
 def lightning_steps(module: LightningModule, batches: list[Any], mode: str, warmup: int, device: torch.device,
-                    deterministic: bool, backend: str = "inductor") -> float:
+                    deterministic: bool, backend: str = "inductor", profiler: Profiler | None = None) -> float:
+    """Steps per second of ``module`` fitted by a Trainer on ``batches`` (on the device already), after ``warmup``.
+
+    ``profiler``: a Lightning profiler for the run (``--phases``: ``step_trace.PhaseProfiler``); by default the
+    CLI's ``NoOpProfiler``.
+    """
     timer = _Timer(warmup, len(batches) - 1)
     callbacks: list[Callback] = [timer]
     if mode != "off":
@@ -93,7 +104,8 @@ def lightning_steps(module: LightningModule, batches: list[Any], mode: str, warm
         accelerator="gpu" if device.type == "cuda" else "cpu", devices=1, max_steps=len(batches), logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
         num_sanity_val_steps=0, deterministic=deterministic, callbacks=callbacks,
-        profiler=NoOpProfiler(),  # the CLI's default profiler (lit_icl.cli.trainer_setup.no_op_profiler)
+        # The CLI's default profiler (lit_icl.cli.trainer_setup.no_op_profiler), unless one is given.
+        profiler=profiler if profiler is not None else NoOpProfiler(),
     )
     # A list of batches already on the device; Lightning's transfer to the device is then a no-op.
     trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader(batches, batch_size=None))
@@ -200,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--set", action="append", default=[], metavar="ARG",
                         help="an extra CLI argument, e.g. --set=--data.init_args.batch_size=8")
+    parser.add_argument("--phases", action="store_true",
+                        help="record the Lightning runs' stages (step_trace.PhaseProfiler) and print each stage's "
+                             "calls, mean and median, as main_command.py --phases does for a CLI run")
+    parser.add_argument("--top", type=int, default=8, help="stages printed by --phases")
     args = parser.parse_args(argv)
     device, template, batches, state = prepare(parser, args)
     print(f"config: {' + '.join(args.config)}  device: {describe(device)}  torch {torch.__version__}"
@@ -214,9 +230,14 @@ def main(argv: list[str] | None = None) -> int:
                     module = copy.deepcopy(template)
                     module.load_state_dict(state)
                     torch._dynamo.reset()  # each compiled run compiles (and records) from scratch
+                    extra = {}
+                    if args.phases and path == "lightning":
+                        # Imported here: only --phases needs the scripts beside this one.
+                        from step_trace import PhaseProfiler
+                        extra["profiler"] = profiler = PhaseProfiler()
                     try:
                         best = max(best, runners[path](module, batches, mode, args.warmup, device, det,
-                                                       args.backend))
+                                                       args.backend, **extra))
                     except Exception as err:  # noqa: BLE001  # one failing mode must not hide the others
                         print(f"{path:9s} mode={mode:16s} deterministic={str(det).lower():5s}: FAILED "
                               f"{type(err).__name__}: {str(err).splitlines()[0][:300]}", flush=True)
@@ -225,6 +246,11 @@ def main(argv: list[str] | None = None) -> int:
                 results[(path, det, mode)] = best
                 print(f"{path:9s} mode={mode:16s} deterministic={str(det).lower():5s}: {best:8.2f} steps/s",
                       flush=True)
+                if args.phases and path == "lightning" and not math.isnan(best):  # not after a failure
+                    from main_command import phase_lines
+                    stages = phase_lines(profiler.summary(), args.top)
+                    print(f"phases    mode={mode:16s} deterministic={str(det).lower():5s}: " + "; ".join(stages),
+                          flush=True)
     for det in sorted({k[1] for k in results}, reverse=True):
         for mode in args.modes.split(","):
             lit, bare = results.get(("lightning", det, mode)), results.get(("bare", det, mode))
