@@ -228,7 +228,10 @@ def allocator_counters(device: torch.device) -> dict[str, float]:
     if device.type != "cuda":
         return {}
     stats = torch.cuda.memory_stats(device)
-    host_stats = torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats") else {}
+    try:  # newer than the device allocator's counters; a torch without it keeps no pinned counters
+        host_stats = torch.cuda.host_memory_stats()
+    except (AttributeError, RuntimeError):
+        host_stats = {}
     counters = {name: float(stats[key]) for name, key in DEVICE_COUNTERS.items() if key in stats}
     counters.update({name: float(host_stats[key]) for name, key in HOST_COUNTERS.items() if key in host_stats})
     return counters
