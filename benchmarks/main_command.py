@@ -43,14 +43,14 @@ import tempfile
 import time
 from pathlib import Path
 
+# step_trace.py is beside this script (its directory is on sys.path when it runs).
+from step_trace import phase_lines
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_STEPS = 100_000
 #: File name stem of the profiler report a ``--phases`` run writes (Lightning names it ``fit-<stem>.txt``).
 PHASES = "phases"
-#: A row of ``step_trace.PhaseProfiler``'s report: ``| action | calls | total (s) | mean (ms) | median (ms) |``.
-_ROW = re.compile(r"^\| (.+) \| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", re.MULTILINE)
 
 
 class Stopped(Exception):
@@ -141,24 +141,6 @@ def rate(run_dir: Path, skip: float) -> tuple[float, int, dict[str, float], tupl
     steps_per_s = (b.step - a.step) / (b.wall_time - a.wall_time) if b.wall_time > a.wall_time else float("nan")
     vals = {tag: ea.Scalars(tag)[-1].value for tag in ea.Tags()["scalars"] if tag.startswith("val/")}
     return steps_per_s, loss[-1].step, vals, between_validations(ea)
-
-
-def _short_action(action: str) -> str:
-    """``[Callback]ModelCheckpoint{'monitor': 'val/acc', ...}.on_train_epoch_end`` ->
-    ``ModelCheckpoint(monitor=val/acc).on_train_epoch_end``; ``[Strategy]X.validation_step`` -> ``validation_step``."""
-    action = re.sub(r"\{'monitor': ([^,]+),[^}]*\}", lambda m: f"(monitor={m.group(1).strip(chr(39))})", action)
-    action = re.sub(r"^\[(Strategy|_\w+Loop)\]\w*\.", "", action)
-    return re.sub(r"^\[(Callback|LightningModule|LightningDataModule)\]", "", action)
-
-
-def phase_lines(report: str, top: int) -> list[str]:
-    """The ``top`` stages of a ``PhaseProfiler`` report by total time: ``name: total s (calls x mean ms, median
-    median ms)``; the median leaves out what the first calls paid for compiling (``step_trace.PhaseProfiler``)."""
-    rows = [(m.group(1), int(m.group(2)), float(m.group(3)), float(m.group(4)), float(m.group(5)))
-            for m in _ROW.finditer(report)]
-    rows.sort(key=lambda r: -r[2])
-    return [f"{_short_action(name)}: {total:.2f} s ({calls} x {mean:.2f} ms, median {median:.2f} ms)"
-            for name, calls, total, mean, median in rows[:top]]
 
 
 def _window(text: str) -> tuple[int, int]:

@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                     torch._dynamo.reset()  # each compiled run compiles (and records) from scratch
                     extra = {}
                     if args.phases and path == "lightning":
-                        # Imported here: only --phases needs the scripts beside this one.
+                        # Imported here: only --phases needs the script beside this one.
                         from step_trace import PhaseProfiler
                         extra["profiler"] = profiler = PhaseProfiler()
                     try:
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{path:9s} mode={mode:16s} deterministic={str(det).lower():5s}: {best:8.2f} steps/s",
                       flush=True)
                 if args.phases and path == "lightning" and not math.isnan(best):  # not after a failure
-                    from main_command import phase_lines
+                    from step_trace import phase_lines
                     stages = phase_lines(profiler.summary(), args.top)
                     print(f"phases    mode={mode:16s} deterministic={str(det).lower():5s}: " + "; ".join(stages),
                           flush=True)

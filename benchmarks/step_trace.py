@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -329,3 +330,25 @@ class PhaseProfiler(SimpleProfiler):
         lines += [f"| {action} | {calls} | {total:.4f} | {1e3 * total / calls:.3f} | {1e3 * median:.3f} |"
                   for action, calls, total, median in rows]
         return "\n".join(lines) + "\n"
+
+
+#: A row of :class:`PhaseProfiler`'s report, as :func:`phase_lines` reads it back.
+_ROW = re.compile(r"^\| (.+) \| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", re.MULTILINE)
+
+
+def _short_action(action: str) -> str:
+    """``[Callback]ModelCheckpoint{'monitor': 'val/acc', ...}.on_train_epoch_end`` ->
+    ``ModelCheckpoint(monitor=val/acc).on_train_epoch_end``; ``[Strategy]X.validation_step`` -> ``validation_step``."""
+    action = re.sub(r"\{'monitor': ([^,]+),[^}]*\}", lambda m: f"(monitor={m.group(1).strip(chr(39))})", action)
+    action = re.sub(r"^\[(Strategy|_\w+Loop)\]\w*\.", "", action)
+    return re.sub(r"^\[(Callback|LightningModule|LightningDataModule)\]", "", action)
+
+
+def phase_lines(report: str, top: int) -> list[str]:
+    """The ``top`` stages of a ``PhaseProfiler`` report by total time: ``name: total s (calls x mean ms, median
+    median ms)``; the median leaves out what the first calls paid for compiling (:class:`PhaseProfiler`)."""
+    rows = [(m.group(1), int(m.group(2)), float(m.group(3)), float(m.group(4)), float(m.group(5)))
+            for m in _ROW.finditer(report)]
+    rows.sort(key=lambda r: -r[2])
+    return [f"{_short_action(name)}: {total:.2f} s ({calls} x {mean:.2f} ms, median {median:.2f} ms)"
+            for name, calls, total, mean, median in rows[:top]]
