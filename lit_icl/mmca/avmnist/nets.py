@@ -37,6 +37,7 @@ larger than the no-cross-attention one, which Table 1 lists at the same 4.36e4);
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_icl.core.errors import ConfigError
@@ -44,6 +45,53 @@ from lit_icl.core.validation import check_int, check_range
 
 N_CLASSES = 10
 GRID = 4  # adaptive pooling grid: 4 x 4 = 16 tokens per modality (App. I.2; "g = 4" in I.5)
+
+
+def pooling_windows(n_in: int, n_out: int) -> list[tuple[int, int]]:
+    """The ``n_out`` windows ``[floor(i n_in / n_out), ceil((i + 1) n_in / n_out))`` into which adaptive average
+    pooling cuts an axis of ``n_in`` positions (they overlap when ``n_out`` does not divide ``n_in``: 7 -> 4 gives
+    ``[0, 2), [1, 4), [3, 6), [5, 7)``)."""
+    return [((i * n_in) // n_out, -(-(i + 1) * n_in // n_out)) for i in range(n_out)]
+
+
+def window_average(x: Tensor, size: int) -> Tensor:
+    """``adaptive_avg_pool2d(x, size)`` written with ops whose CUDA backward is deterministic.
+
+    CUDA's backward of adaptive average pooling adds into the input's gradient with atomics, and under
+    ``torch.use_deterministic_algorithms(True)`` it raises instead (torch has no deterministic version). Here a
+    map whose sides ``size`` divides is averaged by ``avg_pool2d`` over non-overlapping windows (its CUDA backward
+    gathers); any other map by the mean of each window's rows, then of each window's columns, over static slices
+    (:func:`pooling_windows`), whose backward is padding and adding. Both give the same windows and averages as
+    adaptive pooling, up to the rounding of the sums' order.
+
+    ``(B, C, H, W) -> (B, C, size, size)``.
+    """
+    h, w = x.shape[-2:]
+    if h % size == 0 and w % size == 0:
+        return F.avg_pool2d(x, (h // size, w // size))
+    rows = torch.stack([x[..., a:b, :].mean(-2) for a, b in pooling_windows(h, size)], dim=-2)
+    return torch.stack([rows[..., a:b].mean(-1) for a, b in pooling_windows(w, size)], dim=-1)
+
+
+class GridPool(nn.Module):
+    """Adaptive average pooling to a ``size x size`` grid (``nn.AdaptiveAvgPool2d(size)``), deterministic on CUDA.
+
+    On a CUDA tensor it pools with :func:`window_average`, so ``deterministic: true`` trains this net on a GPU
+    (adaptive pooling's CUDA backward has no deterministic kernel). Elsewhere it is torch's adaptive pooling
+    itself, so CPU runs keep their numbers to the bit. It has no state: checkpoints are unchanged.
+    """
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.size = size
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.device.type == "cuda":
+            return window_average(x, self.size)
+        return F.adaptive_avg_pool2d(x, self.size)
+
+    def extra_repr(self) -> str:
+        return f"size={self.size}"
 
 
 class ConvTokenizer(nn.Module):
@@ -65,7 +113,7 @@ class ConvTokenizer(nn.Module):
             nn.Conv2d(width, d, 3, padding=1),
             nn.ReLU(),
             nn.MaxPool2d(2),
-            nn.AdaptiveAvgPool2d(GRID),
+            GridPool(GRID),  # adaptive average pooling, deterministic on CUDA too
         )
         self.norm = nn.LayerNorm(d)
 

@@ -193,3 +193,18 @@ def test_build_standin_false_keeps_the_missing_data_line(tmp_path: Path, capsys,
         "lit_icl.mmca.avmnist.build --out data/avmnist_lite",
     )
     assert "avMNIST not found" in line
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (benchmarks/gpu_suite.py runs it)")
+def test_two_seeded_gpu_fits_under_strict_deterministic_mode_end_bit_identical(tmp_path: Path) -> None:
+    """``deterministic: true`` on a GPU: every op of the net has a deterministic CUDA kernel (the tokenizers'
+    pooling included, `GridPool`), so nothing raises, and two runs of one seed end with the same weights."""
+    root = tmp_path / "data"
+    write_layout(root, n_train=40, n_test=20, audio_side=28)
+    for name in ("a", "b"):
+        main(["fit", *avmnist_args(tmp_path, root, "--trainer.logger.init_args.name", name, "--trainer.accelerator",
+                                   "gpu", "--trainer.deterministic", "true", "--compile.mode", "off")])
+    a, b = (torch.load(tmp_path / f"runs/{n}/version_0/checkpoints/last.ckpt", weights_only=False)["state_dict"]
+            for n in ("a", "b"))
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -14,6 +14,7 @@ from lit_icl.mmca import (
     BidirectionalCrossAttention,
     MultimodalCrossAttention,
 )
+from lit_icl.mmca.avmnist.nets import ConvTokenizer, GridPool, pooling_windows, window_average
 
 # ---------------------------------------------------------------------------------------------- nets
 
@@ -170,3 +171,91 @@ def test_dropout_zero_means_none_so_training_mode_changes_nothing(net) -> None:
         trained = model.train()(images, audio)
         evaluated = model.eval()(images, audio)
     assert torch.equal(trained, evaluated)
+
+
+# ------------------------------------------------------------------------------------ grid pooling
+
+
+@pytest.mark.parametrize("n_in", [4, 5, 7, 9, 28, 112])
+def test_pooling_windows_are_adaptive_poolings_windows(n_in: int) -> None:
+    """Each window holds exactly the positions that adaptive pooling averages into that output (read from torch's
+    own op: pooling a one-hot position vector is non-zero in the outputs whose window holds the position)."""
+    windows = pooling_windows(n_in, 4)
+    for p in range(n_in):
+        onehot = torch.zeros(1, 1, n_in, dtype=torch.float64)
+        onehot[..., p] = 1.0
+        covers = (F.adaptive_avg_pool1d(onehot, 4)[0, 0] > 0).tolist()
+        assert covers == [a <= p < b for a, b in windows]
+
+
+@pytest.mark.parametrize("shape", [(7, 7), (28, 28), (4, 4), (5, 9), (8, 6), (112, 28)])
+def test_window_average_is_adaptive_average_pooling_with_its_gradient(shape: tuple[int, int]) -> None:
+    """Divisible sides (avg_pool2d), overlapping windows (slices) and a mix of the two: the values and the input's
+    gradient of torch's adaptive pooling, to float64 rounding."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 2, *shape, dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(3, 2, 4, 4, dtype=torch.float64)
+    ours, = torch.autograd.grad((window_average(x, 4) * weights).sum(), x)
+    theirs, = torch.autograd.grad((F.adaptive_avg_pool2d(x, 4) * weights).sum(), x)
+    torch.testing.assert_close(window_average(x, 4), F.adaptive_avg_pool2d(x, 4), rtol=0, atol=1e-12)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-12)
+
+
+def _backward_nodes(out: torch.Tensor) -> set[str]:
+    seen, stack = set(), [out.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None and node.name() not in seen:
+            seen.add(node.name())
+            stack.extend(next_fn for next_fn, _ in node.next_functions)
+    return seen
+
+
+@pytest.mark.parametrize("side", [7, 28])
+def test_window_average_has_no_adaptive_pooling_in_its_backward(side: int) -> None:
+    """The backward that CUDA's deterministic mode refuses (adaptive pooling's) is not in the graph: the route a
+    GPU takes is made of ops with deterministic CUDA backward kernels."""
+    x = torch.randn(2, 3, side, side, requires_grad=True)
+    nodes = _backward_nodes(window_average(x, 4))
+    assert not any("Adaptive" in name for name in nodes), nodes
+    assert any("Adaptive" in name for name in _backward_nodes(F.adaptive_avg_pool2d(x, 4)))  # the check can fail
+
+
+def test_grid_pool_on_the_cpu_is_torchs_adaptive_pooling_to_the_bit() -> None:
+    """CPU runs keep their numbers: the tokenizer's pooling there is ``nn.AdaptiveAvgPool2d`` itself, and the
+    pooling layer holds no state, so checkpoints keep their keys."""
+    x = torch.randn(4, 16, 7, 7, requires_grad=True)
+    pool = GridPool(4)
+    assert torch.equal(pool(x), torch.nn.AdaptiveAvgPool2d(4)(x))
+    assert not pool.state_dict()
+    assert "GridPool(size=4)" in repr(ConvTokenizer())
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (benchmarks/gpu_suite.py runs it)")
+def test_the_tokenizer_trains_deterministically_on_a_gpu() -> None:
+    """Under deterministic mode the tokenizer's backward runs on a GPU (adaptive pooling's raised there) and two
+    backward passes give the same gradients to the bit; its pooling agrees with torch's adaptive pooling."""
+    torch.manual_seed(0)
+    tokenizer = ConvTokenizer().cuda()
+    x = torch.randn(8, 1, 28, 28, device="cuda")
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        grads = []
+        for _ in range(2):
+            tokenizer.zero_grad()
+            tokenizer(x).square().sum().backward()
+            grads.append([p.grad.clone() for p in tokenizer.parameters()])
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    maps = torch.randn(8, 16, 7, 7, device="cuda")
+    torch.testing.assert_close(GridPool(4)(maps), F.adaptive_avg_pool2d(maps, 4))
+
+
+def test_window_average_compiles_whole() -> None:
+    """The GPU route traces as one graph (the CLI compiles the net with ``fullgraph``-clean regions)."""
+    x = torch.randn(2, 3, 7, 7)
+    compiled = torch.compile(window_average, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x, 4), F.adaptive_avg_pool2d(x, 4))
