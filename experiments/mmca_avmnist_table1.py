@@ -20,9 +20,8 @@ test accuracy over epochs, over all epochs trained and over the paper's first 10
 model left the chance plateau. The report compares the full model with each other model in all three readings,
 paired by seed, and ranks the models in each beside Table 1's ranking.
 
-``--overlay FILE...`` stacks config files after each model's own (e.g. ``trainer: {accelerator: gpu,
-deterministic: warn}`` to train on a GPU, where some kernels have no deterministic version); a test run reads the
-config its fit saved, so it inherits them.
+``--overlay FILE...`` stacks config files after each model's own (e.g. ``trainer: {accelerator: gpu}`` to train
+on a GPU); a test run reads the config its fit saved, so it inherits them.
 """
 
 from __future__ import annotations
@@ -265,7 +264,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "twice chance: at noise sd 1.0 a model without cross-attention can sit at chance past "
                              "a 100-epoch minimum")
     add_overlay_arg(parser, "each model's config (and, in `test`, after each run's saved config)",
-                    "a file with `trainer: {deterministic: warn}` for a GPU")
+                    "a file with `trainer: {accelerator: gpu}` for a GPU")
     add_job_args(parser)
     add_report_args(parser)
     args = parse_driver_args(parser, argv, __file__)

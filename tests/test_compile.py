@@ -288,8 +288,7 @@ def test_auto_mode_leaves_a_cpu_run_eager_and_bit_identical(tmp_path) -> None:
 #: CUDA graph trees run each call of a compiled function once eagerly (a warm-up) and record it at its next call, so
 #: a validation round of one batch only warms its graphs up and the next round records them (seen on an H200,
 #: 2026-11-28: "after the first validation round: 4 CUDA graphs recorded"). The tiny runs validate on one batch;
-#: two make the first round record, as a real run's first round of several batches does. (avMNIST's backward has an
-#: op without a deterministic CUDA kernel, adaptive average pooling: its config's `deterministic: warn` lets it run.)
+#: two make the first round record, as a real run's first round of several batches does.
 WARM_AND_RECORD = {
     "icssl": ["--data.init_args.val_episodes", "32"],
     "coqe_regression": ["--data.init_args.val_prompts", "16"],

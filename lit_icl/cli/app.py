@@ -65,8 +65,10 @@ BUILT_KEYS = ("model", "data", "trainer", "checkpoint", "optimizer", "lr_schedul
 TRAINER_DEFAULTS: dict[str, Any] = {
     # Deterministic kernels: without them, two CPU runs with the same seed differ by ~1e-2 after a few dozen
     # steps (multi-threaded scatter-add in backward); the cost is measured in the README. "warn" picks the
-    # deterministic kernel wherever one exists (every op we use on CPU) but only warns where none does: some CUDA
-    # backward kernels (adaptive pooling, NLL loss) would otherwise stop a GPU run with an error.
+    # deterministic kernel wherever one exists (every op we use on CPU) but only warns where none does: a CUDA
+    # backward kernel without one (torch's adaptive pooling, which avMNIST's GridPool avoids on a GPU) would
+    # otherwise stop a GPU run with an error. (torch also keeps its memory-efficient attention's CUDA backward
+    # non-deterministic under "warn", with a warning; only "true" makes it deterministic.)
     # `--trainer.deterministic true` makes those an error.
     "deterministic": "warn",
     # TensorBoard under runs/<name>/; the name comes from the config files (name_run_from_configs) unless given.

@@ -56,7 +56,7 @@ def test_grid_trains_each_model_per_seed_with_its_overlay_and_the_stopping_rule(
 
 def test_overlays_stack_after_each_models_own_config_in_fit_and_test_and_a_missing_one_is_refused(table1, tmp_path, capsys) -> None:
     gpu = tmp_path / "gpu.yaml"
-    gpu.write_text("trainer:\n  accelerator: gpu\n  deterministic: warn\n")
+    gpu.write_text("trainer:\n  accelerator: gpu\n")
     args = table1.parse_args(["fit", "--out", str(tmp_path), "--seeds", "0", "--overlay", str(gpu)])
     for fit in table1.fit_jobs(args):
         configs = [fit.argv[i + 1] for i, a in enumerate(fit.argv) if a == "--config"]
