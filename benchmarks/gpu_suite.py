@@ -32,7 +32,7 @@ the report):
 
 The report names the device, torch version, date, commit and every command, tabulates the speed goals its steps
 measured (met or not), and keeps each script's output verbatim; a step that fails or times out is reported as such (with its last lines) and the suite goes on. The
-per-step time limits add up to 109 minutes. With less GPU time (a 15-minute lease), name the steps wanted most
+per-step time limits add up to 111 minutes. With less GPU time (a 15-minute lease), name the steps wanted most
 with ``--only``, take their short forms with ``--short`` (fewer modes and steps, the same code paths) and cap
 the whole suite with ``--budget``; the report is rewritten after each step:
 
@@ -253,15 +253,17 @@ STEPS = [
          ["-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "cuda", "tests"],
          ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "--collect-only", "tests"], 420,
          # Short: all but CoQE regression's and the multi-modal runs, whose steps have the same structure (the net
-         # and its loss as one compiled objective) as IC-SSL's and the main command's, which stay.
+         # and its loss as one compiled objective) as IC-SSL's and the main command's, which stay, and the seeded
+         # pairs of runs that check reproducibility (two fits each).
          short=["-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "cuda", "-k",
-                "not coqe_regression and not mmca", "tests"]),
+                "not coqe_regression and not mmca and not seeded", "tests"]),
     # What the short form of cuda_tests leaves out, for a lease after one that ran the short form.
     Step("cuda_tests_rest", "the `cuda` tests that cuda_tests' short form leaves out: CoQE regression's and the "
-         "multi-modal modules' GPU paths",
-         ["-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "cuda", "-k", "coqe_regression or mmca", "tests"],
-         ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "-k", "coqe_regression or mmca",
-          "--collect-only", "tests"], 300),
+         "multi-modal modules' GPU paths, and two seeded runs per paper that must end bit-identical",
+         ["-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "cuda", "-k", "coqe_regression or mmca or seeded",
+          "tests"],
+         ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "-k", "coqe_regression or mmca or seeded",
+          "--collect-only", "tests"], 420),
     Step("coqe_omniglot_fp32", "CoQE / Transformer steps/s at the paper's size, fp32 (and the sequence generator)",
          ["benchmarks/coqe_throughput.py", "--device", "cuda", "--steps", "100", "--precision", "32-true"],
          ["benchmarks/coqe_throughput.py", "--device", "cpu", "--steps", "2", "--image-size", "28", "--only",
@@ -295,7 +297,7 @@ STEPS = [
          ["benchmarks/i2cl_latency.py", "--queries", "2", "--model", "data/i2cl/gemma-3-270m"], 120,
          needs="data/i2cl/gemma-3-270m"),
 ]
-assert sum(step.timeout_s for step in STEPS) <= 109 * 60
+assert sum(step.timeout_s for step in STEPS) <= 111 * 60
 
 
 def headline(step: Step, output: str) -> str:

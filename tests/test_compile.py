@@ -334,3 +334,19 @@ def test_a_built_in_backend_is_accepted_without_listing_the_registry(monkeypatch
     with pytest.raises(ConfigError, match="is not a torch.compile backend here"):
         check_backend("no_such_backend")
     assert listed
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (benchmarks/gpu_suite.py runs it)")
+@pytest.mark.parametrize("run", ["icssl", "coqe_omniglot", "coqe_omniglot_transformer"])
+def test_two_seeded_gpu_runs_with_cuda_graphs_end_bit_identical(tmp_path, run) -> None:
+    """What a user gets on a GPU by default (the CLI's deterministic kernels, ``--compile.mode auto``: CUDA graphs)
+    reproduces: two runs of one seed end with the same weights, bit for bit. The second compiles from inductor's
+    cache, so a difference would come from the kernels, not from what was compiled."""
+    states = []
+    for name in ("a", "b"):
+        main(["fit", *RUNS[run](tmp_path / name), "--trainer.accelerator", "gpu", "--compile.mode", "auto"])
+        states.append(_state(next((tmp_path / name / "runs").rglob("last.ckpt"))))
+    first, second = states
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[k], second[k]) for k in first), [k for k in first if not torch.equal(first[k], second[k])]
