@@ -94,7 +94,7 @@ def fit_jobs(args: argparse.Namespace) -> list[Job]:
                          "--early_stopping.min_delta", str(args.min_delta),
                          "--early_stopping.monitor", "val/acc", "--early_stopping.mode", "max",
                          # The checkpoint of the best validation epoch, for the early-stopping reading.
-                         "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+                         "--trainer.callbacks+=lit_icl.callbacks.RunCheckpoint",
                          "--trainer.callbacks.monitor=val/acc", "--trainer.callbacks.mode=max",
                          "--trainer.callbacks.filename=best-{epoch}-{step}"]
             jobs.append(Job(f"fit {model} s{seed}", argv, args.out / model / f"s{seed}"))

@@ -121,6 +121,15 @@ def test_config_file_names_public_classes_no_logger_block_and_its_command(path: 
 
 
 @pytest.mark.parametrize("path", BASES + OVERLAYS, ids=lambda p: p.removeprefix("configs/"))
+def test_checkpoint_callbacks_survive_a_moved_run_folder(path: str) -> None:
+    """A config's own checkpoint callbacks are ``RunCheckpoint``: Lightning's ModelCheckpoint forgets its best score
+    and files when a run folder is moved and resumed, and then keeps a second best file
+    (tests/icssl/test_cli.py shows the moved run)."""
+    raw = yaml.safe_load((ROOT / path).read_text()) or {}
+    assert "lightning.pytorch.callbacks.ModelCheckpoint" not in class_paths(raw)
+
+
+@pytest.mark.parametrize("path", BASES + OVERLAYS, ids=lambda p: p.removeprefix("configs/"))
 def test_only_cpu_overlays_pin_the_cpu(path: str) -> None:
     """A researcher on a GPU machine runs a shipped config on the GPU (with CUDA graphs, by ``--compile.mode auto``);
     only an overlay named ``cpu.yaml`` (a CPU-scale run) pins the CPU."""

@@ -38,11 +38,14 @@ def config_id(files: Sequence[str]) -> str:
 
 
 def tiny_args(
-    tmp_path: Path, *extra: str, name: str = "tiny", config: str | Sequence[str] = MANIFOLDS
+    tmp_path: Path, *extra: str, name: str = "tiny", config: str | Sequence[str] = MANIFOLDS,
+    config_callbacks: bool = False,
 ) -> list[str]:
     """CLI arguments for a seconds-long IC-SSL run (20-point episodes) logging under ``tmp_path``.
 
     ``config``: one config file or the files of a base and its overlay (``overlay("manifolds", "ood")``).
+    ``config_callbacks``: keep the config's callbacks (representation metrics, the best-model checkpoint) rather
+    than none.
     """
     return [
         *quiet_run_args(tmp_path, config, name),
@@ -59,6 +62,6 @@ def tiny_args(
         "--data.init_args.test_episodes", "16",
         "--data.init_args.eval_label_ratios", "[0.1, 0.25, 0.5]",
         "--data.init_args.train_label_ratio", "[0.1, 0.5]",
-        "--trainer.callbacks", "[]",
+        *([] if config_callbacks else ["--trainer.callbacks", "[]"]),
         *extra,
     ]

@@ -261,7 +261,7 @@ def test_checkpoint_monitor_names_an_evaluated_ratio(config: list[str]) -> None:
     cfg = _merged(config)
     evaluated = {f"val/acc/{ratio_key(r)}" for r in cfg["data"]["init_args"].get("eval_label_ratios", [])}
     monitors = [c["init_args"]["monitor"] for c in cfg["trainer"].get("callbacks", [])
-                if c["class_path"].endswith("ModelCheckpoint") and "monitor" in c.get("init_args", {})]
+                if c["class_path"].endswith(("ModelCheckpoint", "RunCheckpoint")) and "monitor" in c.get("init_args", {})]
     assert monitors, config  # every IC-SSL config keeps its best model by a validation accuracy
     for monitor in monitors:
         if monitor.startswith("val/acc/"):
@@ -321,3 +321,24 @@ def test_every_config_trains_tests_and_reloads(tmp_path, config: list[str], repr
                           "--trainer.default_root_dir", str(tmp_path / "py")])
     cli.trainer.test(model, datamodule=cli.datamodule)
     assert model.test_rows == cli_rows
+
+
+def test_a_moved_run_keeps_one_best_checkpoint_and_its_score(tmp_path: Path) -> None:
+    """The config's best-model callback after the run folder is moved and resumed in place: still one
+    ``best-*.ckpt`` (``save_top_k: 1``), the one its recorded path names, with the best score over all epochs.
+    (Lightning's own ModelCheckpoint forgets its score and files when the folder changes, so the resumed run
+    would keep a second best file.)"""
+    import shutil
+
+    monitor = "val/acc/label_ratio=0.25"
+    main(["fit", *tiny_args(tmp_path / "first", "--trainer.max_epochs", "2", config_callbacks=True)])
+    shutil.move(tmp_path / "first" / "runs", tmp_path / "moved" / "runs")
+    main(["fit", *tiny_args(tmp_path / "moved", "--trainer.max_epochs", "4", config_callbacks=True),
+          "--ckpt_path", "last"])
+    run = tmp_path / "moved" / "runs" / "tiny" / "version_0"
+    best = sorted((run / "checkpoints").glob("best-*.ckpt"))
+    assert len(best) == 1, best
+    state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["callbacks"]
+    (kept,) = [s for key, s in state.items() if monitor in key]
+    assert Path(kept["best_model_path"]) == best[0]
+    assert float(kept["best_model_score"]) == pytest.approx(max(tb_scalars(run)[monitor]))
