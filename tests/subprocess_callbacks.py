@@ -128,3 +128,40 @@ class CompiledGraphs(Callback):
     def on_validation_end(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking:
             self._record(f"validation_end_{trainer.global_step}")
+
+
+
+class AtenOps(Callback):
+    """Writes to ``path`` every aten op that the training batches run (step, backward and update), one per line,
+    sorted, as ``name.overload``, with the arguments that decide whether CUDA's deterministic mode refuses the op
+    or takes a slow path: ``index_put(accumulate)``, ``bincount(weights)``, ``scatter_reduce(<reduce>)``."""
+
+    def __init__(self, path: str):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        ops: set[str] = set()
+
+        class Record(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                name = func.__name__
+                base = name.split(".")[0]
+                if base in ("index_put", "index_put_", "_index_put_impl_") and (
+                        kwargs.get("accumulate") or (len(args) > 3 and args[3])):
+                    name = "index_put(accumulate)"
+                elif base == "bincount" and (kwargs.get("weights") is not None or (len(args) > 1 and args[1] is not None)):
+                    name = "bincount(weights)"
+                elif base.startswith("scatter_reduce"):
+                    name = f"scatter_reduce({kwargs.get('reduce', args[3] if len(args) > 3 else '')})"
+                ops.add(name)
+                return func(*args, **kwargs)
+
+        self.path, self.ops, self._mode = path, ops, Record()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._mode.__enter__()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._mode.__exit__(None, None, None)
+        with open(self.path, "w") as fh:
+            fh.write("".join(f"{name}\n" for name in sorted(self.ops)))
