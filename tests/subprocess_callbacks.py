@@ -132,8 +132,8 @@ class CompiledGraphs(Callback):
 
 
 class AtenOps(Callback):
-    """Writes to ``path`` every aten op that the training batches run (step, backward and update), one per line,
-    sorted, as ``name.overload``, with the arguments that decide whether CUDA's deterministic mode refuses the op
+    """Writes to ``path`` every aten op that the training batches (step, backward and update) and the validation
+    batches (step and the callbacks' batch-end hooks before this one) run, one per line, sorted, as ``name.overload``, with the arguments that decide whether CUDA's deterministic mode refuses the op
     or takes a slow path: ``index_put(accumulate)``, ``bincount(weights)``, ``scatter_reduce(<reduce>)``."""
 
     def __init__(self, path: str):
@@ -158,10 +158,13 @@ class AtenOps(Callback):
 
         self.path, self.ops, self._mode = path, ops, Record()
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+    def _start(self, *args) -> None:
         self._mode.__enter__()
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+    def _end(self, *args) -> None:
         self._mode.__exit__(None, None, None)
         with open(self.path, "w") as fh:
             fh.write("".join(f"{name}\n" for name in sorted(self.ops)))
+
+    on_train_batch_start = on_validation_batch_start = _start
+    on_train_batch_end = on_validation_batch_end = _end

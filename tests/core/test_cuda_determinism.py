@@ -4,7 +4,8 @@
 has no deterministic kernel; under the CLI's default ``warn`` it warns and runs the non-deterministic one, and the
 run is no longer reproducible. No such op shows on a CPU run, whose kernels are all deterministic, so a net that
 uses one passes every CPU test: avMNIST's adaptive average pooling was found on an H200 (2026-11-28). Here each
-paper's tiny run records the aten ops of its training batches and must hold none of the ops that torch's
+paper's tiny run records the aten ops of its training and validation batches (the callbacks' metrics included)
+and must hold none of the ops that torch's
 documentation lists as refused on CUDA, nor an accumulating ``index_put`` (the backward of indexing), which CUDA
 runs by sorting its indices: deterministic, but 21 % of IC-SSL's GPU step in the profile behind the speed issue.
 Layers that pick their route by device (avMNIST's ``GridPool``) are made to take their CUDA route.
@@ -40,10 +41,13 @@ REFUSED_OR_SLOW_ON_CUDA = {
 
 
 def _args(tmp_path: Path, run: str) -> list[str]:
-    record = ["--trainer.max_steps", "2", "--trainer.limit_val_batches", "0",
+    # Two training batches, and the sanity check's validation batches before them.
+    record = ["--trainer.max_steps", "2", "--trainer.num_sanity_val_steps", "1",
               "--trainer.callbacks+=subprocess_callbacks.AtenOps", f"--trainer.callbacks.path={tmp_path / 'ops.txt'}"]
     if run == "icssl":
-        return [*tiny_args(tmp_path), "--trainer.max_epochs", "-1", *record]
+        # One epoch of the two steps, so that its validation gives the best-model checkpoint its metric.
+        return [*tiny_args(tmp_path, config_callbacks=True), "--trainer.max_epochs", "-1",
+                "--data.init_args.train_batches_per_epoch", "2", *record]
     if run == "coqe_regression":
         return [*reg_args(tmp_path), *record]
     if run == "mmca_synthetic":
