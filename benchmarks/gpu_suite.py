@@ -180,15 +180,17 @@ STEPS = [
           "--seconds", "70", "--skip", "15", "--trace", "400:20", "--trace-val", "2"],
          ["benchmarks/main_command.py", "--config", "configs/icssl/manifolds.yaml", "--modes", "off",
           "--seconds", "15", "--skip", "0", "--trace", "6:3", "--trace-val", "2", *_DRY_ICSSL], 160),
-    # The main command validates every 1,000 steps; steps 300-319 come after compiling and warming up.
-    Step("trace_main", "the main command with CUDA graphs the same way, 20 steps after warm-up (steps 300-319)",
+    # The main command validates every 1,000 steps; steps 300-319 come after compiling and warming up, and the
+    # second validation round (after step 2,000) after the first has compiled and recorded the evaluation graphs.
+    Step("trace_main", "the main command with CUDA graphs the same way, 20 steps after warm-up (steps 300-319) and "
+         "its second validation round",
          ["benchmarks/main_command.py", "--modes", "reduce-overhead", "--seconds", "75", "--skip", "15", "--trace",
-          "300:20"],
+          "300:20", "--trace-val", "2"],
          ["benchmarks/main_command.py", "--config", "configs/coqe/omniglot.yaml", "--config",
           "configs/coqe/omniglot/cpu.yaml", "--modes", "off", "--seconds", "15", "--skip", "0",
           "--set=--trainer.log_every_n_steps=1", "--set=--trainer.val_check_interval=5",
           "--set=--data.init_args.val_sequences=32", "--set=--model.init_args.net.init_args.depth=1",
-          "--trace", "7:3"], 180),
+          "--trace", "7:3", "--trace-val", "2"], 180),
     # IC-SSL's EIG reference and EIG baselines solve a batch of 100 x 100 Laplacians; torch's CUDA eigh loops over
     # such a batch, so symmetric_eigenvectors solves it on the host. This times both routes.
     Step("eigh_route", "batched eigh of 100-point Laplacians: on the GPU vs the host route IC-SSL takes",
