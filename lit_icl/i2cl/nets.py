@@ -155,8 +155,12 @@ def _first(out: Any) -> Tensor:
 def _last_token_hidden(lm: nn.Module, ids: Tensor, mask: Tensor) -> Tensor:
     """The LM's final hidden state at each row's last real token, ``(B, D)`` (rows are right-padded)."""
     hidden = lm.base_model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
-    last = mask.sum(1) - 1
-    return hidden[torch.arange(ids.shape[0], device=ids.device), last]
+    last = mask.sum(1, keepdim=True) - 1  # (B, 1)
+    # Selected, not indexed: indexing's backward accumulates into the hidden states with an index_put, which CUDA
+    # runs by sorting the indices; this backward is a selection too. Each row sums one hidden state and zeros, so
+    # the result is that state exactly (and a padded position's value, whatever it is, never enters).
+    pick = torch.arange(ids.shape[1], device=ids.device) == last  # (B, T)
+    return torch.where(pick.unsqueeze(-1), hidden, 0.0).sum(1)
 
 
 class CalibrationForward(nn.Module):

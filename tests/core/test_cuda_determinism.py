@@ -55,6 +55,14 @@ def _args(tmp_path: Path, run: str) -> list[str]:
     if run == "mmca_avmnist":
         write_layout(tmp_path / "data", audio_side=28)
         return [*avmnist_args(tmp_path, tmp_path / "data"), "--trainer.max_epochs", "-1", *record]
+    if run == "i2cl":  # calibration through a tiny random Llama
+        pytest.importorskip("transformers")
+        from i2cl.helpers import cli_args, tiny_model, tiny_tokenizer
+
+        tokenizer = tiny_tokenizer()
+        tiny_model("llama", len(tokenizer)).save_pretrained(tmp_path / "llama")
+        tokenizer.save_pretrained(tmp_path / "llama")
+        return [*cli_args(tmp_path, str(tmp_path / "llama")), *record]
     return [*coqe_args(tmp_path, **({"config": TRANSFORMER} if run == "coqe_transformer" else {})), *record]
 
 
@@ -65,11 +73,12 @@ def _ops(tmp_path: Path, run: str) -> set[str]:
 
 
 @pytest.mark.parametrize("run", ["icssl", "coqe_omniglot", "coqe_transformer", "coqe_regression", "mmca_synthetic",
-                                 "mmca_avmnist"])
+                                 "mmca_avmnist", "i2cl"])
 def test_no_training_step_uses_an_op_that_cuda_deterministic_mode_refuses_or_sorts(tmp_path, monkeypatch, run) -> None:
     monkeypatch.setattr(avmnist_nets.GridPool, "forward", lambda self, x: avmnist_nets.window_average(x, self.size))
     ops = _ops(tmp_path, run)
     assert {"mm", "addmm", "bmm", "convolution"} & ops, "the recorder saw no products: it recorded nothing"
+    assert {"nll_loss_backward", "mse_loss_backward", "mul"} & ops, "the recorder saw no backward"
     assert not ops & REFUSED_OR_SLOW_ON_CUDA, sorted(ops & REFUSED_OR_SLOW_ON_CUDA)
 
 

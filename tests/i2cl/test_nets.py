@@ -262,3 +262,25 @@ def test_label_words_sharing_a_first_token_are_refused(net: CausalLM) -> None:
     # the label token is the one the model would emit next: the query + " A" tokenises to query + [id]
     q = net.tokenizer("Input: abc\nLabel:")["input_ids"]
     assert net.tokenizer("Input: abc\nLabel: A")["input_ids"] == [*q, ids[0]]
+
+
+def test_the_last_token_is_selected_exactly_with_its_gradient_and_padding_never_enters() -> None:
+    """``_last_token_hidden`` picks each row's last real token by selection (no index_put in its backward): the
+    values and the gradient of indexing, bit for bit, even when a padded position holds NaN."""
+    from types import SimpleNamespace
+
+    from lit_icl.i2cl.nets import _last_token_hidden
+
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 5, 4, requires_grad=True)
+    with torch.no_grad():
+        hidden[0, 4] = float("nan")  # a padded position of row 0
+    mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
+    lm = SimpleNamespace(base_model=lambda **kw: SimpleNamespace(last_hidden_state=hidden))
+    ours = _last_token_hidden(lm, torch.zeros_like(mask), mask)
+    theirs = hidden[torch.arange(3), mask.sum(1) - 1]
+    assert torch.equal(ours, theirs)
+    weights = torch.randn(3, 4)
+    (g_ours,) = torch.autograd.grad((ours * weights).sum(), hidden)
+    (g_theirs,) = torch.autograd.grad((theirs * weights).sum(), hidden)
+    assert torch.equal(g_ours, g_theirs)
