@@ -326,3 +326,21 @@ def test_last_and_best_resolve_to_the_newest_run_of_the_config(tmp_path) -> None
     meta = json.loads((tmp_path / "runs/tiny/version_2/results.json").read_text())["meta"]
     (best,) = [p for p in ckpts.iterdir() if p.name != "last.ckpt"]
     assert Path(meta["checkpoint"]) == best
+
+
+def test_best_is_the_monitored_record_whatever_the_order_of_the_callbacks(tmp_path) -> None:
+    """A run with the CLI's checkpoint callback (no monitor: its record is the newest epoch file) and a callback
+    keeping the best model by a metric: ``--ckpt_path best`` is the metric's best, whichever record comes first."""
+    from lit_icl.cli.checkpoints import _best_recorded
+
+    for name in ("epoch=9-step=90.ckpt", "best-epoch=3-step=30.ckpt"):
+        (tmp_path / name).touch()
+    newest = {"best_model_path": str(tmp_path / "epoch=9-step=90.ckpt"), "best_model_score": None}
+    monitored = {"best_model_path": str(tmp_path / "best-epoch=3-step=30.ckpt"), "best_model_score": torch.tensor(0.9)}
+    for order in ([("ModelCheckpoint{'monitor': None}", newest), ("ModelCheckpoint{'monitor': 'val/acc'}", monitored)],
+                  [("ModelCheckpoint{'monitor': 'val/acc'}", monitored), ("ModelCheckpoint{'monitor': None}", newest)]):
+        torch.save({"callbacks": dict(order)}, tmp_path / "last.ckpt")
+        assert _best_recorded(tmp_path / "last.ckpt") == tmp_path / "best-epoch=3-step=30.ckpt"
+    # Without a monitored record, the newest epoch file is the best there is.
+    torch.save({"callbacks": {"ModelCheckpoint{'monitor': None}": newest}}, tmp_path / "last.ckpt")
+    assert _best_recorded(tmp_path / "last.ckpt") == tmp_path / "epoch=9-step=90.ckpt"

@@ -214,8 +214,9 @@ def resolve_ckpt_path(subcommand: str, config: Any) -> Any:
     - ``last`` with no earlier run is an error that says where it looked; ``fit`` keeps ``last`` (the logger is
       pinned to that run's folder, :func:`pin_logger_version_for_resume`, so it resumes in place), other
       subcommands get the file's path (their results go to a new folder, as with an explicit path);
-    - ``best`` is the best checkpoint that the newest run's checkpoint callback recorded in its ``last.ckpt``,
-      an error when there is none.
+    - ``best`` is the best checkpoint that the newest run's checkpoint callback recorded in its ``last.ckpt``
+      (a callback that monitors a metric before one that only keeps the latest epochs), an error when there is
+      none.
     """
     ckpt_path = config.get("ckpt_path")
     if ckpt_path not in ("last", "best"):
@@ -246,12 +247,16 @@ def _best_recorded(last: Path) -> Path | None:
     except Exception:  # noqa: BLE001 - an unreadable last.ckpt has no best path to offer
         return None
     states = ckpt.get("callbacks") if isinstance(ckpt, dict) else None
-    for key, state in (states or {}).items():
-        if str(key).startswith("ModelCheckpoint") and isinstance(state, dict) and state.get("best_model_path"):
-            path = Path(state["best_model_path"])
-            for candidate in (path, last.parent / path.name):  # the run folder may have moved since
-                if candidate.is_file():
-                    return candidate
+    records = [state for key, state in (states or {}).items()
+               if str(key).startswith("ModelCheckpoint") and isinstance(state, dict) and state.get("best_model_path")]
+    # A run keeps its latest epochs with the CLI's checkpoint callback (no monitor: its "best" is the newest file) and
+    # may keep its best model by a metric with another (IC-SSL's configs); the metric's record names the best.
+    records.sort(key=lambda state: state.get("best_model_score") is None)
+    for state in records:
+        path = Path(state["best_model_path"])
+        for candidate in (path, last.parent / path.name):  # the run folder may have moved since
+            if candidate.is_file():
+                return candidate
     return None
 
 def pin_logger_version_for_resume(config: Any) -> None:
