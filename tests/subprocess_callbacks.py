@@ -12,6 +12,7 @@ import signal
 
 import torch
 from lightning.pytorch import Callback
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 class KillAtStep(Callback):
@@ -131,32 +132,38 @@ class CompiledGraphs(Callback):
 
 
 
+
+class _OpNames(TorchDispatchMode):
+    """Adds the name (``name.overload``) of every aten op that runs while it is active to ``ops``; the ops whose
+    arguments decide whether CUDA's deterministic mode refuses them or takes a slow path are named with those:
+    ``index_put(accumulate)``, ``bincount(weights)``, ``scatter_reduce(<reduce>)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.__name__
+        base = name.split(".")[0]
+        if base in ("index_put", "index_put_", "_index_put_impl_") and (
+                kwargs.get("accumulate") or (len(args) > 3 and args[3])):
+            name = "index_put(accumulate)"
+        elif base == "bincount" and (kwargs.get("weights") is not None or (len(args) > 1 and args[1] is not None)):
+            name = "bincount(weights)"
+        elif base.startswith("scatter_reduce"):
+            name = f"scatter_reduce({kwargs.get('reduce', args[3] if len(args) > 3 else '')})"
+        self.ops.add(name)
+        return func(*args, **kwargs)
+
+
 class AtenOps(Callback):
-    """Writes to ``path`` every aten op that the training batches (step, backward and update) and the validation
-    batches (step and the callbacks' batch-end hooks before this one) run, one per line, sorted, as ``name.overload``, with the arguments that decide whether CUDA's deterministic mode refuses the op
-    or takes a slow path: ``index_put(accumulate)``, ``bincount(weights)``, ``scatter_reduce(<reduce>)``."""
+    """Writes to ``path``, one per line and sorted, the aten ops (:class:`_OpNames`) that the training batches
+    (step, backward and update) and the validation batches (step and the batch-end hooks of the callbacks before
+    this one) run."""
 
     def __init__(self, path: str):
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        ops: set[str] = set()
-
-        class Record(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                kwargs = kwargs or {}
-                name = func.__name__
-                base = name.split(".")[0]
-                if base in ("index_put", "index_put_", "_index_put_impl_") and (
-                        kwargs.get("accumulate") or (len(args) > 3 and args[3])):
-                    name = "index_put(accumulate)"
-                elif base == "bincount" and (kwargs.get("weights") is not None or (len(args) > 1 and args[1] is not None)):
-                    name = "bincount(weights)"
-                elif base.startswith("scatter_reduce"):
-                    name = f"scatter_reduce({kwargs.get('reduce', args[3] if len(args) > 3 else '')})"
-                ops.add(name)
-                return func(*args, **kwargs)
-
-        self.path, self.ops, self._mode = path, ops, Record()
+        self.path, self._mode = path, _OpNames()
 
     def _start(self, *args) -> None:
         self._mode.__enter__()
@@ -164,7 +171,7 @@ class AtenOps(Callback):
     def _end(self, *args) -> None:
         self._mode.__exit__(None, None, None)
         with open(self.path, "w") as fh:
-            fh.write("".join(f"{name}\n" for name in sorted(self.ops)))
+            fh.write("".join(f"{name}\n" for name in sorted(self._mode.ops)))
 
     on_train_batch_start = on_validation_batch_start = _start
     on_train_batch_end = on_validation_batch_end = _end
