@@ -26,6 +26,28 @@ class KillAtStep(Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class SignalAtStep(Callback):
+    """Sends SIGTERM to its own process on rank ``rank`` after optimizer step ``step`` (a cluster's preemption as
+    one rank sees it), and appends ``<rank> <exception or "end"> <global step>`` to ``path`` when the run ends."""
+
+    def __init__(self, step: int, rank: int, path: str):
+        self.step, self.rank, self.path = step, rank, path
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step and trainer.global_rank == self.rank:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def _record(self, trainer, what: str) -> None:
+        with open(self.path, "a") as fh:
+            fh.write(f"{trainer.global_rank} {what} {trainer.global_step}\n")
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._record(trainer, type(exception).__name__)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._record(trainer, "end")
+
+
 class StopAtStep(Callback):
     """Stops training after optimizer step ``step`` the way ``--trainer.max_time`` does (``trainer.should_stop``
     at a batch's end): Lightning then validates, runs the epoch-end hooks and saves its checkpoints."""

@@ -3,7 +3,8 @@ gets against non-finite losses and weights (:class:`FiniteGuard`), and the CLI's
 survives a moved run folder (:class:`RunCheckpoint`), and the early-stopping rule shared by every paper
 (:class:`StopWhenConverged`, ``--early_stopping.patience``), ``torch.compile`` of a module's nets
 (:class:`CompileNets`, ``--compile.mode``), and exact resume of a run stopped inside an epoch
-(:class:`ResumeInsideEpoch`, added to every CLI run), and a census of the reads that would make a GPU run
+(:class:`ResumeInsideEpoch`, added to every CLI run), DDP ranks that stop together on SIGTERM without a wait for
+the GPU at every step (:class:`AgreeOnSigterm`, added to every CLI run), and a census of the reads that would make a GPU run
 wait for its device (:class:`HostReadCensus`)."""
 
 from lit_icl.callbacks.checkpoint import RunCheckpoint
@@ -12,9 +13,10 @@ from lit_icl.callbacks.finite import FiniteGuard
 from lit_icl.callbacks.host_reads import HostReadCensus
 from lit_icl.callbacks.representation import RepresentationMetrics
 from lit_icl.callbacks.resume import ResumeInsideEpoch
+from lit_icl.callbacks.sigterm import AgreeOnSigterm
 from lit_icl.callbacks.stopping import StopWhenConverged
 
 __all__ = [
-    "CompileNets", "FiniteGuard", "HostReadCensus", "RepresentationMetrics", "ResumeInsideEpoch", "RunCheckpoint",
+    "AgreeOnSigterm", "CompileNets", "FiniteGuard", "HostReadCensus", "RepresentationMetrics", "ResumeInsideEpoch", "RunCheckpoint",
     "StopWhenConverged",
 ]
