@@ -81,6 +81,13 @@ def test_headlines_read_each_scripts_output() -> None:
            "non-blocking 0.005 ms, blocking 22.2 ms, pin_memory() 2.0 ms; pageable waited for the queue: yes\n")
     assert suite.headline(steps["h2d_copy"], h2d) == (
         "pageable copies waited at 25.7 MiB; pinned copies took at most 0.005 ms of host time")
+    vote = ("2 gloo ranks on cpu; torch 2.14.1; 3 ms of host time per step; 300 steps after 20\n"
+            "boundary none: 333.0 steps/s, boundary host time 0 us (median, slower rank)\n"
+            "boundary lightning: 237.1 steps/s, boundary host time 212 us (median, slower rank)\n"
+            "boundary vote: 307.9 steps/s, boundary host time 57 us (median, slower rank)\n")
+    assert suite.headline(steps["sigterm_vote"], vote) == (
+        "none 333.0 steps/s (0 us at the boundary), lightning 237.1 steps/s (212 us at the boundary), "
+        "vote 307.9 steps/s (57 us at the boundary)")
     assert suite.headline(steps["h2d_copy"], "copy 6.8 KiB: pageable non-blocking 0.006 ms, blocking 0.005 ms; "
                           "pageable waited for the queue: n/a\n") == "no GPU: no queue to wait for"
     traced = ("mode=reduce-overhead :    37.50 steps/s all-in, 1369 steps in 91 s of wall time; 10^5 steps would "
@@ -138,10 +145,10 @@ def test_the_goals_table_reads_the_rates_ratios_and_deterministic_cost_with_cuda
     assert "None of the steps" in suite.report([], dry=True, started=suite.dt.datetime(2026, 11, 27))
 
 
-def test_the_step_time_limits_fit_111_minutes_and_the_speed_goals_15() -> None:
+def test_the_step_time_limits_fit_112_minutes_and_the_speed_goals_15() -> None:
     """A lent GPU comes for 15 minutes: the three steps the speed goals are judged by fit in them."""
     steps = _suite().STEPS
-    assert sum(step.timeout_s for step in steps) <= 111 * 60
+    assert sum(step.timeout_s for step in steps) <= 112 * 60
     assert [step.name for step in steps[:3]] == ["main_command", "icssl_cli", "step_speed_icssl"]
     assert sum(step.timeout_s for step in steps[:3]) <= 15 * 60
 
