@@ -48,6 +48,49 @@ class SignalAtStep(Callback):
         self._record(trainer, "end")
 
 
+class CountBroadcasts(Callback):
+    """Counts the calls to ``torch.distributed.broadcast`` and ``broadcast_object_list`` (what Lightning 2.6 calls
+    at every training batch under DDP) from the end of batch ``start`` to the first of: the end of batch ``stop``,
+    a validation round, the epoch's end, a failure; then appends ``<rank> <calls> <batches>`` to ``path``."""
+
+    def __init__(self, path: str, start: int = 3, stop: int = 30):
+        self.path, self.start, self.stop = path, start, stop
+        self.calls, self.batches, self._saved = 0, 0, None
+
+    def _count(self, fn):
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return fn(*args, **kwargs)
+        return counted
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if batch_idx == self.start:
+            dist = torch.distributed
+            self._saved = (dist.broadcast, dist.broadcast_object_list)
+            dist.broadcast, dist.broadcast_object_list = map(self._count, self._saved)
+        elif self._saved is not None:
+            self.batches += 1
+            if batch_idx == self.stop:
+                self._close(trainer)
+
+    def _close(self, trainer) -> None:
+        if self._saved is None:
+            return
+        torch.distributed.broadcast, torch.distributed.broadcast_object_list = self._saved
+        self._saved = None
+        with open(self.path, "a") as fh:
+            fh.write(f"{trainer.global_rank} {self.calls} {self.batches}\n")
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._close(trainer)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self._close(trainer)
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._close(trainer)
+
+
 class StopAtStep(Callback):
     """Stops training after optimizer step ``step`` the way ``--trainer.max_time`` does (``trainer.should_stop``
     at a batch's end): Lightning then validates, runs the epoch-end hooks and saves its checkpoints."""

@@ -31,9 +31,9 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lit_icl.callbacks.checkpoint import RunCheckpoint
 from lit_icl.callbacks.compile import CompileMode
+from lit_icl.callbacks.ddp_stop import StopTogether
 from lit_icl.callbacks.finite import FiniteGuard
 from lit_icl.callbacks.resume import ResumeInsideEpoch
-from lit_icl.callbacks.sigterm import AgreeOnSigterm
 from lit_icl.cli.checkpoints import (
     check_ckpt_classes,
     check_ckpt_hparams,
@@ -311,7 +311,7 @@ class LitICLCLI(LightningCLI):
             # Lightning checks its flags (devices, strategy, max_steps, limits, accelerator) in Trainer.__init__,
             # before it writes anything; its message names the flag, often over several lines.
             raise ConfigError(trainer_error_message(err)) from err
-        for callback in (ResultsWriter, FiniteGuard, ResumeInsideEpoch, AgreeOnSigterm):
+        for callback in (ResultsWriter, FiniteGuard, ResumeInsideEpoch, StopTogether):
             if not any(isinstance(cb, callback) for cb in trainer.callbacks):
                 trainer.callbacks.append(callback())
         sub = self.subcommand

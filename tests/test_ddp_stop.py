@@ -1,0 +1,183 @@
+"""DDP ranks agree to stop (SIGTERM, ``max_time``) on the host (:mod:`lit_icl.callbacks.ddp_stop`).
+
+With Lightning 2.6.6's own handling, a SIGTERM to either of 2 gloo ranks often ended the run with the other rank
+failing in a collective ("Connection closed by peer"), and every training batch made two broadcasts that on a GPU
+read back from the device; the CLI runs below stop both ranks after the same step and make none.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from icssl.helpers import tiny_args
+from lightning.pytorch import Trainer
+from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
+
+from lit_icl.callbacks import StopTogether
+from lit_icl.callbacks.ddp_stop import StopVote
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _vote_worker(rank: int, store_path: str, asks_at: int | None, polls: int, out: mp.Queue) -> None:
+    """One rank: ``polls`` polls, raising its first flag from poll ``asks_at`` on (never if ``None``) and its second
+    at poll 1 only on rank 1; reports the polls' verdicts."""
+    store = dist.FileStore(store_path, 2)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    try:
+        vote = StopVote(dist.new_group(backend="gloo"), flags=2)
+        verdicts = []
+        for i in range(polls):
+            first, second = vote.poll(asks_at is not None and i >= asks_at, rank == 1 and i == 1)
+            verdicts.append((first, second))
+            if first:
+                break
+        vote.close()
+        out.put((rank, verdicts))
+    finally:
+        dist.destroy_process_group()
+
+
+def _vote(tmp_path: Path, asks: dict[int, int]) -> dict[int, list[tuple[bool, bool]]]:
+    """Both ranks' verdicts, with rank ``r`` asking to stop from poll ``asks[r]`` on."""
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_vote_worker, args=(r, str(tmp_path / "store"), asks.get(r), 6, out)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    results = dict(out.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return results
+
+
+@pytest.mark.parametrize("asks", [{0: 2}, {1: 2}, {0: 3, 1: 2}, {}], ids=["rank0", "rank1", "both", "none"])
+def test_the_vote_gives_every_rank_the_same_verdict_at_the_same_poll(tmp_path, asks) -> None:
+    """Whichever rank raises a flag at poll ``k``, every rank reads it at poll ``k + 1`` (the reduction started at
+    one poll is read at the next), each flag on its own; no flag is read that no rank raised."""
+    verdicts = _vote(tmp_path, asks)
+    assert verdicts[0] == verdicts[1]
+    seconds = [second for _, second in verdicts[0]]
+    assert seconds == [False, False, True, False, False, False][: len(seconds)]  # rank 1's at poll 1 only
+    firsts = [first for first, _ in verdicts[0]]
+    if asks:
+        k = min(asks.values())
+        assert firsts == [False] * (k + 1) + [True]
+    else:
+        assert firsts == [False] * 6
+
+
+def test_a_poll_takes_one_flag_per_reason() -> None:
+    with pytest.raises(ValueError, match="takes 2 flags, got 1"):
+        StopVote(group=None, flags=2).poll(True)
+
+
+def test_lightning_still_has_what_the_callback_replaces() -> None:
+    """The callback shadows two private methods of Lightning 2.6; if Lightning renames them, DDP runs silently go
+    back to Lightning's broadcast: this fails first."""
+    assert callable(getattr(_TrainingEpochLoop, "_broadcast_sigterm_tensor", None))
+    assert callable(getattr(_SignalConnector, "_sigterm_notifier_fn", None))
+
+
+def test_a_single_process_run_keeps_lightnings_handling() -> None:
+    trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False)
+    callback = StopTogether()
+    assert not StopTogether.applies(trainer, "fit")
+    callback.setup(trainer, None, "fit")
+    assert "_broadcast_sigterm_tensor" not in vars(trainer.fit_loop.epoch_loop)
+    assert "_sigterm_notifier_fn" not in vars(trainer._signal_connector)
+
+
+def _two_rank_fit(tmp_path: Path, callbacks: str, *extra: str, batches: int = 20) -> subprocess.CompletedProcess:
+    """A tiny IC-SSL fit on 2 gloo ranks with ``batches`` steps per epoch and the callbacks given (a JSON list)."""
+    args = tiny_args(tmp_path, "--model.init_args.lr_schedule", "constant", "--data.init_args.batch_size", "8",
+                     "--data.init_args.eval_batch_size", "8", "--data.init_args.train_batches_per_epoch", str(batches),
+                     "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu",
+                     "--trainer.callbacks", callbacks, *extra)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "lit_icl", "fit", *args], env=env, capture_output=True, text=True,
+                          check=False, timeout=300)
+
+
+def _lines(path: Path) -> list[list[str]]:
+    return sorted(line.split() for line in path.read_text().splitlines()) if path.exists() else []
+
+
+def _fit_and_signal(tmp_path: Path, rank: int) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
+    """The 2-rank fit whose rank ``rank`` gets SIGTERM after step 5 of a 20-step epoch, and how each rank ended."""
+    record = tmp_path / "ends.txt"
+    callback = (f'[{{"class_path": "subprocess_callbacks.SignalAtStep", '
+                f'"init_args": {{"step": 5, "rank": {rank}, "path": "{record}"}}}}]')
+    return _two_rank_fit(tmp_path, callback), _lines(record)
+
+
+def _assert_stopped_together(proc: subprocess.CompletedProcess, ends: list[list[str]]) -> None:
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    # The signal came after step 5: the vote started at step 6's start is read at step 7's, on both ranks.
+    assert ends == [["0", "SIGTERMException", "6"], ["1", "SIGTERMException", "6"]], output[-3000:]
+    assert "SIGTERM received: all 2 ranks stop after step 6" in output
+    assert "Traceback" not in output and "Connection closed" not in output, output[-3000:]
+
+
+def test_ddp_ranks_stop_after_the_same_step_when_rank_1_gets_sigterm(tmp_path) -> None:
+    """Rank 1 alone is signalled (what a node's eviction looks like to the ranks of another node)."""
+    _assert_stopped_together(*_fit_and_signal(tmp_path, rank=1))
+
+
+@pytest.mark.slow  # 12 s more of two processes; the rank-1 case stays in the default suite
+def test_ddp_ranks_stop_after_the_same_step_when_rank_0_gets_sigterm(tmp_path) -> None:
+    _assert_stopped_together(*_fit_and_signal(tmp_path, rank=0))
+
+
+def test_ddp_max_time_stops_both_ranks_after_the_same_step_with_no_broadcast_per_batch(tmp_path) -> None:
+    """``--trainer.max_time`` on 2 gloo ranks: no training batch broadcasts (Lightning 2.6 broadcasts twice per
+    batch: its SIGTERM flag and its Timer's verdict), and both ranks stop inside the epoch after the same step, which
+    the last checkpoint records."""
+    ends, counts = tmp_path / "ends.txt", tmp_path / "counts.txt"
+    # SignalAtStep at step -1 never signals: it records how each rank's run ended.
+    callbacks = (f'[{{"class_path": "subprocess_callbacks.SignalAtStep", '
+                 f'"init_args": {{"step": -1, "rank": 0, "path": "{ends}"}}}}, '
+                 f'{{"class_path": "subprocess_callbacks.CountBroadcasts", "init_args": {{"path": "{counts}"}}}}]')
+    proc = _two_rank_fit(tmp_path, callbacks, "--trainer.max_time", "00:00:00:06", batches=2000)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    assert _lines(counts) == [["0", "0", "27"], ["1", "0", "27"]], output[-3000:]
+    (rank0, rank1) = _lines(ends)
+    assert rank0[1:] == rank1[1:] and rank0[1] == "end", output[-3000:]
+    step = int(rank0[2])
+    assert 30 < step < 2000
+    assert f"Time limit reached: all 2 ranks stop after step {step}" in output
+    ckpt = torch.load(tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt["global_step"] == step
+
+
+@pytest.mark.slow  # three 2-rank fits: about a minute
+def test_ddp_stopped_by_max_time_and_resumed_ends_bit_identical(tmp_path) -> None:
+    """A 2-rank run that the vote stops with ``--trainer.max_time`` inside its epoch, resumed with ``--ckpt_path
+    last``, ends with the weights and optimizer state of the run that was not stopped."""
+
+    def last(root: Path) -> dict:
+        return torch.load(root / "runs/tiny/version_0/checkpoints/last.ckpt", map_location="cpu", weights_only=False)
+
+    for root, extra in ((tmp_path / "straight", ()), (tmp_path / "cut", ("--trainer.max_time", "00:00:00:03")),
+                        (tmp_path / "cut", ("--ckpt_path", "last"))):
+        proc = _two_rank_fit(root, "[]", "--trainer.max_epochs", "1", *extra, batches=1500)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+        if extra[:1] == ("--trainer.max_time",):
+            assert 0 < last(root)["global_step"] < 1500
+    straight, resumed = last(tmp_path / "straight"), last(tmp_path / "cut")
+    assert straight["global_step"] == resumed["global_step"] == 1500
+    assert all(torch.equal(straight["state_dict"][k], resumed["state_dict"][k]) for k in straight["state_dict"])
+    a, b = (ckpt["optimizer_states"][0]["state"] for ckpt in (straight, resumed))
+    assert all(torch.equal(a[i][k], b[i][k]) for i in a for k in a[i])
