@@ -1,7 +1,7 @@
-"""What DDP ranks pay per training step to agree on SIGTERM: Lightning 2.6's broadcast against the project's vote.
+"""What DDP ranks pay per training step to agree to stop: Lightning 2.6's SIGTERM broadcast against the CLI's vote.
 
-    python benchmarks/sigterm_vote.py                        # 2 gloo ranks on one CUDA GPU (when there is one)
-    python benchmarks/sigterm_vote.py --device cpu           # 2 gloo ranks on the CPU
+    python benchmarks/ddp_stop_vote.py                        # 2 gloo ranks on one CUDA GPU (when there is one)
+    python benchmarks/ddp_stop_vote.py --device cpu           # 2 gloo ranks on the CPU
 
 Two processes (a gloo group, as CPU DDP runs; on a GPU both share it) run ``--steps`` simulated training steps: each
 queues ``--gpu-ms`` of GPU work (``torch.cuda._sleep``; none on the CPU), spends ``--host-ms`` of host time (what
@@ -9,8 +9,9 @@ Lightning and the step's launches cost the host), then runs the step boundary of
 
 - ``lightning``: Lightning's own ``_TrainingEpochLoop._broadcast_sigterm_tensor``, called as its training loop calls
   it before every batch under DDP (a tensor made on the training device, broadcast from rank 0, read back);
-- ``vote``: :class:`lit_icl.callbacks.sigterm.SigtermVote` (host flags all-reduced over a gloo group, read one step
-  later), what :class:`~lit_icl.callbacks.AgreeOnSigterm` runs in its place;
+- ``vote``: :class:`lit_icl.callbacks.ddp_stop.StopVote` (host flags all-reduced over a gloo group, read one step
+  later), what :class:`~lit_icl.callbacks.StopTogether` runs in its place (and in place of the ``Timer``'s
+  per-batch broadcast under ``max_time``, which this does not time);
 - ``none``: no agreement (the floor).
 
 Printed per variant: steps/s (from the first timed step to the device's end of the last) and the host time of the
@@ -31,7 +32,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 
-from lit_icl.callbacks.sigterm import SigtermVote
+from lit_icl.callbacks.ddp_stop import StopVote
 
 VARIANTS = ("none", "lightning", "vote")
 
@@ -62,11 +63,11 @@ def _run(rank: int, args: argparse.Namespace, port: int, results: mp.Queue) -> N
     # What Lightning's method reads from its loop: the trainer's flag and training device.
     loop = SimpleNamespace(trainer=SimpleNamespace(received_sigterm=False, strategy=SimpleNamespace(root_device=device)))
     for variant in VARIANTS:
-        vote = SigtermVote(dist.new_group(backend="gloo")) if variant == "vote" else None
+        vote = StopVote(dist.new_group(backend="gloo")) if variant == "vote" else None
         boundary = {
             "none": lambda: None,
             "lightning": lambda: _TrainingEpochLoop._broadcast_sigterm_tensor(loop),
-            "vote": lambda vote=vote: vote.poll(False),
+            "vote": lambda vote=vote: vote.poll(False, False),
         }[variant]
         spent: list[float] = []
         dist.barrier()

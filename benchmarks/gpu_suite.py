@@ -16,7 +16,7 @@ the report):
 - batched ``eigh`` of IC-SSL's 100-point Laplacians on the GPU vs the host route it takes
   (``benchmarks/eigh_route.py``);
 - what DDP ranks pay per step to agree on SIGTERM, Lightning's broadcast against the CLI's host vote, on two ranks
-  sharing the GPU (``benchmarks/sigterm_vote.py``);
+  sharing the GPU (``benchmarks/ddp_stop_vote.py``);
 - each paper's training step eager, compiled and CUDA-graph-captured, Lightning vs a bare loop of the same
   step, deterministic kernels on and off (``benchmarks/step_speed.py``);
 - the tests marked ``cuda`` (GPU-only code paths that the CPU test suite skips), and as ``cuda_tests_rest`` the
@@ -204,10 +204,10 @@ STEPS = [
          ["benchmarks/h2d_copy.py", "--device", "cuda"],
          ["benchmarks/h2d_copy.py", "--device", "cpu", "--repeats", "1"], 30),
     # Under DDP Lightning 2.6 makes the ranks agree on SIGTERM before every batch, reading a flag back from the GPU;
-    # the CLI replaces that by a vote on the host (lit_icl.callbacks.AgreeOnSigterm). Both, on two ranks sharing the GPU.
-    Step("sigterm_vote", "DDP's per-step SIGTERM agreement: Lightning's broadcast vs the host vote, 2 gloo ranks on one GPU",
-         ["benchmarks/sigterm_vote.py", "--device", "cuda"],
-         ["benchmarks/sigterm_vote.py", "--device", "cpu", "--steps", "20", "--warmup", "2"], 60),
+    # the CLI replaces that by a vote on the host (lit_icl.callbacks.StopTogether). Both, on two ranks sharing the GPU.
+    Step("ddp_stop_vote", "DDP's per-step SIGTERM agreement: Lightning's broadcast vs the host vote, 2 gloo ranks on one GPU",
+         ["benchmarks/ddp_stop_vote.py", "--device", "cuda"],
+         ["benchmarks/ddp_stop_vote.py", "--device", "cpu", "--steps", "20", "--warmup", "2"], 60),
     # The main command's fp32 step is GPU-bound under CUDA graphs (11 ms, 2026-11-27): less work per step is the
     # way past 100 steps/s. bf16 changes the numbers, so it is measured here, not made the default.
     _main_command_variant("main_command_bf16", "in bf16-mixed (less GPU work per step)",
@@ -361,7 +361,7 @@ def headline(step: Step, output: str) -> str:
         pinned = [float(p) for _, _, p, _ in found if p]
         text = "pageable copies waited at " + (", ".join(waited) if waited else "no size")
         return text + (f"; pinned copies took at most {max(pinned):.3f} ms of host time" if pinned else "")
-    if step.script.endswith("sigterm_vote.py"):
+    if step.script.endswith("ddp_stop_vote.py"):
         found = re.findall(r"^boundary (\w+): ([\d.]+) steps/s, boundary host time (\d+) us", output, re.MULTILINE)
         return ", ".join(f"{variant} {rate} steps/s ({us} us at the boundary)" for variant, rate, us in found)
     if step.script.endswith("i2cl_compile.py"):

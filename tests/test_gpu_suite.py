@@ -85,7 +85,7 @@ def test_headlines_read_each_scripts_output() -> None:
             "boundary none: 333.0 steps/s, boundary host time 0 us (median, slower rank)\n"
             "boundary lightning: 237.1 steps/s, boundary host time 212 us (median, slower rank)\n"
             "boundary vote: 307.9 steps/s, boundary host time 57 us (median, slower rank)\n")
-    assert suite.headline(steps["sigterm_vote"], vote) == (
+    assert suite.headline(steps["ddp_stop_vote"], vote) == (
         "none 333.0 steps/s (0 us at the boundary), lightning 237.1 steps/s (212 us at the boundary), "
         "vote 307.9 steps/s (57 us at the boundary)")
     assert suite.headline(steps["h2d_copy"], "copy 6.8 KiB: pageable non-blocking 0.006 ms, blocking 0.005 ms; "
