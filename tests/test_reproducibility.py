@@ -3,6 +3,8 @@
 1. Two runs of the same config and seed end with bit-identical weights and optimizer state.
 2. A run killed with SIGKILL in the middle of an epoch and restarted with ``--ckpt_path last`` ends bit-identical
    to the uninterrupted run.
+3. A run stopped by SIGTERM (a preemption) in the middle of an epoch exits with status 143, having saved
+   ``last.ckpt`` at the step it reached, and resumed from it ends bit-identical to the uninterrupted run.
 
 The batch is large enough (128 episodes x 20 points) for the class-embedding lookup of the GD head to take
 PyTorch's multi-threaded scatter-add path in backward, whose summation order varies from run to run; without
@@ -87,6 +89,22 @@ def test_sigkill_mid_epoch_then_resume_ends_bit_identical(straight: dict, tmp_pa
     proc = fit(tmp_path, "--ckpt_path", "last")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.name for p in (tmp_path / "runs/repro").iterdir()) == ["version_0"]
+    assert_bit_identical(straight, last_ckpt(tmp_path))
+
+
+def test_sigterm_mid_epoch_saves_that_step_and_resume_ends_bit_identical(straight: dict, tmp_path: Path) -> None:
+    step = STEPS_PER_EPOCH * (EPOCHS - 1) + 1  # first step of the last epoch
+    record = tmp_path / "ends.txt"
+    term = (f'[{{"class_path": "subprocess_callbacks.SignalAtStep", '
+            f'"init_args": {{"step": {step}, "rank": 0, "path": "{record}"}}}}]')
+    proc = fit(tmp_path, "--trainer.callbacks", term)
+    # Not 0 (Lightning's own status for it): a scheduler or a grid driver must not count the run as finished.
+    assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, proc.stderr[-3000:])
+    assert "lit_icl: stopped by SIGTERM; resume with --ckpt_path last" in proc.stderr
+    assert record.read_text().split() == ["0", "SIGTERMException", str(step)]
+    assert last_ckpt(tmp_path)["global_step"] == step  # saved where it stopped, not at the last epoch's end
+    proc = fit(tmp_path, "--ckpt_path", "last")
+    assert proc.returncode == 0, proc.stderr[-3000:]
     assert_bit_identical(straight, last_ckpt(tmp_path))
 
 

@@ -9,6 +9,10 @@ A later ``--ckpt_path last`` would then resume from the stale file.
 
 Here, when the recorded files are present *by name* in this callback's folder (the folder was moved, not
 replaced), their paths are rewritten to it and restored; otherwise Lightning's rule applies unchanged.
+
+It also writes ``last.ckpt`` when SIGTERM stops a fit between two training batches (Lightning saves nothing then),
+so a preempted run resumes from the step it reached, exactly as if it had not stopped; a run whose loaders resume
+exactly only at an epoch's start (avMNIST, I2CL's calibration) keeps its last epoch's checkpoint instead.
 """
 
 from __future__ import annotations
@@ -17,6 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from lit_icl.callbacks.resume import resumes_inside_epoch
 
 
 class RunCheckpoint(ModelCheckpoint):
@@ -43,6 +51,16 @@ class RunCheckpoint(ModelCheckpoint):
         if trainer.fast_dev_run:
             return
         super().on_train_end(trainer, pl_module)
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        # SIGTERM (a preemption, scancel, docker stop) ends a fit between two training batches: write last.ckpt
+        # there, so that --ckpt_path last resumes from that step rather than from the last epoch's checkpoint.
+        # Not during a validation round (Lightning stops inside one on SIGTERM): the state there is half a round;
+        # nor for a run whose loaders resume exactly only at an epoch's start (avMNIST, I2CL's calibration).
+        if (isinstance(exception, SIGTERMException) and self.save_last and resumes_inside_epoch(trainer)
+                and not (trainer.fast_dev_run or trainer.sanity_checking or trainer.validating)):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+            rank_zero_info(f"SIGTERM: saved {self.last_model_path} at step {trainer.global_step}")
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         old = state_dict.get("dirpath")

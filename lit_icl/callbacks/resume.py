@@ -30,14 +30,19 @@ from lit_icl.core.data import ResumableLoader
 from lit_icl.core.resume import record_cut_epoch_unfinished
 
 
+def resumes_inside_epoch(trainer: Trainer) -> bool:
+    """Whether a checkpoint of ``trainer``'s fit written inside an epoch resumes exactly: its training loaders can
+    resume inside an epoch (:class:`~lit_icl.core.data.ResumableLoader`)."""
+    loader = trainer.fit_loop._combined_loader
+    return (trainer.state.fn == "fit" and loader is not None
+            and all(isinstance(dl, ResumableLoader) for dl in loader.flattened))
+
+
 class ResumeInsideEpoch(Callback):
     """Checkpoints saved after a cut epoch record it as unfinished; a resumed loader gets its data position."""
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
-        loader = trainer.fit_loop._combined_loader
-        if trainer.state.fn != "fit" or loader is None:
-            return
-        if all(isinstance(dl, ResumableLoader) for dl in loader.flattened):
+        if resumes_inside_epoch(trainer):
             record_cut_epoch_unfinished(trainer, checkpoint)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -17,6 +17,7 @@ the program before anything is written, with one line ``lit_icl: error: ...`` an
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 import warnings
 from argparse import ArgumentError
@@ -27,7 +28,8 @@ from typing import Any, Literal
 import torch
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from lit_icl.callbacks.checkpoint import RunCheckpoint
 from lit_icl.callbacks.compile import CompileMode
@@ -364,6 +366,12 @@ def main(args: ArgsType = None) -> None:
             },
             args=args,
         )
+    except SIGTERMException:
+        # Lightning ends a run stopped by SIGTERM with SystemExit(None), status 0: a scheduler, a container runtime
+        # or a grid driver would take the stopped run for a finished one. 128 + 15 is the shell's status for it.
+        if rank_zero_only.rank == 0:
+            print("lit_icl: stopped by SIGTERM; resume with --ckpt_path last", file=sys.stderr)
+        sys.exit(128 + signal.SIGTERM)
     except ArgumentError as err:
         _HELD.drop()
         print(f"lit_icl: error: {one_line_parser_error(str(err))}", file=sys.stderr)
