@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -121,23 +122,26 @@ def _fit_and_signal(tmp_path: Path, rank: int) -> tuple[subprocess.CompletedProc
     return _two_rank_fit(tmp_path, callback), _lines(record)
 
 
-def _assert_stopped_together(proc: subprocess.CompletedProcess, ends: list[list[str]]) -> None:
+def _assert_stopped_together(proc: subprocess.CompletedProcess, ends: list[list[str]], root: Path) -> None:
     output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-3000:]
+    assert proc.returncode == 128 + signal.SIGTERM, output[-3000:]
     # The signal came after step 5: the vote started at step 6's start is read at step 7's, on both ranks.
     assert ends == [["0", "SIGTERMException", "6"], ["1", "SIGTERMException", "6"]], output[-3000:]
     assert "SIGTERM received: all 2 ranks stop after step 6" in output
     assert "Traceback" not in output and "Connection closed" not in output, output[-3000:]
+    assert output.count("lit_icl: stopped by SIGTERM; resume with --ckpt_path last") == 1  # rank 0 says it
+    ckpt = torch.load(root / "runs/tiny/version_0/checkpoints/last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt["global_step"] == 6  # saved where the ranks stopped (the epoch's own checkpoint comes at 20)
 
 
 def test_ddp_ranks_stop_after_the_same_step_when_rank_1_gets_sigterm(tmp_path) -> None:
     """Rank 1 alone is signalled (what a node's eviction looks like to the ranks of another node)."""
-    _assert_stopped_together(*_fit_and_signal(tmp_path, rank=1))
+    _assert_stopped_together(*_fit_and_signal(tmp_path, rank=1), tmp_path)
 
 
 @pytest.mark.slow  # 12 s more of two processes; the rank-1 case stays in the default suite
 def test_ddp_ranks_stop_after_the_same_step_when_rank_0_gets_sigterm(tmp_path) -> None:
-    _assert_stopped_together(*_fit_and_signal(tmp_path, rank=0))
+    _assert_stopped_together(*_fit_and_signal(tmp_path, rank=0), tmp_path)
 
 
 def test_ddp_max_time_stops_both_ranks_after_the_same_step_with_no_broadcast_per_batch(tmp_path) -> None:

@@ -24,8 +24,9 @@ both for ``fit``:
 - before each training batch the ranks all-reduce (max) both flags, as host tensors over a gloo group of their
   own (:class:`StopVote`). The reduction started at one batch is read at the next, by which time it has long
   finished, so the host waits neither for the device nor, in practice, for the other ranks. Every rank reads the
-  same verdict before the same batch: on SIGTERM each raises Lightning's ``SIGTERMException`` (the run ends as
-  Lightning ends it on SIGTERM: nothing new saved, resume from the last checkpoint); when the time is up each sets
+  same verdict before the same batch: on SIGTERM each raises Lightning's ``SIGTERMException`` (the run then ends
+  as a single process does on SIGTERM: :class:`~lit_icl.callbacks.RunCheckpoint` writes ``last.ckpt`` at that
+  step and the command exits with status 143); when the time is up each sets
   ``trainer.should_stop``, and the run ends after that batch as ``max_time`` ends it (validation, checkpoints and
   an exact resume with ``--ckpt_path last``).
 
