@@ -82,12 +82,14 @@ def test_two_sittings_on_two_machines_continue_both_runs(tmp_path: Path) -> None
     first one's steps in the same run folders and validation curves."""
     base = quiet_run_args(tmp_path, "configs/coqe/omniglot.yaml")
     tiny = [*coqe_args(tmp_path)[len(base):], "--trainer.max_steps", "100000"]
-    sittings.main(["--state", str(tmp_path / "a"), "sit", "--seconds", "4", "--compile", "off",
+    # 8 s a sitting: with both arms on this machine's 2 cores, a sitting's first steps have taken up to 5 s of its
+    # training time, and the test needs each sitting to reach a validation round (2 steps).
+    sittings.main(["--state", str(tmp_path / "a"), "sit", "--seconds", "8", "--compile", "off",
                    "--out", str(tmp_path / "out"), "--set", *tiny])
     steps = {arm: sittings.trained_so_far(tmp_path / "a", arm)[0] for arm in sittings.ARMS}
     assert all(s > 0 for s in steps.values()), steps
     sittings.main(["--state", str(tmp_path / "b"), "unpack", "--from", str(tmp_path / "out")])
-    sittings.main(["--state", str(tmp_path / "b"), "sit", "--seconds", "4", "--compile", "off", "--set", *tiny])
+    sittings.main(["--state", str(tmp_path / "b"), "sit", "--seconds", "8", "--compile", "off", "--set", *tiny])
     for arm in sittings.ARMS:
         assert sittings.trained_so_far(tmp_path / "b", arm)[0] > steps[arm]
         assert [p.name for p in (tmp_path / "b" / arm).iterdir() if p.is_dir()] == ["version_0"]
