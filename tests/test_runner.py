@@ -287,3 +287,30 @@ def test_a_grids_slurm_tasks_share_a_compile_cache_in_its_folder_unless_one_is_s
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))  # the submitting shell's own choice
     assert task(str(seen)) == 0
     assert seen.read_text() == str(tmp_path / "mine")
+
+
+def test_a_fit_stopped_by_sigterm_is_not_marked_done_and_its_rerun_resumes_from_where_it_stopped(
+        runner, tmp_path, monkeypatch) -> None:
+    """Lightning's own SIGTERM exit has status 0, which made the runner mark a preempted fit as done; the CLI's is
+    143 and leaves ``last.ckpt`` at the step reached, so a rerun of the grid resumes the fit from there."""
+    from icssl.helpers import tiny_args
+
+    tests = Path(__file__).resolve().parent
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(tests), os.environ.get("PYTHONPATH")) if p))
+    out = tmp_path / "grid"
+    term = '[{"class_path": "subprocess_callbacks.SignalAtStep", "init_args": ' \
+           f'{{"step": 4, "rank": 0, "path": "{tmp_path / "ends.txt"}"}}}}]'
+    argv = ["fit", *tiny_args(tmp_path, "--trainer.callbacks", term), *runner.logger_args(out, "a", "s0")]
+    job = runner.Job("fit a s0", argv, out / "a" / "s0")
+    _, rc, _ = runner.run_job(job, threads=1, dry=False)
+    assert rc == 143 and not job.done
+    assert json.loads((job.folder / "job_state.json").read_text())["state"] == "failed"
+    import torch
+
+    last = job.folder / "checkpoints" / "last.ckpt"
+    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 4  # not 3, the epoch's end
+    _, rc, _ = runner.run_job(job, threads=1, dry=False)
+    assert rc == 0 and job.done
+    log = (job.folder / "fit.log").read_text()
+    assert "--ckpt_path last" in log.split("$ ")[2].splitlines()[0]
+    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 6
