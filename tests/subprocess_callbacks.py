@@ -91,6 +91,24 @@ class CountBroadcasts(Callback):
         self._close(trainer)
 
 
+class NanOnRank(Callback):
+    """Makes rank ``rank``'s first parameter NaN before optimizer step ``step`` + 1 (the other ranks keep theirs):
+    a training loss that is not finite on one rank only. ``deferred``: the run's ``FiniteGuard`` keeps each loss
+    on the device and reads it later, as it does on a GPU."""
+
+    def __init__(self, step: int, rank: int, deferred: bool = False):
+        self.step, self.rank = step, rank
+        if deferred:
+            from lit_icl.callbacks.finite import FiniteGuard
+
+            FiniteGuard._defers = staticmethod(lambda device: True)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step and trainer.global_rank == self.rank:
+            with torch.no_grad():
+                next(pl_module.parameters()).fill_(float("nan"))
+
+
 class StopAtStep(Callback):
     """Stops training after optimizer step ``step`` the way ``--trainer.max_time`` does (``trainer.should_stop``
     at a batch's end): Lightning then validates, runs the epoch-end hooks and saves its checkpoints."""

@@ -185,3 +185,20 @@ def test_ddp_stopped_by_max_time_and_resumed_ends_bit_identical(tmp_path) -> Non
     assert all(torch.equal(straight["state_dict"][k], resumed["state_dict"][k]) for k in straight["state_dict"])
     a, b = (ckpt["optimizer_states"][0]["state"] for ckpt in (straight, resumed))
     assert all(torch.equal(a[i][k], b[i][k]) for i in a for k in a[i])
+
+
+@pytest.mark.parametrize("deferred", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["read", "deferred"])
+def test_ddp_ranks_stop_together_when_one_ranks_loss_is_not_finite(tmp_path, deferred) -> None:
+    """``FiniteGuard`` under DDP: rank 1's loss turns NaN; both ranks stop with the guard's error (status 2) instead
+    of rank 0 failing in the gradient reduction (gloo) or waiting for its timeout (NCCL). ``deferred``: the loss
+    read later, as on a GPU."""
+    nan = ('[{"class_path": "subprocess_callbacks.NanOnRank", '
+           f'"init_args": {{"step": 3, "rank": 1, "deferred": {str(deferred).lower()}}}}}]')
+    proc = _two_rank_fit(tmp_path, nan)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, output[-3000:]
+    assert "lit_icl: error: training loss is nan at step 3 (epoch 0, batch 3)" in output  # rank 1
+    when = "by" if deferred else "at"
+    assert f"the training loss was not finite on rank 1 {when} step 3 (epoch 0, batch 3); every rank stopped" in output
+    assert "Connection closed" not in output, output[-3000:]
+    assert not (tmp_path / "runs/tiny/version_0/checkpoints").exists()

@@ -16,6 +16,11 @@ Two checks:
   epoch and validation, which come before :class:`~lightning.pytorch.callbacks.ModelCheckpoint` saves because
   Lightning runs checkpoint callbacks last): a non-finite gradient with a finite loss is caught there.
 
+Under DDP the ranks agree before any of them stops: at each check they all-reduce whether a rank found a
+non-finite value (host flags over a gloo group of the guard's own, at points every rank reaches together), and
+all raise, naming the rank. Without that, the rank that found it stopped alone and the others waited in the step's
+gradient reduction: a gloo rank failed with "Connection closed by peer", an NCCL one until the collective timeout.
+
 Neither check changes a number, so runs stay bit-for-bit reproducible; the callback holds no state worth saving.
 """
 
@@ -25,6 +30,7 @@ import math
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from lit_icl.core.errors import TrainingDiverged
@@ -48,6 +54,41 @@ class FiniteGuard(Callback):
         # Losses on an accelerator not read yet: (step, epoch, batch) on the host, the loss on the device.
         self._pending: list[tuple[int, int, int]] = []
         self._pending_losses: list[torch.Tensor] = []
+        self._group: Any = None  # under DDP: the gloo group the ranks agree in
+        self._rank = 0
+
+    # ------------------------------------------------------------------ DDP
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # Every rank runs this hook at the same point, as new_group requires.
+        if stage == "fit" and trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
+            self._group = dist.new_group(backend="gloo")
+            self._rank = int(trainer.global_rank)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self._group is not None:
+            dist.destroy_process_group(self._group)
+            self._group = None
+
+    def _first_bad_rank(self, bad: bool) -> int | None:
+        """The lowest rank whose check found a non-finite value (this one's verdict alone without DDP), or
+        ``None``. Every rank calls it at the same checks, so the reduction pairs up."""
+        if self._group is None:
+            return self._rank if bad else None
+        # min over ranks of (rank if bad else world size): the host flags of a gloo group, no device involved.
+        world = dist.get_world_size(self._group)
+        flag = torch.tensor([self._rank if bad else world], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._group)
+        first = int(flag[0])
+        return None if first == world else first
+
+    @staticmethod
+    def _raise_for_rank(rank: int, when: str, step: int, epoch: int, batch: int) -> None:
+        """What a rank raises when another rank's loss check failed (``when``: "at" or "by" the step)."""
+        raise TrainingDiverged(
+            f"the training loss was not finite on rank {rank} {when} step {step} (epoch {epoch}, batch {batch}); "
+            "every rank stopped before saving a checkpoint with non-finite weights; lower the learning rate "
+            "(--model.init_args.lr) or check the data and config for non-finite values"
+        )
 
     # ------------------------------------------------------------------ the loss
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
@@ -59,8 +100,11 @@ class FiniteGuard(Callback):
         loss = loss.detach().float().sum()
         if not self._defers(loss.device):
             value = float(loss)
-            if not math.isfinite(value):
+            bad = self._first_bad_rank(not math.isfinite(value))
+            if bad == self._rank:
                 self._raise_loss(trainer.global_step, *self._batch, value)
+            if bad is not None:
+                self._raise_for_rank(bad, "at", trainer.global_step, *self._batch)
             return
         # On an accelerator: keep the loss where it is (no copy, no wait) until the next read.
         self._pending.append((int(trainer.global_step), *self._batch))
@@ -85,9 +129,12 @@ class FiniteGuard(Callback):
         values = torch.stack(self._pending_losses).cpu().tolist()
         where = self._pending
         self._pending, self._pending_losses = [], []
-        for (step, epoch, batch), value in zip(where, values):
-            if not math.isfinite(value):
-                self._raise_loss(step, epoch, batch, value)
+        found = next(((at, value) for at, value in zip(where, values) if not math.isfinite(value)), None)
+        bad = self._first_bad_rank(found is not None)
+        if bad == self._rank:
+            self._raise_loss(*found[0], found[1])
+        if bad is not None:
+            self._raise_for_rank(bad, "by", *where[-1])
 
     @staticmethod
     def _raise_loss(step: int, epoch: int, batch: int, value: float) -> None:
@@ -107,6 +154,12 @@ class FiniteGuard(Callback):
         with torch.no_grad():  # one device-to-host read for all parameters
             finite = torch.stack([torch.isfinite(p).all().to(params[0][1].device) for _, p in params]).cpu().tolist()
         bad = [name for (name, _), ok in zip(params, finite) if not ok]
+        first = self._first_bad_rank(bool(bad))
+        if first is not None and first != self._rank:
+            raise TrainingDiverged(
+                f"weights became non-finite on rank {first} by step {trainer.global_step}; every rank stopped before "
+                "saving them; lower the learning rate (--model.init_args.lr) or check the data for non-finite values"
+            )
         if bad:
             shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
             raise TrainingDiverged(
