@@ -92,7 +92,7 @@ def test_lightning_still_has_what_the_callback_replaces() -> None:
 def test_a_single_process_run_keeps_lightnings_handling() -> None:
     trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False)
     callback = StopTogether()
-    assert not StopTogether.applies(trainer, "fit")
+    assert StopTogether.replaces_lightnings(trainer)  # Lightning has what it replaces, but one process needs none
     callback.setup(trainer, None, "fit")
     assert "_broadcast_sigterm_tensor" not in vars(trainer.fit_loop.epoch_loop)
     assert "_sigterm_notifier_fn" not in vars(trainer._signal_connector)
@@ -149,9 +149,8 @@ def test_ddp_max_time_stops_both_ranks_after_the_same_step_with_no_broadcast_per
     batch: its SIGTERM flag and its Timer's verdict), and both ranks stop inside the epoch after the same step, which
     the last checkpoint records."""
     ends, counts = tmp_path / "ends.txt", tmp_path / "counts.txt"
-    # SignalAtStep at step -1 never signals: it records how each rank's run ended.
-    callbacks = (f'[{{"class_path": "subprocess_callbacks.SignalAtStep", '
-                 f'"init_args": {{"step": -1, "rank": 0, "path": "{ends}"}}}}, '
+    # SignalAtStep without a step only records how each rank's run ended.
+    callbacks = (f'[{{"class_path": "subprocess_callbacks.SignalAtStep", "init_args": {{"path": "{ends}"}}}}, '
                  f'{{"class_path": "subprocess_callbacks.CountBroadcasts", "init_args": {{"path": "{counts}"}}}}]')
     proc = _two_rank_fit(tmp_path, callbacks, "--trainer.max_time", "00:00:00:06", batches=2000)
     output = proc.stdout + proc.stderr

@@ -51,6 +51,8 @@ from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from lit_icl.core.ranks import host_group, release_host_group
+
 __all__ = ["StopTogether", "StopVote"]
 
 # Under Lightning's logger, which the CLI prints at INFO: the same place as Lightning's own "Received SIGTERM".
@@ -111,26 +113,22 @@ class StopTogether(Callback):
         self._timers: list[Timer] = []
 
     @staticmethod
-    def applies(trainer: Trainer, stage: str) -> bool:
-        """Whether ``trainer`` runs Lightning's per-batch broadcasts that this callback replaces: a multi-process
-        ``fit``, on a Lightning whose training loop and signal handling have them."""
-        return (
-            stage == "fit"
-            and trainer.world_size > 1
-            and dist.is_available()
-            and dist.is_initialized()
-            and hasattr(trainer.fit_loop.epoch_loop, "_broadcast_sigterm_tensor")
-            and hasattr(trainer._signal_connector, "_sigterm_notifier_fn")
-        )
+    def replaces_lightnings(trainer: Trainer) -> bool:
+        """Whether ``trainer``'s Lightning has the per-batch broadcast and the signal handler this callback
+        replaces (Lightning 2.6)."""
+        return (hasattr(trainer.fit_loop.epoch_loop, "_broadcast_sigterm_tensor")
+                and hasattr(trainer._signal_connector, "_sigterm_notifier_fn"))
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         # Lightning registers its signal handlers after the setup hooks, so the handler set here is the one it
-        # registers. Every rank runs this hook at the same point, as new_group requires.
-        if not self.applies(trainer, stage):
+        # registers. Every rank runs this hook at the same point, as making a group requires.
+        if not self.replaces_lightnings(trainer):
+            return
+        self._group = host_group(trainer, stage)
+        if self._group is None:  # not a multi-process fit: Lightning's handling has no collective
             return
         self._trainer = trainer
         self._raised = [False, False]
-        self._group = dist.new_group(backend="gloo")
         self._vote = StopVote(self._group, flags=2)
         # Instance attributes: they shadow Lightning's methods for this trainer only.
         trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = self._agree
@@ -177,8 +175,7 @@ class StopTogether(Callback):
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self._vote is not None:
             self._vote.close()
-            # Every rank tears down, so every rank leaves the group (a process may fit again and make a new one).
-            dist.destroy_process_group(self._group)
+            release_host_group(self._group)
         self._release(trainer)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:

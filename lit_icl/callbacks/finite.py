@@ -34,6 +34,7 @@ import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from lit_icl.core.errors import TrainingDiverged
+from lit_icl.core.ranks import host_group, release_host_group
 
 
 class FiniteGuard(Callback):
@@ -59,15 +60,13 @@ class FiniteGuard(Callback):
 
     # ------------------------------------------------------------------ DDP
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        # Every rank runs this hook at the same point, as new_group requires.
-        if stage == "fit" and trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
-            self._group = dist.new_group(backend="gloo")
-            self._rank = int(trainer.global_rank)
+        # Every rank runs this hook at the same point, as making a group requires.
+        self._group = host_group(trainer, stage)
+        self._rank = int(trainer.global_rank)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if self._group is not None:
-            dist.destroy_process_group(self._group)
-            self._group = None
+        release_host_group(self._group)
+        self._group = None
 
     def _first_bad_rank(self, bad: bool) -> int | None:
         """The lowest rank whose check found a non-finite value (this one's verdict alone without DDP), or
