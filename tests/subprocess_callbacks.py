@@ -28,9 +28,10 @@ class KillAtStep(Callback):
 
 class SignalAtStep(Callback):
     """Sends SIGTERM to its own process on rank ``rank`` after optimizer step ``step`` (a cluster's preemption as
-    one rank sees it), and appends ``<rank> <exception or "end"> <global step>`` to ``path`` when the run ends."""
+    one rank sees it; never when ``step`` is ``None``), and appends ``<rank> <exception or "end"> <global step>``
+    to ``path`` when the run ends."""
 
-    def __init__(self, step: int, rank: int, path: str):
+    def __init__(self, path: str, step: int | None = None, rank: int = 0):
         self.step, self.rank, self.path = step, rank, path
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
