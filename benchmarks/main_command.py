@@ -24,6 +24,10 @@ steady cost: the mean carries the first calls' compiling. A run's wall time that
 each setting costs a run, e.g. validation (``no-validation=--trainer.limit_val_batches=0``), deterministic
 kernels or DataLoader workers, each run against the same config as shipped.
 
+Each run's warnings are printed once each, with how often the run gave them (``warnings:`` lines): Python's
+warnings and torch's own log warnings, without their source paths. Some say why a run is slow, e.g. CUDA graph
+trees' "Unable to hit fast path of CUDAGraphs", after which a captured function runs uncaptured.
+
 ``--trace START:STEPS`` profiles global steps ``START`` to ``START + STEPS - 1`` of each run with
 ``torch.profiler`` (``step_trace.StepTrace``) and prints, per step, the host time of the step, of its backward and
 of its update, with the CUDA graph launches, kernel launches and synchronising calls made in each: whether a
@@ -113,6 +117,34 @@ def run(configs: list[str], mode: str, seconds: int, extra: list[str], out: Path
             output, _ = proc.communicate()
         status = None
     return status, time.perf_counter() - start, output
+
+
+#: A Python warning as ``warnings`` prints it, ``<path>.py:<line>: <Category>: <message>``, or as Lightning prints its
+#: own, without the category.
+_PY_WARNING = re.compile(r"^\S+\.py:\d+: (?:(\w*Warning): )?(.+)$")
+#: A warning from torch's logging (glog style): ``W1128 05:52:11.123000 1234 torch/_inductor/x.py:12] [0/0] <message>``.
+_LOG_WARNING = re.compile(r"^W\d{4} [\d:.]+ \d+ \S+\] (?:\[[^\]]*\] )?(.+)$")
+
+
+def warning_lines(output: str, limit: int = 12) -> list[str]:
+    """The distinct warnings in a run's output, most frequent first: ``"<count> x <Category>: <message>"``.
+
+    Each is named by its category and first line, not by the file that raised it (a path of the machine that ran
+    it); at most ``limit`` kinds, and a last line saying how many more there were."""
+    counts: dict[str, int] = {}
+    for line in output.splitlines():
+        if (match := _PY_WARNING.match(line)) is not None:
+            key = f"{match.group(1) or 'warning'}: {match.group(2).strip()}"
+        elif (match := _LOG_WARNING.match(line)) is not None:
+            key = f"log warning: {match.group(1).strip()}"
+        else:
+            continue
+        counts[key] = counts.get(key, 0) + 1
+    ranked = sorted(counts.items(), key=lambda item: -item[1])  # stable: first seen first among equals
+    lines = [f"{n} x {key}" for key, n in ranked[:limit]]
+    if len(ranked) > limit:
+        lines.append(f"and {len(ranked) - limit} more kinds")
+    return lines
 
 
 def between_validations(ea: EventAccumulator) -> tuple[float, int] | None:
@@ -252,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mode={label:16s}: {compiled[-1].removeprefix('lit_icl: ')}", flush=True)
         for line in traced:
             print(f"mode={label:16s}: trace: {line}", flush=True)
+        # Messages may name the run folder or the checkout (Lightning's srun hint quotes the command): not kept.
+        for line in warning_lines(output.replace(tmp, "RUN_DIR").replace(str(ROOT), ".")):
+            print(f"mode={label:16s}: warnings: {line}", flush=True)
         if args.trace is not None and not any(not line.startswith("validation round") for line in traced):
             print(f"mode={label:16s}: trace: the run ended before step {args.trace[0]}", flush=True)
         if args.trace_val is not None and not any(line.startswith("validation round") for line in traced):
