@@ -145,10 +145,10 @@ def test_the_goals_table_reads_the_rates_ratios_and_deterministic_cost_with_cuda
     assert "None of the steps" in suite.report([], dry=True, started=suite.dt.datetime(2026, 11, 27))
 
 
-def test_the_step_time_limits_fit_112_minutes_and_the_speed_goals_15() -> None:
+def test_the_step_time_limits_fit_120_minutes_and_the_speed_goals_15() -> None:
     """A lent GPU comes for 15 minutes: the three steps the speed goals are judged by fit in them."""
     steps = _suite().STEPS
-    assert sum(step.timeout_s for step in steps) <= 112 * 60
+    assert sum(step.timeout_s for step in steps) <= 120 * 60
     assert [step.name for step in steps[:3]] == ["main_command", "icssl_cli", "step_speed_icssl"]
     assert sum(step.timeout_s for step in steps[:3]) <= 15 * 60
 
