@@ -91,17 +91,17 @@ def test_a_runs_warnings_are_listed_once_each_most_frequent_first_without_paths(
     fast_path = ("/venv/lib/python3.12/site-packages/torch/_inductor/cudagraph_trees.py:3040: UserWarning: Unable to "
                  "hit fast path of CUDAGraphs because outputs from a previous step still require backward.")
     output = "\n".join([
-        "/venv/lib/python3.12/site-packages/lightning/pytorch/trainer/connectors/data_connector.py:434: The "
-        "'val_dataloader' does not have many workers which may be a bottleneck.",
+        ("/venv/lib/python3.12/site-packages/lightning/pytorch/trainer/connectors/data_connector.py:434: The "
+        "'val_dataloader' does not have many workers which may be a bottleneck."),
         fast_path, "  warnings.warn(", fast_path,
-        "W1128 05:52:11.123000 1234 torch/_inductor/cudagraph_utils.py:12] [0/0] skipping cudagraphs due to "
-        "mutated inputs (1 instances)",
+        ("W1128 05:52:11.123000 1234 torch/_inductor/cudagraph_utils.py:12] [0/0] skipping cudagraphs due to "
+        "mutated inputs (1 instances)"),
         'Traceback (most recent call last):', '  File "lit_icl/cli/app.py", line 3, in main',
         "Epoch 3: 100%", "lit_icl: compilation in this run: 2 graphs compiled (36.8 s)",
     ])
     assert script.warning_lines(output) == [
-        "2 x UserWarning: Unable to hit fast path of CUDAGraphs because outputs from a previous step still require "
-        "backward.",
+        ("2 x UserWarning: Unable to hit fast path of CUDAGraphs because outputs from a previous step still require "
+        "backward."),
         "1 x warning: The 'val_dataloader' does not have many workers which may be a bottleneck.",
         "1 x log warning: skipping cudagraphs due to mutated inputs (1 instances)",
     ]
