@@ -177,22 +177,24 @@ STEPS = [
     # and waits in each (a captured step replays its graphs; a graph run uncaptured launches its kernels).
     Step("trace_icssl", "IC-SSL's manifolds config through the CLI with CUDA graphs, 20 steps after the first "
          "validation round and the second round under the profiler: host time, graph and kernel launches and waits "
-         "per step and per validation batch",
+         "per step and per validation batch; then 5 steps with Python calls recorded: each stage's functions by self "
+         "time",
          ["benchmarks/main_command.py", "--config", "configs/icssl/manifolds.yaml", "--modes", "reduce-overhead",
-          "--seconds", "70", "--skip", "15", "--trace", "400:20", "--trace-val", "2"],
+          "--seconds", "70", "--skip", "15", "--trace", "400:20", "--trace-val", "2", "--trace-python", "440:5"],
          ["benchmarks/main_command.py", "--config", "configs/icssl/manifolds.yaml", "--modes", "off",
-          "--seconds", "15", "--skip", "0", "--trace", "6:3", "--trace-val", "2", *_DRY_ICSSL], 160),
+          "--seconds", "15", "--skip", "0", "--trace", "6:3", "--trace-val", "2", "--trace-python", "11:2",
+          *_DRY_ICSSL], 160),
     # The main command validates every 1,000 steps; steps 300-319 come after compiling and warming up, and the
     # second validation round (after step 2,000) after the first has compiled and recorded the evaluation graphs.
     Step("trace_main", "the main command with CUDA graphs the same way, 20 steps after warm-up (steps 300-319) and "
          "its second validation round",
          ["benchmarks/main_command.py", "--modes", "reduce-overhead", "--seconds", "75", "--skip", "15", "--trace",
-          "300:20", "--trace-val", "2"],
+          "300:20", "--trace-val", "2", "--trace-python", "340:5"],
          ["benchmarks/main_command.py", "--config", "configs/coqe/omniglot.yaml", "--config",
           "configs/coqe/omniglot/cpu.yaml", "--modes", "off", "--seconds", "15", "--skip", "0",
           "--set=--trainer.log_every_n_steps=1", "--set=--trainer.val_check_interval=5",
           "--set=--data.init_args.val_sequences=32", "--set=--model.init_args.net.init_args.depth=1",
-          "--trace", "7:3", "--trace-val", "2"], 180),
+          "--trace", "7:3", "--trace-val", "2", "--trace-python", "11:2"], 180),
     # IC-SSL's EIG reference and EIG baselines solve a batch of 100 x 100 Laplacians; torch's CUDA eigh loops over
     # such a batch, so symmetric_eigenvectors solves it on the host. This times both routes.
     Step("eigh_route", "batched eigh of 100-point Laplacians: on the GPU vs the host route IC-SSL takes",

@@ -33,6 +33,10 @@ trees' "Unable to hit fast path of CUDAGraphs", after which a captured function 
 of its update, with the CUDA graph launches, kernel launches and synchronising calls made in each: whether a
 captured step replays its graphs, and where the host waits. ``--trace-val ROUND`` profiles validation round
 ``ROUND`` the same way, per validation batch. ``--trace-dir`` keeps each run's full table and Chrome trace.
+``--trace-python START:STEPS`` profiles a second window (apart from ``--trace``'s and from the traced validation
+round) with every Python call recorded, and prints each stage's Python functions and ops by self host time
+(``python-traced`` lines): what the host does in a step that is not a CUDA call. Recording Python slows the host
+several-fold, so that window gives no rates.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ import time
 from pathlib import Path
 
 # step_trace.py is beside this script (its directory is on sys.path when it runs).
-from step_trace import phase_lines
+from step_trace import PYTHON_LABEL, phase_lines
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,7 +71,8 @@ def _stop(signum: int, frame: object) -> None:
 
 def run(configs: list[str], mode: str, seconds: int, extra: list[str], out: Path,
         limit: float, phases: bool = False,
-        trace: tuple[tuple[int, int] | None, int | None, Path | None] | None = None) -> tuple[int | None, float, str]:
+        trace: tuple[tuple[int, int] | None, int | None, Path | None] | None = None,
+        python_window: tuple[int, int] | None = None) -> tuple[int | None, float, str]:
     """Run the command for ``seconds``; ``(exit status, wall seconds, its output)``.
 
     The status is ``None`` when the run was stopped: it outlived ``limit`` seconds, or this script got SIGTERM.
@@ -75,6 +80,7 @@ def run(configs: list[str], mode: str, seconds: int, extra: list[str], out: Path
     logged so far stays in ``out`` to be read: a lease that ends early still gives a rate. ``phases``: the run
     writes ``step_trace.PhaseProfiler``'s report into ``out`` (read by :func:`phase_lines`). ``trace``:
     ``((start, steps) or None, validation round or None, report file or None)`` for ``step_trace.StepTrace``.
+    ``python_window``: ``(start, steps)`` of a second ``StepTrace`` that records Python calls.
     """
     hms = time.strftime("%H:%M:%S", time.gmtime(seconds))
     cmd = [sys.executable, "-m", "lit_icl", "fit", *[a for c in configs for a in ("--config", c)],
@@ -95,6 +101,9 @@ def run(configs: list[str], mode: str, seconds: int, extra: list[str], out: Path
             cmd += [f"--trainer.callbacks.val_round={val_round}"]
         if path is not None:
             cmd += [f"--trainer.callbacks.path={path}"]
+    if python_window is not None:  # a callback of its own; the arguments after it set its fields
+        cmd += ["--trainer.callbacks+=step_trace.StepTrace", f"--trainer.callbacks.start={python_window[0]}",
+                f"--trainer.callbacks.steps={python_window[1]}", "--trainer.callbacks.python=true"]
     # The run folder is a temporary one: shown as RUN_DIR, so a committed report names no path of the machine.
     print("$ python -m lit_icl " + " ".join(cmd[3:]).replace(str(out), "RUN_DIR"), flush=True)
     start = time.perf_counter()
@@ -232,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
                              "goes (step_trace.py)")
     parser.add_argument("--trace-val", type=int, default=None, metavar="ROUND",
                         help="profile validation round ROUND (1: the first after the sanity check) the same way")
+    parser.add_argument("--trace-python", type=_window, default=None, metavar="START:STEPS",
+                        help="profile global steps START to START+STEPS-1 with every Python call recorded and print "
+                             "each stage's Python functions and ops by self host time (a window apart from --trace's; "
+                             "its times are slowed by the recording)")
     parser.add_argument("--trace-dir", type=Path, default=None,
                         help="keep each run's trace (table and Chrome trace) here, as trace-<mode>[-<variant>].txt/.json")
     args = parser.parse_args(argv)
@@ -239,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
         planned = runs(args.modes, args.variant)
     except ValueError as err:
         parser.error(str(err))
+    if args.trace is not None and args.trace_python is not None:
+        (a, n), (b, m) = args.trace, args.trace_python
+        if a < b + m and b < a + n:
+            parser.error(f"--trace {a}:{n} and --trace-python {b}:{m} overlap; one profiler records at a time, "
+                         "so give the Python window steps of its own")
     configs = args.config or ["configs/coqe_omniglot.yaml"]
     limit = args.seconds + args.allowance
     failed = False
@@ -251,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
                 kept = args.trace_dir.resolve() / f"trace-{stem}.txt" if args.trace_dir is not None else None
                 trace = (args.trace, args.trace_val, kept)
             status, wall, output = run(configs, mode, args.seconds, [*args.set, *extra], Path(tmp), limit,
-                                       args.phases, trace)
+                                       args.phases, trace, args.trace_python)
             tail = "\n".join(output.strip().splitlines()[-15:])
             # CompileNets' summary of what compiling cost, and whether anything compiled after the first round.
             compiled = [ln for ln in output.splitlines() if ln.startswith("lit_icl: compilation in this run")]
@@ -287,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
         # Messages may name the run folder or the checkout (Lightning's srun hint quotes the command): not kept.
         for line in warning_lines(output.replace(tmp, "RUN_DIR").replace(str(ROOT), ".")):
             print(f"mode={label:16s}: warnings: {line}", flush=True)
+        if args.trace_python is not None and not any(line.startswith(PYTHON_LABEL) for line in traced):
+            print(f"mode={label:16s}: trace: the run ended before step {args.trace_python[0]} (--trace-python)",
+                  flush=True)
+        traced = [line for line in traced if not line.startswith(PYTHON_LABEL)]
         if args.trace is not None and not any(not line.startswith("validation round") for line in traced):
             print(f"mode={label:16s}: trace: the run ended before step {args.trace[0]}", flush=True)
         if args.trace_val is not None and not any(line.startswith("validation round") for line in traced):

@@ -30,6 +30,13 @@ retries (a retry frees every cached block and waits), and pinned host allocation
 time. Printed as lines starting ``lit_icl trace:`` (``main_command.py`` repeats them), with the ops that took the
 most host time, and written with the full table to ``path`` (and a Chrome trace beside it).
 
+With ``python=True`` (``main_command.py --trace-python START:STEPS``, a window of its own) the profiler also
+records every Python call (``with_stack``), on every thread, and the report gives, per range, the Python functions
+and ops with the most *self* host time: where a step's host time goes when it is not in CUDA calls, such as CUDA
+graph trees' bookkeeping around a replay, which on a GPU runs on autograd's thread during the backward. Tracing
+Python slows the host several-fold, so that window's times are for attribution, not rates; its lines begin
+``python-traced``.
+
 ``PhaseProfiler`` is Lightning's ``SimpleProfiler`` with each stage's *median* next to its mean
 (``main_command.py --phases``). A stage's first call pays for compiling its graphs and recording its CUDA graphs
 (tens of seconds), which its mean spreads over every call: a 55 s IC-SSL run's 7 s of backward compilation adds
@@ -61,6 +68,8 @@ GRAPH_LAUNCHES = ("cudaGraphLaunch",)
 KERNEL_LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
 SYNCS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaMemcpy")
 PREFIX = "lit_icl trace:"
+#: What begins each line of a window traced with ``python=True``.
+PYTHON_LABEL = "python-traced"
 #: The name under which the time between one span of a window's first range and the next is counted.
 BETWEEN = "between"
 
@@ -87,16 +96,19 @@ class StepTrace(Callback):
         path: the report's file (the Chrome trace is written beside it, ``.json``; a validation round's as
             ``<name>-val``); ``None``: printed only.
         top: how many ops by host time the printed report lists.
+        python: record every Python call too, and list each range's Python functions and ops by self host time
+            (several-fold slower on the host: a window for attribution, apart from one for rates).
     """
 
     def __init__(self, start: int | None = 100, steps: int = 20, val_round: int | None = None,
-                 path: str | None = None, top: int = 12) -> None:
+                 path: str | None = None, top: int = 12, python: bool = False) -> None:
         if (start is not None and start < 0) or steps < 1 or (val_round is not None and val_round < 1):
             raise ValueError(f"start={start} must be None or >= 0, steps={steps} >= 1, val_round={val_round} None "
                              "or >= 1")
         if start is None and val_round is None:
             raise ValueError("nothing to profile: give start (training steps) or val_round (a validation round)")
         self.start, self.steps, self.val_round, self.path, self.top = start, steps, val_round, path, top
+        self.python = python
         self._prof: profile | None = None
         self._kind: str | None = None  # "train" or "val" while profiling
         self._open: dict[str, record_function] = {}
@@ -115,14 +127,22 @@ class StepTrace(Callback):
         if rf is not None:
             rf.__exit__(None, None, None)
 
-    def _begin(self, kind: str, pl_module: LightningModule) -> None:
+    def _begin(self, kind: str, pl_module: LightningModule) -> bool:
+        """Start profiling; ``False`` (and the window given up, with a line saying so) when another profiler is
+        recording, such as a second ``StepTrace`` whose window this one overlaps."""
+        if torch.autograd._profiler_enabled():
+            label = f"{PYTHON_LABEL} " if self.python else ""
+            what = "training window" if kind == "train" else "validation round"
+            print(f"{PREFIX} {label}{what} not profiled: another profiler was recording", flush=True)
+            return False
         activities = [ProfilerActivity.CPU]
         if pl_module.device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)
             torch.cuda.synchronize(pl_module.device)  # the window starts with an idle device
-        self._prof, self._kind = profile(activities=activities), kind
+        self._prof, self._kind = profile(activities=activities, with_stack=self.python), kind
         self._counters = allocator_counters(pl_module.device)
         self._prof.start()
+        return True
 
     # ------------------------------------------------------------------ training steps
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
@@ -130,7 +150,8 @@ class StepTrace(Callback):
             if not trainer.is_global_zero:  # under DDP the first process profiles (its steps are every process's)
                 self._train_done = True
                 return
-            self._begin("train", pl_module)
+            if not self._begin("train", pl_module):
+                self._train_done = True
         if self._kind == "train":
             self._enter("step")
 
@@ -163,7 +184,9 @@ class StepTrace(Callback):
             if not trainer.is_global_zero:
                 self._val_done = True
                 return
-            self._begin("val", pl_module)
+            if not self._begin("val", pl_module):
+                self._val_done = True
+                return
             self._enter("round")
 
     def on_validation_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int,
@@ -197,13 +220,15 @@ class StepTrace(Callback):
         if pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)
         prof.stop()
-        lines = summarize(prof, self.top, RANGES if kind == "train" else VAL_RANGES)
+        lines = summarize(prof, self.top, RANGES if kind == "train" else VAL_RANGES, python=self.python)
         if self._counters:
             first = RANGES[0] if kind == "train" else VAL_RANGES[0]
             units = sum(1 for e in prof.events() if e.name == _range(first))
             lines.insert(-1, allocator_line(self._counters, allocator_counters(pl_module.device), units, UNIT[first]))
         if kind == "val":
             lines = [f"validation round {self._rounds}: {line}" for line in lines]
+        if self.python:
+            lines = [f"{PYTHON_LABEL} {line}" for line in lines]
         for line in lines:
             print(f"{PREFIX} {line}", flush=True)
         if self.path is not None:
@@ -267,9 +292,54 @@ def _census(label: str, per: str, each: int, host_ms: float, calls: Counter[str]
     return lines
 
 
-def summarize(prof: profile, top: int, names: tuple[str, ...] = RANGES) -> list[str]:
+#: What a traced name carries that differs between machines and runs: the folders above a package, an address.
+_PATH_PREFIX = re.compile(r"^/\S*/(?:site-packages|dist-packages|lib/python3\.\d+)/")
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")
+_ROOT = str(Path(__file__).resolve().parents[1]) + "/"
+
+
+def traced_name(name: str) -> str:
+    """A profiler event's name without what names the machine: a Python function as ``package/file.py(line): f``
+    (or the file in this repository), a built-in method without its object's address."""
+    return _ADDRESS.sub("", _PATH_PREFIX.sub("", name.replace(_ROOT, "", 1)))
+
+
+def self_time_lines(events: list[Any], windows: dict[str, list[tuple[float, float]]], counts: dict[str, int],
+                    units: dict[str, str], top: int) -> list[str]:
+    """Per range: the Python functions and ops with the most self host time in it, per step (or batch), on the
+    threads that do the step's work. ``windows``: each range's spans; ``counts``: how many steps each is averaged
+    over.
+
+    The threads counted are the one that marks the ranges and every thread that runs ops or CUDA calls in the
+    window (autograd's device thread, which runs a GPU backward, or a loader's pinning thread); a thread that only
+    waits meanwhile (TensorBoard's writer on its queue) would show its idle wait as self time and is left out."""
+    busy = {e.thread for e in events if e.name.startswith(("## lit_icl", "aten::", "cuda", "cu"))}
+    events = [e for e in events if e.thread in busy]
+    lines = []
+    for name, spans in windows.items():
+        if not spans:
+            continue
+        self_us: Counter[str] = Counter()
+        calls: Counter[str] = Counter()
+        for e in events:
+            if e.name.startswith("## lit_icl"):
+                continue
+            t = e.time_range.start
+            if any(lo <= t <= hi for lo, hi in spans):
+                key = traced_name(e.name)
+                self_us[key] += e.self_cpu_time_total
+                calls[key] += 1
+        n = max(counts[name], 1)
+        shown = ", ".join(f"{key} {us / 1e3 / n:.2f} ms ({calls[key] / n:.1f}x)" for key, us in self_us.most_common(top))
+        label = name if name != BETWEEN else f"between {_plural(units[name], 2)}"
+        lines.append(f"{label}: most host time per {units[name]} (self, Python functions and ops): {shown or 'none'}")
+    return lines
+
+
+def summarize(prof: profile, top: int, names: tuple[str, ...] = RANGES, python: bool = False) -> list[str]:
     """Per profiled step (or validation batch): host ms and CUDA runtime calls in each range of ``names``, and in
-    the time between the first range's spans; then the ops with the most host time."""
+    the time between the first range's spans; then the ops with the most host time; with ``python`` (a window
+    recorded ``with_stack``), each range's Python functions and ops by self time."""
     events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU]
     ranges: dict[str, list[Any]] = {name: [e for e in events if e.name == _range(name)] for name in names}
     first = names[0]
@@ -308,6 +378,11 @@ def summarize(prof: profile, top: int, names: tuple[str, ...] = RANGES) -> list[
                          sync_us[BETWEEN])
         census[0] = census[0].replace(f"per {unit};", f"per {unit} (the next batch, Lightning's loop);", 1)
         lines += census
+    if python:
+        counts = {name: len(found) for name, found in ranges.items()}
+        counts[BETWEEN] = len(gaps)
+        units = {**{name: UNIT[name] for name in names}, BETWEEN: unit}
+        lines += self_time_lines(events, windows, counts, units, top)
     averages = [a for a in prof.key_averages() if not a.key.startswith("## lit_icl")]
     averages.sort(key=lambda a: -a.self_cpu_time_total)
     shown = ", ".join(f"{a.key} {a.self_cpu_time_total / 1e3 / n:.2f} ms ({a.count / n:.1f}x)"

@@ -108,3 +108,11 @@ def test_a_runs_warnings_are_listed_once_each_most_frequent_first_without_paths(
     assert script.warning_lines(output, limit=1)[1:] == ["and 2 more kinds"]
     assert not any("/venv" in line for line in script.warning_lines(output))
     assert script.warning_lines("Epoch 0\nlit_icl: stopped\n") == []
+
+
+def test_a_python_window_that_overlaps_the_trace_window_is_refused(scripts, capsys) -> None:
+    script, _ = scripts
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(["--trace=400:20", "--trace-python=410:5"])
+    assert exit_info.value.code == 2
+    assert "--trace 400:20 and --trace-python 410:5 overlap" in capsys.readouterr().err

@@ -140,3 +140,54 @@ def test_the_allocators_counters_over_a_window_are_given_per_step() -> None:
     assert TRACE.allocator_line(older, older, 2, "batch") == (
         "allocators per batch: 0.00 cudaMalloc, 0.00 cudaFree, 0.00 allocator retries")
     assert TRACE.allocator_counters(torch.device("cpu")) == {}
+
+
+def test_a_python_traced_window_lists_each_stages_functions_by_self_time_on_the_threads_that_work() -> None:
+    """Self times per step in each range, summed over the step's thread and autograd's (which runs ops), not over a
+    thread that only waits; names lose their machine's folders and object addresses."""
+    step, backward = TRACE._range("step"), TRACE._range("backward")
+
+    def ev(name: str, start: float, end: float, self_us: float, thread: int = 1) -> SimpleNamespace:
+        e = _event(name, start, end, thread)
+        e.self_cpu_time_total = self_us
+        return e
+
+    root = str(Path(TRACE.__file__).resolve().parents[1])
+    events = [
+        ev(step, 0, 1000, 50), ev(backward, 100, 900, 10), ev(step, 2000, 3000, 50), ev(backward, 2100, 2900, 10),
+        ev("/usr/lib/python3.12/site-packages/torch/_inductor/cudagraph_trees.py(1999): run", 200, 700, 400, 2),
+        ev("aten::mm", 710, 720, 10, 2),  # autograd's thread runs ops: its Python counts
+        ev("/usr/lib/python3.12/site-packages/torch/_inductor/cudagraph_trees.py(1999): run", 2200, 2500, 200, 2),
+        ev(f"{root}/lit_icl/icssl/module.py(80): training_step", 10, 90, 80),
+        ev("<built-in method acquire of _thread.lock object at 0x7f93a1c2>", 1200, 1900, 700),
+        ev("<built-in method acquire of _thread.lock object at 0x7f93a1c2>", 0, 3000, 3000, 3),  # a waiting thread
+    ]
+    prof = SimpleNamespace(events=lambda: events, key_averages=list)
+    lines = TRACE.summarize(prof, top=2, python=True)
+    by_range = {line.split(": most")[0]: line.split("ops): ")[1] for line in lines if "(self, Python" in line}
+    assert by_range["step"] == ("torch/_inductor/cudagraph_trees.py(1999): run 0.30 ms (1.0x), "
+                                "lit_icl/icssl/module.py(80): training_step 0.04 ms (0.5x)")
+    assert by_range["backward"] == ("torch/_inductor/cudagraph_trees.py(1999): run 0.30 ms (1.0x), "
+                                    "aten::mm 0.01 ms (0.5x)")
+    assert by_range["between steps"] == "<built-in method acquire of _thread.lock object> 0.70 ms (1.0x)"
+    assert not any("/usr/" in line or root in line or "0x7f" in line for line in lines)
+    # Without python=True, no such lines.
+    assert not any("(self, Python" in line for line in TRACE.summarize(prof, top=2))
+
+
+def test_two_windows_trace_apart_and_one_that_overlaps_another_is_given_up(tmp_path, capsys) -> None:
+    """A rates window (steps 0-1) and a Python window (steps 3-4) in one run; a Python window that overlaps the
+    first is not recorded, with a line saying why (one profiler records at a time)."""
+    _fit(tmp_path / "a", 0, 2, tmp_path / "a.txt", "--trainer.callbacks+=step_trace.StepTrace",
+         "--trainer.callbacks.start=3", "--trainer.callbacks.steps=2", "--trainer.callbacks.python=true")
+    printed = _printed(capsys)
+    assert printed[0] == "2 steps profiled" and "python-traced 2 steps profiled" in printed
+    python = [line for line in printed if line.startswith("python-traced ")]
+    assert any(line.startswith("python-traced backward: most host time per step (self, Python functions and ops): ")
+               for line in python)
+    _fit(tmp_path / "b", 0, 3, tmp_path / "b.txt", "--trainer.callbacks+=step_trace.StepTrace",
+         "--trainer.callbacks.start=1", "--trainer.callbacks.steps=2", "--trainer.callbacks.python=true")
+    printed = _printed(capsys)
+    assert printed[0] == "python-traced training window not profiled: another profiler was recording"
+    assert printed[1] == "3 steps profiled"
+    assert not any(line.startswith("python-traced ") and "profiled" in line and "not" not in line for line in printed)
