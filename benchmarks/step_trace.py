@@ -295,13 +295,15 @@ def _census(label: str, per: str, each: int, host_ms: float, calls: Counter[str]
 #: What a traced name carries that differs between machines and runs: the folders above a package, an address.
 _PATH_PREFIX = re.compile(r"^/\S*/(?:site-packages|dist-packages|lib/python3\.\d+)/")
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")
+#: Any other absolute path of a Python file (inductor's generated code, in a cache folder): its file name is kept.
+_OTHER_PATH = re.compile(r"^/\S*/(?=[^/\s]+\.py\(\d+\))")
 _ROOT = str(Path(__file__).resolve().parents[1]) + "/"
 
 
 def traced_name(name: str) -> str:
     """A profiler event's name without what names the machine: a Python function as ``package/file.py(line): f``
     (or the file in this repository), a built-in method without its object's address."""
-    return _ADDRESS.sub("", _PATH_PREFIX.sub("", name.replace(_ROOT, "", 1)))
+    return _ADDRESS.sub("", _OTHER_PATH.sub("", _PATH_PREFIX.sub("", name.replace(_ROOT, "", 1))))
 
 
 def self_time_lines(events: list[Any], windows: dict[str, list[tuple[float, float]]], counts: dict[str, int],

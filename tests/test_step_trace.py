@@ -171,6 +171,9 @@ def test_a_python_traced_window_lists_each_stages_functions_by_self_time_on_the_
                                     "aten::mm 0.01 ms (0.5x)")
     assert by_range["between steps"] == "<built-in method acquire of _thread.lock object> 0.70 ms (1.0x)"
     assert not any("/usr/" in line or root in line or "0x7f" in line for line in lines)
+    assert TRACE.traced_name("/tmp/torchinductor_me/ie/cieyjb4m.py(5516): call") == "cieyjb4m.py(5516): call"
+    assert TRACE.traced_name("/usr/lib/python3.12/threading.py(295): wait") == "threading.py(295): wait"
+    assert TRACE.traced_name("aten::bmm") == "aten::bmm"
     # Without python=True, no such lines.
     assert not any("(self, Python" in line for line in TRACE.summarize(prof, top=2))
 
