@@ -32,7 +32,8 @@ the report):
   zero-shot, I2CL, task vector and few-shot ICL in bf16 on both offline models, SmolLM2-135M and Gemma 3 270M
   (each skipped, with the reason, when not installed: ``docs/i2cl.md``).
 
-The report names the device, torch version, date, commit and every command, tabulates the speed goals its steps
+The report names the device, torch version, date, commit and every command, and what a unit of host work
+costs on that machine (a Python call, a small torch op on the CPU and on the GPU), tabulates the speed goals its steps
 measured (met or not), and keeps each script's output verbatim; a step that fails or times out is reported as such (with its last lines) and the suite goes on. The
 per-step time limits add up to 120 minutes. With less GPU time (a 15-minute lease), name the steps wanted most
 with ``--only``, take their short forms with ``--short`` (fewer modes and steps, the same code paths) and cap
@@ -55,6 +56,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -437,6 +439,50 @@ def device_line(dry: bool) -> str:
     return f"CPU only ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
 
 
+def cpu_model() -> str:
+    """The host CPU's model name (Linux's ``/proc/cpuinfo``), or what ``platform`` says elsewhere."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _per_call_us(fn: Any, calls: int, sync: Any = None) -> float:
+    """Microseconds per call of ``fn`` (the best of 3 rounds of ``calls``, after one round of warm-up)."""
+    best = float("inf")
+    for _ in range(4):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        if sync is not None:
+            sync()
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    return best
+
+
+def host_line(dry: bool) -> str:
+    """What one unit of host work costs on this machine, to set its steps' host times against another's: a Python
+    call, a torch op on a small CPU tensor (dispatch, no arithmetic to speak of), and, with a GPU, an op on a small
+    GPU tensor (dispatch and a kernel launch, the device idle). Measured in about a second; a host several times
+    slower per call makes every eager op, Lightning hook and batch built in the process as much slower."""
+
+    def nothing() -> None:
+        return None
+
+    a = torch.ones(8)
+    parts = [f"{cpu_model()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads",
+             f"{_per_call_us(nothing, 100_000) * 1e3:.0f} ns per Python call",
+             f"{_per_call_us(lambda: torch.add(a, a), 10_000):.2f} us per torch.add of 8 floats on the CPU"]
+    if not dry and torch.cuda.is_available():
+        g = torch.ones(8, device="cuda")
+        parts.append(f"{_per_call_us(lambda: torch.add(g, g), 10_000, torch.cuda.synchronize):.2f} us per "
+                     "torch.add on the GPU (launch included)")
+    return "; ".join(parts)
+
+
 def commit() -> str:
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
@@ -478,12 +524,15 @@ def goal_rows(results: list[tuple[Step, dict[str, object]]]) -> list[tuple[str, 
     return rows
 
 
-def report(results: list[tuple[Step, dict[str, object]]], dry: bool, started: dt.datetime, argv: str = "") -> str:
+def report(results: list[tuple[Step, dict[str, object]]], dry: bool, started: dt.datetime, argv: str = "",
+           host: str | None = None) -> str:
+    """The suite's report; ``host``: :func:`host_line`'s measure of this machine's host (left out when ``None``)."""
     title = "GPU suite (CPU dry run: code paths only, the numbers mean nothing)" if dry else "GPU suite"
     lines = [
         f"# {title}", "",
         (f"Device: {device_line(dry)}. torch {torch.__version__}, Python {platform.python_version()}. "
          f"Date: {started:%Y-%m-%d %H:%M} UTC. Commit: {commit()}."),
+        *([f"Host: {host}."] if host else []),
         f"Command: `python benchmarks/gpu_suite.py{' ' + argv if argv else ''}`.", "",
         "| step | measures | status | wall (s) | headline |", "|---|---|---|---|---|",
     ]
@@ -537,6 +586,8 @@ def main(argv: list[str] | None = None) -> int:
     # Steps run in the order --only names them (most wanted first), and the report is rewritten after each
     # one: a lease that ends mid-suite still leaves every finished step's numbers on disk.
     shown_argv = " ".join(sys.argv[1:] if argv is None else argv)
+    host = host_line(args.dry_run)
+    print(f"[gpu_suite] host: {host}", flush=True)
     t0 = time.time()
     for name in chosen:
         step = by_name[name]
@@ -548,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[gpu_suite] {step.name} ...", flush=True)
             results.append((step, run_step(step, args.dry_run, args.short, left)))
         print(f"[gpu_suite] {step.name}: {results[-1][1]['status']} ({results[-1][1]['seconds']:.0f} s)", flush=True)
-        out.write_text(report(results, args.dry_run, started, shown_argv))
+        out.write_text(report(results, args.dry_run, started, shown_argv, host))
     print(f"[gpu_suite] wrote {out}")
     return 0 if all(res["status"] == "ok" or str(res["status"]).startswith("skipped") for _, res in results) else 1
 

@@ -143,6 +143,15 @@ def test_the_goals_table_reads_the_rates_ratios_and_deterministic_cost_with_cuda
     text = suite.report(results, dry=False, started=suite.dt.datetime(2026, 11, 27))
     assert "| the main command, all-in | 104.5 steps/s | >= 100 steps/s | yes |" in text
     assert "None of the steps" in suite.report([], dry=True, started=suite.dt.datetime(2026, 11, 27))
+    assert "\nHost: " not in text  # no host measure given, no line
+    hosted = suite.report(results, dry=False, started=suite.dt.datetime(2026, 11, 27), host="a CPU, 2 cores")
+    assert "\nHost: a CPU, 2 cores.\n" in hosted
+
+
+def test_the_host_line_names_the_cpu_and_what_a_call_and_a_small_op_cost_here() -> None:
+    line = _suite().host_line(dry=True)
+    assert re.fullmatch(r".+, \d+ cores, \d+ torch threads; \d+ ns per Python call; [\d.]+ us per torch\.add of 8 "
+                        r"floats on the CPU", line), line
 
 
 def test_the_step_time_limits_fit_120_minutes_and_the_speed_goals_15() -> None:
