@@ -207,6 +207,12 @@ STEPS = [
     Step("h2d_copy", "copies to the GPU behind 20 ms of queued work: does the host wait, pageable vs pinned memory",
          ["benchmarks/h2d_copy.py", "--device", "cuda"],
          ["benchmarks/h2d_copy.py", "--device", "cpu", "--repeats", "1"], 30),
+    # What a matrix product launched from Python costs the host (cuBLAS and cuBLASLt, deterministic on and off):
+    # what IC-SSL's 240 products per step cost wherever they run outside a CUDA graph.
+    Step("blas_host", "host time per small matrix product launched from Python (IC-SSL's shapes), by BLAS library "
+         "and deterministic setting, against one elementwise kernel",
+         ["benchmarks/blas_host.py", "--device", "cuda"],
+         ["benchmarks/blas_host.py", "--device", "cpu", "--calls", "20"], 60),
     # Under DDP Lightning 2.6 makes the ranks agree on SIGTERM before every batch, reading a flag back from the GPU;
     # the CLI replaces that by a vote on the host (lit_icl.callbacks.StopTogether). Both, on two ranks sharing the GPU.
     Step("ddp_stop_vote", "DDP's per-step SIGTERM agreement: Lightning's broadcast vs the host vote, 2 gloo ranks on one GPU",
@@ -228,11 +234,11 @@ STEPS = [
     # inductor's cache) and captures CUDA graphs too. Rounding differs with the kernels chosen, as with any compile.
     Step("main_command_max_autotune", "the main command all-in with --compile.mode max-autotune (each convolution "
          "and product's kernel timed at compile time; CUDA graphs)",
-         ["benchmarks/main_command.py", "--modes", "max-autotune", "--seconds", "300", "--skip", "60"],
+         ["benchmarks/main_command.py", "--modes", "max-autotune", "--seconds", "280", "--skip", "60"],
          ["benchmarks/main_command.py", "--config", "configs/coqe/omniglot.yaml", "--config",
           "configs/coqe/omniglot/cpu.yaml", "--modes", "off", "--seconds", "15", "--skip", "0",
           "--set=--trainer.log_every_n_steps=1", "--set=--trainer.val_check_interval=5",
-          "--set=--data.init_args.val_sequences=32", "--set=--model.init_args.net.init_args.depth=1"], 480),
+          "--set=--data.init_args.val_sequences=32", "--set=--model.init_args.net.init_args.depth=1"], 440),
     # Which kernels make the main command's GPU-bound step, under CUDA graphs and eager (the next thing to cut).
     Step("profile_coqe", "CoQE's step (paper size) under the profiler: kernels per step and the kernels that take "
          "the GPU time, CUDA graphs and eager",
@@ -375,6 +381,11 @@ def headline(step: Step, output: str) -> str:
         pinned = [float(p) for _, _, p, _ in found if p]
         text = "pageable copies waited at " + (", ".join(waited) if waited else "no size")
         return text + (f"; pinned copies took at most {max(pinned):.3f} ms of host time" if pinned else "")
+    if step.script.endswith("blas_host.py"):
+        found = re.findall(r"^blas=(\S+) deterministic=(\w+) (bmm 64x100x100 @ 64x100x4|add 8 floats)[^:]*: "
+                           r"host ([\d.]+) us per call", output, re.MULTILINE)
+        return ", ".join(f"{lib}{' deterministic' if det == 'true' else ''} {op.split()[0]} {us} us"
+                         for lib, det, op, us in found)
     if step.script.endswith("ddp_stop_vote.py"):
         found = re.findall(r"^boundary (\w+): ([\d.]+) steps/s, boundary host time (\d+) us", output, re.MULTILINE)
         return ", ".join(f"{variant} {rate} steps/s ({us} us at the boundary)" for variant, rate, us in found)

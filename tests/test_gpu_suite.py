@@ -43,7 +43,7 @@ def test_without_a_gpu_the_full_suite_refuses_and_names_the_dry_run(capsys) -> N
 def test_unknown_step_names_are_refused_with_the_choices(capsys) -> None:
     with pytest.raises(SystemExit):
         _suite().main(["--dry-run", "--only", "coqe_regresion"])
-    assert "unknown step(s) coqe_regresion; choose from coqe_omniglot_bf16" in capsys.readouterr().err
+    assert "unknown step(s) coqe_regresion; choose from blas_host, coqe_omniglot_bf16" in capsys.readouterr().err
 
 
 def test_headlines_read_each_scripts_output() -> None:
@@ -88,6 +88,17 @@ def test_headlines_read_each_scripts_output() -> None:
     assert suite.headline(steps["ddp_stop_vote"], vote) == (
         "none 333.0 steps/s (0 us at the boundary), lightning 237.1 steps/s (212 us at the boundary), "
         "vote 307.9 steps/s (57 us at the boundary)")
+    blas = ("device cuda, torch 2.11.0, 2000 calls per round\n"
+            "blas=cublas deterministic=false bmm 64x100x100 @ 64x100x4 (a power step): host 12.50 us per call, all-in "
+            "13.00 us per call\n"
+            "blas=cublas deterministic=false mm 6400x16 @ 16x16 (a token projection): host 11.00 us per call, all-in "
+            "11.50 us per call\n"
+            "blas=cublas deterministic=false add 8 floats (one elementwise kernel, for reference): host 5.10 us per "
+            "call, all-in 5.20 us per call\n"
+            "blas=cublaslt deterministic=true bmm 64x100x100 @ 64x100x4 (a power step): host 88.00 us per call, "
+            "all-in 88.10 us per call\n")
+    assert suite.headline(steps["blas_host"], blas) == (
+        "cublas bmm 12.50 us, cublas add 5.10 us, cublaslt deterministic bmm 88.00 us")
     assert suite.headline(steps["h2d_copy"], "copy 6.8 KiB: pageable non-blocking 0.006 ms, blocking 0.005 ms; "
                           "pageable waited for the queue: n/a\n") == "no GPU: no queue to wait for"
     traced = ("mode=reduce-overhead :    37.50 steps/s all-in, 1369 steps in 91 s of wall time; 10^5 steps would "
