@@ -152,7 +152,7 @@ def test_ddp_max_time_stops_both_ranks_after_the_same_step_with_no_broadcast_per
     # SignalAtStep without a step only records how each rank's run ended.
     callbacks = (f'[{{"class_path": "subprocess_callbacks.SignalAtStep", "init_args": {{"path": "{ends}"}}}}, '
                  f'{{"class_path": "subprocess_callbacks.CountBroadcasts", "init_args": {{"path": "{counts}"}}}}]')
-    proc = _two_rank_fit(tmp_path, callbacks, "--trainer.max_time", "00:00:00:06", batches=2000)
+    proc = _two_rank_fit(tmp_path, callbacks, "--trainer.max_time", "00:00:00:04", batches=2000)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
     assert _lines(counts) == [["0", "0", "27"], ["1", "0", "27"]], output[-3000:]
