@@ -40,23 +40,19 @@ CASES: list[tuple[str, Callable[[torch.device], tuple[str, list[torch.Tensor]]]]
 ]
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def per_call_us(op: str, args: list[torch.Tensor], calls: int, device: torch.device) -> tuple[float, float]:
-    """``(host, all-in)`` microseconds per call of ``torch.<op>(*args)``: until the last call is issued, and until
-    it has run (the best of 3 rounds, after a warm-up round)."""
-    fn = getattr(torch, op)
+def per_call_us(fn: Callable[[], object], calls: int, sync: Callable[[], None] | None = None) -> tuple[float, float]:
+    """``(host, all-in)`` microseconds per call of ``fn``: until the last of ``calls`` calls is issued, and until
+    ``sync`` (the device's queue drained) returns after it; the best of 3 rounds, after a warm-up round."""
     best_host = best_all = float("inf")
     for _ in range(4):
-        _sync(device)
+        if sync is not None:
+            sync()
         start = time.perf_counter()
         for _ in range(calls):
-            fn(*args)
+            fn()
         issued = time.perf_counter()
-        _sync(device)
+        if sync is not None:
+            sync()
         done = time.perf_counter()
         best_host = min(best_host, (issued - start) / calls * 1e6)
         best_all = min(best_all, (done - start) / calls * 1e6)
@@ -92,8 +88,10 @@ def main(argv: list[str] | None = None) -> int:
             if device.type == "cuda":
                 torch.backends.cuda.preferred_blas_library(lib)
             torch.use_deterministic_algorithms(deterministic)
+            sync = torch.cuda.synchronize if device.type == "cuda" else None
             for name, op, operands in cases:
-                host, all_in = per_call_us(op, operands, args.calls, device)
+                fn = getattr(torch, op)
+                host, all_in = per_call_us(lambda fn=fn, operands=operands: fn(*operands), args.calls, sync)
                 print(f"blas={lib} deterministic={str(deterministic).lower()} {name}: host {host:.2f} us per "
                       f"call, all-in {all_in:.2f} us per call", flush=True)
     finally:

@@ -56,9 +56,11 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
+
+# blas_host.py is beside this script (its directory is on sys.path when it runs): one timing loop for both.
+from blas_host import per_call_us
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_STEPS = 100_000  # CoQE App. C.2: 10^5 training steps
@@ -461,19 +463,6 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _per_call_us(fn: Any, calls: int, sync: Any = None) -> float:
-    """Microseconds per call of ``fn`` (the best of 3 rounds of ``calls``, after one round of warm-up)."""
-    best = float("inf")
-    for _ in range(4):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        if sync is not None:
-            sync()
-        best = min(best, (time.perf_counter() - start) / calls * 1e6)
-    return best
-
-
 def host_line(dry: bool) -> str:
     """What one unit of host work costs on this machine, to set its steps' host times against another's: a Python
     call, a torch op on a small CPU tensor (dispatch, no arithmetic to speak of), and, with a GPU, an op on a small
@@ -485,11 +474,11 @@ def host_line(dry: bool) -> str:
 
     a = torch.ones(8)
     parts = [f"{cpu_model()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads",
-             f"{_per_call_us(nothing, 100_000) * 1e3:.0f} ns per Python call",
-             f"{_per_call_us(lambda: torch.add(a, a), 10_000):.2f} us per torch.add of 8 floats on the CPU"]
+             f"{per_call_us(nothing, 100_000)[1] * 1e3:.0f} ns per Python call",
+             f"{per_call_us(lambda: torch.add(a, a), 10_000)[1]:.2f} us per torch.add of 8 floats on the CPU"]
     if not dry and torch.cuda.is_available():
         g = torch.ones(8, device="cuda")
-        parts.append(f"{_per_call_us(lambda: torch.add(g, g), 10_000, torch.cuda.synchronize):.2f} us per "
+        parts.append(f"{per_call_us(lambda: torch.add(g, g), 10_000, torch.cuda.synchronize)[1]:.2f} us per "
                      "torch.add on the GPU (launch included)")
     return "; ".join(parts)
 

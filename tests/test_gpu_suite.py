@@ -4,6 +4,7 @@ parsers read the numbers the benchmark scripts print."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _suite():
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))  # gpu_suite.py imports blas_host beside it
     return load_script(ROOT / "benchmarks/gpu_suite.py")
 
 
