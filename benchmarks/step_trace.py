@@ -40,15 +40,20 @@ Python slows the host several-fold, so that window's times are for attribution, 
 ``PhaseProfiler`` is Lightning's ``SimpleProfiler`` with each stage's *median* next to its mean
 (``main_command.py --phases``). A stage's first call pays for compiling its graphs and recording its CUDA graphs
 (tens of seconds), which its mean spreads over every call: a 55 s IC-SSL run's 7 s of backward compilation adds
-5 ms to its mean backward over 1,369 steps. The median is what a step costs once that is done.
+5 ms to its mean backward over 1,369 steps. The median is what a step costs once that is done. It also records
+each of Python's cyclic garbage collections, as the stages ``gc (generation N)``: a collection of the oldest
+generation walks every object the process holds (hundreds of thousands once a net is compiled), and its time also
+lands in the mean of whichever stage it interrupted.
 """
 
 from __future__ import annotations
 
+import gc
 import itertools
 import math
 import re
 import statistics
+import time
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -397,8 +402,34 @@ def summarize(prof: profile, top: int, names: tuple[str, ...] = RANGES, python: 
 PHASE_HEADER = "| action | calls | total (s) | mean (ms) | median (ms) |"
 
 
+#: The stage under which :class:`PhaseProfiler` records a garbage collection of ``generation``.
+GC_STAGE = "gc (generation {generation})"
+
+
 class PhaseProfiler(SimpleProfiler):
-    """Lightning's ``SimpleProfiler`` whose report gives each stage's calls, total, mean and median, by total time."""
+    """Lightning's ``SimpleProfiler`` whose report gives each stage's calls, total, mean and median, by total time,
+    with Python's garbage collections among the stages (:data:`GC_STAGE`) from ``setup`` to ``teardown``."""
+
+    _gc_started = 0.0
+
+    def setup(self, stage: str, local_rank: int | None = None, log_dir: str | None = None) -> None:
+        super().setup(stage, local_rank, log_dir)
+        if self._time_gc not in gc.callbacks:
+            gc.callbacks.append(self._time_gc)
+
+    def teardown(self, stage: str | None) -> None:
+        # Lightning's describe() writes the summary before it calls this, so the report has every collection.
+        if self._time_gc in gc.callbacks:
+            gc.callbacks.remove(self._time_gc)
+        super().teardown(stage)
+
+    def _time_gc(self, phase: str, info: dict[str, int]) -> None:
+        """``gc.callbacks`` hook: collections do not nest, and the GIL keeps start and stop on one thread."""
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            stage = GC_STAGE.format(generation=info["generation"])
+            self.recorded_durations[stage].append(time.perf_counter() - self._gc_started)
 
     def summary(self) -> str:
         rows = sorted(((action, len(d), math.fsum(d), statistics.median(d))
@@ -422,10 +453,12 @@ def _short_action(action: str) -> str:
 
 
 def phase_lines(report: str, top: int) -> list[str]:
-    """The ``top`` stages of a ``PhaseProfiler`` report by total time: ``name: total s (calls x mean ms, median
-    median ms)``; the median leaves out what the first calls paid for compiling (:class:`PhaseProfiler`)."""
+    """The ``top`` stages of a ``PhaseProfiler`` report by total time, then its garbage collections if they are not
+    among them: ``name: total s (calls x mean ms, median median ms)``; the median leaves out what the first calls
+    paid for compiling (:class:`PhaseProfiler`)."""
     rows = [(m.group(1), int(m.group(2)), float(m.group(3)), float(m.group(4)), float(m.group(5)))
             for m in _ROW.finditer(report)]
     rows.sort(key=lambda r: -r[2])
+    gc_rows = [r for r in rows[top:] if r[0].startswith(GC_STAGE.split("{")[0])]  # always shown
     return [f"{_short_action(name)}: {total:.2f} s ({calls} x {mean:.2f} ms, median {median:.2f} ms)"
-            for name, calls, total, mean, median in rows[:top]]
+            for name, calls, total, mean, median in rows[:top] + gc_rows]

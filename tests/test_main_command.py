@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -46,6 +48,31 @@ def test_the_top_stages_come_by_total_time_with_short_names_calls_mean_and_media
                              "(2 x 11.00 ms, median 11.00 ms)")
     assert everything[5] == "train_dataloader_next: 0.02 s (10 x 2.00 ms, median 2.00 ms)"
     assert script.phase_lines("FIT phases\n", top=5) == []
+
+
+def test_phases_record_each_garbage_collection_between_setup_and_teardown_and_always_list_them(scripts) -> None:
+    """A full collection walks every object of a compiled run and lands in the mean of the stage it interrupts,
+    so the report counts collections as stages of their own, and the printed lines keep them past ``top``."""
+    script, trace = scripts
+    profiler = trace.PhaseProfiler()
+    gc.collect()  # before setup: not recorded
+    profiler.setup("fit")
+    try:
+        with profiler.profile("run_training_batch"):
+            time.sleep(0.05)
+            gc.collect()  # generation 2 unless told otherwise
+        gc.collect(0)
+    finally:
+        profiler.teardown("fit")
+    gc.collect()  # after teardown: not recorded
+    assert profiler._time_gc not in gc.callbacks
+    full, young = profiler.recorded_durations["gc (generation 2)"], profiler.recorded_durations["gc (generation 0)"]
+    assert len(full) == 1 and len(young) == 1
+    assert 0 < full[0] < profiler.recorded_durations["run_training_batch"][0]
+    lines = script.phase_lines(profiler.summary(), top=1)
+    assert lines[0].startswith("run_training_batch: ")
+    assert sorted(line.split(":")[0] for line in lines[1:]) == ["gc (generation 0)", "gc (generation 2)"]
+    assert all(" (1 x " in line for line in lines[1:])
 
 
 def test_a_trace_window_is_start_colon_steps_and_anything_else_is_refused(scripts, capsys) -> None:
