@@ -403,7 +403,8 @@ PHASE_HEADER = "| action | calls | total (s) | mean (ms) | median (ms) |"
 
 
 #: The stage under which :class:`PhaseProfiler` records a garbage collection of ``generation``.
-GC_STAGE = "gc (generation {generation})"
+GC_PREFIX = "gc (generation "
+GC_STAGE = GC_PREFIX + "{generation})"
 
 
 class PhaseProfiler(SimpleProfiler):
@@ -459,6 +460,6 @@ def phase_lines(report: str, top: int) -> list[str]:
     rows = [(m.group(1), int(m.group(2)), float(m.group(3)), float(m.group(4)), float(m.group(5)))
             for m in _ROW.finditer(report)]
     rows.sort(key=lambda r: -r[2])
-    gc_rows = [r for r in rows[top:] if r[0].startswith(GC_STAGE.split("{")[0])]  # always shown
+    gc_rows = [r for r in rows[top:] if r[0].startswith(GC_PREFIX)]  # always shown
     return [f"{_short_action(name)}: {total:.2f} s ({calls} x {mean:.2f} ms, median {median:.2f} ms)"
             for name, calls, total, mean, median in rows[:top] + gc_rows]
