@@ -32,16 +32,18 @@ class _Net(torch.nn.Module):
         return (torch.tanh(self.lin(x)) * 2.0).sum()
 
 
-def test_a_compiled_step_is_counted_by_kind_and_the_update_is_left_out(script, monkeypatch) -> None:
-    monkeypatch.setattr(torch._inductor.config.cpp, "enable_kernel_profile", True)
+def test_a_compiled_step_is_counted_by_kind_and_the_update_is_left_out(script) -> None:
     torch._dynamo.reset()
-    net = _Net()
-    net.compile(mode="default")
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    x = torch.randn(4, 8)
-    for _ in range(2):  # compiled, and warm
-        (net(x) * 3.0).backward()
-        opt.zero_grad(set_to_none=True)
+    # torch's own patch, not pytest's monkeypatch: from pytest 9.2 monkeypatch undoes a config entry by deleting it,
+    # and torch then hides the entry from every later compile in the session.
+    with torch._inductor.config.patch({"cpp.enable_kernel_profile": True}):
+        net = _Net()
+        net.compile(mode="default")
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        x = torch.randn(4, 8)
+        for _ in range(2):  # compiled, and warm
+            (net(x) * 3.0).backward()
+            opt.zero_grad(set_to_none=True)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         loss = net(x) * 3.0  # the graph's forward, then one eager multiplication
         loss.backward()

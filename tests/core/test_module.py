@@ -41,20 +41,22 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-def test_each_module_class_compiles_its_objective_as_a_code_object_of_its_own(monkeypatch, fresh_dynamo) -> None:
+def test_each_module_class_compiles_its_objective_as_a_code_object_of_its_own(fresh_dynamo) -> None:
     """Dynamo compiles one code object at most ``recompile_limit`` times per process: with a limit of 1, the
     objectives of two papers' modules (other nets, other losses) both compile whole, which one shared ``forward``
     could not (the second would be a recompilation, refused under ``fullgraph``)."""
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
-    x, y = torch.randn(5, 3), torch.randn(5, 2)
-    for module_class in (_Squared, _Absolute):
-        module = module_class()
-        objective = module.training_objective
-        assert isinstance(objective, TrainingObjective) and type(objective) is objective_class(module_class)
-        expected, out = objective((x,), (y,))
-        objective.compile(backend="eager", fullgraph=True)
-        loss, _ = objective((x,), (y,))
-        assert torch.equal(loss, expected) and torch.equal(expected, module_class.training_loss(out, y))
+    # torch's own patch, not pytest's monkeypatch: from pytest 9.2 monkeypatch undoes a config entry by deleting it,
+    # and torch then hides the entry from every later compile in the session.
+    with torch._dynamo.config.patch(recompile_limit=1):
+        x, y = torch.randn(5, 3), torch.randn(5, 2)
+        for module_class in (_Squared, _Absolute):
+            module = module_class()
+            objective = module.training_objective
+            assert isinstance(objective, TrainingObjective) and type(objective) is objective_class(module_class)
+            expected, out = objective((x,), (y,))
+            objective.compile(backend="eager", fullgraph=True)
+            loss, _ = objective((x,), (y,))
+            assert torch.equal(loss, expected) and torch.equal(expected, module_class.training_loss(out, y))
     assert objective_class(_Squared).forward.__code__ is not objective_class(_Absolute).forward.__code__
     if sys.version_info >= (3, 11):  # named after the module class in tracebacks and profiles
         assert objective_class(_Squared).forward.__code__.co_qualname == "_Squared.training_objective"
