@@ -31,6 +31,26 @@ def _run_from_repo_root(monkeypatch: pytest.MonkeyPatch, repo_root: str) -> None
     monkeypatch.chdir(repo_root)
 
 
+#: torch's compile configs. Deleting one of their entries hides it from every later compile in the process, and
+#: pytest's monkeypatch (from pytest 9.2) undoes a ``setattr`` on them by deleting; torch's ``config.patch`` does not.
+_TORCH_CONFIGS = ("torch._dynamo.config", "torch._inductor.config", "torch._functorch.config")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    """Fails the test that hid a compile setting (checked once its fixtures, monkeypatch's included, are undone),
+    instead of every compiling test after it."""
+    result = yield
+    hidden = [f"{name}.{key}" for name in _TORCH_CONFIGS if (config := sys.modules.get(name)) is not None
+              for key, entry in getattr(config, "_config", {}).items() if getattr(entry, "hide", False)]
+    if hidden:
+        for key in hidden:  # shown again, so that the tests after this one run as they would alone
+            module, _, entry = key.rpartition(".")
+            sys.modules[module]._config[entry].hide = False
+        pytest.fail(f"{item.nodeid} hid {hidden}: patch torch's configs with their own config.patch, not monkeypatch")
+    return result
+
+
 class CrashAtEpoch(Callback):
     """Simulates a crash: raises at the start of epoch ``epoch``, after the previous epoch's checkpoint."""
 
