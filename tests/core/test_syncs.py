@@ -22,7 +22,7 @@ def test_each_kind_of_host_read_is_counted_once() -> None:
         float(x.max())
         x[x > 0]
         y = x.clone()
-        y[y > 0] = 0.0
+        y[y > 0] = torch.tensor(0.0)  # a tensor value: torch 2.15 turns a Python number into masked_fill_
         torch.nonzero(x)
         x.unique()
         x.tolist()
