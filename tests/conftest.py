@@ -41,13 +41,14 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
     """Fails the test that hid a compile setting (checked once its fixtures, monkeypatch's included, are undone),
     instead of every compiling test after it."""
     result = yield
-    hidden = [f"{name}.{key}" for name in _TORCH_CONFIGS if (config := sys.modules.get(name)) is not None
-              for key, entry in getattr(config, "_config", {}).items() if getattr(entry, "hide", False)]
+    # Keys of nested settings carry their own dots (inductor's "cpp.enable_kernel_profile"): keep the entries.
+    hidden = {f"{name}.{key}": entry for name in _TORCH_CONFIGS if (config := sys.modules.get(name)) is not None
+              for key, entry in getattr(config, "_config", {}).items() if getattr(entry, "hide", False)}
     if hidden:
-        for key in hidden:  # shown again, so that the tests after this one run as they would alone
-            module, _, entry = key.rpartition(".")
-            sys.modules[module]._config[entry].hide = False
-        pytest.fail(f"{item.nodeid} hid {hidden}: patch torch's configs with their own config.patch, not monkeypatch")
+        for entry in hidden.values():  # shown again, so that the tests after this one run as they would alone
+            entry.hide = False
+        pytest.fail(f"{item.nodeid} hid {sorted(hidden)}: patch torch's configs with their own config.patch, "
+                    "not monkeypatch")
     return result
 
 
