@@ -34,8 +34,7 @@ class _Net(torch.nn.Module):
 
 def test_a_compiled_step_is_counted_by_kind_and_the_update_is_left_out(script) -> None:
     torch._dynamo.reset()
-    # torch's own patch, not pytest's monkeypatch: from pytest 9.2 monkeypatch undoes a config entry by deleting it,
-    # and torch then hides the entry from every later compile in the session.
+    # torch's own config.patch, not monkeypatch (why: tests/conftest.py, _TORCH_CONFIGS).
     with torch._inductor.config.patch({"cpp.enable_kernel_profile": True}):
         net = _Net()
         net.compile(mode="default")

@@ -45,8 +45,7 @@ def test_each_module_class_compiles_its_objective_as_a_code_object_of_its_own(fr
     """Dynamo compiles one code object at most ``recompile_limit`` times per process: with a limit of 1, the
     objectives of two papers' modules (other nets, other losses) both compile whole, which one shared ``forward``
     could not (the second would be a recompilation, refused under ``fullgraph``)."""
-    # torch's own patch, not pytest's monkeypatch: from pytest 9.2 monkeypatch undoes a config entry by deleting it,
-    # and torch then hides the entry from every later compile in the session.
+    # torch's own config.patch, not monkeypatch (why: tests/conftest.py, _TORCH_CONFIGS).
     with torch._dynamo.config.patch(recompile_limit=1):
         x, y = torch.randn(5, 3), torch.randn(5, 2)
         for module_class in (_Squared, _Absolute):
