@@ -22,7 +22,6 @@ Three conventions live here so that each paper follows them without repeating co
 from __future__ import annotations
 
 import functools
-import inspect
 import io
 import os
 import sys
@@ -38,6 +37,7 @@ from lightning.pytorch import LightningDataModule, LightningModule
 from torch import Tensor, nn
 
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.hparams import save_init_hparams
 from lit_icl.core.legacy import upgrade_checkpoint
 
 
@@ -148,12 +148,10 @@ class ICLModule(LightningModule):
 
         Call it from the subclass's ``__init__`` in place of ``save_hyperparameters``.
         """
-        frame = inspect.currentframe()
-        caller = frame.f_back if frame is not None else None
         with warnings.catch_warnings():
             # The warning is about exactly the entries removed below.
             warnings.filterwarnings("ignore", message=r".*is an instance of `nn.Module`")
-            self.save_hyperparameters(frame=caller)
+            save_init_hparams(self, up=2)  # the subclass's __init__, which called this
         for key in [k for k, v in self.hparams.items() if isinstance(v, nn.Module)]:
             del self.hparams[key]
         plain_grouped_hparams(self)

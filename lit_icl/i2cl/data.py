@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from lit_icl.core.data import EpochSampler, world_and_rank
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.hparams import save_init_hparams
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.transfer import pins_memory
 from lit_icl.core.validation import check_int, check_literal, check_positive
@@ -242,7 +243,7 @@ class I2CLDataModule(LightningDataModule):
         calibration_batches: CalibrationBatches = "epoch",
     ):
         super().__init__()
-        self.save_hyperparameters()
+        save_init_hparams(self)
         self.source = TaskSource(task=task, path=path, train_file=train_file, test_file=test_file,
                                  text_field=text_field, label_field=label_field, synthetic_train=synthetic_train,
                                  synthetic_test=synthetic_test, max_chars=max_chars)

@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from lit_icl.core.data import ChunkedDataModule, DeviceBank, SeededChunks
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.hparams import save_init_hparams
 from lit_icl.core.validation import (
     check_bool,
     check_fraction,
@@ -256,7 +257,7 @@ class EpisodeDataModule(ChunkedDataModule, ABC):
     ):
         super().__init__()
         # Records the subclass's arguments too: Lightning collects those of every constructor in the call.
-        self.save_hyperparameters()
+        save_init_hparams(self)
 
     def init_episodes(self, n_points: int) -> None:
         """Check the label arguments against episodes of ``n_points`` (one ConfigError each) and keep them."""

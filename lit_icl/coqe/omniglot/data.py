@@ -44,6 +44,7 @@ from lit_icl.coqe.omniglot.glyphs import DEFAULT_CLASSES, DEFAULT_DRAWERS, build
 from lit_icl.coqe.omniglot.images import OMNIGLOT_HELP, SPLIT_FOLDERS, index_folder, load_bank
 from lit_icl.core.data import ChunkedDataModule, SeededChunks
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.hparams import save_init_hparams
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import check_literal, check_range
 
@@ -403,7 +404,7 @@ class OmniglotSequenceDataModule(ChunkedDataModule):
         num_workers: int = 0,
     ):
         super().__init__()
-        self.save_hyperparameters()
+        save_init_hparams(self)
         # The checks that need no image folder come first, then the folder's, then the class split's.
         if not 0.0 <= p_bursty <= 1.0:
             raise ConfigError(f"p_bursty={p_bursty} must lie in [0, 1]")

@@ -46,6 +46,7 @@ from torch.utils.data import DataLoader
 
 from lit_icl.core.data import ChunkedDataModule, SeededChunks, collate_chunks
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.hparams import save_init_hparams
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import (
     check_int,
@@ -369,7 +370,7 @@ class RegressionDataModule(ChunkedDataModule):
         num_workers: int = 0,
     ):
         super().__init__()
-        self.save_hyperparameters()
+        save_init_hparams(self)
         self.spec = PromptSpec(  # the arguments in order, each checked as it is parsed, then together
             check_literal("function_class", function_class, FunctionClass),
             DEFAULT_DIMS[function_class] if n_dims is None else check_positive("n_dims", n_dims, True),

@@ -47,6 +47,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from lit_icl.core.data import EpochSampler, StandinOnFirstUse, collate_chunks, world_and_rank
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.hparams import save_init_hparams
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.transfer import pins_memory
 from lit_icl.core.validation import check_int, check_literal, check_nonnegative, check_positive
@@ -316,7 +317,7 @@ class AVMNISTDataModule(StandinOnFirstUse, LightningDataModule):
         build_standin: bool = True,
     ):
         super().__init__()
-        self.save_hyperparameters()
+        save_init_hparams(self)
         self.root = str(root)
         self.noise_std = float(check_nonnegative("noise_std", noise_std))
         self.audio_size = None if audio_size is None else check_int("audio_size", audio_size, minimum=4)

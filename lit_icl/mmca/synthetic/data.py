@@ -42,6 +42,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from lit_icl.core.data import ChunkedDataModule, DeviceBank, SeededChunks, collate_chunks
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.hparams import save_init_hparams
 from lit_icl.core.validation import check_nonempty, check_positive, check_unique
 from lit_icl.mmca.theory import alpha_star, check_norm_range
 
@@ -196,7 +197,7 @@ class LatentFactorDataModule(ChunkedDataModule):
         generate_on_device: bool = True,
     ):
         super().__init__()
-        self.save_hyperparameters()
+        save_init_hparams(self)
         self.norm_range, lengths = self._validate()
         self.d1, self.d2 = d1, d2
         self.d = d1 + d2
