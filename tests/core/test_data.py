@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -84,6 +85,28 @@ def test_a_loader_made_in_a_later_epoch_gives_that_epochs_items_with_workers_too
     assert len(with_workers) == 3
     assert all(torch.equal(a, b) for a, b in zip(with_workers, epoch1))
     assert not any(torch.equal(a, b) for a, b in zip(with_workers, epoch0))
+
+
+def test_persistent_workers_stop_when_the_function_that_iterated_them_returns() -> None:
+    """Nothing keeps a finished function's loader alive (lit_icl.core.hparams), so its persistent workers are told
+    to stop and joined when it returns. Freed later by a garbage collection instead, the loader's queues close
+    before the "stop" is sent, and each worker waits out a 5 s join timeout."""
+
+    def iterate() -> list:
+        dm = _tiny_icssl(2)
+        dm.setup("fit")
+        loader = dm.train_dataloader()
+        batches = iter(loader)
+        assert len(list(batches)) == 3
+        return list(batches._workers)
+
+    gc.collect()
+    gc.disable()  # only reference counting frees what the function leaves
+    try:
+        workers = iterate()
+        assert len(workers) == 2 and not any(w.is_alive() for w in workers)
+    finally:
+        gc.enable()
 
 
 def test_loaders_pin_their_batches_for_a_cuda_trainer_only() -> None:
