@@ -100,7 +100,6 @@ def test_persistent_workers_stop_when_the_function_that_iterated_them_returns() 
         assert len(list(batches)) == 3
         return list(batches._workers)
 
-    gc.collect()
     gc.disable()  # only reference counting frees what the function leaves
     try:
         workers = iterate()

@@ -51,7 +51,6 @@ class _Marker:
 @pytest.fixture
 def no_collector() -> Iterator[None]:
     """Only reference counting frees objects: what the cyclic garbage collector would free later stays."""
-    gc.collect()
     gc.disable()
     try:
         yield
