@@ -1,12 +1,12 @@
 """Saving a constructor's arguments as hyper-parameters without keeping the functions that called it alive.
 
 Every module and data module records its ``__init__`` arguments with Lightning's ``save_hyperparameters()``, which
-reads them from the calling frame. Called without a frame, Lightning takes it with ``inspect.currentframe()`` into a
-local variable of its own, so its frame refers to itself: a reference cycle that only the garbage collector frees.
-Until a collection does (a full one, when the cycle has outlived two younger ones), that frame holds its caller's
-frame, and so every frame up the stack: CPython keeps a returned function's local variables while another frame
-still refers to it. A model or data module built inside a function therefore kept that function's local variables
-(tensors, trainers, loaders) alive after it returned.
+reads them from the calling frame. Called without a frame, Lightning takes it with ``inspect.currentframe()`` into
+a local variable of its own, so its frame refers to itself: a reference cycle that only the garbage collector
+frees. Until a collection does, which may be long after, that frame holds its caller's frame, and so every frame up
+the stack: CPython keeps a returned function's local variables while another frame still refers to it. A model or
+data module built inside a function therefore kept that function's local variables (tensors, trainers, loaders)
+alive after it returned.
 
 One case is costly beyond memory. A DataLoader iterator with persistent workers held that way is freed by the
 collector, which runs its queues' finalizers before the iterator's own clean-up: the clean-up's "stop" never
