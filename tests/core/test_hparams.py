@@ -82,7 +82,7 @@ def test_the_arguments_recorded_are_those_of_lightnings_own_lookup(tmp_path, cas
     calls it, walks up to the same constructor and records the same arguments."""
     where, build = BUILDERS[case]
     ours = build(tmp_path)
-    lightnings_lookup = lambda obj, up=1: HyperparametersMixin.save_hyperparameters(obj)  # noqa: E731
+    lightnings_lookup = lambda obj, up=1: HyperparametersMixin.save_hyperparameters(obj)
     monkeypatch.setattr(f"{where}.save_init_hparams", lightnings_lookup)
     lightnings = build(tmp_path)
     assert _comparable(ours.hparams) == _comparable(lightnings.hparams) and len(ours.hparams) > 0
