@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import torch._functorch.config  # process_defaults sets one of its options
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
@@ -345,10 +346,17 @@ def process_defaults() -> None:
     - TF32 matrix products on a GPU (``torch.set_float32_matmul_precision("high")``; fp32 CPU products are
       unchanged);
     - deterministic mode without its filling of every new tensor with NaN, which exposes reads of uninitialised
-      memory: a debugging aid, not part of reproducibility, that only adds work (a kernel per new tensor on a GPU).
+      memory: a debugging aid, not part of reproducibility, that only adds work (a kernel per new tensor on a GPU);
+    - compiled graphs that apply our own autograd Functions (IC-SSL's eigenmap iterations and
+      :func:`~lit_icl.core.nets.contiguous_grad`) kept in torch's AOTAutograd cache, as every other graph is.
+      torch passes over such a graph by default, so each run of a compiled IC-SSL config traced and partitioned
+      its training graph again, cache or not. The cache key is the graph Dynamo traced, the Function's forward
+      and backward included, so an edited backward is compiled afresh (``tests/test_process_defaults.py``).
+      ``TORCHINDUCTOR_AUTOGRAD_CACHE_ALLOW_CUSTOM_AUTOGRAD=0`` in the environment takes precedence and turns it off.
     """
     torch.set_float32_matmul_precision("high")
     torch.utils.deterministic.fill_uninitialized_memory = False
+    torch._functorch.config.autograd_cache_allow_custom_autograd_functions = True
 
 
 def main(args: ArgsType = None) -> None:
