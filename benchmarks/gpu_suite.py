@@ -254,6 +254,17 @@ STEPS = [
           "reduce-overhead,off", "--steps", "70", "--warmup", "50"],
          ["benchmarks/profile_step.py", "--config", "configs/icssl/manifolds.yaml", "--device", "cpu", "--modes",
           "off", "--steps", "3", "--warmup", "1", *_DRY_ICSSL], 150),
+    # A first run compiles from nothing (IC-SSL's: 29 s under CUDA graphs on an H200, 2026-11-28); a second run,
+    # a resumed sitting or another seed reads inductor's and AOTAutograd's caches. GPU times from a warm cache
+    # have not been measured.
+    Step("compile_cache_icssl", "IC-SSL's manifolds config compiled with CUDA graphs from an empty cache, then "
+         "twice from the cache it left: what a first run and each later run pay",
+         ["benchmarks/compile_cache.py", "--config", "configs/icssl/manifolds.yaml", "--mode", "reduce-overhead",
+          "--runs", "3"],
+         ["benchmarks/compile_cache.py", "--config", "configs/icssl/manifolds.yaml", "--runs", "1",
+          "--set=--compile.backend=aot_eager", *[a for a in _DRY_ICSSL if "train_batches" not in a]], 240,
+         short=["benchmarks/compile_cache.py", "--config", "configs/icssl/manifolds.yaml", "--mode",
+                "reduce-overhead", "--runs", "2"]),
     # The main command makes its batches in the training process by default (1.4 ms a batch on our CPU machine).
     _main_command_variant("main_command_workers", "batches made by 2 persistent DataLoader workers",
                           "--set=--data.init_args.num_workers=2"),
@@ -298,12 +309,12 @@ STEPS = [
     Step("coqe_omniglot_fp32", "CoQE / Transformer steps/s at the paper's size, fp32 (and the sequence generator)",
          ["benchmarks/coqe_throughput.py", "--device", "cuda", "--steps", "100", "--precision", "32-true"],
          ["benchmarks/coqe_throughput.py", "--device", "cpu", "--steps", "2", "--image-size", "28", "--only",
-          "train", "--nets", "coqe"], 300),
+          "train", "--nets", "coqe"], 180),  # 37 s on an H200 (2026-11-26)
     Step("coqe_omniglot_bf16", "the same training steps in bf16-mixed",
          ["benchmarks/coqe_throughput.py", "--device", "cuda", "--steps", "100", "--precision", "bf16-mixed",
           "--only", "train"],
          ["benchmarks/coqe_throughput.py", "--device", "cpu", "--steps", "2", "--image-size", "28", "--only",
-          "train", "--nets", "coqe", "--precision", "bf16-mixed"], 300),
+          "train", "--nets", "coqe", "--precision", "bf16-mixed"], 180),  # 49 s on an H200 (2026-11-26)
     Step("coqe_regression", "CoQE regression steps/s, Lightning vs bare; ours vs HuggingFace GPT-2",
          ["benchmarks/coqe_regression_throughput.py", "--device", "cuda", "--steps", "200", "--warmup", "20"],
          ["benchmarks/coqe_regression_throughput.py", "--device", "cpu", "--steps", "2", "--warmup", "1",
@@ -370,6 +381,12 @@ def headline(step: Step, output: str) -> str:
         found = re.findall(r"^mode=(\S+): [\d.]+ ms of wall time per step.*\n  (?:kernels|aten ops[^:]*): (\d+) per step, "
                            r"([\d.]+) ms per step", output, re.MULTILINE)
         return ", ".join(f"{mode}: {n} kernels, {ms} ms per step" for mode, n, ms in found)
+    if step.script.endswith("compile_cache.py"):
+        found = re.findall(r"^.*?run (\d+) \((.*?)\): (\d+) graphs? compiled \(([\d.]+) s\)(?:, (\d+) backward graphs? "
+                           r"compiled \(([\d.]+) s\))?.*; ([\d.]+) s of wall time$", output, re.MULTILINE)
+        return ", ".join(f"run {run} ({cache}) {graphs} graphs {gs} s"
+                         + (f" + {bwd} backward {bs} s" if bwd else ", no backward compiled") + f", {wall} s wall"
+                         for run, cache, graphs, gs, bwd, bs, wall in found)
     if step.script.endswith("eigh_route.py"):
         found = re.findall(r"^eigh (\(.*?\)) float32: on the device ([\d.]+) ms, "
                            r"symmetric_eigenvectors \((\w+) route\) ([\d.]+) ms", output, re.MULTILINE)

@@ -46,7 +46,7 @@ def test_without_a_gpu_the_full_suite_refuses_and_names_the_dry_run(capsys) -> N
 def test_unknown_step_names_are_refused_with_the_choices(capsys) -> None:
     with pytest.raises(SystemExit):
         _suite().main(["--dry-run", "--only", "coqe_regresion"])
-    assert "unknown step(s) coqe_regresion; choose from blas_host, coqe_omniglot_bf16" in capsys.readouterr().err
+    assert "unknown step(s) coqe_regresion; choose from blas_host, compile_cache_icssl, coqe_omniglot_bf16" in capsys.readouterr().err
 
 
 def test_headlines_read_each_scripts_output() -> None:
@@ -200,6 +200,22 @@ def test_headlines_of_the_compiled_step_scripts() -> None:
              "ratio lightning/bare mode=reduce-overhead deterministic=true: 0.960\n")
     assert suite.headline(steps["step_speed_icssl"], speed) == (
         "lightning off 10.00, lightning reduce-overhead 240.00; lightning/bare off 0.909, reduce-overhead 0.960")
+
+
+def test_the_compile_cache_headline_reads_each_runs_compiling_and_wall_time() -> None:
+    """From the lines ``compile_cache.py`` prints: a run that read its training graph back compiled no backward."""
+    suite, script = _suite(), load_script(ROOT / "benchmarks/compile_cache.py")
+    step = next(step for step in suite.STEPS if step.name == "compile_cache_icssl")
+    said = ["3 graphs compiled (42.9 s), 1 backward graph compiled (24.6 s); after the first validation round: none",
+            "3 graphs compiled (5.6 s); after the first validation round: none"]
+    output = "\n".join(["$ python benchmarks/compile_cache.py --config configs/icssl/manifolds.yaml",
+                        *(script.report_line("as the CLI sets it", i, s, w) for i, (s, w) in enumerate(
+                            zip(said, (78.31, 17.44), strict=True)))])
+    assert suite.headline(step, output) == (
+        "run 1 (empty cache) 3 graphs 42.9 s + 1 backward 24.6 s, 78.3 s wall, "
+        "run 2 (cache left by run 1) 3 graphs 5.6 s, no backward compiled, 17.4 s wall")
+    assert script.compile_line("noise\nlit_icl: compilation in this run: " + said[1] + "\n") == said[1]
+    assert script.compile_line("lit_icl: error: no such config\n") is None  # a failed run compiled nothing
 
 
 def test_short_forms_keep_each_steps_script_and_the_modes_the_goals_are_judged_by() -> None:
