@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -66,17 +67,24 @@ def assert_bit_identical(a: dict, b: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    root = tmp_path_factory.mktemp("straight")
-    proc = fit(root)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return last_ckpt(root)
+def straight_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict]:
+    """Two uninterrupted runs of the same config and seed, in two processes at the same time: each spends most of
+    its seconds importing, on one core, so the pair takes little more than one run."""
+    roots = [tmp_path_factory.mktemp("straight"), tmp_path_factory.mktemp("again")]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        procs = list(pool.map(fit, roots))
+    for proc in procs:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return last_ckpt(roots[0]), last_ckpt(roots[1])
 
 
-def test_same_seed_gives_bit_identical_weights(straight: dict, tmp_path: Path) -> None:
-    proc = fit(tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert_bit_identical(straight, last_ckpt(tmp_path))
+@pytest.fixture(scope="module")
+def straight(straight_runs: tuple[dict, dict]) -> dict:
+    return straight_runs[0]
+
+
+def test_same_seed_gives_bit_identical_weights(straight_runs: tuple[dict, dict]) -> None:
+    assert_bit_identical(*straight_runs)
 
 
 def test_sigkill_mid_epoch_then_resume_ends_bit_identical(straight: dict, tmp_path: Path) -> None:
@@ -108,10 +116,12 @@ def test_sigterm_mid_epoch_saves_that_step_and_resume_ends_bit_identical(straigh
     assert_bit_identical(straight, last_ckpt(tmp_path))
 
 
-@pytest.mark.slow  # three inductor runs, each compiling anew in its own process: 101 s on 2 cores
+@pytest.mark.slow  # three inductor runs, each in its own process: 101 s on 2 cores from an empty cache, 43 s warm
 def test_a_compiled_run_killed_and_resumed_ends_bit_identical_to_a_compiled_run(tmp_path: Path) -> None:
     """Exact resume holds under ``--compile.mode default`` too (inductor's kernels are deterministic on the CPU):
-    killed mid-epoch and resumed, a compiled run ends bit-identical to an uninterrupted compiled run."""
+    killed mid-epoch and resumed, a compiled run ends bit-identical to an uninterrupted compiled run. The later
+    runs read the graphs the first compiled back from the compile caches (inductor's and AOTAutograd's), so the
+    resumed run's graphs are cached ones."""
     inductor = ("--compile.mode", "default")
     proc = fit(tmp_path / "straight", *inductor)
     assert proc.returncode == 0, proc.stderr[-3000:]
