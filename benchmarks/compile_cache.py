@@ -29,9 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from lit_icl.callbacks.compile import COMPILATION_LINE
+
 ROOT = Path(__file__).resolve().parents[1]
-#: The line a compiled run ends with (``CompileLedger.describe``).
-COMPILE_LINE = "lit_icl: compilation in this run"
 CUSTOM_FUNCTIONS_ENV = "TORCHINDUCTOR_AUTOGRAD_CACHE_ALLOW_CUSTOM_AUTOGRAD"
 
 
@@ -50,8 +50,8 @@ def compile_line(output: str) -> str | None:
     """What the run said it compiled, without the line's prefix; ``None`` if it said nothing (it failed, or ran
     eager)."""
     for line in output.splitlines():
-        if line.startswith(COMPILE_LINE):
-            return line[len(COMPILE_LINE):].lstrip(": ")
+        if line.startswith(COMPILATION_LINE):
+            return line[len(COMPILATION_LINE):].lstrip(": ")
     return None
 
 

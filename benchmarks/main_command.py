@@ -55,6 +55,8 @@ from pathlib import Path
 from step_trace import PYTHON_LABEL, phase_lines
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from lit_icl.callbacks.compile import COMPILATION_LINE
+
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_STEPS = 100_000
 #: File name stem of the profiler report a ``--phases`` run writes (Lightning names it ``fit-<stem>.txt``).
@@ -272,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
                                        args.phases, trace, args.trace_python)
             tail = "\n".join(output.strip().splitlines()[-15:])
             # CompileNets' summary of what compiling cost, and whether anything compiled after the first round.
-            compiled = [ln for ln in output.splitlines() if ln.startswith("lit_icl: compilation in this run")]
+            compiled = [ln for ln in output.splitlines() if ln.startswith(COMPILATION_LINE)]
             traced = [ln.removeprefix("lit_icl trace: ") for ln in output.splitlines()
                       if ln.startswith("lit_icl trace: ")]
             report = Path(tmp) / f"fit-{PHASES}.txt"

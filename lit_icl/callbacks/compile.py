@@ -50,6 +50,10 @@ CompileMode = Literal["off", "auto", "default", "reduce-overhead", "max-autotune
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
+#: How the line that sums up a run's compiling starts (:meth:`CompileLedger.describe`); benchmarks read it back.
+COMPILATION_LINE = "lit_icl: compilation in this run"
+
+
 def inductor_supports(device: torch.device) -> bool:
     """Whether inductor generates code for this CUDA device: Triton installed and compute capability 7.0 or newer
     (older GPUs, such as a P100, make ``torch.compile`` fail at the first step)."""
@@ -196,7 +200,7 @@ class CompileLedger:
 
     def describe(self, since: tuple[Counter[str], dict[str, float]] | None = None) -> str:
         """One line: the work so far, and (``since`` a :meth:`snapshot`) the work after it."""
-        line = f"lit_icl: compilation in this run: {self._describe(self.counts, self.seconds)}"
+        line = f"{COMPILATION_LINE}: {self._describe(self.counts, self.seconds)}"
         if since is not None:
             counts, seconds = since
             later = self.counts - counts
