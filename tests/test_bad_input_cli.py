@@ -217,6 +217,53 @@ def test_the_same_settings_resume_and_test(tmp_path, trained) -> None:
     assert (tmp_path / "runs/tiny/version_1/results.json").is_file()
 
 
+def test_a_test_with_a_resumed_runs_own_config_writes_a_folder_of_its_own(tmp_path, trained) -> None:
+    """A fit resumed in place writes its folder's name nowhere in its config.yaml, so ``test --config <that file>``
+    (what the mismatch refusal above advises) gets a new version folder and leaves the fit's files as they were."""
+    import yaml
+
+    _copy_runs(trained, tmp_path)
+    run = tmp_path / "runs/tiny/version_0"
+    main(["fit", *reg_args(tmp_path, CONFIG, "--trainer.max_steps", "6"), "--ckpt_path", "last"])
+    saved = (run / "config.yaml").read_text()
+    assert yaml.safe_load(saved)["trainer"]["logger"]["init_args"]["version"] is None
+    main(["test", "--config", str(run / "config.yaml"), "--ckpt_path", str(run / "checkpoints/last.ckpt")])
+    assert (tmp_path / "runs/tiny/version_1/results.json").is_file()
+    assert (run / "config.yaml").read_text() == saved
+    assert not (run / "results.json").exists()
+
+
+@pytest.mark.parametrize("sub", ["test", "validate"])
+def test_an_evaluation_pinned_to_a_training_runs_folder_is_refused(tmp_path, capsys, trained, sub) -> None:
+    """A named version that is a fit's folder (a grid's ``s0``) would have its config.yaml replaced: refused."""
+    _copy_runs(trained, tmp_path)
+    run = tmp_path / "runs/tiny/version_0"
+    args = [sub, *reg_args(tmp_path, CONFIG, "--trainer.logger.init_args.version", "version_0"),
+            "--ckpt_path", str(run / "checkpoints/last.ckpt")]
+    line = assert_rejected(tmp_path, capsys, args, "is a training run's folder (it holds checkpoints/)",
+                           runs_exist=True)
+    assert "--trainer.logger.init_args.version null" in line
+    # A folder of an earlier test may be written again (a grid reruns an unfinished test there).
+    again = ["test", *reg_args(tmp_path, CONFIG, "--trainer.logger.init_args.version", "t"),
+             "--ckpt_path", str(run / "checkpoints/last.ckpt")]
+    main(again)
+    main(again)
+    assert (tmp_path / "runs/tiny/t/results.json").is_file()
+
+
+def test_a_fresh_fit_over_a_named_runs_last_checkpoint_is_refused(tmp_path, capsys, trained) -> None:
+    """A fit's config.yaml keeps a version it was given (a grid's ``s0``); a fresh fit from it would overwrite that
+    run's last.ckpt at its first checkpoint: refused, naming both ways on. Resuming there is what the runner does."""
+    _copy_runs(trained, tmp_path)
+    named = reg_args(tmp_path, CONFIG, "--trainer.logger.init_args.version", "version_0", "--trainer.max_steps", "6")
+    line = assert_rejected(tmp_path, capsys, ["fit", *named], "already holds a run (checkpoints/last.ckpt)",
+                           runs_exist=True)
+    assert "resume it with --ckpt_path last" in line
+    main(["fit", *named, "--ckpt_path", "last"])
+    saved = torch.load(tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt", map_location="cpu", weights_only=True)
+    assert saved["global_step"] == 6
+
+
 def test_resuming_a_run_of_another_experiment_in_place_is_refused(tmp_path, capsys) -> None:
     """``fit --ckpt_path last`` checks the file it would resume from, as an explicit path is checked."""
     run = tmp_path / "runs" / "tiny" / "version_0"

@@ -43,12 +43,14 @@ from lit_icl.cli.checkpoints import (
     check_ckpt_path,
     pin_logger_version_for_resume,
     resolve_ckpt_path,
+    unpin_logger_version,
     where_last,
 )
 from lit_icl.cli.checks import (
     check_config_files,
     check_monitors,
     check_output_writable,
+    check_run_folder_is_free,
     check_same_experiment,
     check_trainer_counts,
 )
@@ -173,6 +175,7 @@ class LitICLCLI(LightningCLI):
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})  # resuming in place rewrites config.yaml
         kwargs["trainer_defaults"] = {**TRAINER_DEFAULTS, **(kwargs.get("trainer_defaults") or {})}
         self._only_subcommand = requested_subcommand(kwargs.get("args"), self.subcommands())
+        self._pinned = False  # whether the logger's version was pinned to resume in place (before_instantiate_classes)
         super().__init__(*args, **kwargs)
 
     def _add_subcommands(self, parser: LightningArgumentParser, **kwargs: Any) -> None:
@@ -278,12 +281,17 @@ class LitICLCLI(LightningCLI):
         sub = self.subcommand
         check_same_experiment(self.config[sub] if sub else self.config)
         name_run_from_configs(self.config[sub] if sub else self.config)
+        if sub:
+            check_run_folder_is_free(sub, self.config[sub])
+        self._pinned = False
         if sub == "fit" and self.config[sub].get("ckpt_path") == "last":
-            pin_logger_version_for_resume(self.config[sub])
+            self._pinned = pin_logger_version_for_resume(self.config[sub]) is not None
             # Resuming in place writes into the run's own, non-empty checkpoint folder on purpose.
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
 
     def after_instantiate_classes(self) -> None:
+        if self._pinned:  # the logger has its folder; config.yaml keeps the version the user gave (none)
+            unpin_logger_version(self.config[self.subcommand])
         # The module checks the values it shares with the data module now, before any run folder exists;
         # Lightning would otherwise do it only in `setup`, after the logger has created the folder.
         if isinstance(self.model, ICLModule):

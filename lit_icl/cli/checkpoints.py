@@ -186,6 +186,16 @@ def _newest_run_with_last(root: Path) -> Path | None:
             candidates.append((int(match.group(1)), run))
     return max(candidates)[1] if candidates else None
 
+def pinned_run_folder(config: Any) -> Path | None:
+    """The run folder ``save_dir/name/version`` when the config names the logger's version, else ``None``."""
+    root = _logger_root(config)
+    if root is None or isinstance(config.trainer.logger, list):
+        return None
+    version = config.trainer.logger.init_args.get("version")
+    if version is None:
+        return None
+    return root / (version if isinstance(version, str) else f"version_{version}")
+
 def where_last(config: Any) -> tuple[Path | None, str]:
     """The ``last.ckpt`` a ``--ckpt_path last`` of this config means (``None`` if there is none), and where
     it was looked for (for the error). ``(None, "")`` when the CLI cannot tell (no logger to read)."""
@@ -196,9 +206,8 @@ def where_last(config: Any) -> tuple[Path | None, str]:
     root = _logger_root(config)
     if root is None:
         return None, ""
-    version = config.trainer.logger.init_args.get("version") if not isinstance(config.trainer.logger, list) else None
-    if version is not None:
-        run = root / (version if isinstance(version, str) else f"version_{version}")
+    run = pinned_run_folder(config)
+    if run is not None:
         path = run / "checkpoints" / "last.ckpt"
         return (path if path.is_file() else None), str(path)
     run = _newest_run_with_last(root)
@@ -259,22 +268,35 @@ def _best_recorded(last: Path) -> Path | None:
                 return candidate
     return None
 
-def pin_logger_version_for_resume(config: Any) -> None:
+def pin_logger_version_for_resume(config: Any) -> str | None:
     """Point the logger at the newest existing run folder that has ``checkpoints/last.ckpt``.
 
     With an auto-incremented version Lightning would open ``version_N+1`` and find no ``last`` checkpoint
     there; pinning the version resumes the run in the folder it was written to. Nothing changes when the user
     pinned a version or a checkpoint ``dirpath`` already, or when there is nothing to resume.
+
+    Returns:
+        The version pinned here, or ``None`` when nothing was pinned. The CLI unpins it again once the logger is
+        built (:func:`unpin_logger_version`), so the run's saved ``config.yaml`` keeps ``version: null``: a
+        ``test --config <that file>`` then writes a folder of its own instead of the training run's.
     """
     if config.get("checkpoint") is not None and config.checkpoint.get("dirpath"):
-        return
+        return None
     root = _logger_root(config)
     if root is None:
-        return
+        return None
     logger = config.trainer.logger
     init = (logger[0] if isinstance(logger, list) else logger).init_args
     if init.get("version") is not None:
-        return
+        return None
     run = _newest_run_with_last(root)
-    if run is not None:
-        init.version = run.name
+    if run is None:
+        return None
+    init.version = run.name
+    return run.name
+
+
+def unpin_logger_version(config: Any) -> None:
+    """Undo :func:`pin_logger_version_for_resume` in the config (the built logger keeps its folder)."""
+    logger = config.trainer.logger
+    (logger[0] if isinstance(logger, list) else logger).init_args.version = None

@@ -10,7 +10,7 @@ from typing import Any
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lit_icl.cli.checkpoints import import_class
+from lit_icl.cli.checkpoints import import_class, pinned_run_folder
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.module import ICLModule
 
@@ -127,6 +127,35 @@ def check_output_writable(trainer: Trainer) -> None:
                 f"{option} {folder}: {existing} is not writable; choose a folder you can write to "
                 f"(e.g. {option} runs)"
             )
+
+
+def check_run_folder_is_free(subcommand: str, config: Any) -> None:
+    """Refuse a run whose logger is pinned to a training run's folder that the run would overwrite.
+
+    A run writes its events, results and ``config.yaml`` into its logger's folder (replacing ``config.yaml``, as a
+    fit resumed in place must). With a named version (``--trainer.logger.init_args.version s0``, as the grid
+    drivers name their fits, and kept in that fit's ``config.yaml``) the folder may already hold a fit:
+
+    - ``test``, ``validate`` or ``predict`` there would replace the fit's ``config.yaml`` with its own; a folder
+      holding ``checkpoints/`` is taken for a fit's (an earlier test's folder may be written again: a grid reruns
+      its unfinished tests there);
+    - a ``fit`` without ``--ckpt_path`` would start afresh over the fit's ``checkpoints/last.ckpt``.
+    """
+    run = pinned_run_folder(config)
+    if run is None or "://" in str(run):
+        return
+    option = f"--trainer.logger.init_args.version {run.name}"
+    if subcommand in ("test", "validate", "predict") and (run / "checkpoints").is_dir():
+        raise ConfigError(
+            f"{option}: {run} is a training run's folder (it holds checkpoints/) and this {subcommand} would replace "
+            f"its config.yaml; give it a folder of its own with --trainer.logger.init_args.version null (or a new name)"
+        )
+    if subcommand == "fit" and config.get("ckpt_path") is None and (run / "checkpoints" / "last.ckpt").is_file():
+        raise ConfigError(
+            f"{option}: {run} already holds a run (checkpoints/last.ckpt) that a fresh fit would overwrite; resume "
+            f"it with --ckpt_path last, or give a new run a folder of its own with --trainer.logger.init_args.version "
+            f"null (or a new name)"
+        )
 
 
 def experiment_package(cls: type) -> str | None:
