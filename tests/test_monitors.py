@@ -54,3 +54,18 @@ def test_a_monitor_the_model_does_not_log_is_refused_before_the_run(tmp_path, ca
             "--trainer.callbacks.monitor", monitor]
     line = assert_rejected(tmp_path, capsys, args, f"{callback} monitors '{monitor}', which")
     assert "it logs val/" in line
+
+
+def test_a_test_with_other_evaluation_settings_ignores_the_fits_monitor(tmp_path) -> None:
+    """IC-SSL's config keeps its best model by ``val/acc/label_ratio=0.25``; a test at other label ratios never
+    validates, so that monitor is not checked and the test runs at the ratios it was given."""
+    import json
+
+    from lit_icl.cli import main
+
+    args = tiny_args(tmp_path, "--trainer.max_epochs", "1", config_callbacks=True)
+    main(["fit", *args])
+    ckpt = tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt"
+    main(["test", *args, "--ckpt_path", str(ckpt), "--data.init_args.eval_label_ratios", "[0.1, 0.5]"])
+    rows = json.loads((tmp_path / "runs/tiny/version_1/results.json").read_text())["rows"]
+    assert {r["label_ratio"] for r in rows if r["metric"] == "accuracy"} == {0.1, 0.5}

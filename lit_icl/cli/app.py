@@ -296,7 +296,8 @@ class LitICLCLI(LightningCLI):
         # Lightning would otherwise do it only in `setup`, after the logger has created the folder.
         if isinstance(self.model, ICLModule):
             self.model.attach_datamodule(self.datamodule)
-            check_monitors(self.trainer, self.model)
+            if self.subcommand in (None, "fit"):  # only training validates: a test's monitors never look
+                check_monitors(self.trainer, self.model)
 
     def before_fit(self) -> None:
         if isinstance(self.model, ICLModule):

@@ -74,7 +74,8 @@ def check_monitors(trainer: Trainer, model: ICLModule) -> None:
     """Refuse a callback that monitors a ``val/...`` metric the model does not log.
 
     ModelCheckpoint and EarlyStopping look their ``monitor`` up only at the end of the first validation, after
-    the run folder exists and an epoch has been trained, and then stop the run with a traceback.
+    the run folder exists and an epoch has been trained, and then stop the run with a traceback. The CLI checks
+    this for ``fit`` only: a ``test`` of the same config (with other evaluation settings) never validates.
     """
     keys = model.validation_keys()
     if keys is None:
@@ -85,7 +86,8 @@ def check_monitors(trainer: Trainer, model: ICLModule) -> None:
             logged = ", ".join(sorted(keys)) if keys else "none (this model has no validation loop)"
             raise ConfigError(
                 f"{type(callback).__name__} monitors {monitor!r}, which {type(model).__name__} does not log; "
-                f"it logs {logged}"
+                f"it logs {logged}: set the callback's monitor to one of those, or change the settings so that "
+                f"{monitor!r} is logged"
             )
 
 def check_trainer_counts(trainer: Any) -> None:
