@@ -99,9 +99,9 @@ def choose_x(rows: Sequence[Mapping[str, Any]]) -> str | None:
     return max(varying, key=lambda k: varying[k]) if varying else None
 
 
-def markdown_table(rows: Sequence[Mapping[str, Any]], metric: str, x: str | None) -> str:
-    """A Markdown table of one metric: mean ± sd over runs per (experiment, method, coordinates) and ``x``."""
-    chosen = [r for r in rows if r["metric"] == metric]
+def line_keys(chosen: Sequence[Mapping[str, Any]], x: str | None) -> list[str]:
+    """What tells one line of a metric's rows from another: the experiment (when there are several), the method and
+    every other coordinate that varies, except ``x``, the replicates and coordinates that ``x`` fixes."""
     ignore = {"value", "metric", "_run", x, *REPLICATE_COORDS}  # replicates are pooled into the cells
     keys = [k for k in dict.fromkeys(k for r in chosen for k in r) if k not in ignore]
     # Drop key columns that are constant across the table (e.g. one split, one experiment).
@@ -110,6 +110,20 @@ def markdown_table(rows: Sequence[Mapping[str, Any]], metric: str, x: str | None
         # A coordinate fixed by x (IC-SSL's n_labeled by label_ratio) is a second name for the column, not a line.
         keys = [k for k in keys if k in ("method", "experiment") or not _function_of(chosen, k, x)]
     keys.sort(key=lambda k: k != "experiment")  # the experiment first, then the row's own keys
+    return keys
+
+
+def series_label(row: Mapping[str, Any], keys: Sequence[str]) -> str:
+    """A figure's name for the line of ``row``: ``experiment: method, coordinate=value, ...``."""
+    own = ", ".join(str(row.get(k)) if k == "method" else f"{k}={_fmt_x(row.get(k))}"
+                    for k in keys if k != "experiment")
+    return f"{row['experiment']}: {own}" if "experiment" in keys else own
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]], metric: str, x: str | None) -> str:
+    """A Markdown table of one metric: mean ± sd over runs per (experiment, method, coordinates) and ``x``."""
+    chosen = [r for r in rows if r["metric"] == metric]
+    keys = line_keys(chosen, x)
     xs = sorted({r.get(x) for r in chosen}, key=sort_key) if x else [None]
     stats = aggregate(chosen, [*keys, x] if x else keys)
     runs_per_cell = {v[2] for v in stats.values()}
@@ -117,8 +131,8 @@ def markdown_table(rows: Sequence[Mapping[str, Any]], metric: str, x: str | None
     header = [*keys, *([f"{x}={_fmt_x(v)}" for v in xs] if x else [metric])]
     lines = [f"**{metric}** ({n_note} runs per cell)", "", "| " + " | ".join(header) + " |",
              "|" + "---|" * len(header)]
-    line_keys = sorted({k[: len(keys)] for k in stats}, key=lambda t: tuple(sort_key(v) for v in t))
-    for lk in line_keys:
+    lines_of = sorted({k[: len(keys)] for k in stats}, key=lambda t: tuple(sort_key(v) for v in t))
+    for lk in lines_of:
         cells = []
         for v in xs:
             key = (*lk, v) if x else lk
@@ -172,6 +186,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     if missing or not rows:
         print(f"lit_icl.report: error: no rows for metric(s) {missing or metrics}", file=sys.stderr)
         sys.exit(2)
+    if args.x and not any(args.x in r for r in rows if r["metric"] in metrics):
+        coords = sorted({k for r in rows if r["metric"] in metrics for k in r} - {*ROW_KEYS, "experiment", "_run"})
+        print(f"lit_icl.report: error: --x {args.x}: no row of {', '.join(metrics)} has that coordinate; use one of "
+              f"{', '.join(coords) or 'none (the rows have no coordinates)'}", file=sys.stderr)
+        sys.exit(2)
     tables = []
     for metric in metrics:
         chosen = [r for r in rows if r["metric"] == metric]
@@ -181,12 +200,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.out:
         metric = metrics[0]
         chosen = [r for r in rows if r["metric"] == metric]
-        x = args.x or choose_x(chosen)
-        multi = len({r["experiment"] for r in chosen}) > 1
-        tagged = [{**r, "series": f"{r['experiment']}: {r['method']}" if multi else r["method"]} for r in chosen]
+        x = args.x if args.x and any(args.x in r for r in chosen) else choose_x(chosen)
         if x is None:
             print("lit_icl.report: error: the rows have no coordinate to draw against", file=sys.stderr)
             sys.exit(2)
+        # One line per line of the table: the other coordinates (a test's shifts, manifolds) stay apart.
+        keys = line_keys(chosen, x)
+        tagged = [{**r, "series": series_label(r, keys)} for r in chosen if x in r]
         numeric = all(isinstance(r.get(x), (int, float)) and not isinstance(r.get(x), bool) for r in tagged)
         draw = line_figure if numeric else bar_figure
         fig = draw(tagged, x, series="series", title=args.title, metric=metric)

@@ -64,3 +64,44 @@ def test_report_pools_a_seed_coordinate_like_runs(tmp_path, capsys) -> None:
     table = capsys.readouterr().out.splitlines()
     assert table[2] == "| method | seed=0 | seed=1 | seed=2 |"
     assert table[4] == "| i2cl | 0.700 | 0.750 | 0.800 |"
+
+
+def _shift_run(path, seed: int) -> None:
+    """CoQE regression's test rows: error against context length, per distribution shift."""
+    rows = [result_row("mse", 0.1 * k + shift_error + seed, method="coqe", n_context=k, shift=shift)
+            for shift, shift_error in (("id", 0.0), ("noisy", 3.0)) for k in (2, 4)]
+    config = {"seed_everything": seed, "trainer": {"logger": {"init_args": {"name": "coqe_regression"}}}}
+    write_results(path, rows, {"config": config})
+
+
+def test_the_figure_draws_a_line_per_line_of_the_table(tmp_path, capsys, monkeypatch) -> None:
+    """Coordinates besides --x (a test's shifts) keep their own lines in the figure, as in the table, rather than
+    one line averaged over them with their spread drawn as a band."""
+    import lit_icl.report as report_module
+
+    drawn: list[dict] = []
+
+    def spy(rows, x, **kwargs):
+        drawn.extend(rows)
+        return real(rows, x, **kwargs)
+
+    real = report_module.line_figure
+    monkeypatch.setattr(report_module, "line_figure", spy)
+    for seed in (0, 1):
+        _shift_run(tmp_path / f"s{seed}", seed)
+    report([str(tmp_path / "s0"), str(tmp_path / "s1"), "--x", "n_context", "--out", str(tmp_path / "f.png")])
+    table = capsys.readouterr().out.splitlines()
+    assert table[2] == "| method | shift | n_context=2 | n_context=4 |"
+    assert {r["series"] for r in drawn} == {"coqe, shift=id", "coqe, shift=noisy"}
+    assert (tmp_path / "f.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_an_x_no_row_has_is_refused_naming_the_coordinates(tmp_path, capsys) -> None:
+    _shift_run(tmp_path / "s0", 0)
+    with pytest.raises(SystemExit) as info:
+        report([str(tmp_path / "s0"), "--x", "n_contxt", "--out", str(tmp_path / "f.png")])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("lit_icl.report: error: --x n_contxt: no row of mse has that coordinate; use one of n_context, "
+                   "shift")
+    assert not (tmp_path / "f.png").exists()
