@@ -31,6 +31,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor, nn
 from torchmetrics import Metric
 
@@ -212,6 +213,17 @@ class ICSSLModule(ICLModule):
         self.dataset_size = int(size) if size is not None else None
         self.test_sets = list(datamodule.test_set_names or [None])
         self._set_label_ratios(datamodule.eval_label_ratios)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Outside ``fit``, the rows' ``dataset_size`` is what the weights were trained on: the checkpoint's own data
+        settings, not the test command's (which need not repeat ``--data.init_args.train_episodes``, and may test
+        on another data module). A resumed fit keeps its data module's, which it goes on training with."""
+        super().on_load_checkpoint(checkpoint)
+        data = checkpoint.get("datamodule_hyper_parameters")
+        fitting = self._trainer is not None and self._trainer.state.fn == TrainerFn.FITTING
+        if data is not None and not fitting:
+            size = data.get("train_episodes")
+            self.dataset_size = int(size) if size is not None else None
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
