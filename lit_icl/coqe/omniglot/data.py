@@ -99,7 +99,11 @@ def make_class_split(
     if n_holdout < 2:
         raise ConfigError(f"n_holdout={n_holdout}: the ICL evaluator needs at least 2 holdout classes")
     if n_holdout % group:
-        raise ConfigError(f"n_holdout={n_holdout} must be a multiple of 8 with augment (whole characters)")
+        whole = -(-n_holdout // group) * group
+        raise ConfigError(
+            f"n_holdout={n_holdout} must be a multiple of {group} with augment: true (a character's {group} "
+            f"rotations and flips are held out together); use --data.init_args.n_holdout {whole}"
+        )
     if n_common < 0 or n_common > total - n_holdout - 2:
         raise ConfigError(f"n_common={n_common} leaves no rare classes ({total} classes, {n_holdout} holdout)")
     if total - n_holdout < 2:

@@ -104,12 +104,17 @@ class ResNetEmbedder(nn.Module):
         if channels is None:
             if emb_dim not in RESNET_CHANNELS:
                 raise ConfigError(
-                    f"emb_dim={emb_dim!r} has no preset; use one of {sorted(RESNET_CHANNELS)} or give `channels`"
+                    f"emb_dim={emb_dim!r} has no preset; use one of {sorted(RESNET_CHANNELS)} or give the 4 group "
+                    f"widths as resnet_channels (e.g. --model.init_args.net.init_args.resnet_channels '[8, 16, 32, "
+                    f"{emb_dim}]')"
                 )
             channels = RESNET_CHANNELS[emb_dim]
         channels = tuple(channels)
         if len(channels) != 4 or any(isinstance(c, bool) or not isinstance(c, int) or c < 4 for c in channels):
-            raise ConfigError(f"channels={list(channels)} must be 4 integers >= 4 (one width per residual group)")
+            # The nets take these as `resnet_channels`, the name a config or command line gives.
+            raise ConfigError(
+                f"resnet_channels={list(channels)} must be 4 integers >= 4 (one width per residual group)"
+            )
         check_int("out_dim", out_dim, minimum=1)
         check_int("stem_channels", stem_channels, minimum=1)
         self.channels = channels

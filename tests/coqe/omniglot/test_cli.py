@@ -139,6 +139,8 @@ COQE_ROWS: list[tuple[str | tuple[str, ...], list[str], str]] = [
     (C, [D + "test_sequences", "0"], "test_sequences=0"),
     (C, [D + "image_size", "4"], "image_size=4"),
     (C, [D + "n_holdout", "1"], "at least 2 holdout classes"),
+    (C, [D + "augment", "true"], ("n_holdout=4 must be a multiple of 8 with augment: true (a character's 8 "
+                                  "rotations and flips are held out together); use --data.init_args.n_holdout 8")),
     (C, [D + "n_common", "100"], "n_common=100"),
     (C, [D + "zipf_alpha", "-0.5"], "zipf_alpha=-0.5 must be >= 0"),
     (C, [D + "num_workers", "-1"], "num_workers=-1"),
@@ -151,7 +153,7 @@ COQE_ROWS: list[tuple[str | tuple[str, ...], list[str], str]] = [
     (C, [M + "noise.interval", "0.5"], "noise.interval"),  # a type error from the parser
     (C, [M + "noise_mean0", "3"], "noise_mean0"),  # the loose name of older code
     # --- nets
-    (C, [N + "resnet_channels", "[8, 8, 8]"], "must be 4 integers"),
+    (C, [N + "resnet_channels", "[8, 8, 8]"], "resnet_channels=[8, 8, 8] must be 4 integers"),
     (C, [N + "heads", "3"], "not divisible by heads=3"),
     (C, [N + "depth", "0"], "depth=0"),
     (C, [N + "noise_k", "50"], "noise_k=50 exceeds n_classes=20"),

@@ -263,8 +263,9 @@ def test_transformer_refuses_noise() -> None:
 @pytest.mark.parametrize(
     ("build", "needle"),
     [
-        (lambda: ResNetEmbedder(100), "emb_dim=100 has no preset"),
-        (lambda: ResNetEmbedder(channels=(8, 8, 8)), "must be 4 integers"),
+        (lambda: ResNetEmbedder(100), ("emb_dim=100 has no preset; use one of [64, 256, 512] or give the 4 group "
+                                       "widths as resnet_channels (e.g. --model.init_args.net.init_args.")),
+        (lambda: ResNetEmbedder(channels=(8, 8, 8)), "resnet_channels=[8, 8, 8] must be 4 integers"),
         (lambda: ResNetEmbedder(channels=(8, 8, 8, 2)), "must be 4 integers >= 4"),
         (lambda: CausalTransformer(64, depth=2, heads=7), "not divisible by heads=7"),
         (lambda: CausalTransformer(64, depth=0), "depth=0"),
