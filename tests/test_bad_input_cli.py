@@ -391,3 +391,24 @@ def test_best_is_the_monitored_record_whatever_the_order_of_the_callbacks(tmp_pa
     # Without a monitored record, the newest epoch file is the best there is.
     torch.save({"callbacks": {"ModelCheckpoint{'monitor': None}": newest}}, tmp_path / "last.ckpt")
     assert _best_recorded(tmp_path / "last.ckpt") == tmp_path / "epoch=9-step=90.ckpt"
+
+
+REG_OVERLAY, REG_BASE = "configs/coqe/regression/cpu.yaml", "configs/coqe/regression.yaml"
+
+
+@pytest.mark.parametrize(("configs", "order"), [([REG_OVERLAY], "without"), ([REG_OVERLAY, REG_BASE], "before")])
+def test_an_overlay_without_or_before_its_base_is_refused_naming_the_order(tmp_path, capsys, configs, order) -> None:
+    """An overlay holds only what it changes, so alone (or first) its model options reach LightningModule itself;
+    jsonargparse says the option "is not accepted", and the line adds what to give instead."""
+    args = ["fit", *[a for c in configs for a in ("--config", c)],
+            "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")]
+    line = assert_rejected(tmp_path, capsys, args, "is not accepted (in lightning.LightningModule)")
+    assert line.endswith(f": {REG_OVERLAY} is an overlay, given {order} its base; give the base first: "
+                         f"--config {REG_BASE} --config {REG_OVERLAY}")
+
+
+def test_model_options_with_no_config_name_the_base_configs(tmp_path, capsys) -> None:
+    line = assert_rejected(tmp_path, capsys, ["fit", "--model.init_args.lr", "0.1",
+                                              "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")],
+                           "is not accepted (in lightning.LightningModule)")
+    assert line.endswith("start with an experiment's base config (configs/<paper>/<experiment>.yaml), then its overlays")

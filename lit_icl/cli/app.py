@@ -54,7 +54,7 @@ from lit_icl.cli.checks import (
     check_same_experiment,
     check_trainer_counts,
 )
-from lit_icl.cli.messages import find_config_error, one_line_parser_error, trainer_error_message
+from lit_icl.cli.messages import find_config_error, one_line_parser_error, overlay_hint, trainer_error_message
 from lit_icl.cli.naming import DEFAULT_RUN_NAME, name_run_from_configs
 from lit_icl.cli.trainer_setup import add_compile, add_early_stopping, no_op_profiler, quiet_progress_bar
 from lit_icl.core.errors import ConfigError
@@ -391,7 +391,8 @@ def main(args: ArgsType = None) -> None:
         sys.exit(128 + signal.SIGTERM)
     except ArgumentError as err:
         _HELD.drop()
-        print(f"lit_icl: error: {one_line_parser_error(str(err))}", file=sys.stderr)
+        line = overlay_hint(one_line_parser_error(str(err)), sys.argv[1:] if args is None else list(args))
+        print(f"lit_icl: error: {line}", file=sys.stderr)
         sys.exit(2)
     except Exception as err:
         config_error = find_config_error(err)

@@ -11,6 +11,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lit_icl.cli.checkpoints import import_class, pinned_run_folder
+from lit_icl.cli.messages import config_paths
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.module import ICLModule
 
@@ -23,15 +24,7 @@ def check_config_files(args: list[Any]) -> None:
     """
     import yaml
 
-    paths: list[str] = []
-    for i, arg in enumerate(args):
-        if not isinstance(arg, str):
-            continue
-        if arg == "--config" and i + 1 < len(args) and isinstance(args[i + 1], str):
-            paths.append(args[i + 1])
-        elif arg.startswith("--config="):
-            paths.append(arg.split("=", 1)[1])
-    for raw in paths:
+    for raw in config_paths(args):
         path = Path(raw)
         if not path.is_file():
             continue

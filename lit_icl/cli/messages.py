@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from lit_icl.cli.checkpoints import import_class
@@ -56,6 +58,42 @@ _PARSER_NOISE = re.compile(
     r"^(- )?(Does not validate against any of the Union subtypes|Subtypes: |Errors:|Expected a <class 'NoneType'>"
     r"|Given value type: |Given value: )"
 )
+
+
+def config_paths(args: Sequence[Any]) -> list[str]:
+    """The ``--config`` files of a command line, in order (``--config F`` and ``--config=F``)."""
+    paths: list[str] = []
+    for i, arg in enumerate(args):
+        if not isinstance(arg, str):
+            continue
+        if arg == "--config" and i + 1 < len(args) and isinstance(args[i + 1], str):
+            paths.append(args[i + 1])
+        elif arg.startswith("--config="):
+            paths.append(arg.split("=", 1)[1])
+    return paths
+
+
+#: How jsonargparse names the base classes when an option comes before any ``class_path`` has chosen a class.
+_NO_CLASS = re.compile(r"is not accepted \(in lightning\.(?:pytorch\.)?(?:LightningModule|LightningDataModule)\)$")
+
+
+def overlay_hint(message: str, args: Sequence[Any]) -> str:
+    """``message`` and what to do, when it says an option came before any model or data class was chosen.
+
+    That happens when an overlay (``configs/<paper>/<experiment>/<variant>.yaml``, which holds only what it changes)
+    is given without its base, or before it: the overlay's options reach LightningModule itself.
+    """
+    if not _NO_CLASS.search(message):
+        return message
+    configs = config_paths(args)
+    for i, raw in enumerate(configs):
+        base = Path(raw).parent.with_suffix(".yaml")
+        if base.is_file() and Path(raw).is_file():
+            later = any(Path(c).resolve() == base.resolve() for c in configs[i + 1:])
+            return (f"{message}: {raw} is an overlay, given {'before' if later else 'without'} its base; give the base "
+                    f"first: --config {base} --config {raw}")
+    return (f"{message}: no --config file chose the model and data classes before it; start with an experiment's "
+            f"base config (configs/<paper>/<experiment>.yaml), then its overlays")
 
 
 def one_line_parser_error(message: str) -> str:
