@@ -509,11 +509,14 @@ def run_all(jobs: list[Job], args: argparse.Namespace, stage: str) -> int:
                 print(f"{time.strftime('%H:%M:%S')} {job.name}: {status}, {secs:.0f} s", flush=True)
                 failed += rc != 0
         return failed
+    if args.dry_run:  # one command a line, in order (threads printing at once could run two lines together)
+        for job in todo:
+            run_job(job, args.threads, dry=True)
+        return 0
     with ThreadPoolExecutor(args.jobs) as pool:
-        for job, rc, secs in pool.map(lambda j: run_job(j, args.threads, args.dry_run), todo):
-            if not args.dry_run:
-                status = "ok" if rc == 0 else f"FAILED rc={rc} (see {job.folder}/{job.argv[0]}.log)"
-                print(f"{time.strftime('%H:%M:%S')} {job.name}: {status}, {secs:.0f} s", flush=True)
+        for job, rc, secs in pool.map(lambda j: run_job(j, args.threads, False), todo):
+            status = "ok" if rc == 0 else f"FAILED rc={rc} (see {job.folder}/{job.argv[0]}.log)"
+            print(f"{time.strftime('%H:%M:%S')} {job.name}: {status}, {secs:.0f} s", flush=True)
             failed += rc != 0
     return failed
 

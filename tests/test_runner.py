@@ -314,3 +314,17 @@ def test_a_fit_stopped_by_sigterm_is_not_marked_done_and_its_rerun_resumes_from_
     log = (job.folder / "fit.log").read_text()
     assert "--ckpt_path last" in log.split("$ ")[2].splitlines()[0]
     assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 6
+
+
+def test_a_dry_run_prints_each_command_on_a_line_of_its_own_in_order_and_writes_nothing(runner, tmp_path,
+                                                                                        capsys) -> None:
+    import argparse
+
+    jobs = [runner.Job(f"fit {i}", ["fit", "--seed_everything", str(i)], tmp_path / f"s{i}") for i in range(12)]
+    args = argparse.Namespace(jobs=4, threads=1, dry_run=True)
+    assert runner.run_all(jobs, args, "fit") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "12 jobs, 0 done, 12 to run (4 at a time)"
+    assert [line.split()[-1] for line in lines[1:]] == [str(i) for i in range(12)]
+    assert all(line.count(" -m lit_icl fit ") == 1 for line in lines[1:])
+    assert not any(tmp_path.iterdir())
