@@ -40,7 +40,6 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from lit_icl.coqe.omniglot.glyphs import DEFAULT_CLASSES, DEFAULT_DRAWERS, build_glyphs
 from lit_icl.coqe.omniglot.images import OMNIGLOT_HELP, SPLIT_FOLDERS, index_folder, load_bank
 from lit_icl.core.data import ChunkedDataModule, SeededChunks
 from lit_icl.core.errors import ConfigError
@@ -308,6 +307,10 @@ def find_images(
 def folder_sizes(source: str, folder: Path) -> tuple[int, int]:
     """``(classes, drawings per class)`` of the folder from its listing (no image read); before the folder exists
     (built or downloaded in ``prepare_data``), the counts it will have: the stand-in's, or Omniglot's."""
+    # Imported here, not at the top: `python -m lit_icl.coqe.omniglot.glyphs` runs that module as a script, and
+    # the package importing it first would make runpy warn (tests/coqe/omniglot/test_glyphs.py).
+    from lit_icl.coqe.omniglot.glyphs import DEFAULT_CLASSES, DEFAULT_DRAWERS
+
     if has_images(folder):
         index = index_folder(folder)
         return index.n_classes, index.n_exemplars
@@ -336,6 +339,8 @@ def prepare_folder(source: str, folder: Path) -> None:
     if has_images(folder):
         return
     if source == "glyphs":
+        from lit_icl.coqe.omniglot.glyphs import build_glyphs  # see folder_sizes
+
         rank_zero_info(f"lit_icl.coqe: building the glyphs stand-in in {folder} (once)")
         build_glyphs(folder)
     else:
