@@ -4,8 +4,9 @@ One objective for both nets of :mod:`lit_icl.coqe.omniglot.nets` (CoQE paper Sec
 
 - :class:`~lit_icl.coqe.omniglot.nets.SequenceTransformer`: cross-entropy of the query's logits (Chan et al.);
 - :class:`~lit_icl.coqe.omniglot.nets.CoQEClassifier`: ``L_mod + L_orig``, the cross-entropies of the modified logits
-  (dynamic vectors for context classes, static otherwise, plus Gaussian noise on the non-context classes during
-  training) and of the static logits (to speed up learning of the static vectors; not used at test time).
+  (dynamic vectors for context classes, static otherwise, plus Gaussian noise during training on every class's
+  query logit by default, or on the non-context classes only: the net's ``noise_on``) and of the static logits
+  (to speed up learning of the static vectors; not used at test time).
 
 Noise schedule (App. C.2): ``N(mu_0, 1)``, mean and standard deviation raised by 1 every 10^4 steps; one
 :class:`NoiseSchedule` value (``noise: {mean0, std0, increment, interval, delay}`` in a config) holds it. In general
