@@ -9,6 +9,8 @@ it ends with other weights than a run that was not stopped. This callback, which
   which Lightning resumes at the next batch, when the training loader can resume inside an epoch
   (:class:`lit_icl.core.data.ResumableLoader`: every paper's but avMNIST's, whose dropout draws from the global RNG
   re-seeded per epoch, and I2CL's calibration, one short epoch); other runs keep Lightning's rule;
+- resumes a checkpoint written at an epoch's end at the next epoch, which Lightning gets wrong in runs bounded by
+  ``max_steps`` (:func:`lit_icl.core.resume.finish_restored_epoch`);
 - hands the training loader its saved data position (:class:`lit_icl.core.data.ResumableLoader`) where Lightning
   itself does not: Lightning loads it only when it makes the training loader after restoring the checkpoint (a
   module whose ``configure_optimizers`` reads ``trainer.estimated_stepping_batches``, as IC-SSL's and I2CL's
@@ -27,7 +29,7 @@ from typing import Any
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from lit_icl.core.data import ResumableLoader
-from lit_icl.core.resume import record_cut_epoch_unfinished
+from lit_icl.core.resume import finish_restored_epoch, record_cut_epoch_unfinished
 
 
 def resumes_inside_epoch(trainer: Trainer) -> bool:
@@ -46,6 +48,7 @@ class ResumeInsideEpoch(Callback):
             record_cut_epoch_unfinished(trainer, checkpoint)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        finish_restored_epoch(trainer)  # a finished epoch's checkpoint resumes at the next epoch (max_steps runs)
         # Saved loader states that Lightning restored but did not hand over wait here: when it made the training
         # loader before restoring the checkpoint, and when it resumes at an epoch's end (it then does not count
         # itself as restarting). The first batch is drawn after this hook, so loading them now takes effect.

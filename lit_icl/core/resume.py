@@ -15,6 +15,14 @@ things:
    run that was not stopped does. :func:`record_cut_epoch_unfinished` writes the counters of a checkpoint saved
    inside that epoch instead, which Lightning resumes batch by batch.
 
+3. **A finished epoch's checkpoint resumes at the next epoch in step-bounded runs too.** A checkpoint written at an
+   epoch's end (``on_train_epoch_end``: the epoch's file and ``last.ckpt``) counts the epoch as processed but not
+   completed. With ``max_epochs`` Lightning resumes it at the next epoch. With ``max_steps`` (every config here)
+   it counts itself as restarting in that epoch's end: it runs the epoch's end once more and counts it processed
+   twice, and from then on passes the next epoch's number to the sampler. The resumed run then trains every epoch
+   on the data of the epoch after it. :func:`finish_restored_epoch` resumes it as Lightning does under
+   ``max_epochs``.
+
 Both read Lightning's progress counters (``fit_loop.epoch_progress``, ``epoch_loop.batch_progress``), whose meaning
 is fixed within the lightning 2.6 series this package pins. :class:`~lit_icl.callbacks.ResumeInsideEpoch` applies
 them to every CLI run.
@@ -24,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["record_cut_epoch_unfinished", "training_position"]
+__all__ = ["finish_restored_epoch", "record_cut_epoch_unfinished", "training_position"]
 
 
 def training_position(trainer: Any) -> tuple[int, int]:
@@ -60,4 +68,27 @@ def record_cut_epoch_unfinished(trainer: Any, checkpoint: dict[str, Any]) -> boo
     for counts in (progress["total"], progress["current"]):
         counts["processed"] -= 1
         counts["completed"] = min(counts["completed"], counts["processed"])
+    return True
+
+
+def finish_restored_epoch(trainer: Any) -> bool:
+    """Resume a run restored from a finished epoch's checkpoint at the next epoch, before its first batch.
+
+    Call it when training starts (``on_train_start``: after Lightning has read the checkpoint's counters and
+    decided how to restart, before the first epoch begins). When Lightning restarts "on the epoch's end", which it
+    does only in step-bounded training, this counts the epoch completed and ends the restart, as Lightning does for
+    the same checkpoint under ``max_epochs``. The next epoch then starts with its own number, whole batch counters
+    and the epoch-end learning-rate step, as in a run that never stopped. Returns whether it changed anything.
+    """
+    from lightning.pytorch.loops.loop import _Loop
+
+    fit_loop = trainer.fit_loop
+    if not fit_loop.restarted_on_epoch_end:
+        return False
+    for counts in (fit_loop.epoch_progress.current, fit_loop.epoch_progress.total):
+        counts.completed = counts.processed
+    fit_loop.reset_restart_stage()
+    fit_loop.epoch_loop.reset_restart_stage()
+    # The fit loop's own setter keeps step-bounded runs restarting; the base setter clears it and its children's.
+    _Loop.restarting.fset(fit_loop, False)
     return True

@@ -129,3 +129,47 @@ def test_a_loader_whose_sampler_lightning_replaced_ignores_the_position() -> Non
                              datamodule=SimpleNamespace(trainer=None))
     loader.load_state_dict({"epoch": 1, "batches": 1})
     assert [b.flatten().tolist() for b in loader] == [[0, 1], [2, 3]]
+
+
+# ------------------------------------------------------------------ a finished epoch's checkpoint, end to end
+def _fit_steps(root, steps: int, *extra: str) -> None:
+    """A tiny CoQE regression fit bounded by ``max_steps`` (as every config is), 3 batches an epoch, every
+    epoch's checkpoint kept."""
+    from coqe.regression.helpers import overlay, reg_args
+
+    from lit_icl.cli import main
+
+    main(["fit", *reg_args(root, overlay("cpu"), "--data.init_args.train_batches_per_epoch", "3",
+                           "--checkpoint.save_top_k", "-1", "--trainer.max_steps", str(steps)), *extra])
+
+
+def _last(root) -> dict:
+    return torch.load(root / "runs/tiny/version_0/checkpoints/last.ckpt", map_location="cpu", weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """9 steps (3 epochs) without a stop."""
+    root = tmp_path_factory.mktemp("straight")
+    _fit_steps(root, 9)
+    return root
+
+
+@pytest.mark.parametrize("resume", ["epoch_file", "sittings"])
+def test_a_run_resumed_from_a_finished_epochs_checkpoint_ends_bit_identical(tmp_path, straight, resume) -> None:
+    """Lightning restarts a step-bounded run from a checkpoint written at an epoch's end "on the epoch's end",
+    counts that epoch twice and would feed every later epoch the data of the one after it (all weights differed);
+    ``ResumeInsideEpoch`` resumes it at the next epoch, as Lightning does under ``max_epochs``. Both ways in: the
+    first epoch's own checkpoint, and a run stopped by ``max_steps`` exactly at an epoch's end, resumed with
+    ``last``. The loop counters saved at the end are the straight run's too."""
+    if resume == "epoch_file":
+        _fit_steps(tmp_path, 9, "--ckpt_path",
+                   str(straight / "runs/tiny/version_0/checkpoints/epoch=0-step=3.ckpt"))
+    else:
+        _fit_steps(tmp_path, 3)
+        _fit_steps(tmp_path, 9, "--ckpt_path", "last")
+    want, got = _last(straight), _last(tmp_path)
+    assert got["global_step"] == 9
+    assert want["state_dict"].keys() == got["state_dict"].keys()
+    assert all(torch.equal(want["state_dict"][k], got["state_dict"][k]) for k in want["state_dict"])
+    assert got["loops"]["fit_loop"]["epoch_progress"] == want["loops"]["fit_loop"]["epoch_progress"]
