@@ -10,6 +10,9 @@ A later ``--ckpt_path last`` would then resume from the stale file.
 Here, when the recorded files are present *by name* in this callback's folder (the folder was moved, not
 replaced), their paths are rewritten to it and restored; otherwise Lightning's rule applies unchanged.
 
+It writes ``last.ckpt`` at every epoch's save point and at the end of training whatever the top-k settings
+(``save_top_k: 0``, ``every_n_train_steps``), where Lightning writes it only beside a top-k file.
+
 It also writes ``last.ckpt`` when SIGTERM stops a fit between two training batches (Lightning saves nothing then),
 so a preempted run resumes from the step it reached, exactly as if it had not stopped; a run whose loaders resume
 exactly only at an epoch's start (avMNIST, I2CL's calibration) keeps its last epoch's checkpoint instead.
@@ -45,12 +48,39 @@ class RunCheckpoint(ModelCheckpoint):
             self._state_key_of = cached
         return cached[1]
 
+    # Lightning 2.6 writes last.ckpt only where it also keeps a top-k file: never per epoch with save_top_k: 0 (I2CL's
+    # configs), only every N steps with every_n_train_steps (which turns its per-epoch saves off), and at the end of
+    # training only if it never wrote one. So a stopped run could lose all its epochs, or the steps since the last
+    # multiple of N. Here last.ckpt is also written at every save point of an epoch Lightning passes over, and at the
+    # end of training when it is behind.
+    def _save_last_checkpoint(self, trainer: Any, monitor_candidates: dict[str, Any]) -> None:
+        super()._save_last_checkpoint(trainer, monitor_candidates)
+        if self.save_last:
+            self._last_saved_step = trainer.global_step
+
+    def _write_last_if_behind(self, trainer: Any) -> None:
+        if self.save_last and self.__dict__.get("_last_saved_step") != trainer.global_step:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        due = not self._should_skip_saving_checkpoint(trainer) and self._should_save_on_train_epoch_end(trainer)
+        super().on_train_epoch_end(trainer, pl_module)
+        if due:
+            self._write_last_if_behind(trainer)
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        due = not self._should_skip_saving_checkpoint(trainer) and not self._should_save_on_train_epoch_end(trainer)
+        super().on_validation_end(trainer, pl_module)
+        if due:
+            self._write_last_if_behind(trainer)
+
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         # Lightning 2.6 writes last.ckpt at the end of training even under fast_dev_run, which promises no
         # checkpoint; there the logger is off, so the file landed in ./checkpoints/ of the working folder.
         if trainer.fast_dev_run:
             return
         super().on_train_end(trainer, pl_module)
+        self._write_last_if_behind(trainer)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         # SIGTERM (a preemption, scancel, docker stop) ends a fit between two training batches: write last.ckpt
