@@ -100,3 +100,27 @@ def test_own_code_lines_leaves_out_docstrings_and_comments() -> None:
     source = 'class A:\n    """Doc\n    more."""\n\n    # why\n    x = 1\n    def f(self):\n        """Doc."""\n        return 2\n'
     node = ast.parse(source).body[0]
     assert own_code_lines(source, node) == 4  # class line, x = 1, def, return
+
+
+@pytest.mark.parametrize("script", ["lit_icl.coqe.omniglot.glyphs", "lit_icl.i2cl.build", "lit_icl.icssl.build",
+                                    "lit_icl.mmca.avmnist.build"])
+def test_no_module_imports_a_build_script_at_import_time(script: str) -> None:
+    """``python -m <script>`` runs the module as a script after importing its package; had the package (or anything
+    it imports) imported the script already, runpy would warn about two copies of it on every build. So the rest of
+    lit_icl imports these only inside the functions that build (read from the source, without a fresh interpreter)."""
+    import ast
+
+    package = ROOT / "lit_icl"
+    own = package.joinpath(*script.split(".")[1:]).with_suffix(".py")
+    assert own.is_file()
+    eager = []
+    for path in package.rglob("*.py"):
+        if path == own:
+            continue
+        for node in ast.parse(path.read_text()).body:  # module level only: imports inside functions are lazy
+            names = ([node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+                     if isinstance(node, ast.ImportFrom) else
+                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            if script in names:
+                eager.append(str(path.relative_to(package)))
+    assert not eager, f"{script} is imported at module level by {eager}"

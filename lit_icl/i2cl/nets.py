@@ -38,7 +38,6 @@ from torch import Tensor, nn
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.transfer import to_device
 from lit_icl.core.validation import check_literal
-from lit_icl.i2cl.build import ensure_offline, offline_hint
 
 #: Index of each hooked sub-layer in the ``(L, 2, ...)`` context-vector and coefficient tensors.
 ATTN, MLP = 0, 1
@@ -227,6 +226,10 @@ class CausalLM(nn.Module):
             raise ConfigError(
                 f"gguf_file={gguf_file!r} is not a file in {model_name_or_path!r}; give the folder that holds it"
             )
+        # Imported here: `python -m lit_icl.i2cl.build` runs that module as a script, and the package importing it
+        # first would make runpy warn (tests/test_repository.py).
+        from lit_icl.i2cl.build import ensure_offline, offline_hint
+
         local = Path(model_name_or_path)
         # A local path that is not there (a hub id has at most one '/'): an offline model folder is exported on
         # first use when its package is installed; otherwise say how, not the hub's rules for repo ids.

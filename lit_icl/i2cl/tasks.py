@@ -18,7 +18,6 @@ import torch
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import check_literal, check_nonempty, check_positive
-from lit_icl.i2cl.build import ensure_offline, offline_hint
 
 
 @dataclass(frozen=True)
@@ -141,6 +140,9 @@ class TaskSource:
     def ensure_files(self) -> None:
         """Refuse a missing ``train_file`` / ``test_file`` (a separate step, so that a caller can check every other
         option first and write nothing for a bad config)."""
+        # Imported here, as in nets.CausalLM: no eager import of the `python -m` script.
+        from lit_icl.i2cl.build import ensure_offline, offline_hint
+
         for name, f in (("train_file", self.train_file), ("test_file", self.test_file)):
             # the offline sentiment tasks are written on first use, as `python -m lit_icl.i2cl.build` would
             if f is not None and not Path(f).is_file() and not ensure_offline(f):

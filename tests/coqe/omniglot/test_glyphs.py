@@ -108,22 +108,3 @@ def test_stroke_morphology_is_the_3x3_window_min_or_max_with_paper_outside(erode
     assert torch.equal(_morph(y, erode=erode), window)
     assert torch.equal(_morph(y[:0], erode=erode), y[:0])  # no drawing takes this width
 
-
-def test_no_module_imports_the_builder_at_import_time() -> None:
-    """``python -m lit_icl.coqe.omniglot.glyphs`` runs the builder as a script after importing its package; had the
-    package imported the builder already, runpy would warn about two copies of it on every build. So the rest of
-    lit_icl imports it only inside the functions that build (read from the source, without a fresh interpreter)."""
-    import ast
-
-    package = Path(__file__).resolve().parents[3] / "lit_icl"
-    eager = []
-    for path in package.rglob("*.py"):
-        if path.name == "glyphs.py" and path.parent.name == "omniglot":
-            continue
-        for node in ast.parse(path.read_text()).body:  # module level only: imports inside functions are lazy
-            names = ([node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
-                     if isinstance(node, ast.ImportFrom) else
-                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
-            if "lit_icl.coqe.omniglot.glyphs" in names:
-                eager.append(str(path.relative_to(package)))
-    assert not eager, f"imported at module level by {eager}"
