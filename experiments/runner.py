@@ -32,8 +32,10 @@ import os
 import re
 import resource
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -409,6 +411,23 @@ def read_done(folder: Path) -> tuple[float, float | None]:
     return wall, cpu
 
 
+#: The ``python -m lit_icl`` children running now, so that a SIGTERM to the driver reaches them (:func:`run_all`).
+_RUNNING: set[subprocess.Popen] = set()
+_RUNNING_LOCK = threading.Lock()
+#: Set once the driver got SIGTERM: jobs not yet started do not start.
+_STOPPING = threading.Event()
+
+
+def _stop_children(signum: int, frame: Any) -> None:
+    """The driver's SIGTERM handler: pass the signal on to every running fit (each saves its ``last.ckpt`` and
+    exits 143) and start no more jobs; :func:`run_all` then exits 143 too. Without it the fits would outlive the
+    driver, and a rerun would start a second process writing into the same run folder."""
+    _STOPPING.set()
+    with _RUNNING_LOCK:
+        for proc in _RUNNING:
+            proc.send_signal(signal.SIGTERM)
+
+
 def run_job(job: Job, threads: int, dry: bool) -> tuple[Job, int, float]:
     cmd = [sys.executable, "-m", CLI_MODULE, *job.argv]
     if job.argv[0] == "fit" and (job.folder / "checkpoints" / "last.ckpt").is_file():
@@ -417,6 +436,8 @@ def run_job(job: Job, threads: int, dry: bool) -> tuple[Job, int, float]:
     if dry:
         print(line, flush=True)
         return job, 0, 0.0
+    if _STOPPING.is_set():  # the driver got SIGTERM before this job started: leave it for the rerun
+        return job, 128 + signal.SIGTERM, 0.0
     job.folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     log_path = job.folder / f"{job.stage}.log"
@@ -425,11 +446,17 @@ def run_job(job: Job, threads: int, dry: bool) -> tuple[Job, int, float]:
     with open(log_path, "a") as log:
         log.write(f"$ {line}\n")
         log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        with _RUNNING_LOCK:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+            _RUNNING.add(proc)
+        if _STOPPING.is_set():  # SIGTERM came while it was starting
+            proc.send_signal(signal.SIGTERM)
         # wait4, not wait: it returns this child's own resource usage (jobs run side by side in threads, so the
         # process-wide RUSAGE_CHILDREN would mix them).
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = rc = os.waitstatus_to_exitcode(status)
+        with _RUNNING_LOCK:
+            _RUNNING.discard(proc)
     wall = time.perf_counter() - start
     if rc == 0:
         write_done(job.folder, wall, usage.ru_utime + usage.ru_stime, code_commit())
@@ -513,11 +540,21 @@ def run_all(jobs: list[Job], args: argparse.Namespace, stage: str) -> int:
         for job in todo:
             run_job(job, args.threads, dry=True)
         return 0
-    with ThreadPoolExecutor(args.jobs) as pool:
-        for job, rc, secs in pool.map(lambda j: run_job(j, args.threads, False), todo):
-            status = "ok" if rc == 0 else f"FAILED rc={rc} (see {job.folder}/{job.argv[0]}.log)"
-            print(f"{time.strftime('%H:%M:%S')} {job.name}: {status}, {secs:.0f} s", flush=True)
-            failed += rc != 0
+    main_thread = threading.current_thread() is threading.main_thread()  # only it may install a handler
+    previous = signal.signal(signal.SIGTERM, _stop_children) if main_thread else None
+    try:
+        with ThreadPoolExecutor(args.jobs) as pool:
+            for job, rc, secs in pool.map(lambda j: run_job(j, args.threads, False), todo):
+                status = "ok" if rc == 0 else f"FAILED rc={rc} (see {job.folder}/{job.argv[0]}.log)"
+                print(f"{time.strftime('%H:%M:%S')} {job.name}: {status}, {secs:.0f} s", flush=True)
+                failed += rc != 0
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+    if _STOPPING.is_set():
+        print("stopped by SIGTERM: the running fits saved their last.ckpt; rerun the same command to resume them",
+              file=sys.stderr, flush=True)
+        sys.exit(128 + signal.SIGTERM)
     return failed
 
 

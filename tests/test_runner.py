@@ -328,3 +328,56 @@ def test_a_dry_run_prints_each_command_on_a_line_of_its_own_in_order_and_writes_
     assert [line.split()[-1] for line in lines[1:]] == [str(i) for i in range(12)]
     assert all(line.count(" -m lit_icl fit ") == 1 for line in lines[1:])
     assert not any(tmp_path.iterdir())
+
+
+_SLOW_CLI = '''import os, signal, sys, time
+from pathlib import Path
+folder = Path(sys.argv[-1])
+def stop(signum, frame):
+    (folder / "got_sigterm").write_text(str(os.getpid()))
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+(folder / "started").write_text(str(os.getpid()))
+time.sleep(60)
+'''
+
+_DRIVER = '''import argparse, importlib.util, sys
+from pathlib import Path
+spec = importlib.util.spec_from_file_location("runner", sys.argv[1])
+runner = importlib.util.module_from_spec(spec)
+sys.modules["runner"] = runner
+spec.loader.exec_module(runner)
+runner.CLI_MODULE = "slow_lit_icl"
+out = Path(sys.argv[2])
+jobs = [runner.Job(f"fit {i}", ["fit", str(out / f"s{i}")], out / f"s{i}") for i in range(3)]
+runner.run_all(jobs, argparse.Namespace(jobs=2, threads=1, dry_run=False), "fit")
+'''
+
+
+def test_a_sigterm_to_the_driver_reaches_its_running_fits_and_starts_no_more(tmp_path) -> None:
+    """Stopped by SIGTERM (a cluster's preemption, ``kill``), the driver passes it on to the fits it runs, which save
+    their last.ckpt and exit; it starts no other job and exits 143. Before, the fits kept training without it, and
+    a rerun of the driver started a second process in the same run folder."""
+    import signal
+    import subprocess
+    import time
+
+    (tmp_path / "slow_lit_icl.py").write_text(_SLOW_CLI)
+    (tmp_path / "driver.py").write_text(_DRIVER)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p))
+    out = tmp_path / "grid"
+    driver = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(SCRIPT), str(out)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not all((out / f"s{i}" / "started").is_file() for i in range(2)):
+        assert time.monotonic() < deadline and driver.poll() is None, driver.communicate()
+        time.sleep(0.05)
+    driver.send_signal(signal.SIGTERM)
+    _, err = driver.communicate(timeout=30)
+    assert driver.returncode == 143, err
+    assert "stopped by SIGTERM" in err
+    for i in range(2):  # both fits got the signal and are gone
+        assert (out / f"s{i}" / "got_sigterm").is_file()
+        with pytest.raises(ProcessLookupError):
+            os.kill(int((out / f"s{i}" / "started").read_text()), 0)
+    assert not (out / "s2").exists()  # the third job never started
