@@ -287,12 +287,20 @@ def drive(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace], lis
     with the command that reruns them); ``fit``, ``test`` and ``all`` run on the chosen executor."""
     if args.stage != "report":
         run_stage(args, fit_jobs, test_jobs, report)
-    code = report(args)
+
+    def unfinished_of_grid() -> None:
+        if args.out.is_dir() and (args.out / "grid.json").is_file():
+            ran = parse_args(json.loads((args.out / "grid.json").read_text())["argv"])
+            ran.out = args.out  # the grid as it was run, wherever its folder is now
+            print_unfinished(select(fit_jobs(ran), ran.only) + select(test_jobs(ran), ran.only), ran)
+
+    try:
+        code = report(args)
+    except SystemExit:  # a report with nothing to show (every job failed, say): still list what failed, and why
+        unfinished_of_grid()
+        raise
     _print_report(code)
-    if args.out.is_dir() and (args.out / "grid.json").is_file():
-        ran = parse_args(json.loads((args.out / "grid.json").read_text())["argv"])
-        ran.out = args.out  # the grid as it was run, wherever its folder is now
-        print_unfinished(select(fit_jobs(ran), ran.only) + select(test_jobs(ran), ran.only), ran)
+    unfinished_of_grid()
     if isinstance(code, int) and code:  # a report that prints itself returns its exit code
         sys.exit(code)
 
@@ -309,7 +317,11 @@ def finish_all(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace]
     """After stage ``all``: the report on stdout, the jobs that did not finish on stderr; their number."""
     jobs = select(fit_jobs(args), args.only) + select(test_jobs(args), args.only)
     if report is not None:
-        _print_report(report(args))
+        try:
+            _print_report(report(args))
+        except SystemExit:  # nothing to report (every job failed, say): still list what failed, and why
+            print_unfinished(jobs, args)
+            raise
     return print_unfinished(jobs, args)
 
 

@@ -166,6 +166,27 @@ def test_stage_all_fits_then_tests_then_reports_and_records_each_jobs_state(runn
     assert json.loads((args.out / "grid.json").read_text())["argv"] == argv
 
 
+@pytest.mark.parametrize("stage", ["all", "report"])
+def test_a_report_with_nothing_to_show_still_lists_the_failed_jobs(runner, quick_cli, tmp_path, capsys, stage) -> None:
+    """Every fit failed, so the report has no rows and stops; the failed jobs and the rerun command still come out."""
+    parser = _driver_parser(runner)
+    out = tmp_path / "grid"
+    fit = runner.Job("fit a s0", ["fit", "--no-such-option"], out.resolve() / "a" / "s0")  # the stand-in exits 2
+    parse = lambda argv: runner.parse_driver_args(parser, argv, "experiments/driver.py")
+
+    def empty_report(args):
+        raise SystemExit("no tested runs under the grid")
+
+    for run in (["all"], [stage]):
+        args = parse([*run, "--out", str(out), "--jobs", "1"])
+        args.out = args.out.resolve()
+        with pytest.raises(SystemExit) as stop:
+            runner.drive(args, lambda a: [fit], lambda a: [], empty_report, parse)
+        assert stop.value.code == "no tested runs under the grid"
+        err = capsys.readouterr().err
+        assert "fit a s0" in err and "failed" in err, err
+
+
 def test_report_names_each_unfinished_job_with_its_reason_and_the_command_that_reruns_the_grid(runner, tmp_path) -> None:
     import argparse
 
