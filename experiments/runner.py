@@ -557,6 +557,9 @@ def run_all(jobs: list[Job], args: argparse.Namespace, stage: str) -> int:
     try:
         with ThreadPoolExecutor(args.jobs) as pool:
             for job, rc, secs in pool.map(lambda j: run_job(j, args.threads, False), todo):
+                if not job.folder.exists():  # not started: the driver got SIGTERM first
+                    print(f"{job.name}: not started (SIGTERM)", flush=True)
+                    continue
                 status = "ok" if rc == 0 else f"FAILED rc={rc} (see {job.folder}/{job.argv[0]}.log)"
                 print(f"{time.strftime('%H:%M:%S')} {job.name}: {status}, {secs:.0f} s", flush=True)
                 failed += rc != 0

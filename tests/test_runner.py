@@ -394,7 +394,7 @@ def test_a_sigterm_to_the_driver_reaches_its_running_fits_and_starts_no_more(tmp
         assert time.monotonic() < deadline and driver.poll() is None, driver.communicate()
         time.sleep(0.05)
     driver.send_signal(signal.SIGTERM)
-    _, err = driver.communicate(timeout=30)
+    printed, err = driver.communicate(timeout=30)
     assert driver.returncode == 143, err
     assert "stopped by SIGTERM" in err
     for i in range(2):  # both fits got the signal and are gone
@@ -402,3 +402,4 @@ def test_a_sigterm_to_the_driver_reaches_its_running_fits_and_starts_no_more(tmp
         with pytest.raises(ProcessLookupError):
             os.kill(int((out / f"s{i}" / "started").read_text()), 0)
     assert not (out / "s2").exists()  # the third job never started
+    assert "fit 2: not started (SIGTERM)" in printed
