@@ -295,7 +295,7 @@ def drive(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace], lis
             print_unfinished(select(fit_jobs(ran), ran.only) + select(test_jobs(ran), ran.only), ran)
 
     try:
-        code = report(args)
+        code = report(report_args_of_grid(args, parse_args))
     except SystemExit:  # a report with nothing to show (every job failed, say): still list what failed, and why
         unfinished_of_grid()
         raise
@@ -303,6 +303,32 @@ def drive(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace], lis
     unfinished_of_grid()
     if isinstance(code, int) and code:  # a report that prints itself returns its exit code
         sys.exit(code)
+
+
+def report_args_of_grid(args: argparse.Namespace,
+                        parse_args: Callable[[list[str]], argparse.Namespace]) -> argparse.Namespace:
+    """``report``'s settings: the grid's own command line (``<out>/grid.json``) with the options given to ``report``
+    on top (argparse keeps an option's last value), so the tables and their header state the grid that ran (its
+    seeds, steps, episodes) rather than the report command's defaults. ``args`` itself where ``--out`` holds no such
+    record (a tidy CSV, or a folder of runs started by hand)."""
+    try:
+        grid = json.loads((args.out / "grid.json").read_text())
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+        return args
+    merged = parse_args(["report", *_without_stage(grid["argv"]), *_without_stage(args.argv)])
+    merged.out = args.out  # the grid as it was run, wherever its folder is now
+    return merged
+
+
+def _stage_index(argv: list[str], stages: tuple[str, ...] = STAGES) -> int | None:
+    """Where a driver command line names its stage (the first of ``stages`` among its words), or ``None``."""
+    return next((i for i, word in enumerate(argv) if word in stages), None)
+
+
+def _without_stage(argv: list[str]) -> list[str]:
+    """A driver command line without its stage word."""
+    i = _stage_index(argv)
+    return list(argv) if i is None else [*argv[:i], *argv[i + 1:]]
 
 
 def _print_report(text: Any) -> None:
@@ -348,9 +374,9 @@ def rerun_command(out: Path) -> str | None:
     except (FileNotFoundError, json.JSONDecodeError):
         return None
     argv = list(grid["argv"])
-    stages = [i for i, a in enumerate(argv) if a in STAGES[:3]]
-    if stages:
-        argv[stages[0]] = "all"
+    stage = _stage_index(argv, STAGES[:3])
+    if stage is not None:
+        argv[stage] = "all"
     cwd, script = Path(grid["cwd"]), Path(grid["script"])
     script = script.relative_to(cwd) if script.is_relative_to(cwd) else script
     line = " ".join(shlex.quote(a) for a in ["python", str(script), *argv])

@@ -187,6 +187,37 @@ def test_a_report_with_nothing_to_show_still_lists_the_failed_jobs(runner, quick
         assert "fit a s0" in err and "failed" in err, err
 
 
+def test_report_states_the_grid_that_ran_not_its_own_defaults_and_its_own_options_win(runner, tmp_path, capsys) -> None:
+    """A 1-seed, 6-step grid reported with a bare ``report --out``: the report gets the grid's seeds and steps from
+    ``grid.json``; what ``report`` itself gives (here ``--steps`` and ``--jobs``) overrides them."""
+    parser = _driver_parser(runner)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=300)
+    parse = lambda argv: runner.parse_driver_args(parser, argv, "experiments/driver.py")
+    out = tmp_path / "grid"
+    grid = parse(["--out", str(out), "--seeds", "4", "--steps", "6", "fit"])  # the stage may come last
+    runner.record_grid(grid)
+    seen = []
+
+    def report(args):
+        seen.append((args.stage, args.seeds, args.steps, args.jobs, args.out))
+        return f"{len(args.seeds)} seeds, {args.steps} steps"
+
+    for argv, expected in ((["report", "--out", str(out)], ("report", [4], 6, 2, out)),
+                           (["report", "--out", str(out), "--steps", "5", "--jobs", "3"], ("report", [4], 5, 3, out))):
+        runner.drive(parse(argv), lambda a: [], lambda a: [], report, parse)
+        assert seen.pop() == expected
+    assert capsys.readouterr().out.splitlines() == ["1 seeds, 6 steps", "1 seeds, 5 steps"]
+    # A moved grid folder is reported where it is now; a folder without grid.json keeps the report's own options.
+    moved = tmp_path / "moved"
+    out.rename(moved)
+    runner.drive(parse(["report", "--out", str(moved)]), lambda a: [], lambda a: [], report, parse)
+    assert seen.pop() == ("report", [4], 6, 2, moved)
+    (moved / "grid.json").unlink()
+    runner.drive(parse(["report", "--out", str(moved)]), lambda a: [], lambda a: [], report, parse)
+    assert seen.pop() == ("report", [0, 1, 2], 300, 2, moved)
+
+
 def test_report_names_each_unfinished_job_with_its_reason_and_the_command_that_reruns_the_grid(runner, tmp_path) -> None:
     import argparse
 
