@@ -22,6 +22,7 @@ import hashlib
 import json
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from lit_icl.core.figures import PNG_DPI, aggregate, bar_figure, line_figure, sort_key
@@ -180,37 +181,70 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(2)
     rows = pooled_rows(runs, label_runs(runs, args.labels))
     if args.split:
+        splits = sorted({str(r["split"]) for r in rows})
         rows = [r for r in rows if r["split"] == args.split]
+        if not rows:
+            print(f"lit_icl.report: error: --split {args.split}: the runs have no rows of that split; use one of "
+                  f"{', '.join(splits) or 'none (the runs have no rows)'}", file=sys.stderr)
+            sys.exit(2)
     metrics = args.metric or list(dict.fromkeys(r["metric"] for r in rows))
     missing = [m for m in metrics if not any(r["metric"] == m for r in rows)]
     if missing or not rows:
-        print(f"lit_icl.report: error: no rows for metric(s) {missing or metrics}", file=sys.stderr)
+        there = sorted({r["metric"] for r in rows})
+        print(f"lit_icl.report: error: no rows for metric(s) {', '.join(missing or metrics) or '(any)'}"
+              + (f" in split {args.split}" if args.split else "") + "; "
+              + (f"use --metric with one of {', '.join(there)}" if there else "the runs have no rows"), file=sys.stderr)
         sys.exit(2)
     if args.x and not any(args.x in r for r in rows if r["metric"] in metrics):
         coords = sorted({k for r in rows if r["metric"] in metrics for k in r} - {*ROW_KEYS, "experiment", "_run"})
         print(f"lit_icl.report: error: --x {args.x}: no row of {', '.join(metrics)} has that coordinate; use one of "
               f"{', '.join(coords) or 'none (the rows have no coordinates)'}", file=sys.stderr)
         sys.exit(2)
-    tables = []
-    for metric in metrics:
-        chosen = [r for r in rows if r["metric"] == metric]
-        x = args.x if args.x and any(args.x in r for r in chosen) else choose_x(chosen)
-        tables.append(markdown_table(chosen, metric, x))
-    print("\n\n".join(tables))
-    if args.out:
+
+    def column(chosen: list[dict[str, Any]]) -> str | None:
+        return args.x if args.x and any(args.x in r for r in chosen) else choose_x(chosen)
+
+    if args.out:  # the figure's problems are refused before anything is printed
+        _check_figure_file(args.out)
         metric = metrics[0]
         chosen = [r for r in rows if r["metric"] == metric]
-        x = args.x if args.x and any(args.x in r for r in chosen) else choose_x(chosen)
+        x = column(chosen)
         if x is None:
-            print("lit_icl.report: error: the rows have no coordinate to draw against", file=sys.stderr)
+            print(f"lit_icl.report: error: --out {args.out}: the rows of {metric} have no coordinate to draw against; "
+                  "report it as a table (no --out) or pick a --metric with one", file=sys.stderr)
             sys.exit(2)
+    tables = []
+    for name in metrics:
+        of_metric = [r for r in rows if r["metric"] == name]
+        tables.append(markdown_table(of_metric, name, column(of_metric)))
+    print("\n\n".join(tables))
+    if args.out:
         # One line per line of the table: the other coordinates (a test's shifts, manifolds) stay apart.
         keys = line_keys(chosen, x)
         tagged = [{**r, "series": series_label(r, keys)} for r in chosen if x in r]
         numeric = all(isinstance(r.get(x), (int, float)) and not isinstance(r.get(x), bool) for r in tagged)
         draw = line_figure if numeric else bar_figure
         fig = draw(tagged, x, series="series", title=args.title, metric=metric)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(args.out, dpi=PNG_DPI)  # one drawing; the format follows the extension
+
+
+def _check_figure_file(out: str) -> None:
+    """Refuse, before anything is drawn, a figure file whose extension matplotlib cannot write or whose folder is a
+    file (a missing folder is made)."""
+    from matplotlib.figure import Figure
+
+    path = Path(out)
+    kinds = Figure().canvas.get_supported_filetypes()
+    if path.suffix and path.suffix[1:].lower() not in kinds:
+        print(f"lit_icl.report: error: --out {out}: matplotlib cannot write '{path.suffix}' files; end the name in one "
+              f"of {', '.join('.' + k for k in sorted(kinds))}", file=sys.stderr)
+        sys.exit(2)
+    folder = next((f for f in (path.parent, *path.parent.parents) if f.exists()), None)
+    if folder is not None and not folder.is_dir():
+        print(f"lit_icl.report: error: --out {out}: {folder} is a file, not a folder; name a figure in a folder",
+              file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

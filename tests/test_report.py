@@ -105,3 +105,39 @@ def test_an_x_no_row_has_is_refused_naming_the_coordinates(tmp_path, capsys) -> 
     assert err == ("lit_icl.report: error: --x n_contxt: no row of mse has that coordinate; use one of n_context, "
                    "shift")
     assert not (tmp_path / "f.png").exists()
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["--metric", "msee"], "no rows for metric(s) msee; use --metric with one of mse"),
+    (["--split", "val"], "--split val: the runs have no rows of that split; use one of test"),
+    (["--split", "test", "--metric", "acc"], "no rows for metric(s) acc in split test; use --metric with one of mse"),
+    (["--out", "{tmp}/f.pngg"], "--out {tmp}/f.pngg: matplotlib cannot write '.pngg' files; end the name in one of"),
+    (["--out", "{tmp}/s0/results.json/f.png"], "--out {tmp}/s0/results.json/f.png: {tmp}/s0/results.json is a file"),
+])
+def test_a_metric_or_figure_that_cannot_be_made_is_refused_in_one_line_naming_the_fix(tmp_path, capsys, argv,
+                                                                                      problem) -> None:
+    _shift_run(tmp_path / "s0", 0)
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    with pytest.raises(SystemExit) as info:
+        report([str(tmp_path / "s0"), *argv])
+    assert info.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1, err  # nothing printed or drawn before the refusal
+    assert err.startswith("lit_icl.report: error: " + problem.format(tmp=tmp_path)), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s0"]
+
+
+def test_a_figure_in_a_folder_that_does_not_exist_yet_is_drawn_there(tmp_path, capsys) -> None:
+    _shift_run(tmp_path / "s0", 0)
+    report([str(tmp_path / "s0"), "--out", str(tmp_path / "figures" / "new" / "f.pdf")])
+    assert (tmp_path / "figures" / "new" / "f.pdf").read_bytes()[:4] == b"%PDF"
+
+
+def test_a_figure_of_a_metric_without_coordinates_is_refused_before_the_tables(tmp_path, capsys) -> None:
+    _fake_run(tmp_path / "s0", 0, "exp", [0.7, 0.9])
+    with pytest.raises(SystemExit) as info:
+        report([str(tmp_path / "s0"), "--metric", "parameters", "--out", str(tmp_path / "f.png")])
+    assert info.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "the rows of parameters have no coordinate to draw against; report it as a table" in err
+    assert not (tmp_path / "f.png").exists()
