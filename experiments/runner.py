@@ -9,7 +9,8 @@ Executors: a driver's ``--executor local`` (the default) runs its jobs here, ``-
 slurm`` hands the same jobs to SLURM through submitit, one job array per stage (``experiments/cluster.py``). Either
 way each job writes ``job.json`` (what it runs) and ``job_state.json`` (executor, SLURM job id, node, state, exit
 code, log) into its run folder, and the grid's own command line goes to ``<out>/grid.json``, so a driver's
-``report`` can say which jobs failed or are missing and give the command that reruns them. Stage ``all`` runs
+``report`` states the grid's settings (seeds, steps) as it ran, says which jobs failed or are missing and gives the
+command that reruns them. Stage ``all`` runs
 ``fit``, then ``test``, then prints the report.
 
 The ``done`` marker records the job's wall-clock and CPU seconds and the commit of the code that ran it, and this
@@ -360,11 +361,22 @@ def print_unfinished(jobs: list[Job], args: argparse.Namespace) -> int:
 
 
 def record_grid(args: argparse.Namespace) -> None:
-    """``<out>/grid.json``: the driver command that runs this grid, which ``report`` gives to rerun what is
-    missing (finished jobs are skipped, interrupted fits resume)."""
+    """``<out>/grid.json``: the driver command that runs this grid, which ``report`` reads the grid's settings from
+    and gives to rerun what is missing (finished jobs are skipped, interrupted fits resume). A ``test`` stage adds
+    its options after those of the grid's ``fit`` (kept as ``fit_argv``), so the record holds both."""
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "grid.json").write_text(json.dumps({"cwd": os.getcwd(), "script": str(args.script),
-                                                    "argv": args.argv}, indent=1) + "\n")
+    record, fit_argv = args.out / "grid.json", list(args.argv)
+    testing = getattr(args, "stage", None) == "test"
+    if testing:
+        try:
+            old = json.loads(record.read_text())
+            fit_argv = old.get("fit_argv", old["argv"])
+        except (FileNotFoundError, json.JSONDecodeError, KeyError):
+            fit_argv = []
+    # The stage word first: after an option of several values (``--only a``) it would be read as one of them.
+    argv = ["test", *_without_stage(fit_argv), *_without_stage(args.argv)] if testing else fit_argv
+    record.write_text(json.dumps({"cwd": os.getcwd(), "script": str(args.script), "argv": argv,
+                                  "fit_argv": fit_argv}, indent=1) + "\n")
 
 
 def rerun_command(out: Path) -> str | None:

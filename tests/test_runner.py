@@ -218,6 +218,27 @@ def test_report_states_the_grid_that_ran_not_its_own_defaults_and_its_own_option
     assert seen.pop() == ("report", [0, 1, 2], 300, 2, moved)
 
 
+def test_a_test_stage_adds_its_options_to_the_grids_record_after_the_fits(runner, tmp_path) -> None:
+    """Fit and test run as separate stages (as docs/icssl.md's converged grid does): the record keeps the fit's
+    settings, which a later report and rerun need, with the test's options after them; a second test does not pile up."""
+    parser = _driver_parser(runner)
+    parser.add_argument("--steps", type=int, default=300)
+    parse = lambda argv: runner.parse_driver_args(parser, argv, "experiments/driver.py")
+    out = tmp_path / "grid"
+    fit = ["fit", "--out", str(out), "--steps", "4000", "--only", "a"]
+    runner.record_grid(parse(fit))
+    for test in (["test", "--out", str(out), "--jobs", "3"], ["test", "--out", str(out), "--only", "b"]):
+        runner.record_grid(parse(test))
+        record = json.loads((out / "grid.json").read_text())
+        assert record["argv"] == ["test", *fit[1:], *test[1:]] and record["fit_argv"] == fit
+        merged = parse(record["argv"])
+        assert merged.stage == "test" and merged.steps == 4000
+    assert merged.only == ["b"] and runner.rerun_command(out).endswith(
+        f"driver.py all --out {out} --steps 4000 --only a --out {out} --only b")
+    runner.record_grid(parse(["fit", "--out", str(out), "--steps", "50"]))  # a new fit starts the record again
+    assert json.loads((out / "grid.json").read_text())["argv"] == ["fit", "--out", str(out), "--steps", "50"]
+
+
 def test_report_names_each_unfinished_job_with_its_reason_and_the_command_that_reruns_the_grid(runner, tmp_path) -> None:
     import argparse
 
