@@ -114,8 +114,9 @@ def tested_checkpoint(fit_folder: Path, args: argparse.Namespace) -> Path:
     return fit_folder / "checkpoints" / "last.ckpt"
 
 
-def _model_section(config: tuple[str, ...], out: Path) -> Path:
-    """The ``model:`` part of a shipped config (a base and its overlay merged) as a file, for ``--model <file>``."""
+def _model_section(config: tuple[str, ...], out: Path, write: bool) -> Path:
+    """The ``model:`` part of a shipped config (a base and its overlay merged) as a file, for ``--model <file>``;
+    written only when ``write`` (a stage that trains, not a dry run or a report: they only name it)."""
     import yaml
 
     def merge(a: dict, b: dict) -> dict:
@@ -126,6 +127,8 @@ def _model_section(config: tuple[str, ...], out: Path) -> Path:
     for f in config:
         model = merge(model, yaml.safe_load((CONFIGS / f).read_text()).get("model") or {})
     path = out / "_models" / ("_".join(Path(f).with_suffix("").as_posix().replace("/", "_") for f in config) + ".yaml")
+    if not write:
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(model, sort_keys=False))
     return path
@@ -154,6 +157,7 @@ def fit_jobs(args: argparse.Namespace) -> list[Job]:
         jobs.append(Job(f"fit {name} s{seed}", ["fit", *argv, *seeds, *logger_args(out, name, f"s{seed}")], folder))
 
     overlays = overlay_argv(args.overlay)
+    trains = args.stage in ("fit", "all") and not args.dry_run
     for kernel in ("rbf", "linear"):
         for seed in args.seeds:
             for model, (config, extra) in MODELS.items():
@@ -181,7 +185,7 @@ def fit_jobs(args: argparse.Namespace) -> list[Job]:
                     # The image data module with this model's net: the net comes from the manifold config.
                     add(f"{model}_rbf_images", seed, [
                         "--config", str(CONFIGS / IMAGE_MANIFOLDS),
-                        "--model", str(_model_section(config, out)), *extra,
+                        "--model", str(_model_section(config, out, write=trains)), *extra,
                         *([f"{REP}.init_args.n_neighbors", "4"] if model.startswith("eig") else []),
                         "--data.init_args.root", str(args.image_root),
                         *_budget(steps, args),

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "icssl_paper_tables.py"
@@ -64,6 +65,18 @@ def test_grid_holds_out_the_test_manifold_and_tests_every_model(tables, tmp_path
             assert _flag(mine[0].argv, "--data.init_args.test_manifolds") == str([alone])
         elif name.endswith("_five"):
             assert _flag(fit.argv, "--data.init_args.train_manifolds") == str(list(tables.MANIFOLDS))
+
+
+def test_the_image_models_merged_config_is_written_by_a_stage_that_trains_only(tables, tmp_path) -> None:
+    """A dry run or a report names ``_models/<config>.yaml`` in its commands but writes nothing; ``fit`` writes it."""
+    for stage, extra, written in (("fit", ["--dry-run"], False), ("report", [], False), ("all", ["--dry-run"], False),
+                                  ("fit", [], True)):
+        args = tables.parse_args([stage, "--out", str(tmp_path / "grid"), "--seeds", "0", *extra])
+        image_fit = next(j for j in tables.fit_jobs(args) if j.folder.parent.name == "tuned_rbf_images")
+        section = Path(_flag(image_fit.argv, "--model"))
+        assert section.parent == tmp_path / "grid" / "_models"
+        assert section.is_file() == written and (tmp_path / "grid").exists() == written, (stage, extra)
+    assert "net" in yaml.safe_load(section.read_text())["init_args"]  # the model section of the manifolds config
 
 
 def _results(path: Path, rows: list[dict]) -> None:
