@@ -142,4 +142,15 @@ def one_line_parser_error(message: str) -> str:
         grouped = i < len(classes) and dataclasses.is_dataclass(import_class(classes[i]))
         path += f"{'.' if grouped else '.init_args.'}{key}"
     where = f" (in {classes[-1]})" if classes and classes[-1].rsplit(".", 1)[-1] not in problem else ""
-    return f"{'--' + path + ': ' if path else ''}{problem}{where}"
+    return f"{'--' + path + ': ' if path else ''}{problem}{where}{_nested_null_hint(path, problem)}"
+
+
+def _nested_null_hint(path: str, problem: str) -> str:
+    """The way round a jsonargparse limit: ``null`` given on the command line to an option two classes deep
+    (``--model.init_args.net.init_args.resnet_channels null``) reaches the check as the text "None" and is refused,
+    while the same ``null`` given through the enclosing class's ``init_args`` (or in a YAML file) is accepted."""
+    if not problem.endswith("Got value: None") or path.count(".init_args.") < 2:
+        return ""
+    parent, leaf = path.rsplit(".init_args.", 1)
+    return (f"; a null this deep is lost on the command line, so give it through the class above it: "
+            f"--{parent} '{{\"init_args\": {{\"{leaf}\": null}}}}' (or in a --config file)")

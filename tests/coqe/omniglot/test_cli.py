@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from badinput import assert_rejected
 from conftest import tb_scalars
 from coqe.omniglot.helpers import BASE, SHIPPED, TRANSFORMER, coqe_args
@@ -154,6 +155,10 @@ COQE_ROWS: list[tuple[str | tuple[str, ...], list[str], str]] = [
     (C, [M + "noise_mean0", "3"], "noise_mean0"),  # the loose name of older code
     # --- nets
     (C, [N + "resnet_channels", "[8, 8, 8]"], "resnet_channels=[8, 8, 8] must be 4 integers"),
+    # jsonargparse loses a null two classes deep on the command line; the line gives the form that keeps it
+    (C, [N + "resnet_channels", "null"], ("a null this deep is lost on the command line, so give it through the "
+                                          "class above it: --model.init_args.net '{\"init_args\": "
+                                          "{\"resnet_channels\": null}}'")),
     (C, [N + "heads", "3"], "not divisible by heads=3"),
     (C, [N + "depth", "0"], "depth=0"),
     (C, [N + "noise_k", "50"], "noise_k=50 exceeds n_classes=20"),
@@ -191,6 +196,17 @@ def test_a_channels_last_run_tests_through_the_shared_writer_and_reloads_in_its_
 @pytest.mark.parametrize(("config", "extra", "needle"), COQE_ROWS)
 def test_bad_input_fails_early_with_one_line(tmp_path, capsys, config, extra: list[str], needle: str) -> None:
     assert_rejected(tmp_path, capsys, ["fit", *coqe_args(tmp_path, config=config), *extra], needle)
+
+
+def test_the_null_the_refusal_advises_reaches_the_net_and_keeps_its_other_options(tmp_path, capsys) -> None:
+    """The form the nested-null refusal gives: ``resnet_channels`` back to None, the net's other settings kept."""
+    with pytest.raises(SystemExit) as done:
+        main(["fit", *coqe_args(tmp_path), "--model.init_args.net", '{"init_args": {"resnet_channels": null}}',
+              "--print_config"])
+    assert done.value.code == 0
+    net = yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]["net"]
+    assert net["class_path"] == "lit_icl.coqe.CoQEClassifier" and net["init_args"]["resnet_channels"] is None
+    assert net["init_args"]["depth"] == 1  # coqe_args sets it on the command line before the advised form
 
 
 @pytest.mark.parametrize("damage", ["truncate", "empty", "text"])
