@@ -11,11 +11,13 @@ Here, when the recorded files are present *by name* in this callback's folder (t
 replaced), their paths are rewritten to it and restored; otherwise Lightning's rule applies unchanged.
 
 It writes ``last.ckpt`` at every epoch's save point and at the end of training whatever the top-k settings
-(``save_top_k: 0``, ``every_n_train_steps``), where Lightning writes it only beside a top-k file.
+(``save_top_k: 0``, ``every_n_train_steps``), where Lightning writes it only beside a top-k file, and again after a
+validation round that came after its last save (with ``every_n_train_steps`` the last step is saved before the
+epoch's round).
 
 It also writes ``last.ckpt`` when SIGTERM stops a fit between two training batches (Lightning saves nothing then),
 so a preempted run resumes from the step it reached, exactly as if it had not stopped; a run whose loaders resume
-exactly only at an epoch's start (avMNIST, I2CL's calibration) keeps its last epoch's checkpoint instead.
+exactly only at an epoch's start (I2CL's calibration) keeps its last epoch's checkpoint instead.
 """
 
 from __future__ import annotations
@@ -53,13 +55,19 @@ class RunCheckpoint(ModelCheckpoint):
     # training only if it never wrote one. So a stopped run could lose all its epochs, or the steps since the last
     # multiple of N. Here last.ckpt is also written at every save point of an epoch Lightning passes over, and at the
     # end of training when it is behind.
+    # "Behind" means fewer steps, or fewer validation rounds: a round after the last step's save (every_n_train_steps
+    # saves at the batch's end, before the epoch's round) changes what the checkpoint holds (the round's metrics,
+    # early stopping's count, a module's per-epoch history), though not the weights.
     def _save_last_checkpoint(self, trainer: Any, monitor_candidates: dict[str, Any]) -> None:
         super()._save_last_checkpoint(trainer, monitor_candidates)
         if self.save_last:
-            self._last_saved_step = trainer.global_step
+            self._last_saved_at = self._progress(trainer)
+
+    def _progress(self, trainer: Any) -> tuple[int, int]:
+        return trainer.global_step, self.__dict__.get("_rounds", 0)
 
     def _write_last_if_behind(self, trainer: Any) -> None:
-        if self.save_last and self.__dict__.get("_last_saved_step") != trainer.global_step:
+        if self.save_last and self.__dict__.get("_last_saved_at") != self._progress(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
@@ -69,6 +77,8 @@ class RunCheckpoint(ModelCheckpoint):
             self._write_last_if_behind(trainer)
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if not trainer.sanity_checking:
+            self._rounds = self.__dict__.get("_rounds", 0) + 1
         due = not self._should_skip_saving_checkpoint(trainer) and not self._should_save_on_train_epoch_end(trainer)
         super().on_validation_end(trainer, pl_module)
         if due:
@@ -86,7 +96,7 @@ class RunCheckpoint(ModelCheckpoint):
         # SIGTERM (a preemption, scancel, docker stop) ends a fit between two training batches: write last.ckpt
         # there, so that --ckpt_path last resumes from that step rather than from the last epoch's checkpoint.
         # Not during a validation round (Lightning stops inside one on SIGTERM): the state there is half a round;
-        # nor for a run whose loaders resume exactly only at an epoch's start (avMNIST, I2CL's calibration).
+        # nor for a run whose loaders resume exactly only at an epoch's start (I2CL's calibration).
         if (isinstance(exception, SIGTERMException) and self.save_last and resumes_inside_epoch(trainer)
                 and not (trainer.fast_dev_run or trainer.sanity_checking or trainer.validating)):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))

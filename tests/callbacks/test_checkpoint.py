@@ -35,3 +35,32 @@ def test_last_is_written_at_every_epoch_end_and_at_the_last_step(tmp_path, setti
     assert spy.seen == [None, 5, 10]  # epochs of 5 steps
     last = torch.load(tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt", weights_only=True)
     assert last["global_step"] == 12  # the steps after the last epoch's end are not lost
+
+
+class RoundCounter(Callback):
+    """Counts validation rounds, in the checkpoints (a stateful callback, as early stopping is)."""
+
+    def __init__(self) -> None:
+        self.rounds = 0
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking:
+            self.rounds += 1
+
+    def state_dict(self) -> dict[str, int]:
+        return {"rounds": self.rounds}
+
+
+def test_last_written_every_n_steps_is_written_again_after_the_round_that_follows_it(tmp_path) -> None:
+    """With ``every_n_train_steps`` the last step is saved at its batch's end, before the epoch's validation round:
+    ``last.ckpt`` is written again after the round, so it holds what the round changed (callbacks' state, the
+    module's per-epoch records), as it does without the setting."""
+    args = reg_args(tmp_path, overlay("cpu"), "--data.init_args.train_batches_per_epoch", "5",
+                    "--trainer.max_steps", "10", "--checkpoint.every_n_train_steps", "5")
+    cli = LitICLCLI(LightningModule, LightningDataModule, run=False, args=args)
+    counter = RoundCounter()
+    cli.trainer.callbacks.append(counter)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    last = torch.load(tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt", weights_only=True)
+    assert counter.rounds == 2 and last["global_step"] == 10
+    assert last["callbacks"]["RoundCounter"] == {"rounds": 2}
