@@ -21,7 +21,8 @@ min-max is our reading (it maps any noisy map into [0, 1] and keeps its contrast
 pure function of ``(data_seed, split, epoch, row)`` (test and validation: epoch 0 always, so their corruption is
 identical in every epoch and run); training noise is fresh each epoch, and the training order is a seeded
 permutation per epoch, read from :class:`~lit_icl.core.data.EpochSampler` indices, so a resumed run sees exactly
-the batches an uninterrupted one would.
+the batches an uninterrupted one would; the training loader is a :class:`~lit_icl.core.data.ResumableLoader`, so
+that holds for a checkpoint written inside an epoch too (a ``max_time`` stop, ``every_n_train_steps``).
 
 The offline stand-in ``avmnist_lite`` is built on first use: a run whose ``root`` is :data:`STANDIN_ROOT`
 (``data/avmnist_lite``, the configs' default) and finds it missing builds it there in ``prepare_data`` (once per
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -45,7 +46,7 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from lit_icl.core.data import EpochSampler, StandinOnFirstUse, collate_chunks, world_and_rank
+from lit_icl.core.data import EpochSampler, ResumableLoader, StandinOnFirstUse, collate_chunks, world_and_rank
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.hparams import save_init_hparams
 from lit_icl.core.seeding import make_generator
@@ -242,7 +243,10 @@ class CorruptedAVMNIST(Dataset):
 
 
 def batch_loader(
-    dataset: CorruptedAVMNIST, sampler: EpochSampler | None = None, pin_memory: bool = False
+    dataset: CorruptedAVMNIST,
+    sampler: EpochSampler | None = None,
+    pin_memory: bool = False,
+    resumable: LightningDataModule | None = None,
 ) -> DataLoader:
     """A loader of ``dataset``'s items, each already a whole batch (handed through by ``collate_chunks`` of one
     item).
@@ -250,9 +254,11 @@ def batch_loader(
     ``batch_size=1`` (not ``None``) puts a BatchSampler around the sampler, which reads it lazily: Lightning may
     create the iterator before it calls ``set_epoch`` (it does on resume), and a sampler read at creation would
     replay epoch 0. The DataLoader's own generator keeps iterator creation off the global RNG, which dropout uses.
-    ``pin_memory`` for a CUDA run (:mod:`lit_icl.core.transfer`).
+    ``pin_memory`` for a CUDA run (:mod:`lit_icl.core.transfer`). With ``resumable`` (the training loader's data
+    module) it is a :class:`~lit_icl.core.data.ResumableLoader`, which a run resumes inside an epoch.
     """
-    return DataLoader(
+    extra: dict[str, Any] = {} if resumable is None else {"datamodule": resumable}
+    return (DataLoader if resumable is None else ResumableLoader)(
         dataset,
         batch_size=1,
         sampler=sampler,
@@ -260,6 +266,7 @@ def batch_loader(
         collate_fn=collate_chunks,
         generator=torch.Generator().manual_seed(0),
         pin_memory=pin_memory,
+        **extra,
     )
 
 
@@ -380,7 +387,8 @@ class AVMNISTDataModule(StandinOnFirstUse, LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         ds = self.dataset("train")
         replicas, rank = world_and_rank(self)
-        return batch_loader(ds, EpochSampler(len(ds), num_replicas=replicas, rank=rank), pins_memory(self))
+        return batch_loader(ds, EpochSampler(len(ds), num_replicas=replicas, rank=rank), pins_memory(self),
+                            resumable=self)
 
     @property
     def eval_splits(self) -> list[str]:

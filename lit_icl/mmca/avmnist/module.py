@@ -31,6 +31,7 @@ from lit_icl.core.nets import count_parameters
 from lit_icl.core.optim import fused_if_cuda
 from lit_icl.core.protocols import implements
 from lit_icl.core.results import result_row
+from lit_icl.core.resume import training_position
 from lit_icl.core.seeding import derive_seed
 from lit_icl.core.validation import check_nonnegative, check_positive
 from lit_icl.metrics.mean import SyncFreeMean
@@ -68,7 +69,12 @@ class AVMNISTModule(ICLModule):
         self.test_acc = SyncFreeMean()
         #: Test accuracy after each training epoch, in epoch order (restored from checkpoints).
         self.test_history: list[float] = []
+        #: The training epoch of the last entry of ``test_history`` (``None``: not known, a checkpoint of older code).
+        self._history_epoch: int | None = None
         self._rng_base = 0
+        #: A checkpoint's dropout RNG states (and where in the data it was written), until training starts.
+        self._restored_rng: dict[str, Any] | None = None
+        self._rng_resumed_epoch: int | None = None
 
     # ---------------------------------------------------------------- wiring with the data
     def validation_keys(self) -> set[str]:
@@ -118,7 +124,12 @@ class AVMNISTModule(ICLModule):
             return
         for split, value in values.items():
             self.log(f"{split}/acc", value, sync_dist=False)
+        # One entry per training epoch: a round run when a run was stopped inside an epoch (``max_time``) is replaced
+        # by the epoch's own round once a resumed run has finished it, as in a run that was never stopped.
+        if self.test_history and self._history_epoch == self.current_epoch:
+            self.test_history.pop()
         self.test_history.append(float(values["test"]))
+        self._history_epoch = self.current_epoch
         best_epoch, best = self.best()
         self.log("test/best_acc", best)
         self.log("test/best_epoch", float(best_epoch))
@@ -167,20 +178,57 @@ class AVMNISTModule(ICLModule):
     def on_fit_start(self) -> None:
         self._rng_base = torch.initial_seed()  # seed_everything's seed, the same in a fresh and a resumed run
 
+    def on_train_start(self) -> None:
+        # A run resumed from a checkpoint written inside an epoch starts in that epoch without its
+        # on_train_epoch_start: each rank continues from the RNG state it had when the checkpoint was written.
+        restored, self._restored_rng = self._restored_rng, None
+        if restored is not None and restored["batches"] > 0 and restored["epoch"] == self.current_epoch:
+            self._set_dropout_rng(restored["states"])
+            self._rng_resumed_epoch = self.current_epoch
+
     def on_train_epoch_start(self) -> None:
-        # Dropout draws from the global RNG, which checkpoints do not carry: re-seed it per epoch (and rank) so
-        # epoch e's masks are the same whether the run started at epoch 0 or resumed from epoch e's checkpoint.
-        torch.manual_seed(
-            derive_seed(self._rng_base, "avmnist_dropout", self.current_epoch, self.global_rank)
-        )
+        # Dropout draws from the global RNG: re-seed it per epoch (and rank) so epoch e's masks are the same whether
+        # the run started at epoch 0 or resumed from epoch e's checkpoint.
+        if self._rng_resumed_epoch == self.current_epoch:  # resumed inside this epoch: its RNG state is restored
+            self._rng_resumed_epoch = None
+            return
+        torch.manual_seed(derive_seed(self._rng_base, "avmnist_dropout", self.current_epoch, self.global_rank))
+
+    def _dropout_rng_states(self) -> Tensor:
+        """Every rank's global RNG state (the CPU generator's, then the CUDA device's on a GPU), one row per rank.
+        A collective under DDP: Lightning writes checkpoints with every rank taking part."""
+        mine = torch.get_rng_state()
+        if self.device.type == "cuda":
+            mine = torch.cat([mine, torch.cuda.get_rng_state(self.device)])
+        if self.trainer.world_size == 1:
+            return mine[None]
+        return self.all_gather(mine.to(self.device)).cpu()
+
+    def _set_dropout_rng(self, states: Tensor) -> None:
+        if states.shape[0] != self.trainer.world_size:  # another number of ranks shards the data differently too
+            return
+        mine = states[self.global_rank]
+        cpu = torch.get_rng_state().numel()
+        torch.set_rng_state(mine[:cpu].clone())
+        if self.device.type == "cuda" and mine.numel() > cpu:
+            torch.cuda.set_rng_state(mine[cpu:].clone(), self.device)
 
     # ---------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["avmnist_test_history"] = list(self.test_history)
+        checkpoint["avmnist_history_epoch"] = self._history_epoch
+        if self._trainer is not None and self.trainer.state.fn == "fit":
+            # Where in its data the run stands, and the dropout RNG there: a checkpoint written inside an epoch
+            # resumes with the masks an uninterrupted run draws next (ResumableLoader resumes the batches).
+            epoch, batches = training_position(self.trainer)
+            checkpoint["avmnist_dropout_rng"] = {"epoch": epoch, "batches": batches,
+                                                 "states": self._dropout_rng_states()}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
         self.test_history = list(checkpoint.get("avmnist_test_history", []))
+        self._history_epoch = checkpoint.get("avmnist_history_epoch")
+        self._restored_rng = checkpoint.get("avmnist_dropout_rng")
 
     # ---------------------------------------------------------------- optimisation
     def configure_optimizers(self) -> torch.optim.Optimizer:

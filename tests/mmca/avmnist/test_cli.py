@@ -148,6 +148,79 @@ def test_resume_from_last_checkpoint_is_bit_identical(tmp_path: Path) -> None:
     assert a["avmnist_test_history"] == b["avmnist_test_history"] and len(a["avmnist_test_history"]) == 2
 
 
+@pytest.mark.parametrize(
+    ("cut", "step", "checkpoint_every"),
+    [("StopAtStep", 4, None),  # stopped after step 4 the way --trainer.max_time stops a run (it validates then)
+     ("FailAtStep", 5, "2")],  # crashed after step 5, its last checkpoint written inside an epoch at step 4
+)
+def test_a_run_resumed_inside_an_epoch_ends_bit_identical(tmp_path: Path, cut: str, step: int,
+                                                          checkpoint_every: str | None) -> None:
+    """Two epochs of three batches, cut inside the second, resumed with ``--ckpt_path last``: the weights, optimizer
+    state and per-epoch test history of the run that was not cut. That needs the data position (the rest of the
+    epoch, not the next one), the dropout RNG state each rank had at the cut (dropout is on: 0.1), and the
+    validation round of a ``max_time`` stop replaced by the epoch's own."""
+    root = tmp_path / "data"
+    write_layout(root, n_train=56, n_test=20, audio_side=28)  # 48 training rows: 3 batches of 16
+    every = ["--checkpoint.every_n_train_steps", checkpoint_every] if checkpoint_every else []
+
+    def args(run: str, *extra: str) -> list[str]:
+        return ["fit", *avmnist_args(tmp_path / run, root, "--seed_everything", "5", *every, *extra)]
+
+    main(args("straight"))
+    callback = f'[{{"class_path": "subprocess_callbacks.{cut}", "init_args": {{"step": {step}}}}}]'
+    if cut == "FailAtStep":
+        with pytest.raises((RuntimeError, SystemExit)):
+            main(args("cut", "--trainer.callbacks", callback))
+    else:
+        main(args("cut", "--trainer.callbacks", callback))
+    last = tmp_path / "cut/runs/tiny/version_0/checkpoints/last.ckpt"
+    at_cut = torch.load(last, weights_only=False)
+    assert at_cut["global_step"] == 4
+    assert at_cut["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [{"epoch": 1, "batches": 1}]
+    assert len(at_cut["avmnist_test_history"]) == (2 if cut == "StopAtStep" else 1)  # the stop validated
+    main(args("cut", "--ckpt_path", "last"))
+    a = torch.load(tmp_path / "straight/runs/tiny/version_0/checkpoints/last.ckpt", weights_only=False)
+    b = torch.load(last, weights_only=False)
+    assert a["global_step"] == b["global_step"] == 6
+    assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
+    for sa, sb in zip(a["optimizer_states"][0]["state"].values(), b["optimizer_states"][0]["state"].values()):
+        assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert a["avmnist_test_history"] == b["avmnist_test_history"] and len(b["avmnist_test_history"]) == 2
+
+
+@pytest.mark.slow  # three 2-rank fits in subprocesses: about a minute
+def test_ddp_stopped_inside_an_epoch_and_resumed_ends_bit_identical(tmp_path: Path) -> None:
+    """On 2 gloo ranks, each with its own dropout masks: a run stopped inside its second epoch and resumed ends with
+    the weights of the run that was not stopped. The checkpoint holds both ranks' RNG states, gathered as it is
+    written, and each rank takes its own back."""
+    import os
+    import subprocess
+    import sys
+
+    root = tmp_path / "data"
+    write_layout(root, n_train=72, n_test=20, audio_side=28)  # 64 training rows: 4 batches, 2 per rank
+
+    def fit(run: str, *extra: str) -> dict:
+        args = avmnist_args(tmp_path / run, root, "--seed_everything", "5", "--trainer.strategy", "ddp",
+                            "--trainer.devices", "2", "--trainer.accelerator", "cpu", *extra)
+        tests = str(Path(__file__).resolve().parents[2])  # for the stop callback
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+        proc = subprocess.run([sys.executable, "-m", "lit_icl", "fit", *args], env=env, capture_output=True, text=True,
+                              check=False, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return torch.load(tmp_path / run / "runs/tiny/version_0/checkpoints/last.ckpt", weights_only=False)
+
+    straight = fit("straight")
+    stop = '[{"class_path": "subprocess_callbacks.StopAtStep", "init_args": {"step": 3}}]'
+    at_cut = fit("cut", "--trainer.callbacks", stop)
+    assert at_cut["global_step"] == 3 and at_cut["avmnist_dropout_rng"]["states"].shape[0] == 2
+    assert not torch.equal(*at_cut["avmnist_dropout_rng"]["states"])  # each rank draws its own masks
+    resumed = fit("cut", "--ckpt_path", "last")
+    assert straight["global_step"] == resumed["global_step"] == 4
+    assert all(torch.equal(straight["state_dict"][k], resumed["state_dict"][k]) for k in straight["state_dict"])
+    assert straight["avmnist_test_history"] == resumed["avmnist_test_history"]
+
+
 @pytest.mark.parametrize("config", experiment_configs("avmnist"), ids=config_id)
 def test_every_shipped_config_fits_and_tests_at_tiny_size(tmp_path: Path, config: list[str]) -> None:
     root = tmp_path / "data"
