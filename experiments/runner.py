@@ -478,6 +478,17 @@ def _stop_children(signum: int, frame: Any) -> None:
             proc.send_signal(signal.SIGTERM)
 
 
+class _DriverStopped(Exception):
+    """Raised in the driver's main thread by SIGTERM during a ``test`` stage (:func:`_stop_tests`)."""
+
+
+def _stop_tests(signum: int, frame: Any) -> None:
+    """The driver's SIGTERM handler while its forked workers run tests: a test keeps nothing worth saving, so the
+    workers are stopped with it (:func:`run_all`) rather than left to finish as orphans beside a rerun's."""
+    _STOPPING.set()
+    raise _DriverStopped
+
+
 def run_job(job: Job, threads: int, dry: bool) -> tuple[Job, int, float]:
     cmd = [sys.executable, "-m", CLI_MODULE, *job.argv]
     if job.argv[0] == "fit" and (job.folder / "checkpoints" / "last.ckpt").is_file():
@@ -579,12 +590,27 @@ def run_all(jobs: list[Job], args: argparse.Namespace, stage: str) -> int:
         import lit_icl.cli  # noqa: F401 - imported once here, inherited by the forked workers
 
         ctx = multiprocessing.get_context("fork")
-        with ctx.Pool(args.jobs, maxtasksperchild=20) as pool:
-            results = pool.imap_unordered(_in_process_star, [(j, args.threads) for j in todo])
-            for job, rc, secs in results:
-                status = "ok" if rc == 0 else f"FAILED rc={rc} (see {job.folder}/{job.argv[0]}.log)"
-                print(f"{time.strftime('%H:%M:%S')} {job.name}: {status}, {secs:.0f} s", flush=True)
-                failed += rc != 0
+        main_thread = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, _stop_tests) if main_thread else None
+        try:
+            # Workers take SIGTERM's default action (they are forked from this process, whose handler is ours).
+            with ctx.Pool(args.jobs, maxtasksperchild=20, initializer=signal.signal,
+                          initargs=(signal.SIGTERM, signal.SIG_DFL)) as pool:
+                results = pool.imap_unordered(_in_process_star, [(j, args.threads) for j in todo])
+                for job, rc, secs in results:
+                    status = "ok" if rc == 0 else f"FAILED rc={rc} (see {job.folder}/{job.argv[0]}.log)"
+                    print(f"{time.strftime('%H:%M:%S')} {job.name}: {status}, {secs:.0f} s", flush=True)
+                    failed += rc != 0
+        except _DriverStopped:  # leaving the pool's block terminated its workers, and the tests they were running
+            for job in todo:
+                if not job.done and read_state(job.folder).get("state") == "running":
+                    write_state(job.folder, "failed", rc=128 + signal.SIGTERM)
+            print("stopped by SIGTERM: the running tests were stopped; rerun the same command to run them and the "
+                  "rest", file=sys.stderr, flush=True)
+            sys.exit(128 + signal.SIGTERM)
+        finally:
+            if main_thread:
+                signal.signal(signal.SIGTERM, previous)
         return failed
     if args.dry_run:  # one command a line, in order (threads printing at once could run two lines together)
         for job in todo:

@@ -427,6 +427,63 @@ runner.run_all(jobs, argparse.Namespace(jobs=2, threads=1, dry_run=False), "fit"
 '''
 
 
+_TEST_DRIVER = '''import argparse, importlib.util, os, sys, time
+from pathlib import Path
+spec = importlib.util.spec_from_file_location("runner", sys.argv[1])
+runner = importlib.util.module_from_spec(spec)
+sys.modules["runner"] = runner
+spec.loader.exec_module(runner)
+
+def slow_test(job, threads):  # a test job in a forked worker that runs for a minute
+    job.folder.mkdir(parents=True, exist_ok=True)
+    runner.write_state(job.folder, "running", executor="local", job_id=None)
+    (job.folder / "started").write_text(str(os.getpid()))
+    time.sleep(60)
+    return job, 0, 60.0
+
+runner.run_job_in_process = slow_test
+import types
+sys.modules["lit_icl.cli"] = types.ModuleType("lit_icl.cli")  # the stand-in tests need none of its seconds of imports
+out = Path(sys.argv[2])
+jobs = [runner.Job(f"test {i}", ["test"], out / f"t{i}") for i in range(3)]
+runner.run_all(jobs, argparse.Namespace(jobs=2, threads=1, dry_run=False), "test")
+'''
+
+
+def test_a_sigterm_to_the_driver_stops_the_tests_its_workers_run_and_starts_no_more(tmp_path) -> None:
+    """In the ``test`` stage the jobs run in forked workers. Stopped by SIGTERM, the driver stops them too (a test
+    keeps nothing worth saving), records them as failed and exits 143; before, they ran on as orphans, beside the
+    tests a rerun started in the same folders."""
+    import signal
+    import subprocess
+    import time
+
+    (tmp_path / "driver.py").write_text(_TEST_DRIVER)
+    out = tmp_path / "grid"
+    driver = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(SCRIPT), str(out)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not all((out / f"t{i}" / "started").is_file() for i in range(2)):
+        assert time.monotonic() < deadline and driver.poll() is None, driver.communicate()
+        time.sleep(0.05)
+    driver.send_signal(signal.SIGTERM)
+    _, err = driver.communicate(timeout=30)
+    assert driver.returncode == 143, err
+    assert "stopped by SIGTERM: the running tests were stopped" in err
+    for i in range(2):
+        worker = int((out / f"t{i}" / "started").read_text())
+        deadline = time.monotonic() + 10
+        while True:  # the worker is gone (it may take a moment to be reaped by init)
+            try:
+                os.kill(worker, 0)
+            except ProcessLookupError:
+                break
+            assert time.monotonic() < deadline, f"worker {worker} outlived the driver"
+            time.sleep(0.05)
+        assert json.loads((out / f"t{i}" / "job_state.json").read_text())["rc"] == 143
+    assert not (out / "t2").exists()  # the third test never started
+
+
 def test_a_sigterm_to_the_driver_reaches_its_running_fits_and_starts_no_more(tmp_path) -> None:
     """Stopped by SIGTERM (a cluster's preemption, ``kill``), the driver passes it on to the fits it runs, which save
     their last.ckpt and exit; it starts no other job and exits 143. Before, the fits kept training without it, and
