@@ -66,54 +66,69 @@ def assert_bit_identical(a: dict, b: dict) -> None:
             assert torch.equal(sa[key], sb[key]), f"optimizer state {key} differs"
 
 
+KILL_STEP = STEPS_PER_EPOCH * (EPOCHS - 1) + 2  # second step of the last epoch
+TERM_STEP = STEPS_PER_EPOCH * (EPOCHS - 1) + 1  # first step of the last epoch
+
+
 @pytest.fixture(scope="module")
-def straight_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict]:
-    """Two uninterrupted runs of the same config and seed, in two processes at the same time: each spends most of
-    its seconds importing, on one core, so the pair takes little more than one run."""
-    roots = [tmp_path_factory.mktemp("straight"), tmp_path_factory.mktemp("again")]
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Every process the tests below compare, in two rounds of processes run side by side: two uninterrupted runs
+    and the two that are cut (SIGKILL, SIGTERM), then the two resumes. Each process spends most of its seconds
+    importing on one core, so a round takes little more than its slowest process. ``last.ckpt``'s step is read
+    right after the cut, before the resume writes over it."""
+    roots = {name: tmp_path_factory.mktemp(name) for name in ("straight", "again", "killed", "stopped")}
+    record = roots["stopped"] / "ends.txt"
+    kill = f'[{{"class_path": "subprocess_callbacks.KillAtStep", "init_args": {{"step": {KILL_STEP}}}}}]'
+    term = (f'[{{"class_path": "subprocess_callbacks.SignalAtStep", '
+            f'"init_args": {{"step": {TERM_STEP}, "rank": 0, "path": "{record}"}}}}]')
+    cuts = {"straight": (), "again": (), "killed": ("--trainer.callbacks", kill),
+            "stopped": ("--trainer.callbacks", term)}
+    with ThreadPoolExecutor(max_workers=len(cuts)) as pool:
+        first = dict(zip(cuts, pool.map(lambda name: fit(roots[name], *cuts[name]), cuts)))
+    last = {name: roots[name] / "runs/repro/version_0/checkpoints/last.ckpt" for name in roots}
+    at_cut = {name: torch.load(last[name], map_location="cpu", weights_only=False)["global_step"]
+              for name in ("killed", "stopped") if last[name].is_file()}
     with ThreadPoolExecutor(max_workers=2) as pool:
-        procs = list(pool.map(fit, roots))
-    for proc in procs:
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    return last_ckpt(roots[0]), last_ckpt(roots[1])
+        resumed = dict(zip(("killed", "stopped"),
+                           pool.map(lambda name: fit(roots[name], "--ckpt_path", "last"), ("killed", "stopped"))))
+    return {"roots": roots, "first": first, "at_cut": at_cut, "resumed": resumed, "record": record}
 
 
 @pytest.fixture(scope="module")
-def straight(straight_runs: tuple[dict, dict]) -> dict:
-    return straight_runs[0]
+def straight(runs: dict) -> dict:
+    proc = runs["first"]["straight"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return last_ckpt(runs["roots"]["straight"])
 
 
-def test_same_seed_gives_bit_identical_weights(straight_runs: tuple[dict, dict]) -> None:
-    assert_bit_identical(*straight_runs)
+def test_same_seed_gives_bit_identical_weights(runs: dict, straight: dict) -> None:
+    again = runs["first"]["again"]
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert_bit_identical(straight, last_ckpt(runs["roots"]["again"]))
 
 
-def test_sigkill_mid_epoch_then_resume_ends_bit_identical(straight: dict, tmp_path: Path) -> None:
-    kill_step = STEPS_PER_EPOCH * (EPOCHS - 1) + 2  # second step of the last epoch
-    kill = f'[{{"class_path": "subprocess_callbacks.KillAtStep", "init_args": {{"step": {kill_step}}}}}]'
-    proc = fit(tmp_path, "--trainer.callbacks", kill)
+def test_sigkill_mid_epoch_then_resume_ends_bit_identical(runs: dict, straight: dict) -> None:
+    proc = runs["first"]["killed"]
     assert proc.returncode == -signal.SIGKILL, (proc.returncode, proc.stderr[-3000:])
     # What survived the kill is the checkpoint of the last finished epoch.
-    assert last_ckpt(tmp_path)["global_step"] == STEPS_PER_EPOCH * (EPOCHS - 1)
-    proc = fit(tmp_path, "--ckpt_path", "last")
+    assert runs["at_cut"]["killed"] == STEPS_PER_EPOCH * (EPOCHS - 1)
+    proc = runs["resumed"]["killed"]
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sorted(p.name for p in (tmp_path / "runs/repro").iterdir()) == ["version_0"]
-    assert_bit_identical(straight, last_ckpt(tmp_path))
+    root = runs["roots"]["killed"]
+    assert sorted(p.name for p in (root / "runs/repro").iterdir()) == ["version_0"]
+    assert_bit_identical(straight, last_ckpt(root))
 
 
-def test_sigterm_mid_epoch_saves_that_step_and_resume_ends_bit_identical(straight: dict, tmp_path: Path) -> None:
-    step = STEPS_PER_EPOCH * (EPOCHS - 1) + 1  # first step of the last epoch
-    record = tmp_path / "ends.txt"
-    term = (f'[{{"class_path": "subprocess_callbacks.SignalAtStep", '
-            f'"init_args": {{"step": {step}, "rank": 0, "path": "{record}"}}}}]')
-    proc = fit(tmp_path, "--trainer.callbacks", term)
+def test_sigterm_mid_epoch_saves_that_step_and_resume_ends_bit_identical(runs: dict, straight: dict) -> None:
+    proc = runs["first"]["stopped"]
     # Not 0 (Lightning's own status for it): a scheduler or a grid driver must not count the run as finished.
     assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, proc.stderr[-3000:])
     assert "lit_icl: stopped by SIGTERM; resume with --ckpt_path last" in proc.stderr
-    assert record.read_text().split() == ["0", "SIGTERMException", str(step)]
-    assert last_ckpt(tmp_path)["global_step"] == step  # saved where it stopped, not at the last epoch's end
-    proc = fit(tmp_path, "--ckpt_path", "last")
+    assert runs["record"].read_text().split() == ["0", "SIGTERMException", str(TERM_STEP)]
+    assert runs["at_cut"]["stopped"] == TERM_STEP  # saved where it stopped, not at the last epoch's end
+    proc = runs["resumed"]["stopped"]
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert_bit_identical(straight, last_ckpt(tmp_path))
+    assert_bit_identical(straight, last_ckpt(runs["roots"]["stopped"]))
 
 
 @pytest.mark.slow  # three inductor runs in their own processes: 101 s on 2 cores (2026-11-27), 43 s since graphs are cached
