@@ -450,25 +450,35 @@ runner.run_all(jobs, argparse.Namespace(jobs=2, threads=1, dry_run=False), "test
 '''
 
 
-def test_a_sigterm_to_the_driver_stops_the_tests_its_workers_run_and_starts_no_more(tmp_path) -> None:
-    """In the ``test`` stage the jobs run in forked workers. Stopped by SIGTERM, the driver stops them too (a test
-    keeps nothing worth saving), records them as failed and exits 143; before, they ran on as orphans, beside the
-    tests a rerun started in the same folders."""
+def _sigterm_once_started(tmp_path: Path, driver_text: str, started: list[Path],
+                          env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """Run ``driver_text`` as a driver script on a grid under ``tmp_path / "grid"``, send it SIGTERM once every file in
+    ``started`` exists (its jobs are running), and return its exit status, stdout and stderr."""
     import signal
     import subprocess
     import time
 
-    (tmp_path / "driver.py").write_text(_TEST_DRIVER)
-    out = tmp_path / "grid"
-    driver = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(SCRIPT), str(out)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    (tmp_path / "driver.py").write_text(driver_text)
+    driver = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(SCRIPT), str(tmp_path / "grid")],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while not all((out / f"t{i}" / "started").is_file() for i in range(2)):
+    while not all(path.is_file() for path in started):
         assert time.monotonic() < deadline and driver.poll() is None, driver.communicate()
         time.sleep(0.05)
     driver.send_signal(signal.SIGTERM)
-    _, err = driver.communicate(timeout=30)
-    assert driver.returncode == 143, err
+    printed, err = driver.communicate(timeout=30)
+    return driver.returncode, printed, err
+
+
+def test_a_sigterm_to_the_driver_stops_the_tests_its_workers_run_and_starts_no_more(tmp_path) -> None:
+    """In the ``test`` stage the jobs run in forked workers. Stopped by SIGTERM, the driver stops them too (a test
+    keeps nothing worth saving), records them as failed and exits 143; before, they ran on as orphans, beside the
+    tests a rerun started in the same folders."""
+    import time
+
+    out = tmp_path / "grid"
+    rc, _, err = _sigterm_once_started(tmp_path, _TEST_DRIVER, [out / f"t{i}" / "started" for i in range(2)])
+    assert rc == 143, err
     assert "stopped by SIGTERM: the running tests were stopped" in err
     for i in range(2):
         worker = int((out / f"t{i}" / "started").read_text())
@@ -488,23 +498,11 @@ def test_a_sigterm_to_the_driver_reaches_its_running_fits_and_starts_no_more(tmp
     """Stopped by SIGTERM (a cluster's preemption, ``kill``), the driver passes it on to the fits it runs, which save
     their last.ckpt and exit; it starts no other job and exits 143. Before, the fits kept training without it, and
     a rerun of the driver started a second process in the same run folder."""
-    import signal
-    import subprocess
-    import time
-
     (tmp_path / "slow_lit_icl.py").write_text(_SLOW_CLI)
-    (tmp_path / "driver.py").write_text(_DRIVER)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p))
     out = tmp_path / "grid"
-    driver = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(SCRIPT), str(out)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not all((out / f"s{i}" / "started").is_file() for i in range(2)):
-        assert time.monotonic() < deadline and driver.poll() is None, driver.communicate()
-        time.sleep(0.05)
-    driver.send_signal(signal.SIGTERM)
-    printed, err = driver.communicate(timeout=30)
-    assert driver.returncode == 143, err
+    rc, printed, err = _sigterm_once_started(tmp_path, _DRIVER, [out / f"s{i}" / "started" for i in range(2)], env)
+    assert rc == 143, err
     assert "stopped by SIGTERM" in err
     for i in range(2):  # both fits got the signal and are gone
         assert (out / f"s{i}" / "got_sigterm").is_file()
