@@ -505,6 +505,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.eig_steps is None:
         # The unnormalised Eq. 6 head needs more than 100 steps to leave the constant answer it starts in.
         args.eig_steps = args.steps
+    if args.patience is None:  # fixed-length runs train --epochs epochs of steps / epochs batches each
+        for name, steps in (("--steps", args.steps), ("--eig-steps", args.eig_steps)):
+            if steps % args.epochs:
+                parser.error(f"{name} {steps} is not a multiple of --epochs {args.epochs}: each epoch trains "
+                             f"{name} / --epochs batches; give a multiple (e.g. {steps - steps % args.epochs or args.epochs})")
     return args
 
 

@@ -9,8 +9,8 @@ Executors: a driver's ``--executor local`` (the default) runs its jobs here, ``-
 slurm`` hands the same jobs to SLURM through submitit, one job array per stage (``experiments/cluster.py``). Either
 way each job writes ``job.json`` (what it runs) and ``job_state.json`` (executor, SLURM job id, node, state, exit
 code, log) into its run folder, and the grid's own command line goes to ``<out>/grid.json``, so a driver's
-``report`` states the grid's settings (seeds, steps) as it ran, says which jobs failed or are missing and gives the
-command that reruns them. Stage ``all`` runs
+``report`` can say which jobs failed or are missing and give the command that reruns them, and note where its own
+options differ from the grid's. Stage ``all`` runs
 ``fit``, then ``test``, then prints the report.
 
 The ``done`` marker records the job's wall-clock and CPU seconds and the commit of the code that ran it, and this
@@ -28,6 +28,8 @@ the config values that vary, steps, CPU seconds and commit; no checkpoints, logs
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import re
@@ -169,6 +171,13 @@ def parse_driver_args(parser: argparse.ArgumentParser, argv: list[str] | None, s
     from cluster import check_slurm_args
 
     args = parser.parse_args(argv)
+    seeds = getattr(args, "seeds", None)
+    if seeds is not None and (len(set(seeds)) != len(seeds) or min(seeds, default=0) < 0):
+        parser.error(f"--seeds {' '.join(map(str, seeds))}: give each seed once, as an integer >= 0 (a seed's runs "
+                     "share one folder)")
+    out = getattr(args, "out", None)
+    if args.stage != "report" and out is not None and Path(out).exists() and not Path(out).is_dir():
+        parser.error(f"--out {out} is a file; {args.stage} writes the grid's run folders into a folder: name another")
     args.script = Path(script).resolve()
     args.argv = list(sys.argv[1:] if argv is None else argv)
     args.check_executor = lambda: check_slurm_args(parser, args) if args.executor == "slurm" else None
@@ -202,11 +211,23 @@ def _positive_int(value: str) -> int:
 
 
 def config_file(value: str) -> Path:
-    """An existing config file, resolved (an argparse ``type``: a missing file is refused by name)."""
+    """An existing YAML config file holding a mapping, resolved (an argparse ``type``: anything else is refused by
+    name before a job starts, where it would fail every run)."""
+    import yaml
+
     path = Path(value).resolve()
     if not path.is_file():
         raise argparse.ArgumentTypeError(f"no such config file: {path} (an overlay sits beside its base config, "
                                          "in configs/<paper>/<experiment>/)")
+    try:
+        content = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        where = getattr(err, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where is not None else ""
+        raise argparse.ArgumentTypeError(f"{path} is not valid YAML{at}; fix it or name another config") from None
+    if not isinstance(content, dict):
+        raise argparse.ArgumentTypeError(f"{path} does not hold a YAML mapping of config sections (trainer:, model:, "
+                                         "data:, ...); name a config file")
     return path
 
 
@@ -265,6 +286,7 @@ def run_stage(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace],
     failed or is missing. ``all`` runs the fits, then the tests (built once the fits have finished, since a test
     may read its fit's checkpoints), then prints ``report(args)``."""
     args.check_executor()
+    check_only(args, fit_jobs, test_jobs)
     if args.executor == "slurm":
         from cluster import run_stage_on_slurm
 
@@ -281,6 +303,21 @@ def run_stage(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace],
     sys.exit(1 if failed else 0)
 
 
+def check_only(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace], list[Job]],
+               test_jobs: Callable[[argparse.Namespace], list[Job]]) -> None:
+    """Refuse (exit 2, before anything is written) an ``--only`` that names no job of the grid: a typo would
+    otherwise run nothing and exit 0, and replace the grid's record."""
+    if args.only == [""]:
+        return
+    names = [job.name for job in fit_jobs(args) + test_jobs(args)]
+    unmatched = [part for part in args.only if not any(part in name for name in names)]
+    if unmatched:
+        print(f"{Path(args.script).name}: error: --only {' '.join(map(repr, unmatched))} matches none of the grid's "
+              f"{len(names)} jobs (e.g. {names[0] if names else 'none'!r}); a job is run when its name contains one "
+              "of --only", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
 def drive(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace], list[Job]],
           test_jobs: Callable[[argparse.Namespace], list[Job]], report: Callable[[argparse.Namespace], Any],
           parse_args: Callable[[list[str]], argparse.Namespace]) -> None:
@@ -288,15 +325,22 @@ def drive(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace], lis
     with the command that reruns them); ``fit``, ``test`` and ``all`` run on the chosen executor."""
     if args.stage != "report":
         run_stage(args, fit_jobs, test_jobs, report)
+    if not args.out.exists():
+        print(f"{Path(args.script).name}: error: --out {args.out}: no such grid folder or results CSV; name the "
+              "folder a fit, test or all stage wrote (or its report --csv file)", file=sys.stderr, flush=True)
+        sys.exit(2)
 
     def unfinished_of_grid() -> None:
-        if args.out.is_dir() and (args.out / "grid.json").is_file():
-            ran = parse_args(json.loads((args.out / "grid.json").read_text())["argv"])
-            ran.out = args.out  # the grid as it was run, wherever its folder is now
+        ran = grid_of(args.out, parse_args)
+        if isinstance(ran, str):
+            print(f"the unfinished jobs of the grid cannot be listed: its command in {args.out / 'grid.json'} no "
+                  f"longer parses ({ran})", file=sys.stderr, flush=True)
+        elif ran is not None:
             print_unfinished(select(fit_jobs(ran), ran.only) + select(test_jobs(ran), ran.only), ran)
 
+    note_grid_difference(args, parse_args)
     try:
-        code = report(report_args_of_grid(args, parse_args))
+        code = report(args)
     except SystemExit:  # a report with nothing to show (every job failed, say): still list what failed, and why
         unfinished_of_grid()
         raise
@@ -306,19 +350,51 @@ def drive(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace], lis
         sys.exit(code)
 
 
-def report_args_of_grid(args: argparse.Namespace,
-                        parse_args: Callable[[list[str]], argparse.Namespace]) -> argparse.Namespace:
-    """``report``'s settings: the grid's own command line (``<out>/grid.json``) with the options given to ``report``
-    on top (argparse keeps an option's last value), so the tables and their header state the grid that ran (its
-    seeds, steps, episodes) rather than the report command's defaults. ``args`` itself where ``--out`` holds no such
-    record (a tidy CSV, or a folder of runs started by hand)."""
+#: Options that say how and where a grid runs or what a report writes, not which runs it has: left out of the
+#: comparison of a command with the grid's own (:func:`note_grid_difference`).
+NOT_GRID_SETTINGS = {"stage", "out", "script", "argv", "check_executor", "executor", "jobs", "threads", "only",
+                     "dry_run", "partition", "gpus_per_job", "cpus_per_job", "mem_gb", "time_min", "sbatch",
+                     "max_requeues", "no_wait", "poll_s", "from_stage", "csv", "md", "fig", "sweep_out"}
+
+
+def grid_of(out: Path, parse_args: Callable[[list[str]], argparse.Namespace]) -> argparse.Namespace | str | None:
+    """The settings of the grid recorded in ``<out>/grid.json`` (its command line, parsed by the driver), ``None``
+    when there is no record, or why the record no longer parses (an overlay it names was moved, say)."""
     try:
-        grid = json.loads((args.out / "grid.json").read_text())
+        grid = json.loads((out / "grid.json").read_text())
     except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
-        return args
-    merged = parse_args(["report", *_without_stage(grid["argv"]), *_without_stage(args.argv)])
-    merged.out = args.out  # the grid as it was run, wherever its folder is now
-    return merged
+        return None
+    problem = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(problem):
+            ran = parse_args(grid["argv"])
+    except SystemExit:
+        lines = problem.getvalue().strip().splitlines()
+        return lines[-1] if lines else "it does not parse"
+    ran.out = out  # the grid as it was run, wherever its folder is now
+    return ran
+
+
+def note_grid_difference(args: argparse.Namespace, parse_args: Callable[[list[str]], argparse.Namespace]) -> None:
+    """``report`` reads the grid's runs with its own options (seeds, steps, ...), which name what the tables hold
+    and their header says. Where they differ from those of the command that ran the grid (its last ``fit`` or
+    ``all``, from ``<out>/grid.json``), say so on stderr with both, so a report with other options is not taken for
+    the grid's. (A grid run in parts, a seed at a time, differs from its last part in the seeds: that is expected.)"""
+    ran = grid_of(args.out, parse_args)
+    if not isinstance(ran, argparse.Namespace):
+        return
+    differ = sorted(k for k in vars(args).keys() & vars(ran).keys()
+                    if k not in NOT_GRID_SETTINGS and getattr(args, k) != getattr(ran, k))
+    if not differ:
+        return
+
+    def shown(namespace: argparse.Namespace) -> str:
+        def value(v: Any) -> str:
+            return " ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+        return " ".join(f"--{k.replace('_', '-')} {value(getattr(namespace, k))}" for k in differ)
+
+    print(f"note: this report takes {shown(args)}; the grid's own command ({args.out / 'grid.json'}) took {shown(ran)}; "
+          "give report the grid's options to report the grid as it ran", file=sys.stderr, flush=True)
 
 
 def _stage_index(argv: list[str], stages: tuple[str, ...] = STAGES) -> int | None:
@@ -330,6 +406,21 @@ def _without_stage(argv: list[str]) -> list[str]:
     """A driver command line without its stage word."""
     i = _stage_index(argv)
     return list(argv) if i is None else [*argv[:i], *argv[i + 1:]]
+
+
+def _test_after_fit(fit_argv: list[str], test_argv: list[str]) -> list[str]:
+    """A ``test`` command line that keeps a ``fit``'s options under its own: the stage word first (after an option
+    of several values, ``--only a``, it would be read as one of them), then each command's driver options, then,
+    after ``--``, the options both pass through to every run (a driver's ``-- <CLI overrides>``)."""
+    def split(argv: list[str]) -> tuple[list[str], list[str] | None]:
+        if "--" not in argv:
+            return _without_stage(argv), None
+        i = argv.index("--")
+        return _without_stage(argv[:i]), argv[i + 1:]
+
+    (fit_own, fit_through), (test_own, test_through) = split(fit_argv), split(test_argv)
+    through = None if fit_through is None and test_through is None else [*(fit_through or []), *(test_through or [])]
+    return ["test", *fit_own, *test_own, *([] if through is None else ["--", *through])]
 
 
 def _print_report(text: Any) -> None:
@@ -361,7 +452,7 @@ def print_unfinished(jobs: list[Job], args: argparse.Namespace) -> int:
 
 
 def record_grid(args: argparse.Namespace) -> None:
-    """``<out>/grid.json``: the driver command that runs this grid, which ``report`` reads the grid's settings from
+    """``<out>/grid.json``: the driver command that runs this grid, which ``report`` compares its own options with
     and gives to rerun what is missing (finished jobs are skipped, interrupted fits resume). A ``test`` stage adds
     its options after those of the grid's ``fit`` (kept as ``fit_argv``), so the record holds both."""
     args.out.mkdir(parents=True, exist_ok=True)
@@ -373,8 +464,7 @@ def record_grid(args: argparse.Namespace) -> None:
             fit_argv = old.get("fit_argv", old["argv"])
         except (FileNotFoundError, json.JSONDecodeError, KeyError):
             fit_argv = []
-    # The stage word first: after an option of several values (``--only a``) it would be read as one of them.
-    argv = ["test", *_without_stage(fit_argv), *_without_stage(args.argv)] if testing else fit_argv
+    argv = _test_after_fit(fit_argv, args.argv) if testing else fit_argv
     record.write_text(json.dumps({"cwd": os.getcwd(), "script": str(args.script), "argv": argv,
                                   "fit_argv": fit_argv}, indent=1) + "\n")
 

@@ -187,35 +187,51 @@ def test_a_report_with_nothing_to_show_still_lists_the_failed_jobs(runner, quick
         assert "fit a s0" in err and "failed" in err, err
 
 
-def test_report_states_the_grid_that_ran_not_its_own_defaults_and_its_own_options_win(runner, tmp_path, capsys) -> None:
-    """A 1-seed, 6-step grid reported with a bare ``report --out``: the report gets the grid's seeds and steps from
-    ``grid.json``; what ``report`` itself gives (here ``--steps`` and ``--jobs``) overrides them."""
+def test_a_report_whose_options_differ_from_the_grids_says_so_with_both(runner, tmp_path, capsys) -> None:
+    """``report`` reads the runs with its own options (they name what the tables hold); run bare on a 1-seed, 6-step
+    grid it used to print "seeds [0, 1, 2] ... 300 steps" without a word. Now a note on stderr gives both settings;
+    a report with the grid's options, or on a folder without ``grid.json``, prints none."""
     parser = _driver_parser(runner)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=300)
     parse = lambda argv: runner.parse_driver_args(parser, argv, "experiments/driver.py")
     out = tmp_path / "grid"
-    grid = parse(["--out", str(out), "--seeds", "4", "--steps", "6", "fit"])  # the stage may come last
-    runner.record_grid(grid)
+    runner.record_grid(parse(["--out", str(out), "--seeds", "4", "--steps", "6", "--jobs", "3", "fit"]))
     seen = []
 
     def report(args):
-        seen.append((args.stage, args.seeds, args.steps, args.jobs, args.out))
-        return f"{len(args.seeds)} seeds, {args.steps} steps"
+        seen.append((args.seeds, args.steps))
+        return "TABLES"
 
-    for argv, expected in ((["report", "--out", str(out)], ("report", [4], 6, 2, out)),
-                           (["report", "--out", str(out), "--steps", "5", "--jobs", "3"], ("report", [4], 5, 3, out))):
+    for argv, note in ((["report", "--out", str(out)],
+                        (f"note: this report takes --seeds 0 1 2 --steps 300; the grid's own command "
+                        f"({out / 'grid.json'}) took --seeds 4 --steps 6; give report the grid's options")),
+                       (["report", "--out", str(out), "--seeds", "4", "--steps", "6"], None)):
         runner.drive(parse(argv), lambda a: [], lambda a: [], report, parse)
-        assert seen.pop() == expected
-    assert capsys.readouterr().out.splitlines() == ["1 seeds, 6 steps", "1 seeds, 5 steps"]
-    # A moved grid folder is reported where it is now; a folder without grid.json keeps the report's own options.
-    moved = tmp_path / "moved"
-    out.rename(moved)
-    runner.drive(parse(["report", "--out", str(moved)]), lambda a: [], lambda a: [], report, parse)
-    assert seen.pop() == ("report", [4], 6, 2, moved)
-    (moved / "grid.json").unlink()
-    runner.drive(parse(["report", "--out", str(moved)]), lambda a: [], lambda a: [], report, parse)
-    assert seen.pop() == ("report", [0, 1, 2], 300, 2, moved)
+        printed, err = capsys.readouterr()
+        assert printed == "TABLES\n" and seen.pop() == tuple(parse(argv).__dict__[k] for k in ("seeds", "steps"))
+        assert (note in err) if note else ("note:" not in err), err  # --jobs 3 is how it ran, not what: no note
+    (out / "grid.json").unlink()
+    runner.drive(parse(["report", "--out", str(out)]), lambda a: [], lambda a: [], report, parse)
+    assert "note:" not in capsys.readouterr().err
+
+
+def test_a_grid_whose_command_no_longer_parses_is_still_reported(runner, tmp_path, capsys) -> None:
+    """The grid's overlay was moved since it ran (or the report runs from another folder): the report is printed
+    and the unfinished jobs cannot be listed, in one line saying why, instead of the report failing."""
+    parser = _driver_parser(runner)
+    parser.add_argument("--overlay", type=runner.config_file, nargs="+", default=[])
+    parse = lambda argv: runner.parse_driver_args(parser, argv, "experiments/driver.py")
+    out, overlay = tmp_path / "grid", tmp_path / "gpu.yaml"
+    overlay.write_text("trainer:\n  accelerator: cpu\n")
+    runner.record_grid(parse(["fit", "--out", str(out), "--overlay", str(overlay)]))
+    overlay.unlink()
+    runner.drive(parse(["report", "--out", str(out)]), lambda a: [], lambda a: [], lambda a: "TABLES", parse)
+    printed, err = capsys.readouterr()
+    assert printed == "TABLES\n"
+    assert err.strip() == (f"the unfinished jobs of the grid cannot be listed: its command in {out / 'grid.json'} "
+                           f"no longer parses (driver: error: argument --overlay: no such config file: {overlay} (an "
+                           "overlay sits beside its base config, in configs/<paper>/<experiment>/))")
 
 
 def test_a_test_stage_adds_its_options_to_the_grids_record_after_the_fits(runner, tmp_path) -> None:
@@ -237,6 +253,16 @@ def test_a_test_stage_adds_its_options_to_the_grids_record_after_the_fits(runner
         f"driver.py all --out {out} --steps 4000 --only a --out {out} --only b")
     runner.record_grid(parse(["fit", "--out", str(out), "--steps", "50"]))  # a new fit starts the record again
     assert json.loads((out / "grid.json").read_text())["argv"] == ["fit", "--out", str(out), "--steps", "50"]
+
+
+def test_options_a_driver_passes_through_to_every_run_stay_after_the_double_dash(runner) -> None:
+    """CoQE's driver passes what follows ``--`` to every run: a test stage's own options go before it, not after."""
+    merged = runner._test_after_fit(["all", "--seeds", "0", "--", "--trainer.max_steps", "2"],
+                                    ["test", "--out", "x", "--csv", "y", "--", "--data.init_args.test_sequences", "16"])
+    assert merged == ["test", "--seeds", "0", "--out", "x", "--csv", "y", "--", "--trainer.max_steps", "2",
+                      "--data.init_args.test_sequences", "16"]
+    assert runner._test_after_fit(["fit", "--seeds", "0"], ["test", "--jobs", "2"]) == ["test", "--seeds", "0", "--jobs",
+                                                                                        "2"]
 
 
 def test_report_names_each_unfinished_job_with_its_reason_and_the_command_that_reruns_the_grid(runner, tmp_path) -> None:

@@ -339,3 +339,28 @@ def test_dataset_size_sweep_finds_the_largest_rise(sweep_script, tmp_path, capsy
     assert "| Transformer | accuracy |" in capsys.readouterr().out
     assert phase_transition([(5, 0.1, 0.0, 1)]) is None
     assert phase_transition([(5, 0.6, 0.0, 1), (50, 0.6, 0.0, 1), (500, 0.5, 0.0, 1)]) is None  # never rises
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["fit", "--seeds", "0", "0"], "--seeds 0 0: give each seed once, as an integer >= 0"),
+    (["all", "--seeds", "-1"], "--seeds -1: give each seed once, as an integer >= 0"),
+    (["fit", "--out", "{tmp}/a_file"], "--out {tmp}/a_file is a file; fit writes the grid's run folders into a folder"),
+    (["fit", "--only", "tuned_rbf_only_sphre"], "--only 'tuned_rbf_only_sphre' matches none of the grid's 630 jobs (e.g. 'fit tuned_rbf_only_cone s0')"),
+    (["report", "--out", "{tmp}/nowhere"], "--out {tmp}/nowhere: no such grid folder or results CSV"),
+    (["fit", "--steps", "5", "--epochs", "2"], "--steps 5 is not a multiple of --epochs 2"),
+    (["fit", "--overlay", "{tmp}/broken.yaml"], "{tmp}/broken.yaml is not valid YAML at line 3"),
+    (["fit", "--overlay", "{tmp}/a_list.yaml"], "{tmp}/a_list.yaml does not hold a YAML mapping"),
+])
+def test_a_grid_that_cannot_run_as_meant_is_refused_in_one_line_before_anything_is_written(
+        tables, tmp_path, capsys, argv: list[str], problem: str) -> None:
+    (tmp_path / "a_file").write_text("")
+    (tmp_path / "broken.yaml").write_text("trainer:\n max_steps: 3\n  model: [\n")
+    (tmp_path / "a_list.yaml").write_text("- trainer\n")
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    out = [] if "--out" in argv else ["--out", str(tmp_path / "grid")]
+    with pytest.raises(SystemExit) as stop:
+        tables.main([*argv, *out, "--dry-run"] if argv[0] != "report" else [*argv, *out])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert problem.format(tmp=tmp_path) in err[-1], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "a_list.yaml", "broken.yaml"]  # nothing written
