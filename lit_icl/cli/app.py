@@ -59,7 +59,7 @@ from lit_icl.cli.naming import DEFAULT_RUN_NAME, name_run_from_configs
 from lit_icl.cli.trainer_setup import add_compile, add_early_stopping, no_op_profiler, quiet_progress_bar
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.legacy import upgrade_checkpoint, upgrade_hparams
-from lit_icl.core.module import ICLModule
+from lit_icl.core.module import UNRECORDED_NETS, ICLModule
 from lit_icl.core.results import ResultsWriter
 from lit_icl.core.validation import check_finite_tree, check_run_config
 
@@ -262,6 +262,7 @@ class LitICLCLI(LightningCLI):
         hparams = torch.load(path, weights_only=True, map_location="cpu").get("hyper_parameters") or {}
         hparams, _ = upgrade_hparams(hparams)
         hparams.pop("_instantiator", None)
+        hparams.pop(UNRECORDED_NETS, None)  # a net built in Python that the checkpoint cannot rebuild: the config's
         if not hparams:
             return
         if "_class_path" in hparams:  # the module's own path; the rest are its arguments

@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.hparams import save_init_hparams
 from lit_icl.core.legacy import upgrade_checkpoint
+from lit_icl.core.nets import UNWRITABLE, config_value, holds_net, public_path
 
 
 def plain_grouped_hparams(obj: LightningModule | LightningDataModule) -> None:
@@ -110,6 +111,28 @@ def objective_class(module_class: type) -> type[TrainingObjective]:
                                               "__qualname__": name})
 
 
+#: The hyper-parameter naming the nets a module was given in Python whose construction is unknown (see
+#: :meth:`ICLModule.save_reloadable_hparams`): ``{argument: class path}``.
+UNRECORDED_NETS = "_unrecorded_nets"
+
+
+def _take_unrecorded_nets(checkpoint: dict[str, Any], path: Any, cls: type, kwargs: dict[str, Any]) -> bool:
+    """Remove :data:`UNRECORDED_NETS` from a checkpoint about to be loaded, refusing it in one line unless
+    ``kwargs`` gives each of those nets; whether the checkpoint changed."""
+    hparams = checkpoint.get("hyper_parameters")
+    if not isinstance(hparams, dict) or UNRECORDED_NETS not in hparams:
+        return False
+    missing = {k: v for k, v in hparams.pop(UNRECORDED_NETS).items() if k not in kwargs}
+    if missing:
+        given = ", ".join(f"{k}=<the {v.rsplit('.', 1)[-1]} it was trained with>" for k, v in missing.items())
+        raise ConfigError(
+            f"{path}: its {', '.join(f'{k} ({v})' for k, v in missing.items())} was built in Python from a class "
+            f"that does not record its arguments, so the checkpoint cannot rebuild it; pass it: "
+            f"{cls.__name__}.load_from_checkpoint(path, {given})"
+        )
+    return True
+
+
 class ICLModule(LightningModule):
     """Base class of the paper modules (see the module docstring for the conventions it carries)."""
 
@@ -144,16 +167,33 @@ class ICLModule(LightningModule):
 
     # ------------------------------------------------------------------ hyper-parameters
     def save_reloadable_hparams(self) -> None:
-        """``save_hyperparameters()`` that keeps config-given nets and drops net *objects*.
+        """``save_hyperparameters()`` that keeps the nets in the form a config gives them.
 
-        Call it from the subclass's ``__init__`` in place of ``save_hyperparameters``.
+        Call it from the subclass's ``__init__`` in place of ``save_hyperparameters``. Through the CLI the nets
+        arrive as their config (``class_path``, ``init_args``). A net *object* given in Python is written the same
+        way when its construction was recorded (:class:`lit_icl.core.nets.RecordedNet`, the papers' nets), so
+        ``load_from_checkpoint`` and ``test --ckpt_path`` rebuild it as it was. Any other net object is left out
+        and named under ``_unrecorded_nets``: loading such a checkpoint then asks for it (:meth:`load_from_checkpoint`).
         """
         with warnings.catch_warnings():
-            # The warning is about exactly the entries removed below.
+            # The warning is about exactly the entries replaced below.
             warnings.filterwarnings("ignore", message=r".*is an instance of `nn.Module`")
             save_init_hparams(self, up=2)  # the subclass's __init__, which called this
-        for key in [k for k, v in self.hparams.items() if isinstance(v, nn.Module)]:
-            del self.hparams[key]
+        objects = {k: v for k, v in self.hparams.items() if holds_net(v)}
+        unrecorded = {}
+        for key, value in objects.items():
+            config = config_value(value)
+            if config is UNWRITABLE:
+                del self.hparams[key]
+                unrecorded[key] = public_path(type(value)) if isinstance(value, nn.Module) else type(value).__name__
+            else:
+                self.hparams[key] = config
+        if objects:
+            # What the CLI records of a module it built, so that the checkpoint is read back the same way.
+            self.hparams.setdefault("_class_path", public_path(type(self)))
+            self.hparams.setdefault("_instantiator", "lightning.pytorch.cli.instantiate_module")
+        if unrecorded:
+            self.hparams[UNRECORDED_NETS] = unrecorded
         plain_grouped_hparams(self)
 
     @classmethod
@@ -165,7 +205,8 @@ class ICLModule(LightningModule):
                 checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
             except Exception:  # noqa: BLE001
                 checkpoint = None
-            if isinstance(checkpoint, dict) and upgrade_checkpoint(checkpoint):
+            if isinstance(checkpoint, dict) and (upgrade_checkpoint(checkpoint)
+                                                 | _take_unrecorded_nets(checkpoint, checkpoint_path, cls, kwargs)):
                 buffer = io.BytesIO()
                 torch.save(checkpoint, buffer)
                 buffer.seek(0)

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.nets import RecordedNet
 from lit_icl.core.transfer import to_device
 from lit_icl.core.validation import check_literal
 
@@ -193,7 +194,7 @@ HookPoint = Literal["write", "module"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 
 
-class CausalLM(nn.Module):
+class CausalLM(RecordedNet):
     """A frozen causal LM and its tokenizer, with capture / injection hooks.
 
     Args:

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from lit_icl.coqe.layers import TOKEN_WIDTH, CausalTransformer, sinusoidal_positions
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.nets import RecordedNet
 from lit_icl.core.validation import check_bool, check_int, check_literal, check_positive
 
 #: How a context class's logit meets its static one: ``replace`` it (the paper) or ``add`` to it (public code).
@@ -240,7 +241,7 @@ class SequenceEmbedder(nn.Module):
         return tokens + pe.to(tokens.dtype)
 
 
-class _SequenceClassifier(nn.Module):
+class _SequenceClassifier(RecordedNet):
     """What both sequence classifiers share: the class count, given or taken from the data module later.
 
     The data module is the one source of truth for the number of training classes. A net built with

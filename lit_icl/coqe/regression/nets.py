@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from lit_icl.coqe.layers import CausalTransformer
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.nets import RecordedNet
 from lit_icl.core.precision import float32_region
 from lit_icl.core.validation import check_int, check_literal, check_positive
 
@@ -115,7 +116,7 @@ def _check_sizes(n_dims: int, width: int, depth: int, heads: int, max_points: in
         raise ConfigError(f"width={width} is not divisible by heads={heads}; choose heads dividing the width")
 
 
-class RegressionTransformer(nn.Module):
+class RegressionTransformer(RecordedNet):
     """The Transformer baseline (App. C.1; Garg et al.): ReLU-MLP embedding, GPT-2 body, linear read-out.
 
     Args:
@@ -160,7 +161,7 @@ class RegressionTransformer(nn.Module):
         return self.read_out(z[:, 2 * n :]).squeeze(-1)
 
 
-class CoQERegressor(nn.Module):
+class CoQERegressor(RecordedNet):
     """CoQE for regression, Eq. (11): ``y_hat_q = <E_task(E_sample(z_1:i)), E_sample(x_q)>`` (Sec. 4.1).
 
     ``E_sample`` (the two-layer ReLU network) embeds every token independently; ``E_task`` (the GPT-2 body)
@@ -249,7 +250,7 @@ def _prefix_designs(xs: Tensor, ys: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return xs[:, None] * mask[None, :, :, None], ys[:, None] * mask[None], mask.sum(1)
 
 
-class _Baseline(nn.Module):
+class _Baseline(RecordedNet):
     """A solver with no trainable parameters (``fit`` refuses it; evaluate with ``test``)."""
 
     method = "baseline"

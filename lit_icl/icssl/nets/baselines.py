@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.nets import RecordedNet
 from lit_icl.core.spectral import pairwise_sq_dists
 from lit_icl.core.validation import check_bool, check_int, check_positive, check_range
 from lit_icl.icssl.nets.model import ICSSLOutput
@@ -130,7 +131,7 @@ def _check_lr_args(num_classes: int, l2: float, max_iter: int) -> None:
     check_int("max_iter", max_iter, minimum=1, hint="Newton iterations; 50 is plenty")
 
 
-class LogisticRegressionHead(nn.Module):
+class LogisticRegressionHead(RecordedNet):
     """EIG+LR's classifier (App. F.7): l2-regularised logistic regression refit on each episode's labels.
 
     ``forward(phi, y, labeled)`` has the signature of :class:`~lit_icl.icssl.nets.GDICLHead`, so it goes in
@@ -165,7 +166,7 @@ class LogisticRegressionHead(nn.Module):
         return logistic_logits(feats, theta).to(phi.dtype)
 
 
-class KernelLogisticRegressionHead(nn.Module):
+class KernelLogisticRegressionHead(RecordedNet):
     """ORIG+RBF-LR's classifier (App. F.7): kernel logistic regression with a Gaussian kernel.
 
     The decision function is ``sigma(sum_j alpha_j kappa(x_i, x_j) + b)`` over the labeled points ``j`` with
@@ -217,7 +218,7 @@ class KernelLogisticRegressionHead(nn.Module):
         return logistic_logits(feats, theta).to(phi.dtype)
 
 
-class ICLTransformerBaseline(nn.Module):
+class ICLTransformerBaseline(RecordedNet):
     """The in-context Transformer baseline of App. G (after von Oswald et al. / MetaICL).
 
     Each point is a token ``input_projection(x_i) + label_embedding(l_i)`` with ``l_i = y_i`` for labeled

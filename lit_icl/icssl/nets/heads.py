@@ -8,6 +8,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from lit_icl.core.nets import RecordedNet
 from lit_icl.core.precision import float32_region
 from lit_icl.core.validation import check_bool, check_int, check_literal, check_positive
 from lit_icl.icssl.nets.laplacian import _sq_dists
@@ -20,7 +21,7 @@ Expectation = Literal["mlp", "exact"]
 # --------------------------------------------------------------------------------------------------------
 # TF_sup: the categorical functional-GD ICL head (Sec. 3.2, App. B-C)
 # --------------------------------------------------------------------------------------------------------
-class GDICLHead(nn.Module):
+class GDICLHead(RecordedNet):
     """In-context functional gradient descent for categorical labels (Eq. 6-7, App. C).
 
     Starting from ``f_0 = 0``, each layer performs (App. C, Eq. 25)

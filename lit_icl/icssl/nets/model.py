@@ -6,6 +6,7 @@ from typing import NamedTuple
 
 from torch import Tensor, nn
 
+from lit_icl.core.nets import RecordedNet
 from lit_icl.icssl.nets.heads import GDICLHead
 from lit_icl.icssl.nets.representations import InContextEigenmap
 
@@ -17,7 +18,7 @@ class ICSSLOutput(NamedTuple):
     features: Tensor  # (B, n, k)
 
 
-class SemiSupervisedICL(nn.Module):
+class SemiSupervisedICL(RecordedNet):
     """``[Data + Model]`` of Sec. 4.1: a representation ``phi(X)`` of all points, then the GD ICL head.
 
     Args:

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.nets import RecordedNet
 from lit_icl.core.spectral import LaplacianNorm, laplacian_eigenmap
 from lit_icl.core.validation import check_int, check_literal, check_positive
 from lit_icl.icssl.nets.eigenmap import EigenmapInit, EigenmapTransformer
@@ -19,7 +20,7 @@ from lit_icl.icssl.nets.laplacian import Activation, LaplacianOutput, LaplacianT
 # --------------------------------------------------------------------------------------------------------
 # Representations phi(X)
 # --------------------------------------------------------------------------------------------------------
-class InContextEigenmap(nn.Module):
+class InContextEigenmap(RecordedNet):
     """``TF_rep = TF^phi o TF^L`` (Sec. 3.1): the learned, in-context Laplacian eigenmap of ORIG+E2E-ICL.
 
     The two ablations of Table 6 (App. F.8) are options: ``lap_activation="linear"`` (the Laplacian module
@@ -87,7 +88,7 @@ class InContextEigenmap(nn.Module):
         return self.eigenmap(psi, x)
 
 
-class LaplacianEigenmap(nn.Module):
+class LaplacianEigenmap(RecordedNet):
     """EIG of Sec. 4.1: exact bottom eigenvectors of the kNN-RBF graph Laplacian (App. D), no parameters."""
 
     def __init__(
@@ -127,7 +128,7 @@ class LaplacianEigenmap(nn.Module):
         return laplacian_eigenmap(x, self.n_components, self.n_neighbors, self.rbf_scale, self.normalization)
 
 
-class RawCoordinates(nn.Module):
+class RawCoordinates(RecordedNet):
     """ORIG of Sec. 4.1: the raw coordinates, unchanged (the control without representation learning)."""
 
     def forward(self, x: Tensor) -> Tensor:
@@ -145,7 +146,7 @@ def check_input_dim(net: nn.Module, datamodule: object, option: str) -> None:
         )
 
 
-class ProjectedRepresentation(nn.Module):
+class ProjectedRepresentation(RecordedNet):
     """``phi(X P)``: a learned linear map ``P`` of every point before another representation (our ablation).
 
     Not in the paper. Its Sec. 4.2 models are scale-matched (about 1.5 M parameters each), while

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.nets import RecordedNet
 from lit_icl.core.validation import check_int, check_range
 
 N_CLASSES = 10
@@ -217,7 +218,7 @@ class FusionLayer(nn.Module):
         return f + self.ffn(self.norm_ffn(f))
 
 
-class MultimodalCrossAttention(nn.Module):
+class MultimodalCrossAttention(RecordedNet):
     """The paper-inspired model of App. I.3 and its ablations (Table 1 rows 1-4).
 
     Args:
@@ -301,7 +302,7 @@ class BiLayer(nn.Module):
         return u + self.ffn_u(self.norm_ffn_u(u)), v + self.ffn_v(self.norm_ffn_v(v))
 
 
-class BidirectionalCrossAttention(nn.Module):
+class BidirectionalCrossAttention(RecordedNet):
     """Standard bi-directional cross-attention transformer (App. I.4; Table 1 row 5).
 
     ``U_0 = Phi_I(I) + P_I``, ``V_0 = Phi_A(A) + P_A`` (no modality embeddings, no CLS: the streams are separate

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.nets import RecordedNet
 from lit_icl.core.precision import float32_region
 from lit_icl.core.validation import check_literal, check_nonnegative, check_positive
 from lit_icl.mmca.theory import alpha_star, bayes_weights, check_norm_range, theorem63_alpha
@@ -82,7 +83,7 @@ def lsa_readout(f: Tensor, y: Tensor, x_query: Tensor, w_pv: Tensor, w_kq: Tenso
     return (top @ p[:d] + bottom * p[d]) / L
 
 
-class SingleLayerLSA(nn.Module):
+class SingleLayerLSA(RecordedNet):
     """Single-layer linear self-attention on ``E_X`` (Eq. 4.2), initialised as in App. C.1.
 
     Both ``(d+1) x (d+1)`` matrices ``W^PV, W^KQ`` are trained: ``2 (d+1)^2`` parameters. Theorem 4.1: no choice
@@ -112,7 +113,7 @@ class SingleLayerLSA(nn.Module):
         return lsa_readout(x.float().transpose(1, 2), y.float(), x_query.float(), self.w_pv, self.w_kq)
 
 
-class DeepCrossAttention(nn.Module):
+class DeepCrossAttention(RecordedNet):
     """``T`` layers of (linearised) cross-attention with re-injection, then a frozen LSA readout (Eqs. 5.1-5.5).
 
     With ``F_0 = 0`` and, for ``t = 1..T``::
@@ -428,7 +429,7 @@ class DeepCrossAttention(nn.Module):
         return lsa_readout(f, y.float(), x_query.float(), self.w_pv, self.w_kq)
 
 
-class SampleMean(nn.Module):
+class SampleMean(RecordedNet):
     """The in-context sample mean ``ybar = (1/L) sum_i y_i`` (App. G): no parameters, ignores ``x_q``."""
 
     method = "sample_mean"
@@ -439,7 +440,7 @@ class SampleMean(nn.Module):
         return y.float().mean(-1)
 
 
-class BayesOptimal(nn.Module):
+class BayesOptimal(RecordedNet):
     """The Bayes-optimal predictor ``<w, x_q>``, ``w = zeta m / (1 + ||m||^2)`` (Eq. 3.3): an oracle that reads
     the prompt's latent ``(m, zeta)``, no parameters. Its ICL error is 0 by definition; its MSE is ``E[1/Z]``."""
 
