@@ -182,6 +182,11 @@ class CoQEClassificationModule(ICLModule):
                 n = checkpoint["state_dict"]["net.embed.label_embedding.weight"].shape[0]
             self.net.set_n_classes(int(n))
 
+    def forward(self, images: Tensor, context_labels: Tensor) -> SequenceLogits:
+        """The net's logits for sequences of ``images`` whose context carries ``context_labels`` (no logit noise:
+        that is a training device), as ``model(images, labels[:, :-1])`` in a notebook."""
+        return self.net(images, context_labels)
+
     # ---------------------------------------------------------------- training
     def noise(self, batch_size: int, device: torch.device) -> Tensor | None:
         """Noise ``(B, C)`` for this step's modified query logits, or ``None`` (Transformer / noise-free)."""

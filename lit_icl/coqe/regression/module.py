@@ -159,6 +159,11 @@ class CoQERegressionModule(ICLModule):
         self.function_class = saved.get("function_class", self.function_class)
         self.n_dims = saved.get("n_dims", self.n_dims)
 
+    def forward(self, xs: Tensor, ys: Tensor, xq: Tensor | None = None) -> Tensor:
+        """The net's predictions for prompts ``xs`` (B, n, d) with values ``ys`` (B, n): at every prompt point from
+        the points before it, or at queries ``xq``, as ``model(xs, ys)`` in a notebook."""
+        return self.net(xs, ys, xq)
+
     # ---------------------------------------------------------------- training
     @staticmethod
     def training_loss(pred: Tensor, ys: Tensor) -> Tensor:
