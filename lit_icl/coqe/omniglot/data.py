@@ -103,8 +103,14 @@ def make_class_split(
             f"n_holdout={n_holdout} must be a multiple of {group} with augment: true (a character's {group} "
             f"rotations and flips are held out together); use --data.init_args.n_holdout {whole}"
         )
-    if n_common < 0 or n_common > total - n_holdout - 2:
-        raise ConfigError(f"n_common={n_common} leaves no rare classes ({total} classes, {n_holdout} holdout)")
+    if n_common < 0:
+        raise ConfigError(f"n_common={n_common} must be >= 0 (the number of common, Zipf-frequent training classes)")
+    if n_holdout > total - 2:
+        raise ConfigError(f"n_holdout={n_holdout} leaves fewer than 2 training classes of the {total} classes; use "
+                          f"at most {total - 2} holdout classes, or more classes (max_classes)")
+    if n_common > total - n_holdout - 2:
+        raise ConfigError(f"n_common={n_common} leaves fewer than 2 rare classes ({total} classes, {n_holdout} "
+                          f"holdout); use at most {total - n_holdout - 2} common classes")
     if total - n_holdout < 2:
         raise ConfigError(f"{total} classes with n_holdout={n_holdout} leave fewer than 2 training classes")
     if zipf_alpha < 0:

@@ -142,7 +142,11 @@ COQE_ROWS: list[tuple[str | tuple[str, ...], list[str], str]] = [
     (C, [D + "n_holdout", "1"], "at least 2 holdout classes"),
     (C, [D + "augment", "true"], ("n_holdout=4 must be a multiple of 8 with augment: true (a character's 8 "
                                   "rotations and flips are held out together); use --data.init_args.n_holdout 8")),
-    (C, [D + "n_common", "100"], "n_common=100"),
+    (C, [D + "n_common", "100"], "n_common=100 leaves fewer than 2 rare classes (24 classes, 4 holdout); use at most 18"),
+    (C, [D + "n_common", "-1"], "n_common=-1 must be >= 0"),
+    (C, [D + "n_holdout", "30"], "n_holdout=30 leaves fewer than 2 training classes of the 24 classes; use at most 22"),
+    (C, [D + "max_classes", "5"], ("n_holdout=4 leaves fewer than 2 training classes of the 5 classes; use at most 3 "
+                                  "holdout classes, or more classes (max_classes)")),
     (C, [D + "zipf_alpha", "-0.5"], "zipf_alpha=-0.5 must be >= 0"),
     (C, [D + "num_workers", "-1"], "num_workers=-1"),
     # --- CoQEClassificationModule
