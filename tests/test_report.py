@@ -111,12 +111,14 @@ def test_an_x_no_row_has_is_refused_naming_the_coordinates(tmp_path, capsys) -> 
     (["--metric", "msee"], "no rows for metric(s) msee; use --metric with one of mse"),
     (["--split", "val"], "--split val: the runs have no rows of that split; use one of test"),
     (["--split", "test", "--metric", "acc"], "no rows for metric(s) acc in split test; use --metric with one of mse"),
+    (["{tmp}/s0/results.csv"], "{tmp}/s0/results.csv is not a results.json (Expecting value"),
     (["--out", "{tmp}/f.pngg"], "--out {tmp}/f.pngg: matplotlib cannot write '.pngg' files; end the name in one of"),
     (["--out", "{tmp}/s0/results.json/f.png"], "--out {tmp}/s0/results.json/f.png: {tmp}/s0/results.json is a file"),
 ])
 def test_a_metric_or_figure_that_cannot_be_made_is_refused_in_one_line_naming_the_fix(tmp_path, capsys, argv,
                                                                                       problem) -> None:
     _shift_run(tmp_path / "s0", 0)
+    (tmp_path / "s0" / "results.csv").write_text("metric,value\nmse,0.1\n")  # a tidy CSV is not a run's results
     argv = [a.format(tmp=tmp_path) for a in argv]
     with pytest.raises(SystemExit) as info:
         report([str(tmp_path / "s0"), *argv])

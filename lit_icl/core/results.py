@@ -163,7 +163,11 @@ def load_results(path: str | Path) -> dict[str, Any]:
         p = p / "results.json"
     if not p.is_file():
         raise FileNotFoundError(f"{p} not found; pass a run folder written by `python -m lit_icl test`")
-    data = json.loads(p.read_text())
+    try:
+        data = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{p} is not a results.json ({err}); pass a run folder written by `python -m lit_icl test` "
+                         "or its results.json (a grid's tidy CSV is read by its driver: report --out FILE.csv)") from None
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list) or "meta" not in data:
         raise ValueError(f"{p} is not a lit_icl results file (expected {{'meta': ..., 'rows': [...]}})")
     for row in data["rows"]:
