@@ -30,14 +30,16 @@ from lit_icl.core.results import ROW_KEYS, load_results
 
 #: Config entries that do not change what an experiment is.
 SEED_KEYS = ("seed_everything", "data_seed", "ckpt_path")
-LOGGING_KEYS = ("logger", "default_root_dir", "enable_progress_bar", "enable_model_summary", "callbacks")
+#: Trainer entries that do not either: where and how a run logs, and ``max_time``, one sitting's wall-clock budget.
+LOGGING_KEYS = ("logger", "default_root_dir", "enable_progress_bar", "enable_model_summary", "callbacks", "max_time")
 #: Row coordinates that number replicates, not conditions: averaged over like runs, never a line or column of their own
 #: (unless asked for as ``--x``). I2CL's rows carry the data seed that picked the demonstrations.
 REPLICATE_COORDS = ("seed",)
 
 
 def experiment_fingerprint(meta: Mapping[str, Any]) -> str:
-    """A hash of the run's config without seeds and logging: equal for runs that differ only in seed."""
+    """A hash of the run's config, and of the config of the fit that trained its checkpoint, without seeds and
+    logging: equal for runs that differ only in seed."""
 
     def strip(value: Any, depth: int = 0) -> Any:
         if isinstance(value, Mapping):
@@ -52,6 +54,9 @@ def experiment_fingerprint(meta: Mapping[str, Any]) -> str:
 
     config = meta.get("config") or {}
     core = strip({k: config.get(k) for k in ("model", "data", "trainer")})
+    fit = meta.get("fit_config")
+    if fit:  # what the tested checkpoint was trained on: tests of models trained differently are not seeds
+        core["fit"] = strip({k: fit.get(k) for k in ("model", "data", "trainer")})
     return hashlib.sha1(json.dumps(core, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 

@@ -143,3 +143,37 @@ def test_a_figure_of_a_metric_without_coordinates_is_refused_before_the_tables(t
     out, err = capsys.readouterr()
     assert out == "" and "the rows of parameters have no coordinate to draw against; report it as a table" in err
     assert not (tmp_path / "f.png").exists()
+
+
+def test_tests_of_models_trained_differently_are_other_experiments_and_seeds_still_pool(tmp_path, capsys) -> None:
+    """Two tests with the same test config, of checkpoints whose fits trained on other manifolds: before, the
+    report averaged them as two seeds of one experiment ("n = 2"). The fit's config, recorded in each test's
+    meta, now tells them apart; fits that differ only in seeds, folders and sitting budgets still pool."""
+    def run(path, acc: float, manifolds: list[str], seed: int, max_time: str | None = None) -> str:
+        test = {"model": {"init_args": {"lr": 0.003}}, "data": {"init_args": {"test_episodes": 16}},
+                "trainer": {"logger": {"init_args": {"name": "T", "version": path.name}}}}
+        fit = {"seed_everything": seed, "model": {"init_args": {"lr": 0.003}},
+               "data": {"init_args": {"train_manifolds": manifolds, "data_seed": seed}},
+               "trainer": {"max_steps": 9, "max_time": max_time,
+                           "logger": {"init_args": {"name": "F", "version": f"s{seed}"}}}}
+        write_results(path, [result_row("accuracy", acc, method="E2E")],
+                      {"config": test, "fit_config": fit, "checkpoint": f"runs/F/s{seed}/checkpoints/last.ckpt"})
+        return str(path)
+
+    runs = [run(tmp_path / "a", 0.70, ["cylinder"], 0), run(tmp_path / "b", 0.80, ["sphere"], 0)]
+    report(runs)
+    table = capsys.readouterr().out
+    assert "n = 1 runs per cell" in table and table.count("| E2E |") == 2
+    runs = [run(tmp_path / "c", 0.70, ["sphere"], 1), run(tmp_path / "d", 0.80, ["sphere"], 2, "00:01:00:00")]
+    report(runs)
+    assert "n = 2 runs per cell" in capsys.readouterr().out
+
+
+def test_a_tests_meta_records_the_config_of_the_fit_beside_its_checkpoint(tmp_path) -> None:
+    from lit_icl.core.results import fit_config
+
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "run" / "config.yaml").write_text("data:\n  init_args:\n    train_manifolds: [sphere]\n")
+    assert fit_config(tmp_path / "run" / "checkpoints" / "last.ckpt") == {
+        "data": {"init_args": {"train_manifolds": ["sphere"]}}}
+    assert fit_config(tmp_path / "elsewhere.ckpt") is None and fit_config(None) is None

@@ -109,6 +109,8 @@ def run_meta(trainer: Trainer, module: LightningModule, log_dir: str | Path | No
         "trained_steps": int(getattr(module, "trained_steps", module.global_step)),
         # How the checkpoint's run ended (early-stopping rule, best step, stopped step), when it recorded that.
         "stopping": stopping_record(trainer.ckpt_path),
+        # The config of the fit that wrote the checkpoint (its training data and length), when it is beside it.
+        "fit_config": fit_config(trainer.ckpt_path),
         "seeds": {
             "seed_everything": int(seed) if seed is not None else None,
             "data_seed": dm_hparams.get("data_seed"),
@@ -132,6 +134,20 @@ def stopping_record(ckpt_path: str | Path | None) -> dict[str, Any] | None:
         return json.loads(path.read_text()) if path.is_file() else None
     except (OSError, ValueError):
         return None
+
+
+def fit_config(ckpt_path: str | Path | None) -> dict[str, Any] | None:
+    """The ``config.yaml`` of the CLI run that wrote ``<run>/checkpoints/<file>.ckpt`` (``None`` without one): what
+    the tested model was trained on, which the test run's own config does not say (tests of models trained on other
+    data, or for other lengths, are other experiments to :mod:`lit_icl.report`)."""
+    if not ckpt_path:
+        return None
+    path = Path(ckpt_path).resolve().parent.parent / "config.yaml"
+    try:
+        config = yaml.safe_load(path.read_text()) if path.is_file() else None
+    except (OSError, yaml.YAMLError):
+        return None
+    return _jsonable(config) if isinstance(config, dict) else None
 
 
 def write_results(
