@@ -323,6 +323,8 @@ def drive(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace], lis
           parse_args: Callable[[list[str]], argparse.Namespace]) -> None:
     """A driver's ``main``: ``report`` prints the tables (and, on stderr, the jobs of the grid that did not finish,
     with the command that reruns them); ``fit``, ``test`` and ``all`` run on the chosen executor."""
+    if args.stage == "test":
+        note_grid_difference(args, parse_args, fit_jobs)
     if args.stage != "report":
         run_stage(args, fit_jobs, test_jobs, report)
     if not args.out.exists():
@@ -375,13 +377,18 @@ def grid_of(out: Path, parse_args: Callable[[list[str]], argparse.Namespace]) ->
     return ran
 
 
-def note_grid_difference(args: argparse.Namespace, parse_args: Callable[[list[str]], argparse.Namespace]) -> None:
-    """``report`` reads the grid's runs with its own options (seeds, steps, ...), which name what the tables hold
-    and their header says. Where they differ from those of the command that ran the grid (its last ``fit`` or
-    ``all``, from ``<out>/grid.json``), say so on stderr with both, so a report with other options is not taken for
-    the grid's. (A grid run in parts, a seed at a time, differs from its last part in the seeds: that is expected.)"""
+def note_grid_difference(args: argparse.Namespace, parse_args: Callable[[list[str]], argparse.Namespace],
+                         fit_jobs: Callable[[argparse.Namespace], list[Job]] | None = None) -> None:
+    """Say on stderr, with both, where this command's settings differ from those of the command that ran the grid
+    (``<out>/grid.json``), when that matters: for ``report``, which reads the runs with its own options (they name
+    what the tables hold and the header says), any difference; for ``test`` (``fit_jobs`` given), one that makes it
+    expect other fits than the grid's, whose tests would wait for fits that never ran. (A grid run in parts, a seed
+    at a time, differs from its last part in the seeds: that is expected.)"""
     ran = grid_of(args.out, parse_args)
     if not isinstance(ran, argparse.Namespace):
+        return
+    if fit_jobs is not None and {(j.folder, tuple(j.argv)) for j in fit_jobs(args)} == {
+            (j.folder, tuple(j.argv)) for j in fit_jobs(ran)}:
         return
     differ = sorted(k for k in vars(args).keys() & vars(ran).keys()
                     if k not in NOT_GRID_SETTINGS and getattr(args, k) != getattr(ran, k))
@@ -393,8 +400,9 @@ def note_grid_difference(args: argparse.Namespace, parse_args: Callable[[list[st
             return " ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
         return " ".join(f"--{k.replace('_', '-')} {value(getattr(namespace, k))}" for k in differ)
 
-    print(f"note: this report takes {shown(args)}; the grid's own command ({args.out / 'grid.json'}) took {shown(ran)}; "
-          "give report the grid's options to report the grid as it ran", file=sys.stderr, flush=True)
+    print(f"note: this {args.stage} takes {shown(args)}; the grid's own command ({args.out / 'grid.json'}) took "
+          f"{shown(ran)}; give {args.stage} the grid's options to {args.stage} the grid as it ran", file=sys.stderr,
+          flush=True)
 
 
 def _stage_index(argv: list[str], stages: tuple[str, ...] = STAGES) -> int | None:

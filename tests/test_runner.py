@@ -205,7 +205,7 @@ def test_a_report_whose_options_differ_from_the_grids_says_so_with_both(runner, 
 
     for argv, note in ((["report", "--out", str(out)],
                         (f"note: this report takes --seeds 0 1 2 --steps 300; the grid's own command "
-                        f"({out / 'grid.json'}) took --seeds 4 --steps 6; give report the grid's options")),
+                        f"({out / 'grid.json'}) took --seeds 4 --steps 6; give report the grid's options to report the grid")),
                        (["report", "--out", str(out), "--seeds", "4", "--steps", "6"], None)):
         runner.drive(parse(argv), lambda a: [], lambda a: [], report, parse)
         printed, err = capsys.readouterr()
@@ -214,6 +214,24 @@ def test_a_report_whose_options_differ_from_the_grids_says_so_with_both(runner, 
     (out / "grid.json").unlink()
     runner.drive(parse(["report", "--out", str(out)]), lambda a: [], lambda a: [], report, parse)
     assert "note:" not in capsys.readouterr().err
+
+
+def test_a_test_stage_that_would_test_other_fits_than_the_grids_says_so(runner, quick_cli, tmp_path, capsys) -> None:
+    """``fit --seeds 4``, then a bare ``test``: its tests wait for fits of seeds 0-2 that never ran ("run fit
+    first"), which said nothing of why. Now a note names the settings; a test whose fits are the grid's has none."""
+    parser = _driver_parser(runner)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--test-episodes", type=int, default=512)
+    parse = lambda argv: runner.parse_driver_args(parser, argv, "experiments/driver.py")
+    out = tmp_path / "grid"
+    fits = lambda a: [runner.Job(f"fit s{seed}", ["fit", "--help"], a.out / f"s{seed}") for seed in a.seeds]
+    runner.record_grid(parse(["fit", "--out", str(out), "--seeds", "4"]))
+    for argv, note in ((["test", "--out", str(out)], "note: this test takes --seeds 0 1 2; the grid's own command "),
+                       (["test", "--out", str(out), "--seeds", "4", "--test-episodes", "16"], None)):
+        with pytest.raises(SystemExit):
+            runner.drive(parse(argv), fits, lambda a: [], lambda a: "", parse)
+        err = capsys.readouterr().err
+        assert (note in err and "took --seeds 4; give test the grid's options" in err) if note else "note:" not in err
 
 
 def test_a_grid_whose_command_no_longer_parses_is_still_reported(runner, tmp_path, capsys) -> None:
