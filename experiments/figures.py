@@ -192,10 +192,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=FIGURES, help="folder the PNGs go to")
     args = parser.parse_args(argv)
     names = list(FIGURES_BY_NAME) if args.figure == "all" else [args.figure]
+    if not args.results.is_dir():
+        parser.error(f"--results {args.results}: no such folder; name the folder of the results CSVs "
+                     f"(default {RESULTS.relative_to(RESULTS.parents[1])})")
+    if args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {args.out} is a file; name a folder for the PNGs")
+    try:  # every figure is drawn before any is written or a folder made
+        figures = {name: FIGURES_BY_NAME[name](args.results) for name in names}
+    except FileNotFoundError as err:
+        parser.error(f"--results {args.results} lacks {Path(err.filename).name}, which the {args.figure} figure "
+                     "reads; name the folder holding the committed results CSVs")
     args.out.mkdir(parents=True, exist_ok=True)
-    for name in names:
+    for name, figure in figures.items():
         path = args.out / f"{name}_cpu.png"
-        FIGURES_BY_NAME[name](args.results).savefig(path, dpi=110)
+        figure.savefig(path, dpi=110)
         print(f"wrote {path}")
     return 0
 

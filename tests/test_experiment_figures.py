@@ -47,6 +47,17 @@ def test_every_figure_is_drawn_from_the_committed_results(tmp_path: Path) -> Non
         assert (ROOT / "docs/figures" / png.name).is_file(), f"docs/figures/{png.name} is not committed"
 
 
+@pytest.mark.parametrize("results, problem", [("nowhere", "no such folder"),
+                                              ("empty", "lacks icssl_cpu_cylinder.csv, which the icssl figure reads")])
+def test_a_results_folder_without_the_csvs_is_refused_in_one_line_and_nothing_is_written(tmp_path, capsys, results,
+                                                                                         problem) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as stop:
+        _script().main(["icssl", "--results", str(tmp_path / results), "--out", str(tmp_path / "figures")])
+    assert stop.value.code == 2 and problem in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not (tmp_path / "figures").exists()
+
+
 @pytest.mark.parametrize(
     ("csv_name", "md_name", "header", "row_key", "column"),
     [
