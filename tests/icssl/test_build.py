@@ -92,12 +92,21 @@ def test_build_commands_refuse_with_one_line(tmp_path, capsys) -> None:
         assert f"python -m lit_icl.icssl.build image-standin --out {tmp_path / 'sd'}" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # 7 s of imports in a fresh interpreter; tests/test_repository.py checks the imports from source
 def test_build_runs_as_a_module_and_lists_its_commands() -> None:
     done = subprocess.run([sys.executable, "-m", "lit_icl.icssl.build", "--help"], capture_output=True, text=True,
                           check=False)
     assert done.returncode == 0 and done.stderr == ""  # no runpy warning: the package does not import build
     for command in ("image-standin", "stable-diffusion", "features", "features-standin"):
         assert command in done.stdout
+
+
+def test_build_lists_its_commands(capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    text = capsys.readouterr().out
+    assert all(command in text for command in ("image-standin", "stable-diffusion", "features", "features-standin"))
 
 
 @pytest.mark.parametrize("command", ["image-standin", "stable-diffusion", "features", "features-standin"])
