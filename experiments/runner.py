@@ -617,10 +617,23 @@ def run_job(job: Job, threads: int, dry: bool) -> tuple[Job, int, float]:
         with _RUNNING_LOCK:
             _RUNNING.discard(proc)
     wall = time.perf_counter() - start
-    if rc == 0:
-        write_done(job.folder, wall, usage.ru_utime + usage.ru_stime, code_commit())
-    write_state(job.folder, "done" if rc == 0 else "failed", rc=rc)
+    finish_job(job, rc, wall, usage.ru_utime + usage.ru_stime)
     return job, rc, wall
+
+
+def finish_job(job: Job, rc: int, wall: float, cpu: float) -> None:
+    """Record how a sitting of ``job`` ended. A fit stopped before its end (SIGTERM, a requeue) keeps its seconds in
+    ``job_state.json``, and its ``done`` marker, when a later sitting finishes it, counts every sitting's, so
+    ``cost`` gives what the whole fit took, a failed attempt's seconds included (sittings killed outright, with no
+    exit seen, are not counted)."""
+    earlier = read_state(job.folder)
+    wall += float(earlier.get("earlier_wall_s", 0.0))
+    cpu += float(earlier.get("earlier_cpu_s", 0.0))
+    if rc == 0:
+        write_done(job.folder, wall, cpu, code_commit())
+        write_state(job.folder, "done", rc=rc, earlier_wall_s=0.0, earlier_cpu_s=0.0)
+    else:
+        write_state(job.folder, "failed", rc=rc, earlier_wall_s=round(wall, 1), earlier_cpu_s=round(cpu, 1))
 
 
 def run_job_in_process(job: Job, threads: int) -> tuple[Job, int, float]:
@@ -655,10 +668,7 @@ def run_job_in_process(job: Job, threads: int) -> tuple[Job, int, float]:
             rc = 1
     after = resource.getrusage(resource.RUSAGE_SELF)
     wall = time.perf_counter() - start
-    if rc == 0:
-        write_done(job.folder, wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
-                   code_commit())
-    write_state(job.folder, "done" if rc == 0 else "failed", rc=rc)
+    finish_job(job, rc, wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
     return job, rc, wall
 
 

@@ -410,8 +410,11 @@ def test_a_grids_slurm_tasks_share_a_compile_cache_in_its_folder_unless_one_is_s
     assert seen.read_text() == str(tmp_path / "mine")
 
 
-_PREEMPTED_CLI = '''import sys
+_PREEMPTED_CLI = '''import sys, time
 from pathlib import Path
+end = time.process_time() + 0.2  # each sitting computes for 0.2 s
+while time.process_time() < end:
+    pass
 folder = Path(sys.argv[-1]) if "--ckpt_path" not in sys.argv else Path(sys.argv[-3])
 if sys.argv[-2:] == ["--ckpt_path", "last"]:  # resumed: finishes
     (folder / "resumed").write_text("")
@@ -425,7 +428,7 @@ sys.exit(143)  # the CLI's status after SIGTERM, having saved last.ckpt
 def test_a_fit_that_exits_143_is_not_marked_done_and_its_rerun_resumes_it(runner, tmp_path, monkeypatch) -> None:
     """The runner's side of a preemption (the CLI's side, status 143 with ``last.ckpt`` at the step reached, is in
     ``tests/test_reproducibility.py``; both together in the slow test below): the job is not done, its state says
-    failed, and the grid's rerun resumes it with ``--ckpt_path last``."""
+    failed, the grid's rerun resumes it with ``--ckpt_path last``, and its ``done`` marker counts both sittings."""
     (tmp_path / "preempted_lit_icl.py").write_text(_PREEMPTED_CLI)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p))
     monkeypatch.setattr(runner, "CLI_MODULE", "preempted_lit_icl")
@@ -434,9 +437,13 @@ def test_a_fit_that_exits_143_is_not_marked_done_and_its_rerun_resumes_it(runner
     _, rc, _ = runner.run_job(job, threads=1, dry=False)
     assert rc == 143 and not job.done
     assert json.loads((job.folder / "job_state.json").read_text())["state"] == "failed"
+    first = runner.read_state(job.folder)["earlier_cpu_s"]
+    assert first >= 0.2
     _, rc, _ = runner.run_job(job, threads=1, dry=False)
     assert rc == 0 and job.done and (folder / "resumed").is_file()
     assert (job.folder / "fit.log").read_text().split("$ ")[2].splitlines()[0].endswith("--ckpt_path last")
+    # The done marker counts both sittings, so `cost` gives what the whole fit took.
+    assert runner.read_done(job.folder)[1] >= first + 0.2
 
 
 @pytest.mark.slow  # a real CLI fit stopped by SIGTERM and rerun: 16-18 s; its two sides run in the default suite
