@@ -326,6 +326,9 @@ class ICSSLModule(ICLModule):
         and re-runs only the head per ratio. A net whose features see the labels (the Transformer baseline of
         App. G) runs whole per ratio; its features at the smallest ratio are returned.
         """
+        if not self.label_ratios:  # set by bind_datamodule, which a Trainer calls; a call by hand has not
+            raise ConfigError("the module has no label ratios to evaluate at: bind it to its data module first, "
+                              "model.bind_datamodule(dm) (a Trainer does this in setup)")
         x, y = batch["x"], batch["y"]
         n = x.shape[1]
         masks = [labeled_mask(y, labeled_count(r, n), self.labeled_subset) for r in self.label_ratios]

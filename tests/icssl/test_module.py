@@ -133,3 +133,16 @@ def test_the_training_objective_compiles_the_loss_with_the_net_and_computes_what
     module.net = SemiSupervisedICL(InContextEigenmap(n_points=10, n_components=2, stack_repeats=1), GDICLHead())
     assert module.training_objective is not objective and module.training_objective.net is module.net
     torch._dynamo.reset()
+
+
+def test_predicting_by_hand_before_the_module_is_bound_to_its_data_names_the_call_that_binds_it() -> None:
+    """The label ratios come from the data module (``bind_datamodule``, which a Trainer calls in ``setup``): a
+    ``predict_step`` called by hand before that failed inside ``torch.stack`` with an empty list."""
+    from lit_icl.core.errors import ConfigError
+
+    module, dm = ICSSLModule(), ManifoldDataModule(n_points=100, test_episodes=16, eval_batch_size=16)
+    batch = next(iter(dm.test_dataloader()))
+    with pytest.raises(ConfigError, match=r"bind it to its data module first, model.bind_datamodule\(dm\)"):
+        module.predict_step(batch, 0)
+    module.bind_datamodule(dm)
+    assert module.predict_step(batch, 0)["probs"].shape == (len(dm.eval_label_ratios), 16, 100, 2)
