@@ -31,6 +31,7 @@ import argparse
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -40,6 +41,10 @@ from typing import Any
 #: The job state ``squeue`` gives to a job that is still in the queue, by its ``%T`` name.
 QUEUE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
                 "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "PREEMPTED")
+
+
+#: How long a task whose fit ended by SLURM's time-limit warning waits for that warning itself (see :class:`RunJob`).
+TIMEOUT_SIGNAL_WAIT_S = 60
 
 
 class RunJob:
@@ -64,6 +69,11 @@ class RunJob:
     def __call__(self, folder: str) -> int:
         env = {**self.env, **os.environ}
         done = subprocess.run([*self.command, folder], cwd=self.cwd, check=False, env=env)
+        if done.returncode == -signal.SIGUSR2:
+            # SLURM's time-limit warning reached the fit first and ended it (its checkpoints are whole). The same
+            # signal is on its way to this process, whose submitit handler requeues the task and exits: wait for
+            # it here, rather than fail the task in the moment between the two.
+            time.sleep(TIMEOUT_SIGNAL_WAIT_S)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(self.command)} {folder} exited with {done.returncode}; see the job's "
                                "log in its run folder")

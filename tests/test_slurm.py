@@ -226,8 +226,10 @@ def test_a_fit_longer_than_its_time_limit_requeues_itself_and_resumes(slurm, avm
     assert state["state"] == "done" and state["restarts"] >= 1
     log = (run / "fit.log").read_text()
     assert log.count("$ ") == state["restarts"] + 1  # one sitting per requeue, each from the last checkpoint
-    assert log.count(f"Restoring states from the checkpoint path at {run / 'checkpoints' / 'last.ckpt'}") == \
-        state["restarts"]
+    # SLURM may send its warning up to 60 s early (its event resolution), so a first sitting can end before it has
+    # written a checkpoint; the next then starts afresh.
+    resumed = log.count(f"Restoring states from the checkpoint path at {run / 'checkpoints' / 'last.ckpt'}")
+    assert 1 <= resumed <= state["restarts"]
     _driver(TABLE1, slurm, "fit", "--out", str(tmp_path / "local"), *grid)
     assert _rows(TABLE1, out, slurm, tmp_path / "s.csv") == _rows(TABLE1, tmp_path / "local", slurm,
                                                                     tmp_path / "l.csv")
