@@ -212,22 +212,18 @@ def _positive_int(value: str) -> int:
 
 def config_file(value: str) -> Path:
     """An existing YAML config file holding a mapping, resolved (an argparse ``type``: anything else is refused by
-    name before a job starts, where it would fail every run)."""
-    import yaml
+    name before a job starts, where it would fail every run; :func:`lit_icl.core.configfiles.check_config_file`)."""
+    from lit_icl.core.configfiles import check_config_file
+    from lit_icl.core.errors import ConfigError
 
     path = Path(value).resolve()
     if not path.is_file():
         raise argparse.ArgumentTypeError(f"no such config file: {path} (an overlay sits beside its base config, "
                                          "in configs/<paper>/<experiment>/)")
     try:
-        content = yaml.safe_load(path.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        where = getattr(err, "problem_mark", None)
-        at = f" at line {where.line + 1}" if where is not None else ""
-        raise argparse.ArgumentTypeError(f"{path} is not valid YAML{at}; fix it or name another config") from None
-    if not isinstance(content, dict):
-        raise argparse.ArgumentTypeError(f"{path} does not hold a YAML mapping of config sections (trainer:, model:, "
-                                         "data:, ...); name a config file")
+        check_config_file(str(path))
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix("--config ")) from None
     return path
 
 

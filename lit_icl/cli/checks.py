@@ -12,45 +12,18 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lit_icl.cli.checkpoints import import_class, pinned_run_folder
 from lit_icl.cli.messages import config_paths
+from lit_icl.core.configfiles import check_config_file
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.module import ICLModule
 
 
 def check_config_files(args: list[Any]) -> None:
-    """Refuse a ``--config`` file that is not valid YAML (naming the file, line and problem) or that is empty.
-
-    Only the YAML syntax is read here (``yaml.compose``); what the values mean is the parser's business. A file
-    that does not exist is left to the parser, whose message already says so.
-    """
-    import yaml
-
+    """Refuse a ``--config`` file that is not valid YAML (naming the file, line and problem) or that is empty
+    (:func:`lit_icl.core.configfiles.check_config_file`). A file that does not exist is left to the parser, whose
+    message already says so."""
     for raw in config_paths(args):
-        path = Path(raw)
-        if not path.is_file():
-            continue
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            raise ConfigError(f"--config {raw} cannot be read ({type(err).__name__}: {err}); pass a UTF-8 YAML file")
-        try:
-            node = yaml.compose(text, Loader=yaml.SafeLoader)
-        except yaml.MarkedYAMLError as err:
-            mark = err.problem_mark or err.context_mark
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-            problem = " ".join(str(err.problem or err.context or "invalid syntax").split())
-            raise ConfigError(f"--config {raw} is not valid YAML{where}: {problem}; fix that line") from None
-        except yaml.YAMLError as err:
-            raise ConfigError(f"--config {raw} is not valid YAML: {' '.join(str(err).split())}") from None
-        if node is None:
-            raise ConfigError(
-                f"--config {raw} is empty; give it the keys of a config (e.g. copy configs/coqe/regression.yaml) "
-                "or drop it"
-            )
-        if not isinstance(node, yaml.MappingNode):
-            raise ConfigError(
-                f"--config {raw} holds a YAML {node.id} at its top level, not a mapping of keys "
-                "(model:, data:, trainer: ...); see configs/ for examples"
-            )
+        if Path(raw).is_file():
+            check_config_file(raw)
 
 
 #: Trainer flags that Lightning divides by (a 0 ends in ZeroDivisionError after the run folder exists) or that

@@ -349,7 +349,7 @@ def test_dataset_size_sweep_finds_the_largest_rise(sweep_script, tmp_path, capsy
     (["report", "--out", "{tmp}/nowhere"], "--out {tmp}/nowhere: no such grid folder or results CSV"),
     (["fit", "--steps", "5", "--epochs", "2"], "--steps 5 is not a multiple of --epochs 2"),
     (["fit", "--overlay", "{tmp}/broken.yaml"], "{tmp}/broken.yaml is not valid YAML at line 3"),
-    (["fit", "--overlay", "{tmp}/a_list.yaml"], "{tmp}/a_list.yaml does not hold a YAML mapping"),
+    (["fit", "--overlay", "{tmp}/a_list.yaml"], "{tmp}/a_list.yaml holds a YAML sequence at its top level, not a mapping of keys"),
 ])
 def test_a_grid_that_cannot_run_as_meant_is_refused_in_one_line_before_anything_is_written(
         tables, tmp_path, capsys, argv: list[str], problem: str) -> None:
