@@ -129,7 +129,7 @@ class _Dumped(SystemExit):
 @pytest.mark.parametrize("config", ["configs/icssl/manifolds.yaml", "configs/mmca/avmnist.yaml"])
 def test_the_hyper_parameters_dump_skips_the_second_check_and_writes_what_lightnings_writes(tmp_path, monkeypatch,
                                                                                              config: str) -> None:
-    """``LitICLCLI._dump_config`` dumps the parsed config without checking it again (0.38 s to 0.30 s of a command
+    """``LitICLCLI._dump_config`` dumps the parsed config without checking it again (benchmarks/cli_dump.py: about a fifth of a command
     that fails at the model's construction, our CPU): the modules' hyper-parameters stay Lightning's to the value."""
     from lightning.pytorch.cli import LightningCLI
 
