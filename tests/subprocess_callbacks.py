@@ -31,16 +31,30 @@ class KillAtStep(Callback):
 
 
 class SignalAtStep(Callback):
-    """Sends SIGTERM to its own process on rank ``rank`` after optimizer step ``step`` (a cluster's preemption as
-    one rank sees it; never when ``step`` is ``None``), and appends ``<rank> <exception or "end"> <global step>``
-    to ``path`` when the run ends."""
+    """Sends ``signum`` (SIGTERM: a cluster's preemption as one rank sees it; SIGINT: Ctrl-C) ``times`` times to its
+    own process on rank ``rank`` (every rank when ``None``, as a terminal's Ctrl-C reaches them) after optimizer step
+    ``step`` (never when ``step`` is ``None``), or during the first
+    batch of the validation round after that step when ``in_validation``, and appends ``<rank> <exception or "end">
+    <global step>`` to ``path`` when the run ends."""
 
-    def __init__(self, path: str, step: int | None = None, rank: int = 0):
+    def __init__(self, path: str, step: int | None = None, rank: int | None = 0, signum: str = "SIGTERM", times: int = 1,
+                 in_validation: bool = False):
         self.step, self.rank, self.path = step, rank, path
+        self.signum, self.times, self.in_validation = getattr(signal, signum), times, in_validation
+
+    def _send(self, trainer) -> None:
+        if trainer.global_step == self.step and self.rank in (trainer.global_rank, None):
+            self.step = None  # once
+            for _ in range(self.times):
+                os.kill(os.getpid(), self.signum)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step == self.step and trainer.global_rank == self.rank:
-            os.kill(os.getpid(), signal.SIGTERM)
+        if not self.in_validation:
+            self._send(trainer)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        if self.in_validation and batch_idx == 0 and not trainer.sanity_checking:
+            self._send(trainer)
 
     def _record(self, trainer, what: str) -> None:
         with open(self.path, "a") as fh:

@@ -7,6 +7,7 @@ read back from the device; the CLI runs below stop both ranks after the same ste
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import signal
@@ -114,22 +115,25 @@ def _lines(path: Path) -> list[list[str]]:
     return sorted(line.split() for line in path.read_text().splitlines()) if path.exists() else []
 
 
-def _fit_and_signal(tmp_path: Path, rank: int) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
-    """The 2-rank fit whose rank ``rank`` gets SIGTERM after step 5 of a 20-step epoch, and how each rank ended."""
+def _fit_and_signal(tmp_path: Path, rank: int | None,
+                    signum: str = "SIGTERM") -> tuple[subprocess.CompletedProcess, list[list[str]]]:
+    """The 2-rank fit whose rank ``rank`` (each rank if ``None``) gets ``signum`` after step 5 of a 20-step epoch,
+    and how each rank ended."""
     record = tmp_path / "ends.txt"
-    callback = (f'[{{"class_path": "subprocess_callbacks.SignalAtStep", '
-                f'"init_args": {{"step": 5, "rank": {rank}, "path": "{record}"}}}}]')
+    callback = json.dumps([{"class_path": "subprocess_callbacks.SignalAtStep",
+                            "init_args": {"step": 5, "rank": rank, "path": str(record), "signum": signum}}])
     return _two_rank_fit(tmp_path, callback), _lines(record)
 
 
-def _assert_stopped_together(proc: subprocess.CompletedProcess, ends: list[list[str]], root: Path) -> None:
+def _assert_stopped_together(proc: subprocess.CompletedProcess, ends: list[list[str]], root: Path,
+                             signum: int = signal.SIGTERM, name: str = "SIGTERM") -> None:
     output = proc.stdout + proc.stderr
-    assert proc.returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert proc.returncode == 128 + signum, output[-3000:]
     # The signal came after step 5: the vote started at step 6's start is read at step 7's, on both ranks.
     assert ends == [["0", "SIGTERMException", "6"], ["1", "SIGTERMException", "6"]], output[-3000:]
-    assert "SIGTERM received: all 2 ranks stop after step 6" in output
+    assert f"{name} received: all 2 ranks stop after step 6" in output
     assert "Traceback" not in output and "Connection closed" not in output, output[-3000:]
-    assert output.count("lit_icl: stopped by SIGTERM; resume with --ckpt_path last") == 1  # rank 0 says it
+    assert output.count(f"lit_icl: stopped by {name}; resume with --ckpt_path last") == 1  # rank 0 says it
     ckpt = torch.load(root / "runs/tiny/version_0/checkpoints/last.ckpt", map_location="cpu", weights_only=False)
     assert ckpt["global_step"] == 6  # saved where the ranks stopped (the epoch's own checkpoint comes at 20)
 
@@ -142,6 +146,14 @@ def test_ddp_ranks_stop_after_the_same_step_when_rank_1_gets_sigterm(tmp_path) -
 @pytest.mark.slow  # 12 s more of two processes; the rank-1 case stays in the default suite
 def test_ddp_ranks_stop_after_the_same_step_when_rank_0_gets_sigterm(tmp_path) -> None:
     _assert_stopped_together(*_fit_and_signal(tmp_path, rank=0), tmp_path)
+
+
+@pytest.mark.slow  # 12 s more of two processes; the rank-1 SIGTERM case stays in the default suite
+def test_ddp_ranks_stop_after_the_same_step_with_a_checkpoint_on_ctrl_c(tmp_path) -> None:
+    """Ctrl-C at a terminal reaches every rank (they share its process group): each notes it, and the ranks stop
+    together as for SIGTERM, saving ``last.ckpt``; the command exits 130."""
+    _assert_stopped_together(*_fit_and_signal(tmp_path, rank=None, signum="SIGINT"), tmp_path,
+                             signum=signal.SIGINT, name="Ctrl-C")
 
 
 def test_ddp_max_time_stops_both_ranks_after_the_same_step_with_no_broadcast_per_batch(tmp_path) -> None:

@@ -15,7 +15,8 @@ It writes ``last.ckpt`` at every epoch's save point and at the end of training w
 validation round that came after its last save (with ``every_n_train_steps`` the last step is saved before the
 epoch's round).
 
-It also writes ``last.ckpt`` when SIGTERM stops a fit between two training batches (Lightning saves nothing then),
+It also writes ``last.ckpt`` when SIGTERM or Ctrl-C (:class:`~lit_icl.callbacks.StopOnCtrlC`) stops a fit between
+two training batches (Lightning saves nothing then),
 so a preempted run resumes from the step it reached, exactly as if it had not stopped; a run whose loaders resume
 exactly only at an epoch's start (I2CL's calibration) keeps its last epoch's checkpoint instead.
 """
@@ -29,6 +30,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from lit_icl.callbacks.interrupt import stopped_by_ctrl_c
 from lit_icl.callbacks.resume import resumes_inside_epoch
 
 
@@ -100,7 +102,8 @@ class RunCheckpoint(ModelCheckpoint):
         if (isinstance(exception, SIGTERMException) and self.save_last and resumes_inside_epoch(trainer)
                 and not (trainer.fast_dev_run or trainer.sanity_checking or trainer.validating)):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
-            rank_zero_info(f"SIGTERM: saved {self.last_model_path} at step {trainer.global_step}")
+            asked_by = "Ctrl-C" if stopped_by_ctrl_c() else "SIGTERM"
+            rank_zero_info(f"{asked_by}: saved {self.last_model_path} at step {trainer.global_step}")
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         old = state_dict.get("dirpath")

@@ -109,6 +109,7 @@ class StopTogether(Callback):
         self._vote: StopVote | None = None
         self._group: Any = None
         self._raised = [False, False]
+        self._asked_by = "SIGTERM"
         self._trainer: Trainer | None = None
         self._timers: list[Timer] = []
 
@@ -129,6 +130,7 @@ class StopTogether(Callback):
             return
         self._trainer = trainer
         self._raised = [False, False]
+        self._asked_by = "SIGTERM"  # or Ctrl-C; when only another rank was asked, SIGTERM's name stands for it
         self._vote = StopVote(self._group, flags=2)
         # Instance attributes: they shadow Lightning's methods for this trainer only.
         trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = self._agree
@@ -148,6 +150,17 @@ class StopTogether(Callback):
                 launcher.kill(signum)
         self._raised[SIGTERM] = True
 
+    @property
+    def voting(self) -> bool:
+        """Whether this fit's ranks vote on stopping (a multi-process fit, between its setup and its end)."""
+        return self._vote is not None
+
+    def request_stop(self) -> None:
+        """Ask every rank to stop before the next training batch but one, as SIGTERM does (the CLI's Ctrl-C,
+        :class:`~lit_icl.callbacks.StopOnCtrlC`)."""
+        self._raised[SIGTERM] = True
+        self._asked_by = "Ctrl-C"
+
     def _timer_check(self, timer: Timer) -> Any:
         """A ``Timer``'s per-batch check that records this rank's verdict for the next vote instead of
         broadcasting rank 0's."""
@@ -164,7 +177,8 @@ class StopTogether(Callback):
         assert trainer is not None and self._vote is not None
         sigterm, time_up = self._vote.poll(*self._raised)
         if sigterm:
-            rank_zero_info(f"SIGTERM received: all {trainer.world_size} ranks stop after step {trainer.global_step}")
+            rank_zero_info(f"{self._asked_by} received: all {trainer.world_size} ranks stop after step "
+                           f"{trainer.global_step}")
             trainer._signal_connector.received_sigterm = True
             raise SIGTERMException()
         if time_up and not trainer.should_stop:

@@ -36,6 +36,7 @@ from lit_icl.callbacks.checkpoint import RunCheckpoint
 from lit_icl.callbacks.compile import CompileMode
 from lit_icl.callbacks.ddp_stop import StopTogether
 from lit_icl.callbacks.finite import FiniteGuard
+from lit_icl.callbacks.interrupt import StopOnCtrlC, stopped_by_ctrl_c
 from lit_icl.callbacks.resume import ResumeInsideEpoch
 from lit_icl.cli.checkpoints import (
     check_ckpt_classes,
@@ -342,7 +343,7 @@ class LitICLCLI(LightningCLI):
             # Lightning checks its flags (devices, strategy, max_steps, limits, accelerator) in Trainer.__init__,
             # before it writes anything; its message names the flag, often over several lines.
             raise ConfigError(trainer_error_message(err)) from err
-        for callback in (ResultsWriter, FiniteGuard, ResumeInsideEpoch, StopTogether):
+        for callback in (ResultsWriter, FiniteGuard, ResumeInsideEpoch, StopTogether, StopOnCtrlC):
             if not any(isinstance(cb, callback) for cb in trainer.callbacks):
                 trainer.callbacks.append(callback())
         sub = self.subcommand
@@ -404,10 +405,17 @@ def main(args: ArgsType = None) -> None:
         )
     except SIGTERMException:
         # Lightning ends a run stopped by SIGTERM with SystemExit(None), status 0: a scheduler, a container runtime
-        # or a grid driver would take the stopped run for a finished one. 128 + 15 is the shell's status for it.
+        # or a grid driver would take the stopped run for a finished one. 128 + 15 is the shell's status for it,
+        # 128 + 2 for Ctrl-C (which StopOnCtrlC turns into the same stop).
+        signum, name = (signal.SIGINT, "Ctrl-C") if stopped_by_ctrl_c() else (signal.SIGTERM, "SIGTERM")
         if rank_zero_only.rank == 0:
-            print("lit_icl: stopped by SIGTERM; resume with --ckpt_path last", file=sys.stderr)
-        sys.exit(128 + signal.SIGTERM)
+            print(f"lit_icl: stopped by {name}; resume with --ckpt_path last", file=sys.stderr)
+        sys.exit(128 + signum)
+    except KeyboardInterrupt:
+        # Ctrl-C before training started (parsing, building the model or the data): nothing to save.
+        _HELD.release()
+        print("lit_icl: interrupted by Ctrl-C before the run started", file=sys.stderr)
+        sys.exit(128 + signal.SIGINT)
     except ArgumentError as err:
         _HELD.drop()
         line = overlay_hint(one_line_parser_error(str(err)), sys.argv[1:] if args is None else list(args))

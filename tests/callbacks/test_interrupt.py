@@ -1,0 +1,134 @@
+"""Ctrl-C during ``fit`` (``StopOnCtrlC``, which the CLI adds to every run): the first one stops the run as SIGTERM
+does, after the training step it is in, with ``last.ckpt`` at that step and status 130; resumed, the run ends as an
+uninterrupted one. During a validation round it stops after the round; a second Ctrl-C quits at once without
+saving. The fits run in this process (the CLI's ``main``); the handlers are the process's own, so each test starts
+from Python's default SIGINT handler and leaves it in place."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from icssl.helpers import tiny_args
+
+from lit_icl.callbacks import StopOnCtrlC
+from lit_icl.cli import main
+
+EPOCHS, STEPS = 2, 3  # tiny_args: 2 epochs of 3 training steps, a validation round after each
+
+
+@pytest.fixture(autouse=True)
+def default_sigint():
+    """Python's own Ctrl-C handler for each test (pytest may run with SIGINT ignored), restored afterwards:
+    Lightning's shutdown after a second Ctrl-C sets SIGINT to ignored in the process it runs in."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def _fit(root: Path, *extra: str) -> int:
+    """A tiny seeded IC-SSL fit under ``root``; its exit status (0 when it returns)."""
+    try:
+        main(["fit", *tiny_args(root, "--seed_everything", "7", *extra)])
+    except SystemExit as stop:
+        return stop.code
+    return 0
+
+
+def _signal(record: Path, step: int, times: int = 1, in_validation: bool = False) -> tuple[str, str]:
+    callback = {"class_path": "subprocess_callbacks.SignalAtStep",
+                "init_args": {"path": str(record), "step": step, "signum": "SIGINT", "times": times,
+                              "in_validation": in_validation}}
+    return "--trainer.callbacks", json.dumps([callback])
+
+
+def _last(root: Path) -> dict:
+    return torch.load(root / "runs/tiny/version_0/checkpoints/last.ckpt", map_location="cpu", weights_only=False)
+
+
+def _assert_same_weights(a: dict, b: dict) -> None:
+    assert a["global_step"] == b["global_step"] == EPOCHS * STEPS
+    for key in a["state_dict"]:
+        assert torch.equal(a["state_dict"][key], b["state_dict"][key]), key
+    for sa, sb in zip(a["optimizer_states"][0]["state"].values(), b["optimizer_states"][0]["state"].values()):
+        for key in sa:
+            assert torch.equal(sa[key], sb[key]), key
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    default = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        root = tmp_path_factory.mktemp("straight")
+        assert _fit(root) == 0
+        return _last(root)
+    finally:
+        signal.signal(signal.SIGINT, default)
+
+
+def test_ctrl_c_stops_after_the_step_saves_it_and_the_resumed_run_ends_as_an_uninterrupted_one(
+        tmp_path, capsys, straight) -> None:
+    """Before, Lightning stopped wherever the interrupt landed, saved nothing and exited 1: the steps since the last
+    epoch's checkpoint were lost."""
+    record = tmp_path / "ends.txt"
+    step = STEPS + 1  # inside the second epoch
+    assert _fit(tmp_path, *_signal(record, step)) == 128 + signal.SIGINT
+    assert "lit_icl: stopped by Ctrl-C; resume with --ckpt_path last" in capsys.readouterr().err
+    assert record.read_text().split() == ["0", "SIGTERMException", str(step)]  # after that step, not inside it
+    assert _last(tmp_path)["global_step"] == step
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the process's handler is back
+    assert _fit(tmp_path, "--ckpt_path", "last") == 0
+    _assert_same_weights(straight, _last(tmp_path))
+
+
+def test_ctrl_c_in_a_validation_round_stops_after_the_round(tmp_path, capsys, straight) -> None:
+    """SIGTERM stops inside a validation round, with no new checkpoint; Ctrl-C lets the round finish, so the epoch's
+    checkpoint is written and the resumed run starts the next epoch."""
+    record = tmp_path / "ends.txt"
+    assert _fit(tmp_path, *_signal(record, STEPS, in_validation=True)) == 128 + signal.SIGINT
+    assert "stopped by Ctrl-C" in capsys.readouterr().err
+    assert _last(tmp_path)["global_step"] == STEPS
+    assert _last(tmp_path)["loops"]["fit_loop"]["epoch_progress"]["current"]["completed"] == 1
+    assert _fit(tmp_path, "--ckpt_path", "last") == 0
+    _assert_same_weights(straight, _last(tmp_path))
+
+
+def test_a_second_ctrl_c_quits_at_once_without_saving(tmp_path) -> None:
+    record = tmp_path / "ends.txt"
+    assert _fit(tmp_path, *_signal(record, STEPS + 1, times=2)) == 1  # Lightning's status after KeyboardInterrupt
+    assert record.read_text().split() == ["0", "KeyboardInterrupt", str(STEPS + 1)]
+    assert _last(tmp_path)["global_step"] == STEPS  # the first epoch's checkpoint, not the step reached
+
+
+def test_a_process_that_ignores_ctrl_c_keeps_ignoring_it() -> None:
+    """A background job of a script (``cmd &``) or ``nohup`` starts with SIGINT ignored: it must stay so."""
+
+    class Trainer:  # the hooks read nothing of it when they leave the handler alone
+        pass
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    callback = StopOnCtrlC()
+    callback.setup(Trainer(), None, "fit")
+    callback.on_train_start(Trainer(), None)
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    callback.teardown(Trainer(), None, "fit")
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+def test_ctrl_c_before_the_run_starts_is_one_line_and_status_130(tmp_path, capsys, monkeypatch) -> None:
+    """Ctrl-C while the run is being built (the CLI parses, then builds the model, the data and the trainer) has
+    nothing to save: one line, status 130, no traceback, nothing written."""
+    from lit_icl.cli.app import LitICLCLI
+
+    def interrupted(self, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LitICLCLI, "instantiate_trainer", interrupted)
+    assert _fit(tmp_path) == 128 + signal.SIGINT
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == "lit_icl: interrupted by Ctrl-C before the run started"
+    assert "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
