@@ -558,14 +558,26 @@ def read_done(folder: Path) -> tuple[float, float | None]:
 #: The ``python -m lit_icl`` children running now, so that a SIGTERM to the driver reaches them (:func:`run_all`).
 _RUNNING: set[subprocess.Popen] = set()
 _RUNNING_LOCK = threading.Lock()
-#: Set once the driver got SIGTERM: jobs not yet started do not start.
+#: Set once the driver got SIGTERM or Ctrl-C: jobs not yet started do not start.
 _STOPPING = threading.Event()
+#: The signal that stopped the driver (SIGTERM, or SIGINT for Ctrl-C): the driver exits with 128 + it.
+_STOP_SIGNAL = [signal.SIGTERM]
+
+
+def _stopped_by() -> tuple[int, str]:
+    """The driver's exit status after a stop, and the stop's name for its last line."""
+    signum = _STOP_SIGNAL[0]
+    return 128 + signum, "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
 
 
 def _stop_children(signum: int, frame: Any) -> None:
-    """The driver's SIGTERM handler: pass the signal on to every running fit (each saves its ``last.ckpt`` and
-    exits 143) and start no more jobs; :func:`run_all` then exits 143 too. Without it the fits would outlive the
-    driver, and a rerun would start a second process writing into the same run folder."""
+    """The driver's SIGTERM and Ctrl-C handler: pass SIGTERM on to every running fit (each saves its ``last.ckpt``
+    and exits 143, or 130 if Ctrl-C at the terminal reached it too) and start no more jobs; :func:`run_all` then
+    exits 143 (130 for Ctrl-C). Without it the fits would outlive the driver, and a rerun would start a second
+    process writing into the same run folder. SIGTERM, not SIGINT, is passed on: a fit that the terminal's Ctrl-C
+    reached too would take a second SIGINT for "quit at once, without saving"."""
+    if not _STOPPING.is_set():
+        _STOP_SIGNAL[0] = signum
     _STOPPING.set()
     with _RUNNING_LOCK:
         for proc in _RUNNING:
@@ -577,10 +589,20 @@ class _DriverStopped(Exception):
 
 
 def _stop_tests(signum: int, frame: Any) -> None:
-    """The driver's SIGTERM handler while its forked workers run tests: a test keeps nothing worth saving, so the
-    workers are stopped with it (:func:`run_all`) rather than left to finish as orphans beside a rerun's."""
+    """The driver's SIGTERM and Ctrl-C handler while its forked workers run tests: a test keeps nothing worth
+    saving, so the workers are stopped with it (:func:`run_all`) rather than left to finish as orphans beside a
+    rerun's."""
+    if not _STOPPING.is_set():
+        _STOP_SIGNAL[0] = signum
     _STOPPING.set()
     raise _DriverStopped
+
+
+def _test_worker_signals() -> None:
+    """A forked test worker takes SIGTERM's default action and ignores Ctrl-C, which the terminal sends the whole
+    process group: the driver alone handles it, by stopping the workers."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def run_job(job: Job, threads: int, dry: bool) -> tuple[Job, int, float]:
@@ -591,8 +613,8 @@ def run_job(job: Job, threads: int, dry: bool) -> tuple[Job, int, float]:
     if dry:
         print(line, flush=True)
         return job, 0, 0.0
-    if _STOPPING.is_set():  # the driver got SIGTERM before this job started: leave it for the rerun
-        return job, 128 + signal.SIGTERM, 0.0
+    if _STOPPING.is_set():  # the driver got SIGTERM or Ctrl-C before this job started: leave it for the rerun
+        return job, _stopped_by()[0], 0.0
     job.folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     log_path = job.folder / f"{job.stage}.log"
@@ -604,7 +626,7 @@ def run_job(job: Job, threads: int, dry: bool) -> tuple[Job, int, float]:
         with _RUNNING_LOCK:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
             _RUNNING.add(proc)
-        if _STOPPING.is_set():  # SIGTERM came while it was starting
+        if _STOPPING.is_set():  # SIGTERM or Ctrl-C came while it was starting
             proc.send_signal(signal.SIGTERM)
         # wait4, not wait: it returns this child's own resource usage (jobs run side by side in threads, so the
         # process-wide RUSAGE_CHILDREN would mix them).
@@ -695,49 +717,50 @@ def run_all(jobs: list[Job], args: argparse.Namespace, stage: str) -> int:
 
         ctx = multiprocessing.get_context("fork")
         main_thread = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGTERM, _stop_tests) if main_thread else None
+        previous = {s: signal.signal(s, _stop_tests) for s in (signal.SIGTERM, signal.SIGINT)} if main_thread else {}
         try:
-            # Workers take SIGTERM's default action (they are forked from this process, whose handler is ours).
-            with ctx.Pool(args.jobs, maxtasksperchild=20, initializer=signal.signal,
-                          initargs=(signal.SIGTERM, signal.SIG_DFL)) as pool:
+            # Workers are forked from this process, whose handlers are ours: they get their own.
+            with ctx.Pool(args.jobs, maxtasksperchild=20, initializer=_test_worker_signals) as pool:
                 results = pool.imap_unordered(_in_process_star, [(j, args.threads) for j in todo])
                 for job, rc, secs in results:
                     status = "ok" if rc == 0 else f"FAILED rc={rc} (see {job.folder}/{job.argv[0]}.log)"
                     print(f"{time.strftime('%H:%M:%S')} {job.name}: {status}, {secs:.0f} s", flush=True)
                     failed += rc != 0
         except _DriverStopped:  # leaving the pool's block terminated its workers, and the tests they were running
+            status, name = _stopped_by()
             for job in todo:
                 if not job.done and read_state(job.folder).get("state") == "running":
-                    write_state(job.folder, "failed", rc=128 + signal.SIGTERM)
-            print("stopped by SIGTERM: the running tests were stopped; rerun the same command to run them and the "
+                    write_state(job.folder, "failed", rc=status)
+            print(f"stopped by {name}: the running tests were stopped; rerun the same command to run them and the "
                   "rest", file=sys.stderr, flush=True)
-            sys.exit(128 + signal.SIGTERM)
+            sys.exit(status)
         finally:
-            if main_thread:
-                signal.signal(signal.SIGTERM, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
         return failed
     if args.dry_run:  # one command a line, in order (threads printing at once could run two lines together)
         for job in todo:
             run_job(job, args.threads, dry=True)
         return 0
     main_thread = threading.current_thread() is threading.main_thread()  # only it may install a handler
-    previous = signal.signal(signal.SIGTERM, _stop_children) if main_thread else None
+    previous = {s: signal.signal(s, _stop_children) for s in (signal.SIGTERM, signal.SIGINT)} if main_thread else {}
     try:
         with ThreadPoolExecutor(args.jobs) as pool:
             for job, rc, secs in pool.map(lambda j: run_job(j, args.threads, False), todo):
-                if not job.folder.exists():  # not started: the driver got SIGTERM first
-                    print(f"{job.name}: not started (SIGTERM)", flush=True)
+                if not job.folder.exists():  # not started: the driver got SIGTERM or Ctrl-C first
+                    print(f"{job.name}: not started ({_stopped_by()[1]})", flush=True)
                     continue
                 status = "ok" if rc == 0 else f"FAILED rc={rc} (see {job.folder}/{job.argv[0]}.log)"
                 print(f"{time.strftime('%H:%M:%S')} {job.name}: {status}, {secs:.0f} s", flush=True)
                 failed += rc != 0
     finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     if _STOPPING.is_set():
-        print("stopped by SIGTERM: the running fits saved their last.ckpt; rerun the same command to resume them",
+        status, name = _stopped_by()
+        print(f"stopped by {name}: the running fits saved their last.ckpt; rerun the same command to resume them",
               file=sys.stderr, flush=True)
-        sys.exit(128 + signal.SIGTERM)
+        sys.exit(status)
     return failed
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -491,10 +492,11 @@ def test_a_dry_run_prints_each_command_on_a_line_of_its_own_in_order_and_writes_
 _SLOW_CLI = '''import os, signal, sys, time
 from pathlib import Path
 folder = Path(sys.argv[-1])
-def stop(signum, frame):
-    (folder / "got_sigterm").write_text(str(os.getpid()))
-    sys.exit(143)
+def stop(signum, frame):  # as the CLI does: 143 after SIGTERM, 130 after Ctrl-C
+    (folder / f"got_{signal.Signals(signum).name.lower()}").write_text(str(os.getpid()))
+    sys.exit(128 + signum)
 signal.signal(signal.SIGTERM, stop)
+signal.signal(signal.SIGINT, stop)
 (folder / "started").write_text(str(os.getpid()))
 time.sleep(60)
 '''
@@ -535,36 +537,48 @@ runner.run_all(jobs, argparse.Namespace(jobs=2, threads=1, dry_run=False), "test
 '''
 
 
-def _sigterm_once_started(tmp_path: Path, driver_text: str, started: list[Path],
-                          env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    """Run ``driver_text`` as a driver script on a grid under ``tmp_path / "grid"``, send it SIGTERM once every file in
-    ``started`` exists (its jobs are running), and return its exit status, stdout and stderr."""
-    import signal
+#: How a driver is stopped: SIGTERM to it alone (a cluster's preemption, ``kill``), or Ctrl-C at its terminal,
+#: which sends SIGINT to its whole process group, the jobs it runs included.
+STOPS = {"sigterm": (signal.SIGTERM, "SIGTERM"), "ctrl_c": (signal.SIGINT, "Ctrl-C")}
+
+
+def _stop_once_started(tmp_path: Path, driver_text: str, started: list[Path], stop: str,
+                       env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """Run ``driver_text`` as a driver script on a grid under ``tmp_path / "grid"``, stop it as ``stop`` (a key of
+    :data:`STOPS`) says once every file in ``started`` exists (its jobs are running), and return its exit status,
+    stdout and stderr."""
     import subprocess
     import time
 
     (tmp_path / "driver.py").write_text(driver_text)
     driver = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(SCRIPT), str(tmp_path / "grid")],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)  # a process group of its own, as a terminal gives a command
     deadline = time.monotonic() + 60
     while not all(path.is_file() for path in started):
         assert time.monotonic() < deadline and driver.poll() is None, driver.communicate()
         time.sleep(0.05)
-    driver.send_signal(signal.SIGTERM)
+    if stop == "ctrl_c":
+        os.killpg(driver.pid, signal.SIGINT)
+    else:
+        driver.send_signal(signal.SIGTERM)
     printed, err = driver.communicate(timeout=30)
     return driver.returncode, printed, err
 
 
-def test_a_sigterm_to_the_driver_stops_the_tests_its_workers_run_and_starts_no_more(tmp_path) -> None:
-    """In the ``test`` stage the jobs run in forked workers. Stopped by SIGTERM, the driver stops them too (a test
-    keeps nothing worth saving), records them as failed and exits 143; before, they ran on as orphans, beside the
-    tests a rerun started in the same folders."""
+@pytest.mark.parametrize("stop", sorted(STOPS))
+def test_a_stopped_driver_stops_the_tests_its_workers_run_and_starts_no_more(tmp_path, stop: str) -> None:
+    """In the ``test`` stage the jobs run in forked workers. Stopped by SIGTERM or Ctrl-C, the driver stops them too
+    (a test keeps nothing worth saving), records them as failed and exits 143 (130); before, they ran on as orphans
+    after SIGTERM, beside the tests a rerun started in the same folders, and Ctrl-C printed a traceback per worker."""
     import time
 
+    signum, name = STOPS[stop]
     out = tmp_path / "grid"
-    rc, _, err = _sigterm_once_started(tmp_path, _TEST_DRIVER, [out / f"t{i}" / "started" for i in range(2)])
-    assert rc == 143, err
-    assert "stopped by SIGTERM: the running tests were stopped" in err
+    rc, _, err = _stop_once_started(tmp_path, _TEST_DRIVER, [out / f"t{i}" / "started" for i in range(2)], stop)
+    assert rc == 128 + signum, err
+    assert f"stopped by {name}: the running tests were stopped" in err
+    assert "Traceback" not in err
     for i in range(2):
         worker = int((out / f"t{i}" / "started").read_text())
         deadline = time.monotonic() + 10
@@ -575,23 +589,28 @@ def test_a_sigterm_to_the_driver_stops_the_tests_its_workers_run_and_starts_no_m
                 break
             assert time.monotonic() < deadline, f"worker {worker} outlived the driver"
             time.sleep(0.05)
-        assert json.loads((out / f"t{i}" / "job_state.json").read_text())["rc"] == 143
+        assert json.loads((out / f"t{i}" / "job_state.json").read_text())["rc"] == 128 + signum
     assert not (out / "t2").exists()  # the third test never started
 
 
-def test_a_sigterm_to_the_driver_reaches_its_running_fits_and_starts_no_more(tmp_path) -> None:
+@pytest.mark.parametrize("stop", sorted(STOPS))
+def test_a_stopped_driver_stops_its_running_fits_and_starts_no_more(tmp_path, stop: str) -> None:
     """Stopped by SIGTERM (a cluster's preemption, ``kill``), the driver passes it on to the fits it runs, which save
     their last.ckpt and exit; it starts no other job and exits 143. Before, the fits kept training without it, and
-    a rerun of the driver started a second process in the same run folder."""
+    a rerun of the driver started a second process in the same run folder. Ctrl-C at the terminal reaches the fits
+    itself (each stops as SIGTERM stops it); the driver passes SIGTERM on as well, starts nothing more and exits
+    130, where it used to print a KeyboardInterrupt traceback."""
+    signum, name = STOPS[stop]
     (tmp_path / "slow_lit_icl.py").write_text(_SLOW_CLI)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p))
     out = tmp_path / "grid"
-    rc, printed, err = _sigterm_once_started(tmp_path, _DRIVER, [out / f"s{i}" / "started" for i in range(2)], env)
-    assert rc == 143, err
-    assert "stopped by SIGTERM" in err
-    for i in range(2):  # both fits got the signal and are gone
-        assert (out / f"s{i}" / "got_sigterm").is_file()
+    rc, printed, err = _stop_once_started(tmp_path, _DRIVER, [out / f"s{i}" / "started" for i in range(2)], stop, env)
+    assert rc == 128 + signum, err
+    assert f"stopped by {name}: the running fits saved their last.ckpt" in err
+    assert "Traceback" not in err
+    for i in range(2):  # both fits got a signal to stop and are gone
+        assert {p.name for p in (out / f"s{i}").glob("got_*")} & {"got_sigterm", "got_sigint"}
         with pytest.raises(ProcessLookupError):
             os.kill(int((out / f"s{i}" / "started").read_text()), 0)
     assert not (out / "s2").exists()  # the third job never started
-    assert "fit 2: not started (SIGTERM)" in printed
+    assert f"fit 2: not started ({name})" in printed
