@@ -18,7 +18,7 @@ epoch's round).
 It also writes ``last.ckpt`` when SIGTERM or Ctrl-C (:class:`~lit_icl.callbacks.StopOnCtrlC`) stops a fit between
 two training batches (Lightning saves nothing then),
 so a preempted run resumes from the step it reached, exactly as if it had not stopped; a run whose loaders resume
-exactly only at an epoch's start (I2CL's calibration) keeps its last epoch's checkpoint instead.
+exactly only at an epoch's start (a user's module with a plain DataLoader) keeps its last epoch's checkpoint instead.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ class RunCheckpoint(ModelCheckpoint):
         # SIGTERM (a preemption, scancel, docker stop) ends a fit between two training batches: write last.ckpt
         # there, so that --ckpt_path last resumes from that step rather than from the last epoch's checkpoint.
         # Not during a validation round (Lightning stops inside one on SIGTERM): the state there is half a round;
-        # nor for a run whose loaders resume exactly only at an epoch's start (I2CL's calibration).
+        # nor for a run whose loaders resume exactly only at an epoch's start (a plain DataLoader).
         if (isinstance(exception, SIGTERMException) and self.save_last and resumes_inside_epoch(trainer)
                 and not (trainer.fast_dev_run or trainer.sanity_checking or trainer.validating)):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))

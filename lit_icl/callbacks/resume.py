@@ -7,8 +7,9 @@ it ends with other weights than a run that was not stopped. This callback, which
 
 - writes such checkpoints with the epoch counted as unfinished (:func:`lit_icl.core.resume.record_cut_epoch_unfinished`),
   which Lightning resumes at the next batch, when the training loader can resume inside an epoch
-  (:class:`lit_icl.core.data.ResumableLoader`: every paper's but I2CL's calibration, one short epoch; avMNIST's
-  module also carries each rank's dropout RNG state in its checkpoints); other runs keep Lightning's rule;
+  (:class:`lit_icl.core.data.ResumableLoader`: every paper's; avMNIST's module also carries each rank's dropout
+  RNG state in its checkpoints, and I2CL draws each step's noise from a seed of its own); other runs keep
+  Lightning's rule;
 - resumes a checkpoint written at an epoch's end at the next epoch, which Lightning gets wrong in runs bounded by
   ``max_steps`` (:func:`lit_icl.core.resume.finish_restored_epoch`);
 - hands the training loader its saved data position (:class:`lit_icl.core.data.ResumableLoader`) where Lightning

@@ -33,7 +33,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
-from lit_icl.core.data import EpochSampler, world_and_rank
+from lit_icl.core.data import EpochSampler, ResumableLoader, world_and_rank
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.hparams import save_init_hparams
 from lit_icl.core.seeding import make_generator
@@ -174,10 +174,12 @@ def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def calibration_loader(demos: list[Example], seed: int, batch_size: int, how: CalibrationBatches = "epoch",
-                       world: int = 1, rank: int = 0, pin_memory: bool = False) -> DataLoader:
+                       world: int = 1, rank: int = 0, pin_memory: bool = False,
+                       resumable: LightningDataModule | None = None) -> DataLoader:
     """Rank ``rank``'s calibration batches of ``batch_size`` demonstrations, drawn ``how`` (see the module
     docstring) from ``seed``, over ``world`` DDP ranks; ``pin_memory`` for a CUDA run
-    (:mod:`lit_icl.core.transfer`)."""
+    (:mod:`lit_icl.core.transfer`). With ``resumable`` (the data module of a fit) it is a
+    :class:`~lit_icl.core.data.ResumableLoader`, which a run resumes inside an epoch."""
     n, block = len(demos), world * batch_size
     # Whole batches per epoch (the public code's floor(N / 2) steps of 2) and the same count on every rank.
     per_epoch = max(block, n - n % block)
@@ -186,8 +188,10 @@ def calibration_loader(demos: list[Example], seed: int, batch_size: int, how: Ca
         items: Dataset = DrawnItems(demos, seed, block)
     else:
         items = _Cyclic(CalibrationItems(demos, seed), per_epoch)
-    return DataLoader(items, batch_size=batch_size, sampler=EpochSampler(per_epoch, world, rank), collate_fn=collate,
-                      pin_memory=pin_memory)
+    extra: dict[str, Any] = {} if resumable is None else {"datamodule": resumable}
+    return (DataLoader if resumable is None else ResumableLoader)(
+        items, batch_size=batch_size, sampler=EpochSampler(per_epoch, world, rank), collate_fn=collate,
+        pin_memory=pin_memory, **extra)
 
 
 # ---------------------------------------------------------------------- the data module
@@ -311,7 +315,7 @@ class I2CLDataModule(LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
         return calibration_loader(self.task_data().demos, hp.data_seed, hp.batch_size, hp.calibration_batches,
-                                  *world_and_rank(self), pin_memory=pins_memory(self))
+                                  *world_and_rank(self), pin_memory=pins_memory(self), resumable=self)
 
     def test_dataloader(self) -> DataLoader:
         return DataLoader(EvalItems(self.task_data().eval), batch_size=self.hparams.eval_batch_size,

@@ -11,10 +11,10 @@ the residual stream (``noise_norm: stream``, ``configs/i2cl/offline/paper_text.y
 to one label on three seeds of five. The code's other choices (hooks before post-norms, a 5 % warm-up and a cosine
 to 0, a fresh batch every step) are ``configs/i2cl/offline/public_code.yaml``
 (``experiments/results/i2cl_recipes_cpu.md``). Several calibrated methods train side by side, each with its own
-optimiser and schedule (manual optimisation), on the same batches. Their Eq. 6 noise comes from the one global RNG
-stream in the order of ``methods``, so a method's noise draws (not its batches or initialisation) depend on which
-calibrated methods run before it: the same config reproduces bit for bit, but ``[noise_vector, i2cl]`` and
-``[i2cl]`` calibrate I2CL under different noise samples.
+optimiser and schedule (manual optimisation), on the same batches. Each method's Eq. 6 noise at a step is drawn from
+a seed of its own, a function of ``(data_seed, epoch, batch, rank, method)``, so a run resumed from a checkpoint
+written anywhere, inside an epoch too, draws the noise an uninterrupted run draws next, and ``[noise_vector, i2cl]``
+and ``[i2cl]`` calibrate I2CL under the same noise.
 
 Methods (``methods``):
 
@@ -52,7 +52,7 @@ from lit_icl.core.errors import ConfigError
 from lit_icl.core.module import ICLModule
 from lit_icl.core.protocols import implements
 from lit_icl.core.results import result_row
-from lit_icl.core.seeding import make_generator
+from lit_icl.core.seeding import derive_seed, make_generator
 from lit_icl.core.transfer import to_device
 from lit_icl.core.validation import (
     check_literal,
@@ -348,13 +348,19 @@ class I2CLModule(ICLModule):
         optimizers = optimizers if isinstance(optimizers, list) else [optimizers]
         schedulers = schedulers if isinstance(schedulers, list) else [schedulers]
         targets = to_device(self.label_ids, batch["label"].device)[batch["label"]]  # no device sync
+        devices = [self.device.index or 0] if self.device.type == "cuda" else []
         for k, (m, opt, sched) in enumerate(zip(self.calibrated, optimizers, schedulers)):
             t0 = time.perf_counter()
             opt.zero_grad()
-            loss = calibration_loss(
-                self.net, self.context(m), self.coefs[m], self._prompts(m, batch["text"]), targets, self.hparams.gamma,
-                self.hparams.noise_norm, self.hparams.inject_method,
-            )
+            # Eq. 6's draws from a seed of this step's own (the module doc): not from where the global RNG stream
+            # stands, which a resumed run cannot know.
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(derive_seed(self.data_seed, "i2cl_calibration_noise", self.current_epoch,
+                                              batch_idx, self.global_rank, m))
+                loss = calibration_loss(
+                    self.net, self.context(m), self.coefs[m], self._prompts(m, batch["text"]), targets,
+                    self.hparams.gamma, self.hparams.noise_norm, self.hparams.inject_method,
+                )
             self.manual_backward(loss)
             opt.step()
             sched.step()

@@ -195,6 +195,43 @@ def test_the_same_files_mended_run(tmp_path, llama_dir) -> None:
     assert glob.glob(str(tmp_path / "runs" / "tiny" / "version_0" / "checkpoints" / "*.ckpt"))
 
 
+def test_a_fit_stopped_inside_an_epoch_resumes_to_the_coefficients_of_one_that_was_not(tmp_path, llama_dir,
+                                                                                       capsys) -> None:
+    """SIGTERM inside an epoch saves ``last.ckpt`` at that step (the calibration loader resumes inside an epoch),
+    and the resumed run draws Eq. 6's noise the uninterrupted run draws next: it ends with the same coefficients and
+    AdamW state, bit for bit. Before, I2CL kept its last epoch's checkpoint and drew its noise from where the global
+    RNG stream stood, so even a resume from an epoch's end ended elsewhere (up to 6e-4 in the coefficients). Each
+    method draws its own noise, so calibrating ``noise_vector`` beside ``i2cl`` leaves ``i2cl``'s unchanged."""
+
+    def fit(root: Path, *extra: str) -> int:
+        try:
+            main(["fit", *cli_args(root, llama_dir, "--seed_everything", "3", "--model.init_args.methods", "[i2cl]",
+                                   "--trainer.max_epochs", "3", *extra)])
+        except SystemExit as stop:
+            return stop.code
+        return 0
+
+    def last(root: Path) -> dict:
+        return torch.load(root / "runs/tiny/version_0/checkpoints/last.ckpt", map_location="cpu", weights_only=False)
+
+    assert fit(tmp_path / "straight") == 0
+    straight = last(tmp_path / "straight")
+    assert straight["global_step"] == 9  # 3 epochs of 3 batches (6 demonstrations, 2 a batch)
+    signal_at = json.dumps([{"class_path": "subprocess_callbacks.SignalAtStep",
+                             "init_args": {"path": str(tmp_path / "ends.txt"), "step": 4}}])
+    assert fit(tmp_path / "cut", "--trainer.callbacks", signal_at) == 143
+    assert "lit_icl: stopped by SIGTERM; resume with --ckpt_path last" in capsys.readouterr().err
+    assert last(tmp_path / "cut")["global_step"] == 4  # inside the second epoch
+    assert fit(tmp_path / "cut", "--ckpt_path", "last") == 0
+    resumed = last(tmp_path / "cut")
+    assert resumed["global_step"] == 9
+    assert torch.equal(resumed["state_dict"]["coefs.i2cl"], straight["state_dict"]["coefs.i2cl"])
+    for key, value in straight["optimizer_states"][0]["state"][0].items():
+        assert torch.equal(resumed["optimizer_states"][0]["state"][0][key], value), key
+    assert fit(tmp_path / "both", "--model.init_args.methods", "[noise_vector, i2cl]") == 0
+    assert torch.equal(last(tmp_path / "both")["state_dict"]["coefs.i2cl"], straight["state_dict"]["coefs.i2cl"])
+
+
 def test_unfitted_calibrated_method_is_refused_at_test(tmp_path, llama_dir, capsys) -> None:
     with pytest.raises(SystemExit) as info:
         main(["test", *cli_args(tmp_path, llama_dir, "--model.init_args.methods", "[zero_shot, i2cl]")])
