@@ -24,7 +24,8 @@ Sequences (8 image-label pairs, then a query; labels of the training classes fix
 - IWL evaluator: query class Zipfian, the 8 context classes i.i.d. Zipfian among the *other* training classes;
   training labels; accuracy over all training labels.
 
-Every chunk of sequences is a pure function of ``(data_seed, split, index)``; training uses
+Every chunk of sequences is a pure function of ``(data_seed, set, index)``, each set (training, the two
+evaluators' validation and test sets) with seeds of its own; training uses
 :class:`~lit_icl.core.data.EpochSampler`, so epochs are fresh and resume is exact.
 """
 
@@ -246,13 +247,15 @@ def gather_images(bank: Tensor, classes: Tensor, exemplars: Tensor, augment: Ten
 
 class SequenceChunks(SeededChunks):
     """Chunks of ``chunk_size`` sequences of one kind (``train``, ``icl`` or ``iwl``); item ``i`` is seeded by
-    ``(data_seed, kind, i)``."""
+    ``(data_seed, kind, i)``, or by ``(data_seed, "test", kind, i)`` for the test sets (``test=True``), so that
+    the test sequences are not the validation ones that a checkpoint may have been chosen on (the validation and
+    training streams keep the seeds they always had)."""
 
     def __init__(
         self, split: ClassSplit, kind: Literal["train", "icl", "iwl"], chunk_size: int, length: int,
-        n_exemplars: int, data_seed: int, p_bursty: float,
+        n_exemplars: int, data_seed: int, p_bursty: float, test: bool = False,
     ):
-        super().__init__(length, data_seed, stream=(kind,))
+        super().__init__(length, data_seed, stream=("test", kind) if test else (kind,))
         self.split, self.kind, self.chunk_size = split, kind, chunk_size
         self.n_exemplars, self.p_bursty = n_exemplars, p_bursty
 
@@ -445,16 +448,18 @@ class OmniglotSequenceDataModule(ChunkedDataModule):
             self._n_exemplars = self.bank.shape[1]
 
     # -------------------------------------------------------------- loaders
-    def _dataset(self, kind: Literal["train", "icl", "iwl"], length: int) -> SequenceChunks:
+    def _dataset(self, kind: Literal["train", "icl", "iwl"], length: int, test: bool = False) -> SequenceChunks:
         hp = self.hparams
-        return SequenceChunks(self.split, kind, hp.chunk_size, length, self._n_exemplars, hp.data_seed, hp.p_bursty)
+        return SequenceChunks(self.split, kind, hp.chunk_size, length, self._n_exemplars, hp.data_seed, hp.p_bursty,
+                              test=test)
 
     def train_dataloader(self) -> DataLoader:
         return self.train_loader(lambda items: self._dataset("train", items))
 
     def _eval_loaders(self, size: str) -> list[DataLoader]:
         """One loader per evaluator, in the order of :data:`EVALUATORS` (dataloader_idx 0 = ICL, 1 = IWL)."""
-        return [self.eval_loader(self._dataset(kind, self.set_items(size))) for kind in EVALUATORS]
+        return [self.eval_loader(self._dataset(kind, self.set_items(size), test=size == "test_sequences"))
+                for kind in EVALUATORS]
 
     def val_dataloader(self) -> list[DataLoader]:
         return self._eval_loaders("val_sequences")

@@ -12,6 +12,7 @@ from PIL import Image
 
 from lit_icl.coqe.omniglot.data import (
     OmniglotSequenceDataModule,
+    SequenceChunks,
     gather_images,
     index_folder,
     load_bank,
@@ -224,6 +225,24 @@ def test_datamodule_gathers_images_on_transfer(tmp_path) -> None:
     icl, iwl = dm.val_dataloader()
     assert set(next(iter(icl))["labels"].flatten().tolist()) <= {0, 1}
     assert len(list(iwl)) == 1
+
+
+def test_the_test_sequences_are_not_the_validation_sequences(tmp_path) -> None:
+    """Both sets are drawn from one seed; they used to share their item seeds too, so the validation sequences were
+    the first of the test ones, and a checkpoint chosen on validation was tested on the sequences it was chosen on.
+    The validation (and training) sequences keep their seeds: their numbers do not change."""
+    root = write_omniglot_fixture(tmp_path / "omniglot-py")
+    dm = OmniglotSequenceDataModule(
+        source="omniglot", folder=str(root), image_size=16, n_holdout=4, n_common=2, batch_size=8,
+        chunk_size=4, val_sequences=8, test_sequences=8, eval_batch_size=8,
+    )
+    dm.setup("fit")
+    for kind, val, test in zip(("icl", "iwl"), dm.val_dataloader(), dm.test_dataloader()):
+        val_batch, test_batch = next(iter(val)), next(iter(test))
+        assert not torch.equal(val_batch["classes"], test_batch["classes"]), kind
+        # validation: the seeds of (data_seed, kind, index), as before
+        before = SequenceChunks(dm.split, kind, 4, 2, dm._n_exemplars, dm.hparams.data_seed, dm.hparams.p_bursty)
+        assert torch.equal(val_batch["classes"], torch.cat([before[i]["classes"] for i in range(2)]))
 
 
 @pytest.mark.parametrize(
