@@ -356,6 +356,7 @@ class LitICLCLI(LightningCLI):
             # `test --config <that file>` must run without them (a test has no validation rounds to count).
             add_early_stopping(trainer, (self.config[sub] if sub else self.config).get("early_stopping"))
         check_output_writable(trainer)
+        _TRAINERS[:] = [trainer]
         return trainer
 
 
@@ -388,6 +389,19 @@ def process_defaults() -> None:
     torch._functorch.config.autograd_cache_allow_custom_autograd_functions = True
 
 
+#: The trainer of this process's last command (set when it is built), so that a stop can say what it left.
+_TRAINERS: list[Trainer] = []
+
+
+def _after_stop(trainer: Trainer | None) -> str:
+    """What to do after a stopped fit: resume it if it has a ``last.ckpt``; else (stopped inside its first validation
+    round, or before its first step) start it again, since ``--ckpt_path last`` would find nothing to resume."""
+    last = getattr(getattr(trainer, "checkpoint_callback", None), "last_model_path", "")
+    if last and Path(last).is_file():
+        return "resume with --ckpt_path last"
+    return "no checkpoint was written yet, so run the same command again (without --ckpt_path) to start over"
+
+
 def main(args: ArgsType = None) -> None:
     """Entry point of ``python -m lit_icl`` and the ``lit-icl`` script."""
     process_defaults()
@@ -409,7 +423,7 @@ def main(args: ArgsType = None) -> None:
         # 128 + 2 for Ctrl-C (which StopOnCtrlC turns into the same stop).
         signum, name = (signal.SIGINT, "Ctrl-C") if stopped_by_ctrl_c() else (signal.SIGTERM, "SIGTERM")
         if rank_zero_only.rank == 0:
-            print(f"lit_icl: stopped by {name}; resume with --ckpt_path last", file=sys.stderr)
+            print(f"lit_icl: stopped by {name}; {_after_stop(_TRAINERS[-1] if _TRAINERS else None)}", file=sys.stderr)
         sys.exit(128 + signum)
     except KeyboardInterrupt:
         # Ctrl-C before training started (parsing, building the model or the data): nothing to save.
@@ -431,3 +445,4 @@ def main(args: ArgsType = None) -> None:
         sys.exit(2)
     finally:
         _HELD.release()  # --help, --print_config and a finished run print what was held (nothing if released)
+        _TRAINERS.clear()

@@ -38,9 +38,10 @@ def _fit(root: Path, *extra: str) -> int:
     return 0
 
 
-def _signal(record: Path, step: int, times: int = 1, in_validation: bool = False) -> tuple[str, str]:
+def _signal(record: Path, step: int, times: int = 1, in_validation: bool = False,
+            signum: str = "SIGINT") -> tuple[str, str]:
     callback = {"class_path": "subprocess_callbacks.SignalAtStep",
-                "init_args": {"path": str(record), "step": step, "signum": "SIGINT", "times": times,
+                "init_args": {"path": str(record), "step": step, "signum": signum, "times": times,
                               "in_validation": in_validation}}
     return "--trainer.callbacks", json.dumps([callback])
 
@@ -132,3 +133,16 @@ def test_ctrl_c_before_the_run_starts_is_one_line_and_status_130(tmp_path, capsy
     assert err.strip().splitlines()[-1] == "lit_icl: interrupted by Ctrl-C before the run started"
     assert "Traceback" not in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_stop_before_the_first_checkpoint_says_to_start_again_not_to_resume(tmp_path, capsys) -> None:
+    """SIGTERM inside the first validation round stops the fit there (Lightning's rule), before any checkpoint. The
+    last line used to say "resume with --ckpt_path last", which then failed: there was nothing to resume."""
+    record = tmp_path / "ends.txt"
+    stop = _signal(record, STEPS, in_validation=True, signum="SIGTERM")
+    assert _fit(tmp_path, *stop, "--data.init_args.eval_batch_size", "8") == 128 + signal.SIGTERM  # 2 batches
+    assert record.read_text().split() == ["0", "SIGTERMException", str(STEPS)]
+    assert not (tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt").exists()
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "lit_icl: stopped by SIGTERM; no checkpoint was written yet, so run the same command again (without "
+        "--ckpt_path) to start over")
