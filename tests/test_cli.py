@@ -17,6 +17,9 @@ CLI_ROWS: list[tuple[list[str], str]] = [
     (["--no_such_option", "1"], "unrecognized arguments: --no_such_option"),
     (["--ckpt_path", "does/not/exist.ckpt"], "does not exist"),
     (["--config", "configs/no_such_config.yaml"], "--config: File does not exist"),
+    # Lightning ran these, wrote a run folder without a checkpoint and exited 0.
+    (["--trainer.max_steps", "0"], "--trainer.max_steps=0 trains nothing"),
+    (["--trainer.max_epochs", "0"], "--trainer.max_epochs=0 trains nothing"),
 ]
 
 

@@ -49,6 +49,7 @@ from lit_icl.cli.checkpoints import (
 )
 from lit_icl.cli.checks import (
     check_config_files,
+    check_fit_trains,
     check_monitors,
     check_output_writable,
     check_run_folder_is_free,
@@ -257,6 +258,8 @@ class LitICLCLI(LightningCLI):
                 check_finite_tree(config[key], key)
         if config.get("trainer") is not None:
             check_trainer_counts(config.trainer)
+            if sub == "fit":
+                check_fit_trains(config.trainer)
         # Runs before Lightning reads the checkpoint's hyper-parameters, so a bad path fails cleanly here.
         if sub:
             name_run_from_configs(config)

@@ -70,6 +70,15 @@ def check_trainer_counts(trainer: Any) -> None:
             "a float in (0, 1]: that fraction of an epoch)"
         )
 
+def check_fit_trains(trainer: Any) -> None:
+    """Refuse a ``fit`` that would train nothing (``max_steps`` or ``max_epochs`` 0). Lightning accepts it, writes the
+    run folder (config, events) without a checkpoint and exits 0, so a later ``--ckpt_path last`` finds no run."""
+    for flag in ("max_steps", "max_epochs"):
+        if trainer.get(flag) == 0 and not isinstance(trainer.get(flag), bool):
+            raise ConfigError(f"--trainer.{flag}=0 trains nothing: give a positive number (or -1 for no limit), or "
+                              "use `validate` or `test` to evaluate without training")
+
+
 def check_output_writable(trainer: Trainer) -> None:
     """Refuse output folders that cannot be created or written (read-only, or under a file), before the run
     creates them; Lightning would fail with a ``PermissionError`` after it has started."""
