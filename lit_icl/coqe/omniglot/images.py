@@ -24,8 +24,8 @@ from lit_icl.core.errors import ConfigError
 
 SPLIT_FOLDERS = ("images_background", "images_evaluation")
 OMNIGLOT_HELP = (
-    "put torchvision's Omniglot folder (omniglot-py with images_background/ and images_evaluation/) under "
-    "data/, or set data.init_args.source: glyphs to run on the offline stand-in"
+    "put torchvision's Omniglot folder (omniglot-py, with images_background/ and images_evaluation/) in "
+    "data.init_args.root (data/ by default), or set data.init_args.source: glyphs to run on the offline stand-in"
 )
 
 
