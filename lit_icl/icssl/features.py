@@ -68,10 +68,12 @@ def load_features(path: str | Path) -> dict:
     if not path.is_file():
         raise ConfigError(
             f"no feature file at {path}: extract one from an ImageFolder with `python -m lit_icl.icssl.build "
-            f"features --images DIR --out {path}`, or build the offline stand-in with `{STANDIN_COMMAND.format(path=path)}` "
-            f"(a run builds it by itself at {STANDIN_FILE} after {STANDIN_NEEDS})"
+            f"features --images DIR --out {path}`, or run on the offline stand-in at {STANDIN_FILE}, which a run "
+            f"builds by itself after {STANDIN_NEEDS} (`{STANDIN_COMMAND.format(path=STANDIN_FILE)}` builds it ahead)"
         )
-    remake = f"re-extract it, or rebuild the stand-in with `{STANDIN_COMMAND.format(path=path)}`"
+    # Rebuilding the stand-in is the fix only where the stand-in lives: elsewhere it would replace one's own data.
+    standin = Path(path).resolve() == Path(STANDIN_FILE).resolve()
+    remake = f"rebuild the stand-in with `{STANDIN_COMMAND.format(path=path)}`" if standin else "re-extract it"
     if path.stat().st_size == 0:
         raise ConfigError(f"feature file {path} is empty; {remake}")
     try:

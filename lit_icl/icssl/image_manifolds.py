@@ -106,8 +106,8 @@ def sequence_shape(root: str | Path) -> tuple[int, int]:
     if not folders:
         raise ConfigError(
             f"no image-manifold sequences under {root}: put one folder of interpolation frames per sequence "
-            f"there (ROOT/seq_0001/frame_000.png ...), or build the offline stand-in with "
-            f"`{STANDIN_COMMAND.format(root=root)}` (a run builds it by itself at {STANDIN_ROOT})"
+            f"there (ROOT/seq_0001/frame_000.png ...), or run on the offline stand-in at {STANDIN_ROOT}, which a "
+            f"run builds by itself (`{STANDIN_COMMAND.format(root=STANDIN_ROOT)}` builds it ahead)"
         )
     lengths = {len(_frames(f)) for f in folders}
     if len(lengths) != 1:

@@ -76,7 +76,9 @@ def test_the_loader_ships_image_ids_and_the_features_are_gathered_bit_identical(
 
 
 def test_missing_or_small_feature_files_are_refused(tmp_path) -> None:
-    with pytest.raises(ConfigError, match="python -m lit_icl.icssl.build features-standin --out"):
+    # The stand-in is offered where runs build it, not at the missing path (one's own features go there).
+    with pytest.raises(ConfigError, match="python -m lit_icl.icssl.build features-standin --out "
+                                          "data/features_standin.pt"):
         load_features(tmp_path / "none.pt")
     _feature_file(tmp_path / "f.pt", per_class=6)
     with pytest.raises(ConfigError, match="fewer than per_class=5"):

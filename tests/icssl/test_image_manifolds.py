@@ -49,7 +49,9 @@ def test_reader_follows_app_e3_processing(tmp_path) -> None:
 
 
 def test_missing_data_says_where_it_goes_and_how_to_build_the_standin(tmp_path) -> None:
-    with pytest.raises(ConfigError, match="python -m lit_icl.icssl.build image-standin --out"):
+    # The stand-in is offered where runs build it, not at the missing path (one's own sequences go there).
+    with pytest.raises(ConfigError, match="python -m lit_icl.icssl.build image-standin --out "
+                                          "data/image_manifolds_standin"):
         load_sequences(tmp_path / "nothing")
 
 

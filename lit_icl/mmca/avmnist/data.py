@@ -77,8 +77,9 @@ def missing_data_message(root: str | os.PathLike[str]) -> str:
     """One line: where avMNIST goes and how to build the offline stand-in there."""
     return (
         f"avMNIST not found under {root}: put MultiBench's avmnist folder there (image/{{train,test}}_data.npy, "
-        f"audio/{{train,test}}_data.npy, {{train,test}}_labels.npy), or build the offline stand-in avmnist_lite "
-        f"with `{BUILD_COMMAND.format(root=root)}` (a run builds it by itself at {STANDIN_ROOT})"
+        f"audio/{{train,test}}_data.npy, {{train,test}}_labels.npy), or run on the offline stand-in avmnist_lite "
+        f"at {STANDIN_ROOT}, which a run builds by itself (`{BUILD_COMMAND.format(root=STANDIN_ROOT)}` builds it "
+        "ahead)"
     )
 
 
