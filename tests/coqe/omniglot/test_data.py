@@ -259,8 +259,8 @@ def test_the_test_sequences_are_not_the_validation_sequences(tmp_path) -> None:
         ({"folder": "/no/such/folder"}, "omniglot-py"),
         # The fix names the configured root, not data/ (where a run with another root would not look).
         ({"folder": None, "root": "/no/such/root", "download": False},
-         "Omniglot not found at /no/such/root/omniglot-py; put torchvision's Omniglot folder (omniglot-py, with "
-         "images_background/ and images_evaluation/) in data.init_args.root"),
+         ("Omniglot not found at /no/such/root/omniglot-py; put torchvision's Omniglot folder (omniglot-py, with "
+          "images_background/ and images_evaluation/) in data.init_args.root")),
         ({"source": "glyphs", "folder": "/no/such/glyphs", "build_glyphs": False}, "python -m lit_icl.coqe.omniglot.glyphs"),
         ({"train_batches_per_epoch": 0}, "train_batches_per_epoch=0"),
     ],
