@@ -178,7 +178,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--title", default="")
     args = parser.parse_args(argv)
     if args.labels and len(args.labels) != len(args.runs):
-        parser.error(f"--labels has {len(args.labels)} entries for {len(args.runs)} runs")
+        print(f"lit_icl.report: error: --labels has {len(args.labels)} entries for {len(args.runs)} runs; give one "
+              "label per run, in the runs' order, or drop --labels to label each run by its logger name",
+              file=sys.stderr)
+        sys.exit(2)
     try:
         runs = [load_results(r) for r in args.runs]
     except (FileNotFoundError, ValueError) as err:
