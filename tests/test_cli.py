@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from badinput import assert_rejected
 from icssl.helpers import tiny_args
 
@@ -152,3 +153,29 @@ def test_the_hyper_parameters_dump_skips_the_second_check_and_writes_what_lightn
     with pytest.raises(_Dumped):
         main(["fit", "--config", config, "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")])
     assert len(dumps) == 2 and dumps[0] == dumps[1] and dumps[0]["model"]["class_path"].startswith("lit_icl.")
+
+
+def test_a_test_without_a_checkpoint_warns_that_the_weights_are_untrained(tmp_path) -> None:
+    """Its rows look like a trained model's (only ``meta.checkpoint: null`` says otherwise); a model with nothing
+    to train, such as a closed-form solver tested this way on purpose, is not warned about."""
+    from lightning.pytorch import LightningModule
+    from torch import nn
+
+    from lit_icl.cli import main
+    from lit_icl.cli.app import warn_untrained
+
+    with pytest.warns(UserWarning, match=r"testing SemiSupervisedICL with the weights it was initialised with "
+                                         r"\(no --ckpt_path\); pass --ckpt_path"):
+        main(["test", *tiny_args(tmp_path)])
+
+    class Solver(LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("weights", torch.ones(3))
+
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_untrained(Solver(), None)
+        warn_untrained(nn.Linear(2, 2), "some.ckpt")  # with a checkpoint: trained weights

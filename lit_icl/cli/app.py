@@ -30,7 +30,7 @@ import torch._functorch.config  # process_defaults sets one of its options
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
 
 from lit_icl.callbacks.checkpoint import RunCheckpoint
 from lit_icl.callbacks.compile import CompileMode
@@ -330,6 +330,7 @@ class LitICLCLI(LightningCLI):
     # The run starts: what parsing and building held back is printed now (see HeldOutput).
     def before_test(self) -> None:
         _HELD.release()
+        warn_untrained(self.model, self.config[self.subcommand].get("ckpt_path"))
 
     def before_validate(self) -> None:
         _HELD.release()
@@ -390,6 +391,16 @@ def process_defaults() -> None:
     torch.set_float32_matmul_precision("high")
     torch.utils.deterministic.fill_uninitialized_memory = False
     torch._functorch.config.autograd_cache_allow_custom_autograd_functions = True
+
+
+def warn_untrained(model: LightningModule, ckpt_path: str | None) -> None:
+    """Warn (one line) that a ``test`` without ``--ckpt_path`` scores a model with trainable weights as initialised:
+    its rows look like a trained model's, and only ``meta.checkpoint: null`` says otherwise. Models with nothing to
+    train (the closed-form and solver baselines, tested this way on purpose) are not warned about."""
+    if ckpt_path is None and any(p.requires_grad for p in model.parameters()):
+        rank_zero_warn(f"testing {type(getattr(model, 'net', model)).__name__} with the weights it was initialised "
+                       "with (no --ckpt_path); pass --ckpt_path runs/<run>/version_N/checkpoints/last.ckpt to test a "
+                       "trained model")
 
 
 #: The trainer of this process's last command (set when it is built), so that a stop can say what it left.
