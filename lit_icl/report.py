@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from matplotlib.figure import Figure
+
 from lit_icl.core.figures import PNG_DPI, aggregate, bar_figure, line_figure, sort_key
 from lit_icl.core.results import ROW_KEYS, load_results
 
@@ -227,14 +229,52 @@ def main(argv: Sequence[str] | None = None) -> None:
         tables.append(markdown_table(of_metric, name, column(of_metric)))
     print("\n\n".join(tables))
     if args.out:
-        # One line per line of the table: the other coordinates (a test's shifts, manifolds) stay apart.
-        keys = line_keys(chosen, x)
-        tagged = [{**r, "series": series_label(r, keys)} for r in chosen if x in r]
-        numeric = all(isinstance(r.get(x), (int, float)) and not isinstance(r.get(x), bool) for r in tagged)
-        draw = line_figure if numeric else bar_figure
-        fig = draw(tagged, x, series="series", title=args.title, metric=metric)
+        fig = report_figure(chosen, x, metric, args.title)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(args.out, dpi=PNG_DPI)  # one drawing; the format follows the extension
+
+
+#: The most lines one panel of a report's figure draws; with more, the figure has a panel per value of a coordinate.
+MAX_LINES = 8
+
+
+def facet_key(rows: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> str | None:
+    """The coordinate to draw one panel per value of, when one panel would hold more than :data:`MAX_LINES` lines
+    (CoQE regression's test: methods x 7 shifts): of the line keys other than the method and the experiment, the one
+    with the most values. ``None`` when one panel will do."""
+    if len({series_label(r, keys) for r in rows}) <= MAX_LINES:
+        return None
+    candidates = [k for k in keys if k not in ("method", "experiment")]
+    return max(candidates, key=lambda k: len({r.get(k) for r in rows})) if candidates else None
+
+
+def report_figure(chosen: Sequence[Mapping[str, Any]], x: str, metric: str, title: str = "") -> Figure:
+    """The figure of ``metric``'s rows against ``x``: one line (or bar) per line of its table, the other coordinates
+    (a test's shifts, manifolds) kept apart, in one panel, or one panel per value of :func:`facet_key`'s coordinate
+    when there are too many lines to read in one."""
+    keys = line_keys(chosen, x)
+    if "method" in keys:  # a coordinate the method fixes (regression's `optimal`) is the table's, not a legend's
+        keys = [k for k in keys if k in ("method", "experiment") or not _function_of(chosen, k, "method")]
+    rows = [r for r in chosen if x in r]
+    numeric = all(isinstance(r.get(x), (int, float)) and not isinstance(r.get(x), bool) for r in rows)
+    draw = line_figure if numeric else bar_figure
+    facet = facet_key(rows, keys)
+    if facet is None:
+        return draw([{**r, "series": series_label(r, keys)} for r in rows], x, series="series", title=title,
+                    metric=metric)
+    inner = [k for k in keys if k != facet]
+    values = sorted({r.get(facet) for r in rows}, key=sort_key)
+    ncols = min(3, len(values))
+    nrows = -(-len(values) // ncols)
+    fig = Figure(figsize=(4.6 * ncols, 3.4 * nrows), layout="constrained")
+    for i, value in enumerate(values):  # y not shared: a shift's errors can be orders of magnitude apart
+        ax = fig.add_subplot(nrows, ncols, i + 1)
+        ax.grid(True, alpha=0.3)
+        panel = [{**r, "series": series_label(r, inner)} for r in rows if r.get(facet) == value]
+        draw(panel, x, series="series", title=f"{facet}={_fmt_x(value)}", metric=metric, ax=ax)
+    if title:
+        fig.suptitle(title)
+    return fig
 
 
 def _check_figure_file(out: str) -> None:

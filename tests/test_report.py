@@ -178,3 +178,20 @@ def test_a_tests_meta_records_the_config_of_the_fit_beside_its_checkpoint(tmp_pa
     assert fit_config(tmp_path / "run" / "checkpoints" / "last.ckpt") == {
         "data": {"init_args": {"train_manifolds": ["sphere"]}}}
     assert fit_config(tmp_path / "elsewhere.ckpt") is None and fit_config(None) is None
+
+
+def test_a_figure_with_too_many_lines_for_one_panel_gets_a_panel_per_shift(tmp_path) -> None:
+    """CoQE regression's test: methods x 7 shifts x context lengths. In one panel its 14 lines and their legend left
+    no room for the plot; each shift now gets a panel of its own, with a line per method."""
+    from lit_icl.report import report_figure
+
+    def rows(shifts: int) -> list[dict]:
+        return [{**result_row("mse", 1.0 / n + k, method=m, shift=f"s{k}", n_context=n), "experiment": "e"}
+                for m in ("coqe", "least_squares") for k in range(shifts) for n in (5, 10, 20)]
+
+    fig = report_figure(rows(7), "n_context", "mse")
+    assert len(fig.axes) == 7
+    assert [ax.get_title() for ax in fig.axes] == [f"shift=s{k}" for k in range(7)]
+    assert all([t.get_text() for t in ax.get_legend().get_texts()] == ["coqe", "least_squares"] for ax in fig.axes)
+    fig = report_figure(rows(2), "n_context", "mse")  # 4 lines: one panel will do
+    assert len(fig.axes) == 1 and len(fig.axes[0].get_lines()) == 4

@@ -157,16 +157,21 @@ def bar_figure(
     series: str = "method",
     title: str = "",
     ylabel: str | None = None,
+    ax: Any = None,
     **where: Any,
 ) -> Figure:
-    """Grouped bars: one group per ``category`` value, one bar per ``series`` value, ±1 sd error bars."""
+    """Grouped bars: one group per ``category`` value, one bar per ``series`` value, ±1 sd error bars (on ``ax``, a
+    panel of a larger figure, when given)."""
     chosen = [r for r in select(rows, **where) if category in r]
     if not chosen:
         raise ValueError(f"no rows with coordinate {category!r} match {where}")
     stats = aggregate(chosen, [series, category])
     names = sorted({k[0] for k in stats}, key=sort_key)
     cats = sorted({k[1] for k in stats}, key=sort_key)
-    fig, ax = new_figure()
+    if ax is None:
+        fig, ax = new_figure()
+    else:
+        fig = ax.figure
     width = 0.8 / max(len(names), 1)
     for i, name in enumerate(names):
         xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(cats))]
