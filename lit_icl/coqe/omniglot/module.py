@@ -255,19 +255,19 @@ class CoQEClassificationModule(ICLModule):
 
     def _eval_step(self, stage: str, batch: dict[str, Tensor], dataloader_idx: int) -> None:
         preds = self.predictions(batch, EVALUATORS[dataloader_idx])
+        # Logged from the step, each under the loader (evaluator) it scores: Lightning then shows it in that loader's
+        # column of its end-of-test table (logged at the epoch's end, a value is shown under every loader).
         for name, pred in preds.items():
             metric = self.acc[f"{stage}_{name}"]
             metric.update((pred == batch["labels"][:, -1]).float())
-            if stage == "val":
-                self.log(
-                    f"val/acc/{name}", metric, on_step=False, on_epoch=True, prog_bar=name != "iwl_static",
-                    add_dataloader_idx=False,
-                )
+            self.log(
+                f"{stage}/acc/{name}", metric, on_step=False, on_epoch=True,
+                prog_bar=stage == "val" and name != "iwl_static", add_dataloader_idx=False,
+            )
         if "iwl" in preds:  # is the predicted class one of the context's labels?
             wins = self.context_wins[stage]
             wins.update((preds["iwl"][:, None] == batch["labels"][:, :-1]).any(-1).float())
-            if stage == "val":
-                self.log("val/iwl_context_wins", wins, on_step=False, on_epoch=True, add_dataloader_idx=False)
+            self.log(f"{stage}/iwl_context_wins", wins, on_step=False, on_epoch=True, add_dataloader_idx=False)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         self._eval_step("val", batch, dataloader_idx)
@@ -278,17 +278,13 @@ class CoQEClassificationModule(ICLModule):
     def on_test_epoch_end(self) -> None:
         rows = []
         coords = self.result_coordinates()
+        # The metrics' values, synced across ranks; Lightning logs the same values (computed once, cached) and then
+        # resets the metrics.
         for ev in self.evaluators:
-            metric = self.acc[f"test_{ev}"]
-            value = metric.compute()  # synced across ranks
-            self.log(f"test/acc/{ev}", value, sync_dist=True)
+            value = self.acc[f"test_{ev}"].compute()
             rows.append(result_row("accuracy", value, method=self.method, evaluator=ev, **coords))
-            metric.reset()
-        wins = self.context_wins["test"]
-        value = wins.compute()
-        self.log("test/iwl_context_wins", value, sync_dist=True)
+        value = self.context_wins["test"].compute()
         rows.append(result_row("iwl_context_wins", value, method=self.method, evaluator="iwl", **coords))
-        wins.reset()
         rows.append(result_row("parameters", count_parameters(self.net), method=self.method))
         self.test_rows = rows
 
