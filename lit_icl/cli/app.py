@@ -410,8 +410,9 @@ _TRAINERS: list[Trainer] = []
 def _after_stop(trainer: Trainer | None) -> str:
     """What to do after a stopped fit: resume it if it has a ``last.ckpt``; else (stopped inside its first validation
     round, or before its first step) start it again, since ``--ckpt_path last`` would find nothing to resume."""
-    last = getattr(getattr(trainer, "checkpoint_callback", None), "last_model_path", "")
-    if last and Path(last).is_file():
+    # Every checkpoint callback: a config's best-model one comes first and keeps no last.ckpt of its own.
+    lasts = [getattr(cb, "last_model_path", "") for cb in getattr(trainer, "checkpoint_callbacks", None) or []]
+    if any(last and Path(last).is_file() for last in lasts):
         return "resume with --ckpt_path last"
     return "no checkpoint was written yet, so run the same command again (without --ckpt_path) to start over"
 

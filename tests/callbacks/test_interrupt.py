@@ -146,3 +146,21 @@ def test_a_stop_before_the_first_checkpoint_says_to_start_again_not_to_resume(tm
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "lit_icl: stopped by SIGTERM; no checkpoint was written yet, so run the same command again (without "
         "--ckpt_path) to start over")
+
+
+def test_a_stop_after_a_checkpoint_says_to_resume_with_a_config_s_own_best_model_callback(tmp_path, capsys) -> None:
+    """The IC-SSL configs keep their best model with a checkpoint callback of their own, which Lightning lists
+    first and which keeps no last.ckpt: the stop's last line said "no checkpoint was written yet" after the CLI's
+    callback had saved one."""
+    from icssl.helpers import tiny_args as icssl_args
+
+    record = tmp_path / "ends.txt"
+    args = icssl_args(tmp_path, "--seed_everything", "7", config_callbacks=True)
+    callback = {"class_path": "subprocess_callbacks.SignalAtStep",
+                "init_args": {"path": str(record), "step": STEPS + 1, "signum": "SIGTERM"}}
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", *args, "--trainer.callbacks+", json.dumps(callback)])
+    assert stop.value.code == 128 + signal.SIGTERM
+    assert _last(tmp_path)["global_step"] == STEPS + 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "lit_icl: stopped by SIGTERM; resume with --ckpt_path last")
