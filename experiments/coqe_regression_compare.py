@@ -15,15 +15,40 @@ the parameter-free baselines.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
+import sys
 from pathlib import Path
+from typing import NoReturn
+
+from lit_icl.core.results import load_results
+
+
+def fail(message: str) -> NoReturn:
+    """Refuse the command line in one line, status 2."""
+    print(f"coqe_regression_compare.py: error: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 def load(run: str) -> dict[tuple[str, str, int], float]:
     """(method, shift, n_context) -> mse of one test run."""
-    rows = json.loads((Path(run) / "results.json").read_text())["rows"]
-    return {(r["method"], r["shift"], int(r["n_context"])): float(r["value"]) for r in rows if r["metric"] == "mse"}
+    try:
+        rows = load_results(run)["rows"]
+    except (FileNotFoundError, ValueError) as err:
+        fail(str(err))
+    mse = {(r["method"], r["shift"], int(r["n_context"])): float(r["value"])
+           for r in rows if r["metric"] == "mse" and "shift" in r and "n_context" in r}
+    if not mse:
+        fail(f"{run}: no mse rows by shift and n_context; give the test runs of a CoQE regression config")
+    return mse
+
+
+def check_method(option: str, name: str, runs: list[str], loaded: list[dict[tuple[str, str, int], float]]) -> None:
+    """Each run of ``option`` must hold rows of its method ``name`` (the ``method`` its results.json records)."""
+    for run, rows in zip(runs, loaded):
+        methods = sorted({k[0] for k in rows})
+        if name not in methods:
+            fail(f"{option} {name}: {run} has no rows of method {name!r}; its methods are {', '.join(methods)} "
+                 f"(give {option} the method's name, then its runs)")
 
 
 def mean_sd(values: list[float]) -> str:
@@ -40,12 +65,15 @@ def main() -> None:
     args = p.parse_args()
     (name_a, *runs_a), (name_b, *runs_b) = args.a, args.b
     if len(runs_a) != len(runs_b) or not runs_a:
-        p.error(f"--a has {len(runs_a)} runs and --b {len(runs_b)}; pass the same number (paired by position)")
+        fail(f"--a has {len(runs_a)} runs and --b {len(runs_b)}; pass the same number (paired by position)")
     a, b = [load(r) for r in runs_a], [load(r) for r in runs_b]
+    check_method("--a", name_a, runs_a, a)
+    check_method("--b", name_b, runs_b, b)
     for i, (ra, rb) in enumerate(zip(a, b)):
         keys = [k for k in ra if k[0] == "least_squares"]
         if not keys or any(abs(ra[k] - rb.get(k, float("nan"))) > 1e-6 for k in keys):
-            p.error(f"pair {i} ({runs_a[i]}, {runs_b[i]}) was not tested on the same prompts")
+            fail(f"pair {i} ({runs_a[i]}, {runs_b[i]}) was not tested on the same prompts (or lacks least squares' "
+                 "rows): pair the runs of the same seeds, in the same order")
     shifts = sorted({k[1] for k in a[0]}, key=lambda s: (s != "id", s))
     top = max(k[2] for k in a[0])
     ks = sorted({0, top // 4, top // 2, top})  # 0, d/2, d, 2d when prompts hold 2d + 1 points
