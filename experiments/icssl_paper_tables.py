@@ -76,6 +76,10 @@ PRODUCT_MODELS = {  # Table 6
     "product_lap_linear": ("icssl/product.yaml", "icssl/product/lap_linear.yaml"),
 }
 IMAGE_MANIFOLDS = "icssl/image_manifolds.yaml"
+#: Where runs build the image-manifold stand-in on first use (lit_icl.icssl.image_manifolds.STANDIN_ROOT).
+DEFAULT_IMAGE_ROOT = REPO / "data" / "image_manifolds_standin"
+#: Episodes per generated item: the IC-SSL data modules' default chunk_size, which the configs keep.
+CHUNK_SIZE = 16
 
 
 def _configs(files: tuple[str, ...]) -> list[str]:
@@ -493,7 +497,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=3, help="epochs (validation + checkpoint) per run")
     parser.add_argument("--val-episodes", type=int, default=128)
     parser.add_argument("--test-episodes", type=int, default=512)
-    parser.add_argument("--image-root", type=Path, default=REPO / "data" / "image_manifolds_standin")
+    parser.add_argument("--image-root", type=Path, default=DEFAULT_IMAGE_ROOT)
     add_overlay_arg(parser, "each Tables 2-4 model's own config (E2E and EIG+ICL)",
                     "configs/icssl/manifolds/few_labels.yaml")
     add_job_args(parser)
@@ -505,6 +509,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.eig_steps is None:
         # The unnormalised Eq. 6 head needs more than 100 steps to leave the constant answer it starts in.
         args.eig_steps = args.steps
+    for name, episodes in (("--val-episodes", args.val_episodes), ("--test-episodes", args.test_episodes)):
+        if episodes < 1 or episodes % CHUNK_SIZE:  # else every job fails alike, after writing its folder
+            parser.error(f"{name} {episodes}: the episodes come in chunks of {CHUNK_SIZE} (the configs' chunk_size); "
+                         f"give a positive multiple of {CHUNK_SIZE} (e.g. {max(CHUNK_SIZE, episodes - episodes % CHUNK_SIZE)})")
+    if args.stage != "report" and args.image_root.resolve() != DEFAULT_IMAGE_ROOT and not args.image_root.is_dir():
+        parser.error(f"--image-root {args.image_root}: no such folder; point it at the image-manifold sequences "
+                     f"(one folder of frames per sequence), or drop it to use the stand-in, built on first use at "
+                     f"{DEFAULT_IMAGE_ROOT.relative_to(REPO)}")
     if args.patience is None:  # fixed-length runs train --epochs epochs of steps / epochs batches each
         for name, steps in (("--steps", args.steps), ("--eig-steps", args.eig_steps)):
             if steps % args.epochs:

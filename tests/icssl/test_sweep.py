@@ -348,6 +348,10 @@ def test_dataset_size_sweep_finds_the_largest_rise(sweep_script, tmp_path, capsy
     (["fit", "--only", "tuned_rbf_only_sphre"], "--only 'tuned_rbf_only_sphre' matches none of the grid's 630 jobs (e.g. 'fit tuned_rbf_only_cone s0')"),
     (["report", "--out", "{tmp}/nowhere"], "--out {tmp}/nowhere: no such grid folder or results CSV"),
     (["fit", "--steps", "5", "--epochs", "2"], "--steps 5 is not a multiple of --epochs 2"),
+    # These made every job fail alike, one after the other, each after writing its folder.
+    (["all", "--val-episodes", "8"], "--val-episodes 8: the episodes come in chunks of 16 (the configs' chunk_size)"),
+    (["test", "--test-episodes", "0"], "--test-episodes 0: the episodes come in chunks of 16"),
+    (["fit", "--image-root", "{tmp}/no_images"], "--image-root {tmp}/no_images: no such folder; point it at the"),
     (["fit", "--overlay", "{tmp}/broken.yaml"], "{tmp}/broken.yaml is not valid YAML at line 3"),
     (["fit", "--overlay", "{tmp}/a_list.yaml"], "{tmp}/a_list.yaml holds a YAML sequence at its top level, not a mapping of keys"),
 ])
@@ -364,3 +368,13 @@ def test_a_grid_that_cannot_run_as_meant_is_refused_in_one_line_before_anything_
     err = capsys.readouterr().err.strip().splitlines()
     assert problem.format(tmp=tmp_path) in err[-1], err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "a_list.yaml", "broken.yaml"]  # nothing written
+
+
+def test_the_drivers_chunk_size_is_the_data_modules(tables) -> None:
+    """The driver checks episode counts against the chunk size without importing the data module (it parses without
+    torch); the two must agree."""
+    import inspect
+
+    from lit_icl.icssl.data import ManifoldDataModule
+
+    assert inspect.signature(ManifoldDataModule).parameters["chunk_size"].default == tables.CHUNK_SIZE
