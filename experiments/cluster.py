@@ -287,7 +287,8 @@ def run_stage_on_slurm(args: argparse.Namespace, fit_jobs: Callable[[argparse.Na
     if args.dry_run:
         for stage, build in (("fit", fit_jobs), ("test", test_jobs)):
             if args.stage in (stage, "all"):
-                for job in runnable(select(build(args), args.only), "dry run, SLURM"):
+                for job in runnable(select(build(args), args.only), "dry run, SLURM",
+                                    after_fits=stage == "test" and args.stage == "all"):
                     print(f"{grid_name(args)} {stage}: python -m lit_icl {' '.join(job.argv)}")
         return 0
     if args.from_stage == "fit":

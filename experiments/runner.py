@@ -694,13 +694,17 @@ def _in_process_star(item: tuple[Job, int]) -> tuple[Job, int, float]:
     return run_job_in_process(*item)
 
 
-def runnable(jobs: list[Job], executor: str) -> list[Job]:
-    """The jobs not yet done whose fits have finished, saying how many there are and which wait on others."""
+def runnable(jobs: list[Job], executor: str, after_fits: bool = False) -> list[Job]:
+    """The jobs not yet done whose fits have finished, saying how many there are and which wait on others.
+    ``after_fits``: the dry run of an ``all`` stage, whose fits would run first."""
     todo = [j for j in jobs if not j.done]
     blocked = [j for j in todo if not all((f / "done").is_file() for f in j.after)]
     print(f"{len(jobs)} jobs, {len(jobs) - len(todo)} done, {len(todo) - len(blocked)} to run ({executor})",
           flush=True)
-    if blocked:
+    if blocked and after_fits:
+        print(f"{len(blocked)} would run once the fits above have finished, e.g. {blocked[0].name}; a test's "
+              "command names its fit's checkpoint, so `test --dry-run` prints them after the fits", flush=True)
+    elif blocked:
         print(f"{len(blocked)} wait for runs that have not finished (run `fit` first), e.g. {blocked[0].name}",
               flush=True)
     return [j for j in todo if j not in blocked]
@@ -708,7 +712,8 @@ def runnable(jobs: list[Job], executor: str) -> list[Job]:
 
 def run_all(jobs: list[Job], args: argparse.Namespace, stage: str) -> int:
     """Run the jobs of one stage here, ``args.jobs`` at a time; the number that failed."""
-    todo = runnable(jobs, f"{args.jobs} at a time")
+    todo = runnable(jobs, f"{args.jobs} at a time",
+                    after_fits=stage == "test" and getattr(args, "stage", None) == "all" and args.dry_run)
     failed = 0
     if stage == "test" and not args.dry_run and todo:
         import multiprocessing

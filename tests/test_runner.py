@@ -614,3 +614,19 @@ def test_a_stopped_driver_stops_its_running_fits_and_starts_no_more(tmp_path, st
             os.kill(int((out / f"s{i}" / "started").read_text()), 0)
     assert not (out / "s2").exists()  # the third job never started
     assert f"fit 2: not started ({name})" in printed
+
+
+def test_the_dry_run_of_all_says_when_its_tests_would_run(runner, tmp_path, capsys) -> None:
+    """``all --dry-run`` printed the fits, then "wait for runs that have not finished (run `fit` first)" for the
+    tests, as if the user had not asked for the fits too."""
+    fit = runner.Job("fit a s0", ["fit"], tmp_path / "a")
+    test = runner.Job("test a s0", ["test"], tmp_path / "t", after=[tmp_path / "a"])
+    import argparse
+
+    args = argparse.Namespace(jobs=1, threads=1, dry_run=True, stage="all")
+    assert runner.run_all([fit], args, "fit") == 0 and runner.run_all([test], args, "test") == 0
+    out = capsys.readouterr().out
+    assert "1 would run once the fits above have finished, e.g. test a s0" in out and "run `fit` first" not in out
+    args.stage = "test"
+    runner.run_all([test], args, "test")
+    assert "1 wait for runs that have not finished (run `fit` first)" in capsys.readouterr().out
