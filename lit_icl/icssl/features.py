@@ -69,7 +69,8 @@ def load_features(path: str | Path) -> dict:
         raise ConfigError(
             f"no feature file at {path}: extract one from an ImageFolder with `python -m lit_icl.icssl.build "
             f"features --images DIR --out {path}`, or run on the offline stand-in at {STANDIN_FILE}, which a run "
-            f"builds by itself after {STANDIN_NEEDS} (`{STANDIN_COMMAND.format(path=STANDIN_FILE)}` builds it ahead)"
+            f"builds by itself after {STANDIN_NEEDS} unless data.init_args.build_standin is false "
+            f"(`{STANDIN_COMMAND.format(path=STANDIN_FILE)}` builds it ahead)"
         )
     # Rebuilding the stand-in is the fix only where the stand-in lives: elsewhere it would replace one's own data.
     standin = Path(path).resolve() == Path(STANDIN_FILE).resolve()

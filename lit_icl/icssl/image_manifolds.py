@@ -107,7 +107,8 @@ def sequence_shape(root: str | Path) -> tuple[int, int]:
         raise ConfigError(
             f"no image-manifold sequences under {root}: put one folder of interpolation frames per sequence "
             f"there (ROOT/seq_0001/frame_000.png ...), or run on the offline stand-in at {STANDIN_ROOT}, which a "
-            f"run builds by itself (`{STANDIN_COMMAND.format(root=STANDIN_ROOT)}` builds it ahead)"
+            f"run builds by itself unless data.init_args.build_standin is false (`"
+            f"{STANDIN_COMMAND.format(root=STANDIN_ROOT)}` builds it ahead)"
         )
     lengths = {len(_frames(f)) for f in folders}
     if len(lengths) != 1:

@@ -78,8 +78,8 @@ def missing_data_message(root: str | os.PathLike[str]) -> str:
     return (
         f"avMNIST not found under {root}: put MultiBench's avmnist folder there (image/{{train,test}}_data.npy, "
         f"audio/{{train,test}}_data.npy, {{train,test}}_labels.npy), or run on the offline stand-in avmnist_lite "
-        f"at {STANDIN_ROOT}, which a run builds by itself (`{BUILD_COMMAND.format(root=STANDIN_ROOT)}` builds it "
-        "ahead)"
+        f"at {STANDIN_ROOT}, which a run builds by itself unless data.init_args.build_standin is false "
+        f"(`{BUILD_COMMAND.format(root=STANDIN_ROOT)}` builds it ahead)"
     )
 
 
