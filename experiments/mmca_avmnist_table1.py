@@ -250,7 +250,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--root", type=Path, default=None,
                         help="the data folder (default: the config's, the offline stand-in data/avmnist_lite)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--noise-std", type=float, default=1.0, help="covariate noise (the config keeps 0.2)")
+    parser.add_argument("--noise-std", type=float, default=1.0,
+                        help="covariate noise sd of every model's data (default: 1.0; the config alone keeps 0.2)")
     parser.add_argument("--max-epochs", type=int, default=100, help="epochs, or the cap with --patience")
     parser.add_argument("--patience", type=int, default=None,
                         help="stop after this many epochs without a rise of val/acc (the shared early-stopping rule)")
