@@ -274,6 +274,11 @@ def check_out(parser: Any, args: Any) -> None:
         parser.error(f"--out {args.out} is a results CSV; `{args.stage}` needs a run folder (e.g. runs/<grid>)")
     if args.csv is not None and args.csv.resolve() == args.out.resolve():
         parser.error(f"--csv {args.csv} is the file --out reads; name another file")
+    if args.stage == "report" and args.out.is_file() and args.out.suffix != ".csv":
+        parser.error(f"--out {args.out} is a file but not a grid's tidy CSV; name the grid's folder (or its "
+                     "report --csv file)")
+    if args.csv is not None and args.csv.suffix != ".csv":  # what `runner.py tidy` refuses too
+        parser.error(f"--csv {args.csv}: a tidy CSV's name ends in .csv; name the file so")
 
 
 def grid_records(args: Any, scalars: Scalars | None = None) -> dict[str, RunRecord]:

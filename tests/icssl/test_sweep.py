@@ -347,6 +347,9 @@ def test_dataset_size_sweep_finds_the_largest_rise(sweep_script, tmp_path, capsy
     (["fit", "--out", "{tmp}/a_file"], "--out {tmp}/a_file is a file; fit writes the grid's run folders into a folder"),
     (["fit", "--only", "tuned_rbf_only_sphre"], "--only 'tuned_rbf_only_sphre' matches none of the grid's 630 jobs (e.g. 'fit tuned_rbf_only_cone s0')"),
     (["report", "--out", "{tmp}/nowhere"], "--out {tmp}/nowhere: no such grid folder or results CSV"),
+    # These printed "no finished tests" and exited 0; wrote a tidy CSV under another extension.
+    (["report", "--out", "{tmp}/a_list.yaml"], "--out {tmp}/a_list.yaml is a file but not a grid's tidy CSV"),
+    (["report", "--csv", "{tmp}/tables.txt"], "--csv {tmp}/tables.txt: a tidy CSV's name ends in .csv"),
     (["fit", "--steps", "5", "--epochs", "2"], "--steps 5 is not a multiple of --epochs 2"),
     # These made every job fail alike, one after the other, each after writing its folder.
     (["all", "--val-episodes", "8"], "--val-episodes 8: the episodes come in chunks of 16 (the configs' chunk_size)"),
