@@ -182,7 +182,10 @@ def report(args: argparse.Namespace) -> str:
                      str(len(seeds)), _cell(get("at_best_val")), _cell(get("best_test")),
                      _cell(get("best_test_paper")),
                      " / ".join(f"{v:.1f}" for v in get("best_test")), ", ".join(str(v) for v in get("epochs")),
-                     f"{sum(get('stopped_early'))} of {len(seeds)}", ", ".join(str(v) for v in get("left_chance")),
+                     f"{sum(get('stopped_early'))} of {len(seeds)}",
+                     # per seed, in order; a seed that never left the plateau says so rather than vanishing
+                     ", ".join("never" if per_seed[s]["left_chance"] is None else str(per_seed[s]["left_chance"])
+                               for s in seeds),
                      f"{MODELS[model][1]:.2f}"])
     parts = [f"Noise sd {args.noise_std}; " + (
         f"trained until val/acc had not risen by more than {args.min_delta} for {args.patience} epochs (at least "

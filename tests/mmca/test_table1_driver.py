@@ -122,6 +122,8 @@ def test_report_pairs_seeds_and_judges_the_full_models_margins(table1, tmp_path)
     _write(tmp_path / "full" / "s2_test_last", 0.10, [0.10, 0.10], stopped_early=True)
     three = table1.report(table1.parse_args(["report", "--out", str(tmp_path), "--seeds", "0", "1", "2"]))
     assert "| full | 43,754 | 3 |" in three
+    # Seed 2 never left the chance plateau: its cell says so (the column used to drop it, or be empty).
+    assert "| 3 of 3 | 3, 3, never |" in next(x for x in three.splitlines() if x.startswith("| full |"))
     assert "- ours, best test acc. (mean over seeds 0, 1): full > no_injection_no_cross_attention" in three
     # One seed has a sign but no spread: the verdict says so instead of claiming the paper's sign.
     one = table1.report(table1.parse_args(["report", "--out", str(tmp_path), "--seeds", "1", "--patience", "5"]))
