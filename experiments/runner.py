@@ -170,6 +170,11 @@ def parse_driver_args(parser: argparse.ArgumentParser, argv: list[str] | None, s
     anything runs, which refuses an executor that cannot run here (``report`` needs none)."""
     from cluster import check_slurm_args
 
+    def one_line(message: str) -> NoReturn:  # the project's refusal: one line, status 2 (not argparse's usage too)
+        print(f"{parser.prog}: error: {message}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+    parser.error = one_line  # type: ignore[method-assign]  # also for the driver's own checks after parsing
     args = parser.parse_args(argv)
     seeds = getattr(args, "seeds", None)
     if seeds is not None and (len(set(seeds)) != len(seeds) or min(seeds, default=0) < 0):

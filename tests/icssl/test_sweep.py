@@ -351,6 +351,7 @@ def test_dataset_size_sweep_finds_the_largest_rise(sweep_script, tmp_path, capsy
     (["report", "--out", "{tmp}/a_list.yaml"], "--out {tmp}/a_list.yaml is a file but not a grid's tidy CSV"),
     (["report", "--csv", "{tmp}/tables.txt"], "--csv {tmp}/tables.txt: a tidy CSV's name ends in .csv"),
     (["fit", "--steps", "5", "--epochs", "2"], "--steps 5 is not a multiple of --epochs 2"),
+    (["fit", "--stesp", "5"], "error: unrecognized arguments: --stesp 5"),
     # These made every job fail alike, one after the other, each after writing its folder.
     (["all", "--val-episodes", "8"], "--val-episodes 8: the episodes come in chunks of 16 (the configs' chunk_size)"),
     (["test", "--test-episodes", "0"], "--test-episodes 0: the episodes come in chunks of 16"),
@@ -369,7 +370,7 @@ def test_a_grid_that_cannot_run_as_meant_is_refused_in_one_line_before_anything_
         tables.main([*argv, *out, "--dry-run"] if argv[0] != "report" else [*argv, *out])
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert problem.format(tmp=tmp_path) in err[-1], err
+    assert len(err) == 1 and problem.format(tmp=tmp_path) in err[0], err  # one line (argparse's usage was printed too)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "a_list.yaml", "broken.yaml"]  # nothing written
 
 
