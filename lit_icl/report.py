@@ -23,7 +23,7 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from matplotlib.figure import Figure
 
@@ -178,6 +178,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--split", default=None, help="only rows of this split")
     parser.add_argument("--out", help="write a figure of the first metric to this PNG file")
     parser.add_argument("--title", default="")
+
+    def one_line(message: str) -> NoReturn:  # as the report's other refusals: one line, status 2, no usage block
+        print(f"lit_icl.report: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+    parser.error = one_line  # type: ignore[method-assign]
     args = parser.parse_args(argv)
     if args.labels and len(args.labels) != len(args.runs):
         print(f"lit_icl.report: error: --labels has {len(args.labels)} entries for {len(args.runs)} runs; give one "

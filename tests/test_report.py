@@ -115,6 +115,7 @@ def test_an_x_no_row_has_is_refused_naming_the_coordinates(tmp_path, capsys) -> 
     (["--out", "{tmp}/f.pngg"], "--out {tmp}/f.pngg: matplotlib cannot write '.pngg' files; end the name in one of"),
     (["--out", "{tmp}/s0/results.json/f.png"], "--out {tmp}/s0/results.json/f.png: {tmp}/s0/results.json is a file"),
     (["--labels", "a", "b"], "--labels has 2 entries for 1 runs; give one label per run"),  # was argparse's usage
+    (["--metrc", "mse"], "unrecognized arguments: --metrc mse"),  # so was this
 ])
 def test_a_metric_or_figure_that_cannot_be_made_is_refused_in_one_line_naming_the_fix(tmp_path, capsys, argv,
                                                                                       problem) -> None:
