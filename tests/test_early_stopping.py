@@ -18,8 +18,10 @@ import torch
 from badinput import assert_rejected
 from conftest import tb_scalars
 from icssl.helpers import tiny_args
+from lightning.pytorch import LightningModule
 
 from lit_icl.cli import main
+from lit_icl.cli.trainer_setup import _logged_metrics
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO = TESTS_DIR.parent
@@ -146,7 +148,8 @@ BAD_ROWS = [
     (["--early_stopping.patience", "0"], "--early_stopping.patience=0 must be >= 1"),
     (["--early_stopping.patience", "2", "--early_stopping.min_delta", "-0.1"], "--early_stopping.min_delta"),
     (["--early_stopping.patience", "2", "--trainer.callbacks", "[]"],
-     "checkpoints monitor none; pass --early_stopping.monitor"),
+     ("checkpoints monitor none; pass --early_stopping.monitor <metric> --early_stopping.mode max|min; ICSSLModule "
+     "logs val/acc/label_ratio=")),
     (["--early_stopping.patience", "2", "--early_stopping.monitor", "val/loss"],
      "pass --early_stopping.mode max (accuracies) or min (losses)"),
     (["--early_stopping.patience", "2", "--early_stopping.monitor", "val/no_such_metric",
@@ -159,6 +162,22 @@ BAD_ROWS = [
 @pytest.mark.parametrize(("extra", "needle"), BAD_ROWS, ids=[r[1][:40] for r in BAD_ROWS])
 def test_bad_early_stopping_options_are_refused_before_anything_is_written(tmp_path, capsys, extra, needle) -> None:
     assert_rejected(tmp_path, capsys, fit_args(tmp_path, *extra), needle)
+
+
+def test_the_no_metric_refusal_names_what_each_kind_of_model_logs() -> None:
+    """CoQE regression logs an error, not an accuracy; I2CL has no validation rounds at all."""
+
+    class Regression(LightningModule):
+        def validation_keys(self) -> set[str]:
+            return {"val/mse"}
+
+    class NoValidation(LightningModule):
+        def validation_keys(self) -> set[str]:
+            return set()
+
+    assert _logged_metrics(Regression()) == "; Regression logs val/mse (max for accuracies, min for errors and losses)"
+    assert _logged_metrics(NoValidation()).endswith("nothing to stop on: drop --early_stopping.patience")
+    assert _logged_metrics(None) == " (max for accuracies, min for errors and losses)"
 
 
 def _fit_subprocess(root: Path, *extra: str) -> subprocess.CompletedProcess:

@@ -358,7 +358,8 @@ class LitICLCLI(LightningCLI):
         if sub in (None, "fit"):
             # Only training stops early. A fit's saved config.yaml carries its early_stopping options, and
             # `test --config <that file>` must run without them (a test has no validation rounds to count).
-            add_early_stopping(trainer, (self.config[sub] if sub else self.config).get("early_stopping"))
+            add_early_stopping(trainer, (self.config[sub] if sub else self.config).get("early_stopping"), self.model,
+                               self.datamodule)
         check_output_writable(trainer)
         _TRAINERS[:] = [trainer]
         return trainer

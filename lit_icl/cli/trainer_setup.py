@@ -7,22 +7,26 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar, TQDMProgressBar
 from lightning.pytorch.profilers import PassThroughProfiler
 
 from lit_icl.callbacks.compile import CompileNets, compile_targets, resolve_mode
 from lit_icl.callbacks.stopping import StopWhenConverged
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.module import ICLModule
 from lit_icl.core.validation import check_int, check_nonnegative
 
 
-def add_early_stopping(trainer: Trainer, options: Any) -> StopWhenConverged | None:
+def add_early_stopping(trainer: Trainer, options: Any, model: LightningModule | None = None,
+                       datamodule: LightningDataModule | None = None) -> StopWhenConverged | None:
     """Add :class:`StopWhenConverged` for ``--early_stopping.*`` (nothing when ``patience`` is unset).
 
     The metric is ``--early_stopping.monitor`` or, by default, the config's own monitored metric: the
     ``monitor`` of its (first) monitored ModelCheckpoint, with that callback's mode. A config that monitors
-    nothing needs ``--early_stopping.monitor`` and ``--early_stopping.mode``.
+    nothing needs ``--early_stopping.monitor`` and ``--early_stopping.mode``; the refusal names the metrics
+    ``model`` logs in validation (its ``validation_keys()`` once bound to ``datamodule``), since they differ
+    between papers.
     """
     patience = None if options is None else options.get("patience")
     if patience is None:
@@ -36,7 +40,8 @@ def add_early_stopping(trainer: Trainer, options: Any) -> StopWhenConverged | No
         if not monitored:
             raise ConfigError(
                 "--early_stopping.patience needs a validation metric, and this config's checkpoints monitor none; "
-                "pass --early_stopping.monitor <metric> --early_stopping.mode max|min (e.g. val/acc max)"
+                "pass --early_stopping.monitor <metric> --early_stopping.mode max|min"
+                + _logged_metrics(model, datamodule)
             )
         monitor = monitored[0].monitor
     if mode is None:
@@ -55,6 +60,22 @@ def add_early_stopping(trainer: Trainer, options: Any) -> StopWhenConverged | No
                       len(trainer.callbacks))
     trainer.callbacks.insert(first_ckpt, callback)
     return callback
+
+def _logged_metrics(model: LightningModule | None, datamodule: LightningDataModule | None = None) -> str:
+    """The tail of the no-metric refusal: what ``model`` logs in validation, or that it never validates."""
+    if isinstance(model, ICLModule) and datamodule is not None:
+        # Some keys come from the data (IC-SSL's label ratios); a binding error is refused later on its own.
+        with contextlib.suppress(ConfigError):
+            model.attach_datamodule(datamodule)
+    keys_of = getattr(model, "validation_keys", None)
+    keys = keys_of() if callable(keys_of) else None
+    if keys is None:
+        return " (max for accuracies, min for errors and losses)"
+    name = type(model).__name__
+    if not keys:
+        return f"; but {name} has no validation rounds, so there is nothing to stop on: drop --early_stopping.patience"
+    return f"; {name} logs {', '.join(sorted(keys))} (max for accuracies, min for errors and losses)"
+
 
 def add_compile(trainer: Trainer, model: LightningModule, options: Any) -> CompileNets | None:
     """Add :class:`CompileNets` for ``--compile.mode`` other than ``off`` (its arguments are checked there)."""
