@@ -17,7 +17,7 @@ import pytest
 from torch import Tensor, nn
 
 import lit_icl
-from lit_icl.core.protocols import implements, protocol_members
+from lit_icl.core.protocols import contract_summary, implements, protocol_members, unmet
 
 
 @runtime_checkable
@@ -73,6 +73,34 @@ def test_a_missing_or_uncallable_member_fails():
     net.represent = 3  # an attribute where the protocol wants a method
     assert not implements(net, _Headed)
     assert not implements(nn.Linear(2, 2), _Headed)
+
+
+class _Prompted(Protocol):
+    method: str
+
+    def forward(self, xs: Tensor, ys: Tensor, xq: Tensor | None = None) -> Tensor: ...
+
+
+class _OtherNames(nn.Module):
+    method = "mine"
+
+    def forward(self, x: Tensor, y: Tensor, x_query: Tensor | None = None) -> Tensor:
+        return x
+
+
+def test_what_is_unmet_is_named_member_by_member_and_empty_when_implemented():
+    """The refusals a user extending the package reads: which member is missing, which arguments a method lacks."""
+    assert unmet(_OtherNames(), _Prompted) == ["forward(x, y, x_query=None) does not take xs, ys, xq"]
+    assert unmet(nn.Linear(2, 2), _Prompted) == ["no attribute method", "forward(input) does not take xs, ys, xq"]
+    net = _Net()
+    net.represent = 3
+    assert unmet(net, _Headed) == ["represent is not callable"]
+    del net.head
+    assert unmet(net, _Headed) == ["no attribute head", "represent is not callable"]
+    for ok in (_Net(), _OtherNames()):
+        for protocol in (_Headed, _Named, _Prompted):
+            assert (unmet(ok, protocol) == []) == implements(ok, protocol)
+    assert contract_summary(_Prompted) == "method: str, forward(xs, ys, xq=None)"
 
 
 def test_only_protocols_are_accepted():

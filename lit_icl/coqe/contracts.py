@@ -1,6 +1,7 @@
 """What CoQE's LightningModules read from their data modules and expect of their nets, as Protocols.
 
-The modules check these with ``isinstance`` (``runtime_checkable``: the members exist), so a data module or net
+The modules check these with :func:`~lit_icl.core.protocols.implements` (the members exist, and each method takes
+the protocol's argument names: ``forward(xs, ys, xq)``, not ``forward(x, y, x_query)``), so a data module or net
 written for one of them states its side by having these members, and a mismatch is one
 :class:`~lit_icl.core.errors.ConfigError` when the run is built instead of an ``AttributeError`` mid-run.
 
@@ -65,7 +66,10 @@ class PromptData(Protocol):
 
 @runtime_checkable
 class PromptNet(Protocol):
-    """Any regression net or baseline: predicts each prompt position's label from the labels before it."""
+    """Any regression net or baseline: predicts each prompt position's label from the labels before it.
+
+    The module calls ``net(xs, ys, xq)`` by these names, so a net's ``forward`` must take them.
+    """
 
     #: the ``method`` of its result rows (``coqe``, ``transformer``, ``least_squares`` ...)
     method: str

@@ -82,7 +82,7 @@ def _parameter_names(function: object) -> frozenset[str] | None:
 @functools.cache  # per class: the check runs on every batch in some modules
 def _takes(cls: type, name: str, protocol: type) -> bool:
     """Whether ``cls``'s method ``name`` takes every argument name of ``protocol``'s method ``name``."""
-    declared = next((vars(c)[name] for c in protocol.__mro__ if name in vars(c)), None)
+    declared = next((vars(c)[name] for c in protocol.__mro__ if name in vars(c)), None)  # see _declared
     own = getattr(cls, name, None)
     if declared is None or own is None:  # an instance attribute: its signature is the object's business
         return True
@@ -90,4 +90,53 @@ def _takes(cls: type, name: str, protocol: type) -> bool:
     return wanted is None or taken is None or wanted <= taken
 
 
-__all__ = ["implements", "protocol_members"]
+def unmet(obj: object, protocol: type) -> list[str]:
+    """What ``obj`` lacks of ``protocol``, one phrase per member, in the order the protocol's members sort;
+    empty exactly when :func:`implements` holds. For refusals that tell a user extending the package what to add
+    (``no attribute method``, ``forward(x, y, x_query) does not take xs, xq``)."""
+    attributes, methods = protocol_members(protocol)
+    missing = object()
+    problems = [f"no attribute {name}" for name in sorted(attributes) if not hasattr(obj, name)]
+    for name in sorted(methods):
+        member = getattr(obj, name, missing)
+        if member is missing:
+            problems.append(f"no method {name}")
+        elif not callable(member):
+            problems.append(f"{name} is not callable")
+        elif not _takes(type(obj), name, protocol):
+            own = getattr(type(obj), name)
+            taken = _parameter_names(own) or frozenset()
+            wanted = inspect.signature(inspect.unwrap(_declared(protocol, name))).parameters  # type: ignore[arg-type]
+            absent = [arg for arg in wanted if arg != "self" and arg not in taken]
+            problems.append(f"{name}{_plain_signature(own)} does not take {', '.join(absent)}")
+    return problems
+
+
+def contract_summary(protocol: type) -> str:
+    """The protocol's members as a user would write them: ``method: str, forward(xs, ys, xq=None)``."""
+    attributes, methods = protocol_members(protocol)
+    annotations: dict[str, object] = {}
+    for cls in reversed(protocol.__mro__):
+        if getattr(cls, "_is_protocol", False) and cls.__module__ != "typing":
+            annotations.update(inspect.get_annotations(cls))
+    parts = [f"{name}: {annotations[name]}" if name in annotations else name for name in sorted(attributes)]
+    parts += [f"{name}{_plain_signature(_declared(protocol, name))}" for name in sorted(methods)]
+    return ", ".join(parts)
+
+
+def _declared(protocol: type, name: str) -> object:
+    """The function a protocol (or one of its protocol bases) declares as ``name``."""
+    return next(vars(c)[name] for c in protocol.__mro__ if name in vars(c))
+
+
+def _plain_signature(function: object) -> str:
+    """``(xs, ys, xq=None)``: the parameters without ``self`` and annotations; ``(...)`` when unreadable."""
+    try:
+        parameters = inspect.signature(inspect.unwrap(function)).parameters  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return "(...)"
+    plain = [p.replace(annotation=inspect.Parameter.empty) for name, p in parameters.items() if name != "self"]
+    return f"({', '.join(str(p) for p in plain)})"
+
+
+__all__ = ["contract_summary", "implements", "protocol_members", "unmet"]

@@ -1,7 +1,7 @@
 """What :class:`~lit_icl.i2cl.I2CLModule` needs of its data module and of its net, written as Protocols.
 
-``isinstance`` checks them at run time (attribute and method names only; the docstrings say what the values
-mean). The shipped :class:`~lit_icl.i2cl.I2CLDataModule` and :class:`~lit_icl.i2cl.CausalLM` satisfy them
+:func:`~lit_icl.core.protocols.implements` checks them at run time (member names and each method's argument
+names; the docstrings say what the values mean). The shipped :class:`~lit_icl.i2cl.I2CLDataModule` and :class:`~lit_icl.i2cl.CausalLM` satisfy them
 (``tests/i2cl/test_contracts.py``); another LM wrapper or task source works with the module when it does too.
 """
 

@@ -50,7 +50,7 @@ from torchmetrics.classification import MulticlassF1Score
 
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.module import ICLModule
-from lit_icl.core.protocols import implements
+from lit_icl.core.protocols import implements, unmet
 from lit_icl.core.results import result_row
 from lit_icl.core.seeding import derive_seed, make_generator
 from lit_icl.core.transfer import to_device
@@ -191,7 +191,7 @@ class I2CLModule(ICLModule):
         if not implements(net, I2CLNet):
             raise ConfigError(
                 "model.init_args.net must be a lit_icl.i2cl.CausalLM (the frozen LM to wrap), or a net that "
-                "satisfies lit_icl.i2cl.contracts.I2CLNet"
+                f"satisfies lit_icl.i2cl.contracts.I2CLNet; {type(net).__name__}: {'; '.join(unmet(net, I2CLNet))}"
             )
         check_unique("methods", check_nonempty("methods", methods, "[zero_shot, few_shot, i2cl]"))
         for m in methods:

@@ -1,7 +1,8 @@
 """What :class:`~lit_icl.icssl.ICSSLModule` needs of its data module and of its net, written as Protocols.
 
-A new data module or net works with the module when it satisfies these (``isinstance`` checks them at run
-time: attribute and method names only, so the docstrings say what the values mean). The shipped ones
+A new data module or net works with the module when it satisfies these (:func:`~lit_icl.core.protocols.implements`
+checks them at run time: member names and each method's argument names, so the docstrings say what the values
+mean). The shipped ones
 (:class:`~lit_icl.icssl.ManifoldDataModule`, ``ImageManifoldDataModule``, ``FeatureEpisodeDataModule``;
 :class:`~lit_icl.icssl.SemiSupervisedICL`, :class:`~lit_icl.icssl.ICLTransformerBaseline`) are checked by
 ``tests/icssl/test_contracts.py``.

@@ -40,7 +40,7 @@ from lit_icl.core.figures import line_figure
 from lit_icl.core.module import ICLModule
 from lit_icl.core.nets import count_parameters
 from lit_icl.core.optim import fused_if_cuda
-from lit_icl.core.protocols import implements
+from lit_icl.core.protocols import contract_summary, implements, unmet
 from lit_icl.core.results import result_row
 from lit_icl.core.spectral import laplacian_eigenmap
 from lit_icl.core.validation import (
@@ -169,8 +169,9 @@ class ICSSLModule(ICLModule):
         """The constructor's argument checks, each message naming the option as the user wrote it."""
         if not implements(net, ICSSLNet):
             raise ConfigError(
-                f"net {type(net).__name__} lacks num_classes / n_points; an IC-SSL net satisfies "
-                "lit_icl.icssl.contracts.ICSSLNet (e.g. lit_icl.icssl.SemiSupervisedICL)"
+                f"net {type(net).__name__} is not an IC-SSL net: {'; '.join(unmet(net, ICSSLNet))} (a net of your own "
+                f"needs {contract_summary(ICSSLNet)}: lit_icl.icssl.contracts.ICSSLNet); or use "
+                "lit_icl.icssl.SemiSupervisedICL"
             )
         check_literal("lr_schedule", lr_schedule, LRSchedule)
         check_positive("lr", lr, hint="e.g. lr: 0.003")

@@ -1,7 +1,7 @@
 """What mmca's LightningModules read from their data modules and expect of their nets, as Protocols.
 
-Each module checks these with ``isinstance`` (they are ``runtime_checkable``: the check is that the attributes
-and methods exist), so a data module or net written for one of them states its side by having these members,
+Each module checks these with :func:`~lit_icl.core.protocols.implements` (the attributes and methods exist, and
+each method takes the protocol's argument names), so a data module or net written for one of them states its side by having these members,
 and a mismatch is one :class:`~lit_icl.core.errors.ConfigError` instead of a later ``AttributeError``.
 
 Synthetic experiment (:class:`~lit_icl.mmca.LatentFactorICLModule`):

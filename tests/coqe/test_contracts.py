@@ -60,5 +60,16 @@ def test_regression_side() -> None:
         CoQERegressionModule(CoQERegressor(4, width=16, depth=1, heads=2, max_points=4)).bind_datamodule(dm)
     with pytest.raises(ConfigError, match=r"lacks what the regression module reads \(n_dims, n_points"):
         module.bind_datamodule(LightningDataModule())
-    with pytest.raises(ConfigError, match="Linear is not a regression net"):
+    with pytest.raises(ConfigError, match="Linear is not a regression net: no attribute method; forward"):
         CoQERegressionModule(nn.Linear(2, 2))
+
+    class OtherNames(nn.Module):  # a user's net: the right members, the arguments named otherwise
+        method = "mine"
+
+        def forward(self, x, y, x_query=None):
+            return y
+
+    with pytest.raises(ConfigError, match=r"OtherNames is not a regression net: forward\(x, y, x_query=None\) does "
+                                          r"not take xs, ys, xq \(a net of your own needs method: str, "
+                                          r"forward\(xs, ys, xq=None\)"):
+        CoQERegressionModule(OtherNames())

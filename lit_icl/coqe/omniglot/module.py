@@ -42,7 +42,7 @@ from lit_icl.core.figures import bar_figure
 from lit_icl.core.module import ICLModule
 from lit_icl.core.nets import count_parameters
 from lit_icl.core.optim import fused_if_cuda
-from lit_icl.core.protocols import implements
+from lit_icl.core.protocols import contract_summary, implements, unmet
 from lit_icl.core.results import result_row
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.transfer import to_device
@@ -138,9 +138,12 @@ class CoQEClassificationModule(ICLModule):
     def _validate(self, lr: float, lr_schedule: str, warmup_steps: int) -> None:
         """Every argument check of the constructor, one ConfigError naming the option and the fix."""
         if not implements(self.net, SequenceNet) or self.net.method not in ("coqe", "transformer"):
+            # The losses, noise and evaluators are chosen by `method`, so it must be one of the two.
+            problems = unmet(self.net, SequenceNet) or [f"method is {self.net.method!r}, not 'coqe' or 'transformer'"]
             raise ConfigError(
-                f"net {type(self.net).__name__} is not a sequence classifier; use lit_icl.coqe.CoQEClassifier "
-                "or lit_icl.coqe.SequenceTransformer"
+                f"net {type(self.net).__name__} is not a sequence classifier: {'; '.join(problems)} (a net of your "
+                f"own needs {contract_summary(SequenceNet)}: lit_icl.coqe.contracts.SequenceNet); or use "
+                "lit_icl.coqe.CoQEClassifier or lit_icl.coqe.SequenceTransformer"
             )
         check_positive("lr", lr, hint="1e-4 in App. C.2")
         check_literal("lr_schedule", lr_schedule, LRSchedule)

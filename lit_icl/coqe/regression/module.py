@@ -32,7 +32,7 @@ from lit_icl.core.module import ICLModule
 from lit_icl.core.nets import count_parameters
 from lit_icl.core.optim import fused_if_cuda
 from lit_icl.core.precision import float32_region
-from lit_icl.core.protocols import implements
+from lit_icl.core.protocols import contract_summary, implements, unmet
 from lit_icl.core.results import result_row
 from lit_icl.core.validation import check_int, check_positive
 from lit_icl.metrics.mean import SyncFreeMean
@@ -89,8 +89,10 @@ class CoQERegressionModule(ICLModule):
         self.baselines = nn.ModuleList(baselines or [])
         for m in [self.net, *self.baselines]:
             if not implements(m, PromptNet) or not isinstance(m.method, str):
+                problems = unmet(m, PromptNet) or [f"method is {m.method!r}, not a str"]
                 raise ConfigError(
-                    f"{type(m).__name__} is not a regression net (lit_icl.coqe.contracts.PromptNet); use "
+                    f"{type(m).__name__} is not a regression net: {'; '.join(problems)} (a net of your own needs "
+                    f"{contract_summary(PromptNet)}: lit_icl.coqe.contracts.PromptNet); or use "
                     "lit_icl.coqe.CoQERegressor, RegressionTransformer or a baseline such as LeastSquares"
                 )
         for b in self.baselines:

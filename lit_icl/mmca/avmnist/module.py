@@ -29,7 +29,7 @@ from lit_icl.core.errors import ConfigError
 from lit_icl.core.module import ICLModule
 from lit_icl.core.nets import count_parameters
 from lit_icl.core.optim import fused_if_cuda
-from lit_icl.core.protocols import implements
+from lit_icl.core.protocols import contract_summary, implements, unmet
 from lit_icl.core.results import result_row
 from lit_icl.core.resume import training_position
 from lit_icl.core.seeding import derive_seed
@@ -56,8 +56,9 @@ class AVMNISTModule(ICLModule):
         self.net = net if net is not None else MultimodalCrossAttention()
         if not implements(self.net, AVMNISTNet):
             raise ConfigError(
-                f"{type(self.net).__name__} has no `represent` and `head`; use lit_icl.mmca.MultimodalCrossAttention "
-                "or lit_icl.mmca.BidirectionalCrossAttention"
+                f"{type(self.net).__name__} has no `represent` and `head`: {'; '.join(unmet(self.net, AVMNISTNet))} (a "
+                f"net of your own needs {contract_summary(AVMNISTNet)}: lit_icl.mmca.contracts.AVMNISTNet); or use "
+                "lit_icl.mmca.MultimodalCrossAttention or lit_icl.mmca.BidirectionalCrossAttention"
             )
         check_positive("lr", lr)
         check_nonnegative("weight_decay", weight_decay)
