@@ -134,6 +134,18 @@ def test_a_read_only_output_folder_is_refused_before_anything_is_written(tmp_pat
     assert "choose a folder you can write to" in line
 
 
+def test_a_read_only_run_name_folder_is_refused_too(tmp_path, capsys, monkeypatch) -> None:
+    """The run writes into save_dir/<name>/version_N: a writable save_dir whose <name> folder is not is refused."""
+    save_dir = tmp_path / "out"
+    (save_dir / "reg").mkdir(parents=True)
+    real_access = os.access
+    monkeypatch.setattr(os, "access",
+                        lambda p, mode, **kw: False if Path(p) == save_dir / "reg" else real_access(p, mode, **kw))
+    assert_rejected(tmp_path, capsys, ["fit", *reg_args(tmp_path, CONFIG), "--trainer.logger.init_args.save_dir",
+                                       str(save_dir), "--trainer.logger.init_args.name", "reg"],
+                    f"--trainer.logger.init_args.save_dir {save_dir}: {save_dir / 'reg'} is not writable")
+
+
 def test_a_checkpoint_of_another_experiment_names_both_and_the_config_that_wrote_it(tmp_path, capsys, inputs) -> None:
     run = tmp_path / "old" / "version_0"
     (run / "checkpoints").mkdir(parents=True)

@@ -82,18 +82,20 @@ def check_fit_trains(trainer: Any) -> None:
 def check_output_writable(trainer: Trainer) -> None:
     """Refuse output folders that cannot be created or written (read-only, or under a file), before the run
     creates them; Lightning would fail with a ``PermissionError`` after it has started."""
-    folders: list[tuple[str, Any]] = []
+    folders: list[tuple[str, Any, Any]] = []  # (option, its value, the folder the run will write into)
     for logger in trainer.loggers:
-        folders.append(("--trainer.logger.init_args.save_dir", getattr(logger, "save_dir", None)))
+        save_dir = getattr(logger, "save_dir", None)
+        # The run's folders go under save_dir/<name>, which may exist already and be read-only itself.
+        folders.append(("--trainer.logger.init_args.save_dir", save_dir, getattr(logger, "root_dir", None) or save_dir))
     for cb in trainer.callbacks:
         if isinstance(cb, ModelCheckpoint):
-            folders.append(("--checkpoint.dirpath", cb.dirpath))
+            folders.append(("--checkpoint.dirpath", cb.dirpath, cb.dirpath))
     if not trainer.loggers:  # with a logger, Lightning writes under the logger's folder instead
-        folders.append(("--trainer.default_root_dir", trainer.default_root_dir))
-    for option, folder in folders:
-        if not folder or "://" in str(folder):  # remote file systems are checked by their own client
+        folders.append(("--trainer.default_root_dir", trainer.default_root_dir, trainer.default_root_dir))
+    for option, folder, target in folders:
+        if not target or "://" in str(target):  # remote file systems are checked by their own client
             continue
-        path = Path(folder).absolute()
+        path = Path(target).absolute()
         existing = path
         while not existing.exists() and existing != existing.parent:
             existing = existing.parent
