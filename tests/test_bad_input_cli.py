@@ -49,6 +49,9 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("test", ["--model.init_args.net.init_args.output_scale", "NaN"],
      "--model.init_args.net.init_args.output_scale: NaN is not a finite number"),
     ("fit", ["--model.init_args.lr", "inf"], "--model.init_args.lr: inf is not a finite number; give a finite value"),
+    # seeds outside numpy's range (Lightning raises a bare ValueError)
+    ("fit", ["--seed_everything", "-3"], "--seed_everything=-3 must be from 0 to 4294967295"),
+    ("test", ["--seed_everything", "4294967296"], "--seed_everything=4294967296 must be from 0 to 4294967295"),
     # trainer flags Lightning refuses
     ("fit", ["--trainer.precision", "8"], "--trainer.precision: 8 is not a precision; use one of 64, 32, 16"),
     ("test", ["--trainer.precision", "bf16_mixed"], "bf16-mixed"),

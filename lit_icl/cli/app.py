@@ -54,6 +54,7 @@ from lit_icl.cli.checks import (
     check_output_writable,
     check_run_folder_is_free,
     check_same_experiment,
+    check_seed,
     check_trainer_counts,
 )
 from lit_icl.cli.messages import find_config_error, one_line_parser_error, overlay_hint, trainer_error_message
@@ -256,6 +257,7 @@ class LitICLCLI(LightningCLI):
         for key in BUILT_KEYS:
             if config.get(key) is not None:
                 check_finite_tree(config[key], key)
+        check_seed(config.get("seed_everything"))
         if config.get("trainer") is not None:
             check_trainer_counts(config.trainer)
             if sub == "fit":

@@ -56,6 +56,18 @@ def check_monitors(trainer: Trainer, model: ICLModule) -> None:
                 f"{monitor!r} is logged"
             )
 
+#: The seeds ``seed_everything`` takes (numpy's range); Lightning raises a bare ``ValueError`` outside it.
+SEED_RANGE = (0, 2**32 - 1)
+
+
+def check_seed(seed: Any) -> None:
+    """Refuse a ``seed_everything`` Lightning would reject with a traceback (``true``: a random seed; ``false``:
+    none)."""
+    if isinstance(seed, int) and not isinstance(seed, bool) and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise ConfigError(f"--seed_everything={seed} must be from {SEED_RANGE[0]} to {SEED_RANGE[1]} "
+                          "(or true for a random seed, false for none)")
+
+
 def check_trainer_counts(trainer: Any) -> None:
     """Refuse counts Lightning would divide by zero or take silently (see :data:`TRAINER_COUNTS`), and a zero
     ``val_check_interval``, before the trainer is built."""
