@@ -35,6 +35,8 @@ YAML_INPUTS = {
     "empty.yaml": "",
     "comments_only.yaml": "# nothing but a comment\n",
     "list.yaml": "- model\n- data\n",
+    "empty_trainer.yaml": "model:\n  init_args:\n    lr: 0.002\ntrainer:\n  # max_steps: 10\n",
+    "empty_data.yaml": "data:\n",
 }
 
 #: (subcommand, extra args, needle); ``{inputs}`` becomes the folder holding YAML_INPUTS, ``{tmp}`` tmp_path.
@@ -79,6 +81,9 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("fit", ["--config", "{inputs}/tab.yaml"], "tab.yaml is not valid YAML at line 2"),
     ("fit", ["--config", "{inputs}/empty.yaml"], "empty.yaml is empty"),
     ("test", ["--config", "{inputs}/comments_only.yaml"], "comments_only.yaml is empty"),
+    ("fit", ["--config", "{inputs}/empty_trainer.yaml"],
+     "empty_trainer.yaml: `trainer:` at line 4 is empty, which would unset the trainer of the configs before it"),
+    ("test", ["--config", "{inputs}/empty_data.yaml"], "empty_data.yaml: `data:` at line 1 is empty"),
     ("fit", ["--config={inputs}/list.yaml"], "list.yaml holds a YAML sequence at its top level"),
     # --ckpt_path with nothing behind it
     ("fit", ["--ckpt_path", "last"], "--ckpt_path last: no earlier run of this config (looked for {tmp}/runs/tiny"),

@@ -7,6 +7,10 @@ from pathlib import Path
 
 from lit_icl.core.errors import ConfigError
 
+#: The top-level keys of a config that hold keys of their own (what the CLI builds, and its option groups).
+SECTIONS = frozenset({"model", "data", "trainer", "optimizer", "lr_scheduler", "compile", "early_stopping",
+                      "checkpoint"})
+
 
 def check_config_file(raw: str) -> None:
     """Refuse a config file that cannot be read, is not valid YAML (naming the line and problem), is empty or does
@@ -36,3 +40,11 @@ def check_config_file(raw: str) -> None:
             f"--config {raw} holds a YAML {node.id} at its top level, not a mapping of keys "
             "(model:, data:, trainer: ...); see configs/ for examples"
         )
+    for key, value in node.value:
+        # A section left with nothing under it (its keys commented out) is null, which would not leave the base
+        # config's section alone but unset it: the parser then fails far from this file, or with a traceback.
+        if key.value in SECTIONS and value.tag == "tag:yaml.org,2002:null":
+            raise ConfigError(
+                f"--config {raw}: `{key.value}:` at line {key.start_mark.line + 1} is empty, which would unset the "
+                f"{key.value} of the configs before it; give it keys or delete the line"
+            )
