@@ -51,6 +51,8 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("test", ["--model.init_args.net.init_args.output_scale", "NaN"],
      "--model.init_args.net.init_args.output_scale: NaN is not a finite number"),
     ("fit", ["--model.init_args.lr", "inf"], "--model.init_args.lr: inf is not a finite number; give a finite value"),
+    # predict where nothing predicts (IC-SSL's module and data do; tests/icssl/test_cli.py)
+    ("predict", [], "predict: CoQERegressionModule has no predict_step, so there is nothing to predict; use test"),
     # seeds outside numpy's range (Lightning raises a bare ValueError)
     ("fit", ["--seed_everything", "-3"], "--seed_everything=-3 must be from 0 to 4294967295"),
     ("test", ["--seed_everything", "4294967296"], "--seed_everything=4294967296 must be from 0 to 4294967295"),

@@ -28,6 +28,7 @@ from typing import Any, Literal
 import torch
 import torch._functorch.config  # process_defaults sets one of its options
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
@@ -52,6 +53,7 @@ from lit_icl.cli.checks import (
     check_fit_trains,
     check_monitors,
     check_output_writable,
+    check_predicts,
     check_run_folder_is_free,
     check_same_experiment,
     check_seed,
@@ -63,7 +65,7 @@ from lit_icl.cli.trainer_setup import add_compile, add_early_stopping, no_op_pro
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.legacy import upgrade_checkpoint, upgrade_hparams
 from lit_icl.core.module import UNRECORDED_NETS, ICLModule
-from lit_icl.core.results import ResultsWriter
+from lit_icl.core.results import PredictionsWriter, ResultsWriter
 from lit_icl.core.validation import check_finite_tree, check_run_config
 
 #: The parts of a parsed config that build objects; each is checked for non-finite floats.
@@ -323,6 +325,8 @@ class LitICLCLI(LightningCLI):
             self.model.attach_datamodule(self.datamodule)
             if self.subcommand in (None, "fit"):  # only training validates: a test's monitors never look
                 check_monitors(self.trainer, self.model)
+        if self.subcommand == "predict":
+            check_predicts(self.model, self.datamodule)
 
     def before_fit(self) -> None:
         if isinstance(self.model, ICLModule):
@@ -353,6 +357,8 @@ class LitICLCLI(LightningCLI):
             if not any(isinstance(cb, callback) for cb in trainer.callbacks):
                 trainer.callbacks.append(callback())
         sub = self.subcommand
+        if sub == "predict" and not any(isinstance(cb, BasePredictionWriter) for cb in trainer.callbacks):
+            trainer.callbacks.append(PredictionsWriter())
         config = self.config[sub] if sub else self.config
         add_compile(trainer, self.model, config.get("compile"))
         quiet_progress_bar(trainer)

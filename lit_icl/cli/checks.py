@@ -7,8 +7,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch import Trainer
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from lit_icl.cli.checkpoints import import_class, pinned_run_folder
 from lit_icl.cli.messages import config_paths
@@ -55,6 +56,20 @@ def check_monitors(trainer: Trainer, model: ICLModule) -> None:
                 f"it logs {logged}: set the callback's monitor to one of those, or change the settings so that "
                 f"{monitor!r} is logged"
             )
+
+def check_predicts(model: Any, datamodule: Any) -> None:
+    """Refuse ``predict`` for a module without a ``predict_step`` of its own or data without a predict loader:
+    Lightning would run the module's ``forward`` on the batches, or fail with a traceback after the run folder
+    exists."""
+    if not is_overridden("predict_step", model, LightningModule):
+        missing = f"{type(model).__name__} has no predict_step"
+    elif datamodule is None or not is_overridden("predict_dataloader", datamodule, LightningDataModule):
+        missing = f"{type(datamodule).__name__} has no predict_dataloader"
+    else:
+        return
+    raise ConfigError(f"predict: {missing}, so there is nothing to predict; use test, which writes results.json and "
+                      "figures into the run folder (predict serves IC-SSL's per-point probabilities)")
+
 
 #: The seeds ``seed_everything`` takes (numpy's range); Lightning raises a bare ``ValueError`` outside it.
 SEED_RANGE = (0, 2**32 - 1)

@@ -26,10 +26,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
+from lightning_utilities.core.apply_func import apply_to_collection
+from torch import Tensor
 
 from lit_icl.core.figures import render, save_png
 
@@ -244,6 +248,45 @@ class ResultsWriter(Callback):
                     logger.experiment.add_image(f"test/{name}", pixels[..., :3], pl_module.global_step,
                                                 dataformats="HWC")
                 logger.experiment.flush()
+
+
+class PredictionsWriter(BasePredictionWriter):
+    """Writes a ``predict`` run's outputs (``predict_step``'s per batch, on the CPU) to ``predictions.pt`` in
+    the run folder, with the run's provenance; under DDP each rank writes ``predictions_rank<r>.pt`` with the
+    indices of the items it predicted. The CLI adds it to ``predict``; Lightning alone would keep the outputs in
+    memory and let the process end without them.
+
+    Read with ``torch.load(path, weights_only=True)``: ``{"predictions": [per batch], "batch_indices": ...,
+    "meta": ...}`` (a list per dataloader when there are several).
+    """
+
+    def __init__(self, dirpath: str | None = None):
+        super().__init__(write_interval="epoch")
+        self.dirpath = dirpath
+        #: Path of the last file written (for callers and tests).
+        self.last_path: Path | None = None
+
+    def write_on_epoch_end(self, trainer: Trainer, pl_module: LightningModule, predictions: Sequence[Any],
+                           batch_indices: Sequence[Any]) -> None:
+        log_dir = trainer.log_dir  # a broadcast under DDP: every rank asks (see ResultsWriter)
+        if trainer.fast_dev_run and self.dirpath is None:
+            rank_zero_info(f"fast_dev_run: {len(predictions)} batches predicted, not written")
+            return
+        out_dir = Path(self.dirpath or log_dir or trainer.default_root_dir)
+        name = "predictions.pt" if trainer.world_size == 1 else f"predictions_rank{trainer.global_rank}.pt"
+        path = out_dir / name
+        out_dir.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "predictions": apply_to_collection(list(predictions), Tensor, lambda x: x.detach().cpu()),
+            "batch_indices": list(batch_indices),
+            # Plain JSON types (a str subclass such as torch's version would need weights_only=False to load).
+            "meta": json.loads(json.dumps(_jsonable(run_meta(trainer, pl_module, log_dir)))),
+        }
+        partial = path.with_name(f".{name}.partial")  # renamed when complete: a crash leaves no half file
+        torch.save(payload, partial)
+        partial.replace(path)
+        self.last_path = path
+        print(f"predictions: {path}", flush=True)
 
 
 def _qualname(obj: object) -> str:

@@ -77,6 +77,12 @@ def test_test_writes_tidy_results_with_provenance_and_figure(tmp_path) -> None:
     probs = torch.cat([o["probs"] for o in outputs], dim=1)
     assert probs.shape == (3, 16, 20, 2)
     torch.testing.assert_close(probs.sum(-1), torch.ones(3, 16, 20))
+    # The CLI's predict writes the same outputs into its run folder, with the checkpoint it used.
+    _run(["predict", *tiny_args(tmp_path), "--ckpt_path", str(ckpt)])
+    (written,) = (tmp_path / "runs/tiny").glob("version_*/predictions.pt")
+    saved = torch.load(written, weights_only=True)
+    assert saved["meta"]["checkpoint"] == str(ckpt)
+    torch.testing.assert_close(torch.cat([o["probs"] for o in saved["predictions"]], dim=1), probs, rtol=0, atol=0)
 
 
 def test_several_test_manifolds_write_per_manifold_rows_and_figure(tmp_path) -> None:
