@@ -60,6 +60,9 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("fit", ["--trainer.precision", "8"], "--trainer.precision: 8 is not a precision; use one of 64, 32, 16"),
     ("test", ["--trainer.precision", "bf16_mixed"], "bf16-mixed"),
     ("fit", ["--trainer.val_check_interval", "0"], "--trainer.val_check_interval=0 must be > 0"),
+    ("fit", ["--trainer.val_check_interval", "3"],  # reg_args: 2 training batches per epoch
+     ("--trainer.val_check_interval=3 is longer than an epoch (2 training batches); give at most 2, or add "
+     "--trainer.check_val_every_n_epoch null")),
     ("fit", ["--trainer.accumulate_grad_batches", "0"], "--trainer.accumulate_grad_batches=0 must be >= 1"),
     ("fit", ["--trainer.check_val_every_n_epoch", "0"], "--trainer.check_val_every_n_epoch=0 must be >= 1"),
     ("fit", ["--trainer.log_every_n_steps", "-1"], "--trainer.log_every_n_steps=-1 must be >= 0"),
@@ -130,6 +133,15 @@ def _fill(items: list[str], inputs: Path, tmp_path: Path) -> list[str]:
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, inputs, sub, extra, needle) -> None:
     args = [sub, *reg_args(tmp_path, CONFIG), *_fill(extra, inputs, tmp_path)]
     assert_rejected(tmp_path, capsys, args, _fill([needle], inputs, tmp_path)[0])
+
+
+@pytest.mark.parametrize("extra", [["--trainer.val_check_interval", "2"],
+                                   ["--trainer.val_check_interval", "3", "--trainer.check_val_every_n_epoch", "null"]])
+def test_a_validation_interval_of_an_epoch_or_across_epochs_runs(tmp_path, extra) -> None:
+    """The refusal above stops at Lightning's own limit: an interval of a whole epoch, or one that spans epochs
+    when validation does not wait for epochs, trains and validates."""
+    main(["fit", *reg_args(tmp_path, CONFIG), *extra])
+    assert list((tmp_path / "runs").rglob("last.ckpt"))
 
 
 def test_a_read_only_output_folder_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch) -> None:

@@ -58,6 +58,7 @@ from lit_icl.cli.checks import (
     check_same_experiment,
     check_seed,
     check_trainer_counts,
+    check_val_interval,
 )
 from lit_icl.cli.messages import find_config_error, one_line_parser_error, overlay_hint, trainer_error_message
 from lit_icl.cli.naming import DEFAULT_RUN_NAME, name_run_from_configs
@@ -325,6 +326,8 @@ class LitICLCLI(LightningCLI):
             self.model.attach_datamodule(self.datamodule)
             if self.subcommand in (None, "fit"):  # only training validates: a test's monitors never look
                 check_monitors(self.trainer, self.model)
+        if self.subcommand in (None, "fit"):
+            check_val_interval(self.trainer, self.datamodule)
         if self.subcommand == "predict":
             check_predicts(self.model, self.datamodule)
 

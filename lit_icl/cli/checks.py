@@ -57,6 +57,28 @@ def check_monitors(trainer: Trainer, model: ICLModule) -> None:
                 f"{monitor!r} is logged"
             )
 
+def check_val_interval(trainer: Trainer, datamodule: Any) -> None:
+    """Refuse an integer ``val_check_interval`` longer than a training epoch while validation also waits for
+    epochs (``check_val_every_n_epoch`` set): Lightning refuses it only once the run folder and its config exist.
+    Checked for data modules that say their epoch's length (``train_batches_per_epoch``)."""
+    interval = trainer.val_check_interval
+    hparams = getattr(datamodule, "hparams", None) or {}
+    per_epoch = hparams.get("train_batches_per_epoch") if hasattr(hparams, "get") else None
+    if (isinstance(interval, bool) or not isinstance(interval, int) or trainer.check_val_every_n_epoch is None
+            or not isinstance(per_epoch, int)):
+        return
+    limit = trainer.limit_train_batches
+    batches = min(per_epoch, limit) if isinstance(limit, int) and not isinstance(limit, bool) else per_epoch
+    if isinstance(limit, float) and limit < 1.0:
+        batches = int(per_epoch * limit)
+    if interval > batches:
+        raise ConfigError(
+            f"--trainer.val_check_interval={interval} is longer than an epoch ({batches} training batches); give at "
+            f"most {batches}, or add --trainer.check_val_every_n_epoch null to validate every {interval} steps "
+            "across epochs"
+        )
+
+
 def check_predicts(model: Any, datamodule: Any) -> None:
     """Refuse ``predict`` for a module without a ``predict_step`` of its own or data without a predict loader:
     Lightning would run the module's ``forward`` on the batches, or fail with a traceback after the run folder
