@@ -7,9 +7,9 @@ from pathlib import Path
 
 from lit_icl.core.errors import ConfigError
 
-#: The top-level keys of a config that hold keys of their own (what the CLI builds, and its option groups).
-SECTIONS = frozenset({"model", "data", "trainer", "optimizer", "lr_scheduler", "compile", "early_stopping",
-                      "checkpoint"})
+#: The top-level keys of a config that always hold keys of their own (``optimizer: null`` and
+#: ``lr_scheduler: null`` are meaningful: a fit's saved config.yaml writes them so).
+SECTIONS = frozenset({"model", "data", "trainer", "compile", "early_stopping", "checkpoint"})
 
 
 def check_config_file(raw: str) -> None:
