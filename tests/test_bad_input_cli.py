@@ -446,3 +446,29 @@ def test_model_options_with_no_config_name_the_base_configs(tmp_path, capsys) ->
                                               "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")],
                            "is not accepted (in lightning.LightningModule)")
     assert line.endswith("start with an experiment's base config (configs/<paper>/<experiment>.yaml), then its overlays")
+
+
+def test_a_run_folder_in_use_by_another_process_is_refused_and_left_alone(tmp_path, capsys) -> None:
+    """Two processes in one run folder (the same named version, or a fit resumed twice) would both write it: the
+    second is refused in one line. The lock is the folder's own ``flock``, held here as another process would."""
+    import fcntl
+
+    args = ["fit", *reg_args(tmp_path, CONFIG), "--trainer.logger.init_args.version", "s0"]
+    folder = tmp_path / "runs" / "tiny" / "s0"
+    folder.mkdir(parents=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(SystemExit) as stop:
+            main(args)
+        assert stop.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert err == (f"lit_icl: error: the run folder {folder} is in use by another lit_icl process (the same run "
+                       "started twice, or two runs given one --trainer.logger.init_args.version); wait for it to end, "
+                       "or give this run another version")
+        assert list(folder.iterdir()) == []
+    finally:
+        os.close(fd)
+    main(args)  # released: the run goes ahead, and releases the folder when it ends
+    assert (folder / "checkpoints" / "last.ckpt").is_file()
+    main([*args[:1], *args[1:], "--ckpt_path", "last", "--trainer.max_steps", "6"])

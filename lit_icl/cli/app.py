@@ -62,6 +62,7 @@ from lit_icl.cli.checks import (
 )
 from lit_icl.cli.messages import find_config_error, one_line_parser_error, overlay_hint, trainer_error_message
 from lit_icl.cli.naming import DEFAULT_RUN_NAME, name_run_from_configs
+from lit_icl.cli.runlock import lock_run_folder, release_run_folders
 from lit_icl.cli.trainer_setup import add_compile, add_early_stopping, no_op_profiler, quiet_progress_bar
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.legacy import upgrade_checkpoint, upgrade_hparams
@@ -334,17 +335,22 @@ class LitICLCLI(LightningCLI):
     def before_fit(self) -> None:
         if isinstance(self.model, ICLModule):
             self.model.check_trainable()
+        lock_run_folder(self.trainer)
         _HELD.release()
 
-    # The run starts: what parsing and building held back is printed now (see HeldOutput).
+    # The run starts: its folder is locked against a second process, and what parsing and building held back is
+    # printed now (see HeldOutput).
     def before_test(self) -> None:
+        lock_run_folder(self.trainer)
         _HELD.release()
         warn_untrained(self.model, self.config[self.subcommand].get("ckpt_path"))
 
     def before_validate(self) -> None:
+        lock_run_folder(self.trainer)
         _HELD.release()
 
     def before_predict(self) -> None:
+        lock_run_folder(self.trainer)
         _HELD.release()
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
@@ -473,3 +479,4 @@ def main(args: ArgsType = None) -> None:
     finally:
         _HELD.release()  # --help, --print_config and a finished run print what was held (nothing if released)
         _TRAINERS.clear()
+        release_run_folders()
