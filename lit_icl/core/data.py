@@ -243,6 +243,22 @@ def check_chunk_sizes(chunk_size: Any, sizes: Mapping[str, Any]) -> int:
     return chunk_size
 
 
+def args_free_on_resume(data_class: Any) -> frozenset[str]:
+    """The constructor arguments of a data module that ``fit --ckpt_path`` may change: the ``free_on_resume`` names
+    of its class and of every base class. Every other recorded argument must equal the checkpoint's
+    (:func:`lit_icl.cli.checkpoints.check_resume_settings`).
+
+    Free are the options that change no number a resumed run trains on, validates on or records: where the data
+    lives (``root``, a moved folder), how batches are made (``num_workers``), whether a stand-in may be built, how the
+    fixed evaluation sets are cut into steps (``eval_batch_size``) and what only ``test`` reads (``test_prompts``,
+    test manifolds): a fit never builds its test sets, and a test may choose other ones. Validation settings are
+    not free: the best checkpoint and the early-stopping rule compare the rounds of the whole run, which a
+    resumed run would measure on another set.
+    """
+    return frozenset(name for cls in getattr(data_class, "__mro__", ())
+                     for name in vars(cls).get("free_on_resume", ()))
+
+
 def world_and_rank(datamodule: LightningDataModule) -> tuple[int, int]:
     """``(world size, global rank)`` of the trainer a data module is attached to; ``(1, 0)`` outside one."""
     trainer = datamodule.trainer
@@ -264,6 +280,10 @@ class ChunkedDataModule(LightningDataModule):
     ``train_batches_per_epoch``, ``data_seed``, ``num_workers`` and, where an item is a chunk of several
     examples, ``chunk_size`` (an item is one example otherwise).
     """
+
+    #: Arguments that ``fit --ckpt_path`` may change (:func:`args_free_on_resume`): workers only move where batches are
+    #: made, and the evaluation batch only how the fixed validation/test sets are cut into steps.
+    free_on_resume: ClassVar[tuple[str, ...]] = ("num_workers", "eval_batch_size")
 
     @property
     def chunk_size(self) -> int:
@@ -337,6 +357,9 @@ class StandinOnFirstUse(ABC):
     location_arg: ClassVar[str]
     #: Where the stand-in lives, relative to the working folder.
     standin_location: ClassVar[str]
+    #: Whether a missing stand-in may be built changes no number of a run (:func:`args_free_on_resume`); a subclass
+    #: names its :attr:`location_arg` there too.
+    free_on_resume: ClassVar[tuple[str, ...]] = ("build_standin",)
 
     def data_location(self) -> Path:
         return Path(self.hparams[self.location_arg])

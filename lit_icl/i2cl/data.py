@@ -223,6 +223,11 @@ class I2CLDataModule(LightningDataModule):
             public code).
     """
 
+    #: What a resumed fit may change (``lit_icl.core.data.args_free_on_resume``): where a hub task's local copy
+    #: is, and what only ``test`` reads (its file, queries and batch). Not ``eval_seed``: the synthetic task's
+    #: pools are drawn from it.
+    free_on_resume = ("path", "test_file", "eval_samples", "eval_batch_size")
+
     def __init__(
         self,
         task: Source = "sst2",
@@ -260,12 +265,11 @@ class I2CLDataModule(LightningDataModule):
     def _check_draws_and_batches(self) -> None:
         """The checks of the options that neither the source nor the format checks."""
         hp = self.hparams
-        check_positive("eval_samples", hp.eval_samples, integer=True)
+        for name in ("eval_samples", "batch_size", "eval_batch_size"):
+            check_positive(name, hp[name], integer=True)
         check_int("holdout_samples", hp.holdout_samples, minimum=0)
         check_int("data_seed", hp.data_seed)
         check_int("eval_seed", hp.eval_seed)
-        check_positive("batch_size", hp.batch_size, integer=True)
-        check_positive("eval_batch_size", hp.eval_batch_size, integer=True)
         if not isinstance(hp.example_separator, str) or not hp.example_separator:
             raise ConfigError(f"example_separator={hp.example_separator!r} must be a non-empty string, e.g. '\\n'")
         check_literal("calibration_batches", hp.calibration_batches, CalibrationBatches)

@@ -337,6 +337,10 @@ class ManifoldDataModule(EpisodeDataModule):
             :class:`EpisodeDataModule` takes them.
     """
 
+    #: Only ``test`` reads these, so a resumed fit may change them (``lit_icl.core.data.args_free_on_resume``);
+    #: the validation manifolds, episodes and label ratios may not (the best checkpoint compares their rounds).
+    free_on_resume = ("test_manifolds", "test_per_manifold", "test_episodes")
+
     def __init__(
         self,
         train_manifolds: Sequence[str] = ("cylinder",),

@@ -212,6 +212,9 @@ class FeatureEpisodeDataModule(StandinOnFirstUse, EpisodeDataModule):
     """
 
     location_arg, standin_location = "features", STANDIN_FILE
+    #: A moved feature file and the test episodes may change when a fit resumes (``args_free_on_resume``);
+    #: ``test_fraction`` may not: it decides which images are trained on.
+    free_on_resume = ("features", "test_episodes")
 
     def __init__(
         self,

@@ -264,6 +264,9 @@ class ImageManifoldDataModule(StandinOnFirstUse, EpisodeDataModule):
     """
 
     location_arg, standin_location = "root", STANDIN_ROOT
+    #: A moved folder of sequences may resume (``args_free_on_resume``); its test sequences follow the training
+    #: range, so nothing else here is test-only.
+    free_on_resume = ("root",)
 
     def __init__(
         self,

@@ -197,3 +197,33 @@ def test_overfit_batches_still_trains_through_the_resumable_loader(tmp_path: Pat
 
     main(["fit", *tiny_args(tmp_path, "--trainer.overfit_batches", "2", "--trainer.max_epochs", "2")])
     assert _last(tmp_path)["global_step"] == 4
+
+
+def test_what_a_resume_may_change_names_arguments_of_each_data_module() -> None:
+    """Every name in a data module's ``free_on_resume`` (its own and its bases') is one of its constructor's
+    arguments, so a misspelt name cannot leave an option checked that was meant to be free; the shared ones are
+    there for every chunked module."""
+    import inspect
+
+    from lit_icl.coqe import RegressionDataModule
+    from lit_icl.coqe.omniglot.data import OmniglotSequenceDataModule
+    from lit_icl.core.data import ChunkedDataModule, args_free_on_resume
+    from lit_icl.i2cl.data import I2CLDataModule
+    from lit_icl.icssl import ManifoldDataModule
+    from lit_icl.icssl.features import FeatureEpisodeDataModule
+    from lit_icl.icssl.image_manifolds import ImageManifoldDataModule
+    from lit_icl.mmca.avmnist.data import AVMNISTDataModule
+    from lit_icl.mmca.synthetic.data import LatentFactorDataModule
+
+    classes = [RegressionDataModule, OmniglotSequenceDataModule, I2CLDataModule, ManifoldDataModule,
+               FeatureEpisodeDataModule, ImageManifoldDataModule, AVMNISTDataModule, LatentFactorDataModule]
+    for cls in classes:
+        arguments = {name for base in cls.__mro__ if "__init__" in vars(base)
+                     for name in inspect.signature(base.__init__).parameters}
+        free = args_free_on_resume(cls)
+        assert free and free <= arguments, (cls.__name__, sorted(free - arguments))
+        if issubclass(cls, ChunkedDataModule):
+            assert {"num_workers", "eval_batch_size"} <= free
+    assert args_free_on_resume(ManifoldDataModule) >= {"test_manifolds", "num_workers"}
+    assert "train_manifolds" not in args_free_on_resume(ManifoldDataModule)
+    assert {"root", "build_standin"} <= args_free_on_resume(ImageManifoldDataModule)

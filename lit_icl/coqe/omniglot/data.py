@@ -397,6 +397,10 @@ class OmniglotSequenceDataModule(ChunkedDataModule):
         num_workers: DataLoader workers; index sampling takes well under a millisecond per batch, so 0.
     """
 
+    #: Where the images are and whether they may be fetched or built, and the test-only set size, may change when
+    #: a fit resumes (``args_free_on_resume``).
+    free_on_resume = ("root", "folder", "download", "build_glyphs", "test_sequences")
+
     def __init__(
         self,
         source: Source = "auto",

@@ -349,6 +349,10 @@ class RegressionDataModule(ChunkedDataModule):
         num_workers: DataLoader workers (generation is vectorised; 0 is enough).
     """
 
+    #: Only ``test`` reads the shifts and their set size, so a resumed fit may change them (``args_free_on_resume``);
+    #: not ``generate_on_device``: on a GPU it draws other prompts.
+    free_on_resume = ("shifts", "test_prompts")
+
     def __init__(
         self,
         function_class: FunctionClass = "linear",

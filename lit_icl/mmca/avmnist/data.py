@@ -312,6 +312,8 @@ class AVMNISTDataModule(StandinOnFirstUse, LightningDataModule):
     """
 
     location_arg, standin_location = "root", STANDIN_ROOT
+    #: A moved data folder and the test batch change no number of a resumed fit (``args_free_on_resume``).
+    free_on_resume = ("root", "eval_batch_size")
 
     def __init__(
         self,

@@ -178,6 +178,9 @@ class LatentFactorDataModule(ChunkedDataModule):
             after the transfer (the loader moves seeds only); on a CPU the same prompts either way.
     """
 
+    #: Only ``test`` reads these, so a resumed fit may change them (``args_free_on_resume``).
+    free_on_resume = ("test_prompts", "test_context_lengths")
+
     def __init__(
         self,
         d1: int = 16,
@@ -199,8 +202,7 @@ class LatentFactorDataModule(ChunkedDataModule):
         super().__init__()
         save_init_hparams(self)
         self.norm_range, lengths = self._validate()
-        self.d1, self.d2 = d1, d2
-        self.d = d1 + d2
+        self.d1, self.d2, self.d = d1, d2, d1 + d2
         self.train_context_length = train_context_length
         self.train_prompts = train_prompts
         self.test_context_lengths = sorted(lengths)
