@@ -237,6 +237,84 @@ def test_every_disagreeing_setting_is_counted(tmp_path, capsys, trained) -> None
     assert "--model.init_args.lr is 0.01 here but 0.001 in the checkpoint" in line
 
 
+# ------------------------------------------------------------------ a resume against the run it continues
+def _files(run: Path) -> dict[str, tuple[bytes, int]]:
+    """Bytes and modification time of every file of a run folder."""
+    return {str(p.relative_to(run)): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+def _assert_resume_refused(tmp_path, capsys, run: Path, args: list[str], needles: list[str]) -> None:
+    """``args`` (a ``fit`` that resumes ``run``) is one line naming every needle and the two fixes, exit 2, and
+    leaves the run's config.yaml and checkpoints as they were."""
+    before = _files(run)
+    line = assert_rejected(tmp_path, capsys, args, "which a resumed run cannot change", runs_exist=True)
+    for needle in needles:
+        assert needle in line, f"{needle!r} not in {line!r}"
+    assert f"drop those options to resume (or --config {run / 'config.yaml'})" in line
+    assert line.endswith("or start a new run without --ckpt_path")
+    assert _files(run) == before
+
+
+@pytest.mark.parametrize(("extra", "needles"), [
+    (["--seed_everything", "7"], ["with another seed", "--seed_everything is 7 here but 0 in the run's config.yaml"]),
+    (["--data.init_args.data_seed", "5"], ["with other data settings",
+                                          "--data.init_args.data_seed is 5 here but 0 in the checkpoint"]),
+    (["--data.init_args.batch_size", "16", "--data.init_args.val_prompts", "16", "--seed_everything", "3"],
+     ["with another seed and other data settings", "--data.init_args.batch_size is 16 here but 8 in the checkpoint",
+      "--data.init_args.val_prompts is 16 here but 8 in the checkpoint", "--seed_everything is 3 here but 0"]),
+], ids=["seed", "data_seed", "batch+val+seed"])
+@pytest.mark.parametrize("ckpt", ["last", "file"])
+def test_a_resume_with_another_seed_or_other_data_is_refused(tmp_path, capsys, trained, extra, needles, ckpt) -> None:
+    """Lightning builds the data module from the config and seeds as told, so these would train the rest of the run
+    on other data (or noise) while the rewritten config.yaml says the whole run used them: refused, naming each."""
+    _copy_runs(trained, tmp_path)
+    run = tmp_path / "runs/tiny/version_0"
+    path = "last" if ckpt == "last" else str(run / "checkpoints/last.ckpt")
+    args = ["fit", *reg_args(tmp_path, CONFIG, "--trainer.max_steps", "6", *extra), "--ckpt_path", path]
+    _assert_resume_refused(tmp_path, capsys, run, args, needles)
+
+
+def test_a_resume_may_change_how_data_is_loaded_and_what_only_test_reads(tmp_path, trained) -> None:
+    """Workers, the evaluation batch and the test set change no number the fit trains on: it resumes. A test (not
+    a resume) of the checkpoint may use other data and another seed."""
+    _copy_runs(trained, tmp_path)
+    run = tmp_path / "runs/tiny/version_0"
+    free = ["--data.init_args.num_workers", "1", "--data.init_args.eval_batch_size", "4",
+            "--data.init_args.test_prompts", "16", "--data.init_args.shifts", "[id]"]
+    main(["fit", *reg_args(tmp_path, CONFIG, "--trainer.max_steps", "6", *free), "--ckpt_path", "last"])
+    assert torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=True)["global_step"] == 6
+    main(["test", *reg_args(tmp_path, CONFIG, "--data.init_args.data_seed", "5", "--seed_everything", "3"),
+          "--ckpt_path", "last"])
+    assert (tmp_path / "runs/tiny/version_1/results.json").is_file()
+
+
+def test_a_checkpoint_without_data_settings_or_run_config_resumes(tmp_path, trained) -> None:
+    """A checkpoint of code that recorded no data hyper-parameters, away from its run's config.yaml, is not checked
+    for what it lacks."""
+    _copy_runs(trained, tmp_path)
+    run = tmp_path / "runs/tiny/version_0"
+    ckpt = torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=True)
+    del ckpt["datamodule_hyper_parameters"], ckpt["datamodule_hparams_name"]
+    legacy = tmp_path / "legacy.ckpt"
+    torch.save(ckpt, legacy)
+    main(["fit", *reg_args(tmp_path, CONFIG, "--trainer.max_steps", "6", "--seed_everything", "3"),
+          "--ckpt_path", str(legacy)])
+    assert torch.load(tmp_path / "runs/tiny/version_1/checkpoints/last.ckpt", map_location="cpu",
+                      weights_only=True)["global_step"] == 6
+
+
+def test_an_icssl_resume_on_other_manifolds_is_refused(tmp_path, capsys) -> None:
+    """The same on IC-SSL: other training (or validation) manifolds would be trained on from the resume on."""
+    from icssl.helpers import tiny_args
+
+    main(["fit", *tiny_args(tmp_path, "--trainer.max_steps", "2")])
+    run = tmp_path / "runs/tiny/version_0"
+    args = ["fit", *tiny_args(tmp_path, "--trainer.max_steps", "4", "--data.init_args.train_manifolds", "[sphere]"),
+            "--ckpt_path", "last"]
+    _assert_resume_refused(tmp_path, capsys, run, args,
+                           ["--data.init_args.train_manifolds[0] is 'sphere' here but 'cylinder' in the checkpoint"])
+
+
 def test_the_same_settings_resume_and_test(tmp_path, trained) -> None:
     """The check passes the config that wrote the checkpoint: resume to more steps, then test."""
     _copy_runs(trained, tmp_path)

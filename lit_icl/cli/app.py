@@ -43,6 +43,7 @@ from lit_icl.cli.checkpoints import (
     check_ckpt_classes,
     check_ckpt_hparams,
     check_ckpt_path,
+    check_resume_settings,
     pin_logger_version_for_resume,
     resolve_ckpt_path,
     unpin_logger_version,
@@ -278,6 +279,8 @@ class LitICLCLI(LightningCLI):
                 upgrade_checkpoint(ckpt)  # an older checkpoint's names compared as today's
                 check_ckpt_classes(path, ckpt, config, sub)
                 check_ckpt_hparams(path, ckpt, config)
+                if sub == "fit":  # a resume: the same data and seed (test / validate may evaluate on others)
+                    check_resume_settings(path, ckpt, config)
 
     def _parse_ckpt_path(self) -> None:
         """The checkpoint's module settings into the config, as LightningCLI does, with the class paths of moved

@@ -161,6 +161,68 @@ def check_ckpt_hparams(ckpt_path: Any, ckpt: dict[str, Any], config: Any) -> Non
         f"{shown}{more}; {fix}, or drop those settings"
     )
 
+def _recorded_seed(ckpt_path: Any) -> tuple[Any, Path | None]:
+    """``(seed_everything, config.yaml)`` as the run that wrote ``<run>/checkpoints/<file>.ckpt`` recorded it in its
+    ``config.yaml`` (LightningCLI writes the seed it used there; checkpoints do not hold it), or ``(None, None)``
+    when the checkpoint is not in such a folder or the file holds no seed."""
+    run_config = _run_config(ckpt_path)
+    if run_config is None or Path(ckpt_path).resolve().parent.name != "checkpoints":
+        return None, None  # a --checkpoint.dirpath of its own: the folder above it is not known to be the run's
+    import yaml
+
+    try:
+        recorded = yaml.safe_load(run_config.read_text())
+    except (OSError, yaml.YAMLError):
+        return None, None
+    if not isinstance(recorded, dict) or recorded.get("seed_everything") is None:
+        return None, None
+    return recorded["seed_everything"], run_config
+
+def check_resume_settings(ckpt_path: Any, ckpt: dict[str, Any], config: Any) -> None:
+    """Refuse ``fit --ckpt_path`` with another seed or other data settings than the run it resumes.
+
+    Lightning restores the weights, the optimizer and the loops, but builds the data module from the config and
+    seeds from ``seed_everything`` as given, so the rest of the run would train on other data (or, where a module
+    draws from the global RNG, as avMNIST's dropout does, other noise) while the run's ``config.yaml``, rewritten
+    on resume, would say the whole run used them. The data module's recorded arguments
+    (``datamodule_hyper_parameters``) are compared as :func:`check_ckpt_hparams` compares the model's, less those
+    its class declares free (:func:`lit_icl.core.data.args_free_on_resume`: data location, workers, stand-in
+    building, test-only sets); the seed against the run folder's ``config.yaml``. A checkpoint of older code
+    without data hyper-parameters, or away from its run folder, is not checked for what it lacks. ``test`` and
+    ``validate`` are not resumes and may use other data.
+    """
+    found = []
+    seed, run_config = _recorded_seed(ckpt_path)
+    wanted_seed = config.get("seed_everything")
+    # True draws a random seed and False seeds nothing: neither is the run's seed (True == 1 would pass ==).
+    if seed is not None and (seed != wanted_seed or isinstance(seed, bool) != isinstance(wanted_seed, bool)):
+        found.append(("seed_everything", seed, wanted_seed))
+    saved = ckpt.get("datamodule_hyper_parameters")
+    wanted = config.get("data")
+    if isinstance(saved, dict) and wanted is not None and hasattr(wanted, "init_args"):
+        from lit_icl.core.data import args_free_on_resume
+
+        free = args_free_on_resume(import_class(getattr(wanted, "class_path", None)))
+        init_args = wanted.init_args.as_dict() if hasattr(wanted.init_args, "as_dict") else dict(wanted.init_args or {})
+        found += _differences({k: v for k, v in saved.items() if k not in free},
+                              {k: v for k, v in init_args.items() if k not in free}, "data.init_args")
+    if not found:
+        return
+    where = {"seed_everything": "the run's config.yaml"}
+    shown = "; ".join(f"--{key} is {value!r} here but {old!r} in {where.get(key, 'the checkpoint')}"
+                      for key, old, value in found[:3])
+    more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+    data = any(key != "seed_everything" for key, *_ in found)
+    what = {(True, True): "another seed and other data settings", (True, False): "another seed",
+            (False, True): "other data settings"}[(found[0][0] == "seed_everything", data)]
+    run_config = run_config or _run_config(ckpt_path)
+    same = f" (or --config {quote(run_config)})" if run_config else ""
+    raise ConfigError(
+        f"--ckpt_path {ckpt_path} was trained with {what}, which a resumed run cannot change (it would go on with "
+        f"them while its config.yaml says the whole run did): {shown}{more}; drop those options to resume{same}, "
+        "or start a new run without --ckpt_path"
+    )
+
 def quote(path: Any) -> str:
     """A path as it can be pasted into a shell."""
     import shlex
