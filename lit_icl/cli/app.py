@@ -11,7 +11,9 @@ gives bit-identical CPU runs and exact resumes; TensorBoard runs named after the
 against the config's earlier runs (:mod:`~lit_icl.cli.checkpoints`); ``--early_stopping.*`` and ``--compile.*``
 (:mod:`~lit_icl.cli.trainer_setup`); results files and the finite-loss guard on every run. Bad input of every
 kind (YAML, keys, values, trainer flags, output folders, checkpoints, monitors; :mod:`~lit_icl.cli.checks`) stops
-the program before anything is written, with one line ``lit_icl: error: ...`` and exit status 2.
+the program before anything is written, with one line ``lit_icl: error: ...`` and exit status 2. Checkpoints are
+written atomically (:mod:`~lit_icl.core.checkpoint_io`), and a full disk ends a run with one such line (the path,
+the cause, where to resume) and exit status 74.
 """
 
 from __future__ import annotations
@@ -61,11 +63,23 @@ from lit_icl.cli.checks import (
     check_trainer_counts,
     check_val_interval,
 )
-from lit_icl.cli.messages import find_config_error, one_line_parser_error, overlay_hint, trainer_error_message
+from lit_icl.cli.messages import (
+    find_config_error,
+    find_error,
+    one_line_parser_error,
+    overlay_hint,
+    trainer_error_message,
+)
 from lit_icl.cli.naming import DEFAULT_RUN_NAME, name_run_from_configs
 from lit_icl.cli.runlock import lock_run_folder, release_run_folders
-from lit_icl.cli.trainer_setup import add_compile, add_early_stopping, no_op_profiler, quiet_progress_bar
-from lit_icl.core.errors import ConfigError
+from lit_icl.cli.trainer_setup import (
+    add_compile,
+    add_early_stopping,
+    no_op_profiler,
+    quiet_progress_bar,
+    use_atomic_checkpoint_io,
+)
+from lit_icl.core.errors import EXIT_STORAGE, ConfigError, StorageError
 from lit_icl.core.legacy import upgrade_checkpoint, upgrade_hparams
 from lit_icl.core.module import UNRECORDED_NETS, ICLModule
 from lit_icl.core.results import PredictionsWriter, ResultsWriter
@@ -375,6 +389,7 @@ class LitICLCLI(LightningCLI):
         add_compile(trainer, self.model, config.get("compile"))
         quiet_progress_bar(trainer)
         no_op_profiler(trainer)
+        use_atomic_checkpoint_io(trainer)  # a full disk cannot leave a truncated last.ckpt over a complete one
         if sub in (None, "fit"):
             # Only training stops early. A fit's saved config.yaml carries its early_stopping options, and
             # `test --config <that file>` must run without them (a test has no validation rounds to count).
@@ -473,12 +488,20 @@ def main(args: ArgsType = None) -> None:
         sys.exit(2)
     except Exception as err:
         config_error = find_config_error(err)
-        if config_error is None:
-            _HELD.release()  # not a refusal: everything printed so far may explain the failure
-            raise
-        _HELD.drop()
-        print(f"lit_icl: error: {config_error}", file=sys.stderr)
-        sys.exit(2)
+        if config_error is not None:
+            _HELD.drop()
+            print(f"lit_icl: error: {config_error}", file=sys.stderr)
+            sys.exit(2)
+        storage_error = find_error(err, StorageError)
+        if storage_error is not None:
+            # A full disk or a refused write (a checkpoint, or the output folder before the run): the input is
+            # fine and the run resumes once there is space, so not status 2 (see EXIT_STORAGE). Under DDP only
+            # rank 0 writes checkpoints, so only it has this to say.
+            _HELD.drop()
+            print(f"lit_icl: error: {storage_error}", file=sys.stderr)
+            sys.exit(EXIT_STORAGE)
+        _HELD.release()  # not a refusal: everything printed so far may explain the failure
+        raise
     finally:
         _HELD.release()  # --help, --print_config and a finished run print what was held (nothing if released)
         _TRAINERS.clear()

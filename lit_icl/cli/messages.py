@@ -7,10 +7,12 @@ import dataclasses
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from lit_icl.cli.checkpoints import import_class
 from lit_icl.core.errors import ConfigError
+
+E = TypeVar("E", bound=BaseException)
 
 
 def trainer_error_message(err: BaseException, option: str = "--trainer") -> str:
@@ -43,10 +45,14 @@ def find_config_error(err: BaseException) -> ConfigError | None:
     jsonargparse re-raises errors from class constructors inside nested (sub)class arguments as a long
     multi-line ``ValueError`` chained ``from`` the original one; the original holds the one-line message.
     """
+    return find_error(err, ConfigError)
+
+def find_error(err: BaseException, kind: type[E]) -> E | None:
+    """The exception of type ``kind`` that is ``err`` or behind it (its cause or context, recursively), if any."""
     seen: set[int] = set()
     current: BaseException | None = err
     while current is not None and id(current) not in seen:
-        if isinstance(current, ConfigError):
+        if isinstance(current, kind):
             return current
         seen.add(id(current))
         current = current.__cause__ or current.__context__

@@ -1,6 +1,6 @@
 """What the CLI adds to a built trainer: the shared early-stopping rule, compiled nets, a progress bar that
-does not make the host wait for the device or spend its time at every batch, and a default profiler that costs
-no time per hook call."""
+does not make the host wait for the device or spend its time at every batch, a default profiler that costs
+no time per hook call, and checkpoint files written atomically."""
 
 from __future__ import annotations
 
@@ -9,10 +9,13 @@ from typing import Any
 
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar, TQDMProgressBar
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.plugins.io.wrapper import _WrappingCheckpointIO
 from lightning.pytorch.profilers import PassThroughProfiler
 
 from lit_icl.callbacks.compile import CompileNets, compile_targets, resolve_mode
 from lit_icl.callbacks.stopping import StopWhenConverged
+from lit_icl.core.checkpoint_io import AtomicCheckpointIO
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.module import ICLModule
 from lit_icl.core.validation import check_int, check_nonnegative
@@ -159,3 +162,15 @@ def no_op_profiler(trainer: Trainer) -> None:
     line or config names (``--trainer.profiler simple``) is left as it is."""
     if type(trainer.profiler) is PassThroughProfiler:
         trainer.profiler = NoOpProfiler()
+
+
+def use_atomic_checkpoint_io(trainer: Trainer) -> None:
+    """Write the trainer's checkpoints with :class:`~lit_icl.core.checkpoint_io.AtomicCheckpointIO` where it
+    would use Lightning's plain ``TorchCheckpointIO`` (also as the base of a wrapping plugin such as
+    ``AsyncCheckpointIO``). A checkpoint plugin the config names, or a strategy's own (XLA's), is left as it is."""
+    strategy = trainer.strategy
+    current = strategy.checkpoint_io  # Lightning's default is made on first access
+    if type(current) is TorchCheckpointIO:
+        strategy.checkpoint_io = AtomicCheckpointIO()
+    elif isinstance(current, _WrappingCheckpointIO) and type(current.checkpoint_io) is TorchCheckpointIO:
+        current._checkpoint_io = AtomicCheckpointIO()  # its setter keeps a base once set

@@ -1,6 +1,8 @@
 """``RunCheckpoint`` writes ``last.ckpt`` at every epoch's save point and at the end of training, whatever its
 top-k settings: Lightning 2.6 writes it only beside a top-k file, so with ``save_top_k: 0`` (I2CL's configs) a run
-had no ``last.ckpt`` until it finished, and with ``every_n_train_steps`` only every N steps."""
+had no ``last.ckpt`` until it finished, and with ``every_n_train_steps`` only every N steps. Every CLI trainer writes
+its checkpoints atomically (``AtomicCheckpointIO``): a save cut short by a full disk keeps the earlier file, and
+the run ends with one line and status 74."""
 
 from __future__ import annotations
 
@@ -64,3 +66,110 @@ def test_last_written_every_n_steps_is_written_again_after_the_round_that_follow
     last = torch.load(tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt", weights_only=True)
     assert counter.rounds == 2 and last["global_step"] == 10
     assert last["callbacks"]["RoundCounter"] == {"rounds": 2}
+
+
+# Checkpoint files written atomically (lit_icl.core.checkpoint_io): a save cut short by a full disk leaves the
+# earlier file as it was, and the CLI ends such a run with one line.
+
+def _checkpoint(step: int) -> dict:
+    return {"state_dict": {"w": torch.arange(50_000, dtype=torch.float32) + step}, "global_step": step}
+
+
+def _fail_midway(monkeypatch) -> None:
+    """Make every checkpoint write stop with ENOSPC after half its bytes, as a full disk does."""
+    import errno
+
+    from lit_icl.core.checkpoint_io import AtomicCheckpointIO
+
+    real = AtomicCheckpointIO._write_bytes
+
+    def half_then_full(fd: int, data: memoryview) -> None:
+        real(fd, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(AtomicCheckpointIO, "_write_bytes", staticmethod(half_then_full))
+
+
+def test_a_save_writes_a_file_torch_load_reads_and_leaves_nothing_else(tmp_path) -> None:
+    from lit_icl.core.checkpoint_io import AtomicCheckpointIO
+
+    target = tmp_path / "checkpoints" / "last.ckpt"
+    AtomicCheckpointIO().save_checkpoint(_checkpoint(3), target)
+    AtomicCheckpointIO().save_checkpoint(_checkpoint(4), target)  # over an existing file
+    loaded = torch.load(target, weights_only=True)
+    assert loaded["global_step"] == 4 and torch.equal(loaded["state_dict"]["w"], _checkpoint(4)["state_dict"]["w"])
+    assert [p.name for p in target.parent.iterdir()] == ["last.ckpt"]
+
+
+def test_a_save_that_fails_midway_leaves_the_earlier_checkpoint_byte_identical(tmp_path, monkeypatch) -> None:
+    import errno
+
+    from lit_icl.core.checkpoint_io import AtomicCheckpointIO
+    from lit_icl.core.errors import StorageError
+
+    target = tmp_path / "last.ckpt"
+    AtomicCheckpointIO().save_checkpoint(_checkpoint(3), target)
+    before = target.read_bytes()
+    _fail_midway(monkeypatch)
+    with pytest.raises(StorageError) as info:
+        AtomicCheckpointIO().save_checkpoint(_checkpoint(4), target)
+    assert target.read_bytes() == before  # Lightning's save left the first half of the new file here
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temporary file
+    assert info.value.__cause__.errno == errno.ENOSPC
+    assert str(info.value) == (
+        f"could not write the checkpoint {target}: the disk is full (ENOSPC); last.ckpt is unchanged; free space on "
+        f"the disk of {tmp_path}, then resume with --ckpt_path last (the earlier last.ckpt is complete)")
+    with pytest.raises(StorageError, match="was not created; .* then run the same command again"):
+        AtomicCheckpointIO().save_checkpoint(_checkpoint(4), tmp_path / "elsewhere" / "last.ckpt")
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_every_cli_trainer_writes_atomically_and_a_plugin_of_ones_own_is_kept(tmp_path) -> None:
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
+
+    from lit_icl.cli.trainer_setup import use_atomic_checkpoint_io
+    from lit_icl.core.checkpoint_io import AtomicCheckpointIO
+
+    cli = LitICLCLI(LightningModule, LightningDataModule, run=False, args=reg_args(tmp_path, overlay("cpu")))
+    assert type(cli.trainer.strategy.checkpoint_io) is AtomicCheckpointIO
+
+    class Mine(TorchCheckpointIO):
+        pass
+
+    trainer = Trainer(plugins=[Mine()], logger=False, enable_checkpointing=False, accelerator="cpu")
+    use_atomic_checkpoint_io(trainer)
+    assert type(trainer.strategy.checkpoint_io) is Mine
+    trainer = Trainer(plugins=[AsyncCheckpointIO()], logger=False, enable_checkpointing=False, accelerator="cpu")
+    use_atomic_checkpoint_io(trainer)  # a wrapper without a base of its own gets the atomic one as its base
+    assert type(trainer.strategy.checkpoint_io.checkpoint_io) is AtomicCheckpointIO
+
+
+def test_a_full_disk_during_fit_is_one_line_exit_74_and_last_ckpt_stays_complete(tmp_path, capsys,
+                                                                                 monkeypatch) -> None:
+    """The second epoch's save hits a full disk: the run ends with one line naming the file, the cause and the
+    resume (exit status 74, not a traceback), and ``last.ckpt`` still holds the first epoch."""
+    from lit_icl.cli import main
+    from lit_icl.core.checkpoint_io import AtomicCheckpointIO
+
+    args = reg_args(tmp_path, overlay("cpu"), "--trainer.max_steps", "4")  # 2 steps an epoch: saves at 2 and 4
+    real_save = AtomicCheckpointIO.save_checkpoint
+
+    def full_after_first_epoch(self, checkpoint, path, storage_options=None):
+        if checkpoint["global_step"] > 2:
+            _fail_midway(monkeypatch)
+        real_save(self, checkpoint, path, storage_options)
+
+    monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", full_after_first_epoch)
+    with pytest.raises(SystemExit) as info:
+        main(["fit", *args])
+    assert info.value.code == 74
+    err = capsys.readouterr().err
+    folder = tmp_path / "runs/tiny/version_0/checkpoints"
+    lines = [ln for ln in err.splitlines() if ln.startswith("lit_icl: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"lit_icl: error: could not write the checkpoint {folder}/")
+    assert "the disk is full (ENOSPC)" in lines[0] and lines[0].endswith("then resume with --ckpt_path last "
+                                                                        "(the earlier last.ckpt is complete)")
+    assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == 2
+    assert sorted(p.name for p in folder.iterdir()) == ["epoch=0-step=2.ckpt", "last.ckpt"]
