@@ -38,6 +38,33 @@ def test_ckpt_path_that_is_not_a_checkpoint(tmp_path, capsys) -> None:
     assert line.startswith(f"lit_icl: error: --ckpt_path {bogus} is not a PyTorch checkpoint")
 
 
+@pytest.mark.parametrize("sibling", [True, False], ids=["complete_sibling", "alone"])
+def test_ckpt_path_cut_short_is_called_damaged_and_names_the_newest_complete_one(tmp_path, capsys, sibling) -> None:
+    """A checkpoint cut at half its length (a full disk under an earlier, non-atomic save) is not 'not a PyTorch
+    checkpoint ... written by fit': fit wrote it. The line says it is damaged and names what to resume from."""
+    import os
+
+    folder = tmp_path / "old" / "checkpoints"
+    folder.mkdir(parents=True)
+    cut = folder / "last.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(1000)}, "global_step": 40}, cut)
+    cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
+    complete = folder / "epoch=0-step=20.ckpt"
+    if sibling:
+        torch.save({"state_dict": {"w": torch.zeros(1000)}, "global_step": 20}, complete)
+        older = folder / "epoch=0-step=10.ckpt"
+        torch.save({"state_dict": {}, "global_step": 10}, older)
+        os.utime(older, (1, 1))  # older than the one to name
+    line = assert_rejected(tmp_path, capsys, ["fit", *tiny_args(tmp_path), "--ckpt_path", str(cut)],
+                           f"--ckpt_path {cut} is damaged or truncated")
+    assert "not a PyTorch checkpoint" not in line
+    if sibling:
+        assert line.endswith(f"pass the newest complete checkpoint in its folder, --ckpt_path {complete}")
+    else:
+        assert line.endswith("its folder holds no other complete checkpoint, so start the run again without "
+                             "--ckpt_path")
+
+
 def test_run_is_named_after_its_config_files() -> None:
     from lit_icl.cli import run_name
 

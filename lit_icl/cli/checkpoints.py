@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from lit_icl.core.checkpoint_io import complete_checkpoints, is_cut_short
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.legacy import current_class_path
 
@@ -41,6 +42,8 @@ def check_ckpt_path(ckpt_path: str | None) -> dict[str, Any] | None:
         # Lightning reads the checkpoint with weights_only=True as well, so this is the same test it applies.
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - any failure means Lightning could not read it either
+        if is_cut_short(path) or "PytorchStreamReader failed" in str(err):
+            raise ConfigError(damaged_message(ckpt_path, path, err)) from None
         raise ConfigError(
             f"--ckpt_path {ckpt_path} is not a PyTorch checkpoint ({type(err).__name__}); "
             "pass a .ckpt written by `python -m lit_icl fit`"
@@ -51,6 +54,16 @@ def check_ckpt_path(ckpt_path: str | None) -> dict[str, Any] | None:
             "pass a .ckpt written by `python -m lit_icl fit`"
         )
     return ckpt
+
+def damaged_message(ckpt_path: Any, path: Path, err: BaseException) -> str:
+    """The refusal of a checkpoint file that is cut short or damaged (written by an earlier version that a full disk
+    or a killed copy interrupted), with the newest complete checkpoint beside it to resume from instead."""
+    size = path.stat().st_size
+    what = "empty (0 bytes)" if size == 0 else f"damaged or truncated ({size} bytes; torch: {type(err).__name__})"
+    others = complete_checkpoints(path.parent, besides=path)
+    fix = (f"pass the newest complete checkpoint in its folder, --ckpt_path {quote(others[0])}" if others else
+           "its folder holds no other complete checkpoint, so start the run again without --ckpt_path")
+    return f"--ckpt_path {ckpt_path} is {what}, probably cut short by a full disk or an interrupted copy; {fix}"
 
 def _checkpoints_in(folder: Path) -> list[Path]:
     """The ``.ckpt`` files under ``folder``, ``last.ckpt`` of the newest run first (what a user most likely means)."""
