@@ -18,8 +18,8 @@ ERROR_PREFIX = "lit_icl: error:"
 
 
 def assert_rejected(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], needle: str,
-                    *, runs_exist: bool = False) -> str:
-    """``lit_icl.cli.main(args)`` exits with status 2 and prints only one ``lit_icl: error:`` line containing ``needle``.
+                    *, runs_exist: bool = False, status: int = 2) -> str:
+    """``lit_icl.cli.main(args)`` exits with status 2 (or ``status``) and prints only one ``lit_icl: error:`` line containing ``needle``.
 
     ``args`` is the full command line after ``python -m lit_icl`` (subcommand first) and must log under
     ``tmp_path / "runs"``; nothing may be written anywhere under ``tmp_path`` (inputs a test put there before
@@ -29,7 +29,7 @@ def assert_rejected(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: li
     before = _tree(tmp_path)
     with pytest.raises(SystemExit) as info:
         main(args)
-    assert info.value.code == 2, f"exit status {info.value.code}, expected 2"
+    assert info.value.code == status, f"exit status {info.value.code}, expected {status}"
     captured = capsys.readouterr()
     err = captured.err
     lines = [ln for ln in err.splitlines() if ln.startswith(ERROR_PREFIX)]

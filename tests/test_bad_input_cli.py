@@ -168,6 +168,19 @@ def test_a_read_only_run_name_folder_is_refused_too(tmp_path, capsys, monkeypatc
                     f"--trainer.logger.init_args.save_dir {save_dir}: {save_dir / 'reg'} is not writable")
 
 
+def test_an_output_folder_on_a_full_disk_is_one_line_exit_74_before_anything_is_written(tmp_path, capsys,
+                                                                                        monkeypatch) -> None:
+    """TensorBoard left an empty ``version_0/`` with a 0-byte events file and a traceback; a full disk is the
+    environment's failure, not bad input, so its status is 74 (``EXIT_STORAGE``), not 2."""
+    import shutil
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(3 << 20, 3 << 20, 0))
+    line = assert_rejected(tmp_path, capsys, ["fit", *reg_args(tmp_path, CONFIG)],
+                           f"--trainer.logger.init_args.save_dir {tmp_path / 'runs'}: the disk of {tmp_path} is full "
+                           "(0 bytes free)", status=74)
+    assert line.endswith("free space there, or choose a folder on another disk")
+
+
 def test_a_checkpoint_of_another_experiment_names_both_and_the_config_that_wrote_it(tmp_path, capsys, inputs) -> None:
     run = tmp_path / "old" / "version_0"
     (run / "checkpoints").mkdir(parents=True)

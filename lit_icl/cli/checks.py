@@ -4,6 +4,7 @@ monitored metrics and output folders. Each refuses with a :class:`ConfigError` t
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from lit_icl.cli.checkpoints import import_class, pinned_run_folder
 from lit_icl.cli.messages import config_paths
 from lit_icl.core.configfiles import check_config_file
-from lit_icl.core.errors import ConfigError
+from lit_icl.core.errors import ConfigError, StorageError
 from lit_icl.core.module import ICLModule
 
 
@@ -128,9 +129,15 @@ def check_fit_trains(trainer: Any) -> None:
                               "use `validate` or `test` to evaluate without training")
 
 
+#: Less free space than this on an output folder's disk stops a run before it starts: not even a small
+#: checkpoint fits, and TensorBoard would leave an empty events file and a traceback.
+MIN_FREE_BYTES = 1 << 20
+
+
 def check_output_writable(trainer: Trainer) -> None:
     """Refuse output folders that cannot be created or written (read-only, or under a file), before the run
-    creates them; Lightning would fail with a ``PermissionError`` after it has started."""
+    creates them; Lightning would fail with a ``PermissionError`` after it has started. A folder on a full disk
+    (under :data:`MIN_FREE_BYTES` free) is a :class:`StorageError` (the environment's, not the input's)."""
     folders: list[tuple[str, Any, Any]] = []  # (option, its value, the folder the run will write into)
     for logger in trainer.loggers:
         save_dir = getattr(logger, "save_dir", None)
@@ -154,6 +161,12 @@ def check_output_writable(trainer: Trainer) -> None:
             raise ConfigError(
                 f"{option} {folder}: {existing} is not writable; choose a folder you can write to "
                 f"(e.g. {option} runs)"
+            )
+        usage = shutil.disk_usage(existing)
+        if 0 < usage.total and usage.free < MIN_FREE_BYTES:  # pseudo file systems report a total of 0
+            raise StorageError(
+                f"{option} {folder}: the disk of {existing} is full ({usage.free} bytes free); free space there, "
+                "or choose a folder on another disk"
             )
 
 
