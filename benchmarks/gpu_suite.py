@@ -35,7 +35,7 @@ the report):
 The report names the device, torch version, date, commit and every command, and what a unit of host work
 costs on that machine (a Python call, a small torch op on the CPU and on the GPU), tabulates the speed goals its steps
 measured (met or not), and keeps each script's output verbatim; a step that fails or times out is reported as such (with its last lines) and the suite goes on. The
-per-step time limits add up to 120 minutes. With less GPU time (a 15-minute lease), name the steps wanted most
+per-step time limits add up to 120 minutes. With less GPU time (say 10 minutes), name the steps wanted most
 with ``--only``, take their short forms with ``--short`` (fewer modes and steps, the same code paths) and cap
 the whole suite with ``--budget``; the report is rewritten after each step:
 
@@ -580,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None,
                         help="comma-separated step names, run in the order given (default: all, in the order above)")
     parser.add_argument("--short", action="store_true",
-                        help="the steps' short forms: fewer modes and steps, the same code paths (a 15-minute lease)")
+                        help="the steps' short forms: fewer modes and steps, the same code paths; about 10 minutes for a chosen few")
     parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                         help="wall time for the whole suite: each step gets at most what is left (less 30 s in "
                              "which a stopped step reports what it measured), and steps that find nothing left are "
