@@ -5,7 +5,9 @@
 
 Each argument is a run folder or a ``results.json`` (see :mod:`lit_icl.core.results`). Runs whose configs differ
 only in their seeds (``seed_everything``, ``data_seed``) and in where they log form one *experiment*, and their
-rows are averaged: cells read ``mean ± sd`` over the runs (the table header says how many). An experiment is
+rows are averaged: cells read ``mean ± sd`` over the runs (the table header says how many). A run that repeats
+another's test (the same checkpoint, config and seeds) gives the same numbers again: it is counted once, with a
+note. An experiment is
 named by its TensorBoard logger name unless ``--labels`` gives one label per run (runs with the same label are
 then pooled). A row coordinate named ``seed`` (I2CL writes one) marks a replicate too, so its values are pooled
 the same way unless ``--x seed`` asks for one column per seed.
@@ -39,27 +41,54 @@ LOGGING_KEYS = ("logger", "default_root_dir", "enable_progress_bar", "enable_mod
 REPLICATE_COORDS = ("seed",)
 
 
+def _strip(value: Any, skip: Sequence[str], depth: int = 0) -> Any:
+    """``value`` without the keys ``skip`` (anywhere) and the logging keys of its sections (``trainer.logger``)."""
+    if isinstance(value, Mapping):
+        return {
+            k: _strip(v, skip, depth + 1)
+            for k, v in sorted(value.items())
+            if k not in skip and not (depth == 1 and k in LOGGING_KEYS)
+        }
+    if isinstance(value, list):
+        return [_strip(v, skip, depth + 1) for v in value]
+    return value
+
+
+def _sections(config: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {k: (config or {}).get(k) for k in ("model", "data", "trainer")}
+
+
 def experiment_fingerprint(meta: Mapping[str, Any]) -> str:
     """A hash of the run's config, and of the config of the fit that trained its checkpoint, without seeds and
     logging: equal for runs that differ only in seed."""
-
-    def strip(value: Any, depth: int = 0) -> Any:
-        if isinstance(value, Mapping):
-            return {
-                k: strip(v, depth + 1)
-                for k, v in sorted(value.items())
-                if k not in SEED_KEYS and not (depth == 1 and k in LOGGING_KEYS)
-            }
-        if isinstance(value, list):
-            return [strip(v, depth + 1) for v in value]
-        return value
-
-    config = meta.get("config") or {}
-    core = strip({k: config.get(k) for k in ("model", "data", "trainer")})
+    core = _strip(_sections(meta.get("config")), SEED_KEYS)
     fit = meta.get("fit_config")
     if fit:  # what the tested checkpoint was trained on: tests of models trained differently are not seeds
-        core["fit"] = strip({k: fit.get(k) for k in ("model", "data", "trainer")})
+        core["fit"] = _strip(_sections(fit), SEED_KEYS)
     return hashlib.sha1(json.dumps(core, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def repeat_key(meta: Mapping[str, Any]) -> str:
+    """Equal for two tests of the same checkpoint (path, trained steps and the fit's config) with the same config
+    and seeds, wherever they logged: the same numbers twice, which must not count as two replicates."""
+    config = meta.get("config") or {}
+    key = {"config": _strip(_sections(config), ("ckpt_path",)), "seed": config.get("seed_everything"),
+           "checkpoint": meta.get("checkpoint"), "steps": meta.get("trained_steps"),
+           "fit": _strip(_sections(meta.get("fit_config")), ())}
+    return json.dumps(key, sort_keys=True, default=str)
+
+
+def drop_repeats(runs: Sequence[Mapping[str, Any]], names: Sequence[str]) -> tuple[list[int], list[str]]:
+    """The indices of the runs to keep (the first of each :func:`repeat_key`) and a note per run left out."""
+    first: dict[str, int] = {}
+    kept, notes = [], []
+    for i, run in enumerate(runs):
+        j = first.setdefault(repeat_key(run["meta"]), i)
+        if j == i:
+            kept.append(i)
+        else:
+            notes.append(f"{names[i]} repeats {names[j]} (the same checkpoint, config and seeds); counted once")
+    return kept, notes
 
 
 def _logger_name(meta: Mapping[str, Any]) -> str | None:
@@ -195,7 +224,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     except (FileNotFoundError, ValueError) as err:
         print(f"lit_icl.report: error: {err}", file=sys.stderr)
         sys.exit(2)
-    rows = pooled_rows(runs, label_runs(runs, args.labels))
+    kept, notes = drop_repeats(runs, args.runs)
+    for note in notes:
+        print(f"lit_icl.report: note: {note}", file=sys.stderr)
+    labels = label_runs([runs[i] for i in kept], [args.labels[i] for i in kept] if args.labels else None)
+    rows = pooled_rows([runs[i] for i in kept], labels)
     if args.split:
         splits = sorted({str(r["split"]) for r in rows})
         rows = [r for r in rows if r["split"] == args.split]

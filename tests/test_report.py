@@ -196,3 +196,28 @@ def test_a_figure_with_too_many_lines_for_one_panel_gets_a_panel_per_shift(tmp_p
     assert all([t.get_text() for t in ax.get_legend().get_texts()] == ["coqe", "least_squares"] for ax in fig.axes)
     fig = report_figure(rows(2), "n_context", "mse")  # 4 lines: one panel will do
     assert len(fig.axes) == 1 and len(fig.axes[0].get_lines()) == 4
+
+
+def test_a_repeated_test_of_one_checkpoint_counts_once_with_a_note(tmp_path, capsys) -> None:
+    """Testing the same checkpoint twice with the same config and seeds gives the same numbers twice: averaged as
+    two replicates they would narrow the sd to 0 and outweigh the other seeds."""
+    def run(path, acc: float, seed: int, ckpt_seed: int) -> str:
+        config = {"seed_everything": seed, "model": {"init_args": {"lr": 0.003}},
+                  "data": {"init_args": {"data_seed": seed}},
+                  "trainer": {"logger": {"init_args": {"name": "T", "version": path.name}}}}
+        write_results(path, [result_row("accuracy", acc, method="E2E")],
+                      {"config": config, "checkpoint": f"runs/F/s{ckpt_seed}/checkpoints/last.ckpt",
+                       "trained_steps": 40})
+        return str(path)
+
+    runs = [run(tmp_path / "a", 0.70, 0, 0), run(tmp_path / "b", 0.90, 1, 1), run(tmp_path / "a_again", 0.70, 0, 0)]
+    report(runs)
+    out = capsys.readouterr()
+    assert "n = 2 runs per cell" in out.out
+    assert f"| E2E | 0.800 ± {statistics.stdev([0.70, 0.90]):.3f} |" in out.out
+    assert out.err.strip() == (f"lit_icl.report: note: {runs[2]} repeats {runs[0]} (the same checkpoint, config "
+                               "and seeds); counted once")
+    # Another seed for the same checkpoint (other test data) is a replicate of its own.
+    runs.append(run(tmp_path / "a_seed2", 0.60, 2, 0))
+    report(runs)
+    assert "n = 3 runs per cell" in capsys.readouterr().out
