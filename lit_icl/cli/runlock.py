@@ -22,8 +22,9 @@ try:
 except ImportError:  # not a POSIX system: runs go unlocked
     fcntl = None  # type: ignore[assignment]
 
-#: Folder descriptors held by this process's current run (released by :func:`release_run_folders`).
-_HELD: list[int] = []
+#: ``(descriptor, the folders made for it, deepest first)`` per folder locked by the current run (released by
+#: :func:`release_run_folders`).
+_HELD: list[tuple[int, list[Path]]] = []
 
 
 def lock_run_folder(trainer: Trainer) -> Path | None:
@@ -35,7 +36,8 @@ def lock_run_folder(trainer: Trainer) -> Path | None:
     log_dir = trainer.log_dir
     if not log_dir or "://" in str(log_dir):  # remote storage: its client's business
         return None
-    folder = Path(log_dir)
+    folder = Path(log_dir).absolute()
+    made = [p for p in (folder, *folder.parents) if not p.exists()]
     folder.mkdir(parents=True, exist_ok=True)
     fd = os.open(folder, os.O_RDONLY)
     try:
@@ -49,12 +51,20 @@ def lock_run_folder(trainer: Trainer) -> Path | None:
     except OSError:
         os.close(fd)
         return None
-    _HELD.append(fd)
+    _HELD.append((fd, made))
     return folder
 
 
 def release_run_folders() -> None:
     """Release the folders this process locked (at the end of a CLI call; a new call in the same process, as in
-    a notebook or the tests, may run in the same folder again)."""
+    a notebook or the tests, may run in the same folder again). A folder the lock created that is still empty (the
+    run was refused while it set up, e.g. on an unreadable image) is removed, with the empty folders made above it:
+    a refusal leaves nothing behind."""
     while _HELD:
-        os.close(_HELD.pop())
+        fd, made = _HELD.pop()
+        os.close(fd)
+        for folder in made:  # deepest first
+            try:
+                folder.rmdir()  # only succeeds while empty
+            except OSError:
+                break
