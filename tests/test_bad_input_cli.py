@@ -136,10 +136,11 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, input
 
 
 @pytest.mark.parametrize("extra", [["--trainer.val_check_interval", "2"],
-                                   ["--trainer.val_check_interval", "3", "--trainer.check_val_every_n_epoch", "null"]])
+                                   ["--trainer.val_check_interval", "3", "--trainer.check_val_every_n_epoch", "null"],
+                                   ["--trainer.val_check_interval", "3", "--trainer.limit_val_batches", "0"]])
 def test_a_validation_interval_of_an_epoch_or_across_epochs_runs(tmp_path, extra) -> None:
-    """The refusal above stops at Lightning's own limit: an interval of a whole epoch, or one that spans epochs
-    when validation does not wait for epochs, trains and validates."""
+    """The refusal above stops at Lightning's own limit: an interval of a whole epoch, one that spans epochs when
+    validation does not wait for epochs, or any interval with validation off, trains."""
     main(["fit", *reg_args(tmp_path, CONFIG), *extra])
     assert list((tmp_path / "runs").rglob("last.ckpt"))
 
@@ -292,8 +293,9 @@ def test_a_resume_may_change_how_data_is_loaded_and_what_only_test_reads(tmp_pat
     a resume) of the checkpoint may use other data and another seed."""
     _copy_runs(trained, tmp_path)
     run = tmp_path / "runs/tiny/version_0"
+    # seed_everything true: Lightning seeds PL_GLOBAL_SEED or 0, the 0 the run's config.yaml holds.
     free = ["--data.init_args.num_workers", "1", "--data.init_args.eval_batch_size", "4",
-            "--data.init_args.test_prompts", "16", "--data.init_args.shifts", "[id]"]
+            "--data.init_args.test_prompts", "16", "--data.init_args.shifts", "[id]", "--seed_everything", "true"]
     main(["fit", *reg_args(tmp_path, CONFIG, "--trainer.max_steps", "6", *free), "--ckpt_path", "last"])
     assert torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=True)["global_step"] == 6
     main(["test", *reg_args(tmp_path, CONFIG, "--data.init_args.data_seed", "5", "--seed_everything", "3"),

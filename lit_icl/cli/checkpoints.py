@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -207,6 +208,8 @@ def check_resume_settings(ckpt_path: Any, ckpt: dict[str, Any], config: Any) -> 
     found = []
     seed, run_config = _recorded_seed(ckpt_path)
     wanted_seed = config.get("seed_everything")
+    if wanted_seed is True:  # Lightning seeds PL_GLOBAL_SEED or 0 (no random draw), which config.yaml records
+        wanted_seed = int(os.environ.get("PL_GLOBAL_SEED", "0"))
     # True draws a random seed and False seeds nothing: neither is the run's seed (True == 1 would pass ==).
     if seed is not None and (seed != wanted_seed or isinstance(seed, bool) != isinstance(wanted_seed, bool)):
         found.append(("seed_everything", seed, wanted_seed))

@@ -66,13 +66,13 @@ def check_val_interval(trainer: Trainer, datamodule: Any) -> None:
     hparams = getattr(datamodule, "hparams", None) or {}
     per_epoch = hparams.get("train_batches_per_epoch") if hasattr(hparams, "get") else None
     if (isinstance(interval, bool) or not isinstance(interval, int) or trainer.check_val_every_n_epoch is None
-            or not isinstance(per_epoch, int)):
-        return
+            or not isinstance(per_epoch, int) or not trainer.limit_val_batches):
+        return  # as Lightning: no rule without epochs to wait for, or without validation
     limit = trainer.limit_train_batches
     batches = min(per_epoch, limit) if isinstance(limit, int) and not isinstance(limit, bool) else per_epoch
     if isinstance(limit, float) and limit < 1.0:
         batches = int(per_epoch * limit)
-    if interval > batches:
+    if 0 < batches < interval:  # no training batches: Lightning trains nothing and checks nothing
         raise ConfigError(
             f"--trainer.val_check_interval={interval} is longer than an epoch ({batches} training batches); give at "
             f"most {batches}, or add --trainer.check_val_every_n_epoch null to validate every {interval} steps "
