@@ -74,6 +74,7 @@ def save_atomically(data: memoryview | bytes, target: Path, write: Any = None) -
     temporary file is removed and the exception propagates; ``target`` is then as it was."""
     write = write or AtomicCheckpointIO._write_bytes
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(target)
     temporary = target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     # O_EXCL: never another's file; mode 0o666 less the umask, as a plain open() would give the target.
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
@@ -91,6 +92,31 @@ def save_atomically(data: memoryview | bytes, target: Path, write: Any = None) -
             pass  # the error that brought us here is the one to report
         raise
     _fsync_folder(target.parent)
+
+
+def remove_stale_temporaries(target: Path) -> list[Path]:
+    """Remove the temporary files of saves of ``target`` whose writer no longer runs (a process killed outright
+    mid-save, e.g. SIGKILL after a scheduler's grace period, cannot remove its own): each is as large as a whole
+    checkpoint. A writer is known by the pid in the file's name; one still running, or not ours to signal, keeps
+    its file. Returns what was removed."""
+    removed = []
+    for stale in target.parent.glob(f".{target.name}.*.tmp"):
+        pid = stale.name[len(target.name) + 2:].split(".", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)  # signal 0: does the process exist?
+            continue
+        except ProcessLookupError:
+            pass
+        except OSError:  # it exists but is another user's
+            continue
+        try:
+            stale.unlink()
+            removed.append(stale)
+        except OSError:
+            pass
+    return removed
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -6,6 +6,8 @@ the run ends with one line and status 74."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from coqe.regression.helpers import overlay, reg_args
@@ -99,6 +101,27 @@ def test_a_save_writes_a_file_torch_load_reads_and_leaves_nothing_else(tmp_path)
     loaded = torch.load(target, weights_only=True)
     assert loaded["global_step"] == 4 and torch.equal(loaded["state_dict"]["w"], _checkpoint(4)["state_dict"]["w"])
     assert [p.name for p in target.parent.iterdir()] == ["last.ckpt"]
+
+
+def test_a_save_removes_what_a_killed_writer_left_and_keeps_a_live_writers_file(tmp_path) -> None:
+    """A process killed outright mid-save leaves its temporary file (as large as a checkpoint); the next save of the
+    same file removes it, but not the file of a writer that still runs, nor another checkpoint's."""
+    import subprocess
+    import sys
+
+    from lit_icl.core.checkpoint_io import AtomicCheckpointIO
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    dead = folder / f".last.ckpt.{int(gone.stdout)}.0a1b2c3d.tmp"
+    live = folder / f".last.ckpt.{os.getppid()}.0a1b2c3d.tmp"
+    other = folder / f".best.ckpt.{int(gone.stdout)}.0a1b2c3d.tmp"
+    for stale in (dead, live, other):
+        stale.write_bytes(b"PK\x03\x04 cut short")
+    AtomicCheckpointIO().save_checkpoint(_checkpoint(3), folder / "last.ckpt")
+    assert sorted(p.name for p in folder.iterdir()) == sorted(["last.ckpt", live.name, other.name])
 
 
 def test_a_save_that_fails_midway_leaves_the_earlier_checkpoint_byte_identical(tmp_path, monkeypatch) -> None:
