@@ -53,6 +53,12 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("fit", ["--model.init_args.lr", "inf"], "--model.init_args.lr: inf is not a finite number; give a finite value"),
     # predict where nothing predicts (IC-SSL's module and data do; tests/icssl/test_cli.py)
     ("predict", [], "predict: CoQERegressionModule has no predict_step, so there is nothing to predict; use test"),
+    # evaluation sets that DDP ranks cannot share evenly (reg_args: 8 prompts = 2 chunks of 4 per set)
+    ("test", ["--trainer.strategy", "ddp", "--trainer.devices", "3", "--trainer.accelerator", "cpu"],
+     ("--data.init_args.test_prompts=8 is 2 chunks of 4, which 3 ranks cannot share evenly (Lightning's "
+     "DistributedSampler would score 1 of them twice); give a multiple of 12, e.g. 12")),
+    ("fit", ["--trainer.strategy", "ddp", "--trainer.devices", "3", "--trainer.accelerator", "cpu"],
+     "--data.init_args.val_prompts=8 is 2 chunks of 4, which 3 ranks cannot share evenly"),
     # seeds outside numpy's range (Lightning raises a bare ValueError)
     ("fit", ["--seed_everything", "-3"], "--seed_everything=-3 must be from 0 to 4294967295"),
     ("test", ["--seed_everything", "4294967296"], "--seed_everything=4294967296 must be from 0 to 4294967295"),

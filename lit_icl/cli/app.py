@@ -348,6 +348,11 @@ class LitICLCLI(LightningCLI):
             check_val_interval(self.trainer, self.datamodule)
         if self.subcommand == "predict":
             check_predicts(self.model, self.datamodule)
+        check_even_shards = getattr(self.datamodule, "check_even_shards", None)
+        if callable(check_even_shards) and self.subcommand != "predict":  # predict's sampler pads nothing
+            trainer = self.trainer
+            check_even_shards(trainer.num_nodes * trainer.num_devices,
+                              {"test": ("test",), "validate": ("val",)}.get(self.subcommand, ("val",)))
 
     def before_fit(self) -> None:
         if isinstance(self.model, ICLModule):

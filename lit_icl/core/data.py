@@ -295,6 +295,8 @@ class ChunkedDataModule(LightningDataModule):
         (``val_episodes``, ...) positive multiples of ``chunk_size`` (items are whole chunks), at least one
         step per epoch, an integer ``data_seed``, no negative ``num_workers``."""
         hp = self.hparams
+        #: The set sizes named here, for :meth:`check_even_shards`.
+        self.set_size_names = set_sizes
         sizes = {name: hp[name] for name in ("batch_size", "eval_batch_size", *set_sizes)}
         if "chunk_size" in hp:
             check_chunk_sizes(hp.chunk_size, sizes)
@@ -338,6 +340,27 @@ class ChunkedDataModule(LightningDataModule):
     def eval_loader(self, dataset: Dataset) -> DataLoader:
         """A validation/test loader: ``dataset`` in order, ``eval_batch_size`` examples a batch."""
         return self.loader(dataset, self.hparams.eval_batch_size)
+
+    def check_even_shards(self, world_size: int, splits: tuple[str, ...]) -> None:
+        """Refuse an evaluation set of ``splits`` (``"val"``, ``"test"``) whose items ``world_size`` DDP ranks
+        cannot share evenly. Lightning shards evaluation loaders with a ``DistributedSampler`` that pads the last
+        shard with items from the start, so those items would be scored twice and the synced means would differ
+        from one process's, silently."""
+        if world_size <= 1:
+            return
+        for name in getattr(self, "set_size_names", ()):
+            if name.split("_", 1)[0] not in splits:
+                continue  # a fixed training pool: its own sampler (train_items) shards it
+            items = self.set_items(name)
+            if items % world_size:
+                chunk = self.chunk_size
+                unit = f"{items} chunks of {chunk}" if chunk > 1 else f"{items} items"
+                fit = -(-items // world_size) * world_size * chunk
+                raise ConfigError(
+                    f"--data.init_args.{name}={self.hparams[name]} is {unit}, which {world_size} ranks cannot share "
+                    f"evenly (Lightning's DistributedSampler would score {world_size - items % world_size} of them "
+                    f"twice); give a multiple of {world_size * chunk}, e.g. {fit}"
+                )
 
     def set_items(self, size: str) -> int:
         """Items of a fixed evaluation set whose size in examples is the argument ``size`` (``val_episodes``)."""
