@@ -92,6 +92,24 @@ def test_the_logger_of_a_built_run_uses_the_derived_name_unless_one_is_given(tmp
     assert Path(cli.trainer.logger.log_dir).parent == tmp_path / expected
 
 
+@pytest.mark.parametrize("overlays", [[], ["configs/coqe/omniglot/cpu.yaml"]], ids=["alone", "cpu"])
+def test_the_main_commands_config_names_its_run_as_the_config_it_includes(tmp_path, overlays) -> None:
+    """configs/coqe_omniglot.yaml is `config: coqe/omniglot.yaml` and nothing else: the two names run the same
+    config, so they share a run folder (runs/coqe_omniglot/, as the docs say), and --ckpt_path last finds either's.
+    The included file was named from its path relative to the including one (runs/omniglot_coqe_omniglot/)."""
+    from lightning.pytorch import LightningDataModule, LightningModule
+
+    from lit_icl.cli import LitICLCLI
+
+    names = []
+    for base in ("configs/coqe_omniglot.yaml", "configs/coqe/omniglot.yaml"):
+        args = [a for o in (base, *overlays) for a in ("--config", o)]
+        cli = LitICLCLI(LightningModule, LightningDataModule, run=False,
+                        args=[*args, "--trainer.logger.init_args.save_dir", str(tmp_path)])
+        names.append(cli.trainer.logger.name)
+    assert names == ["_".join(["coqe_omniglot", *(Path(o).stem for o in overlays)])] * 2
+
+
 def test_fast_dev_run_from_an_empty_folder_writes_no_checkpoint_there(tmp_path, monkeypatch, capsys) -> None:
     """fast_dev_run turns the logger and checkpoints off; Lightning's save-last at the end of training used to
     write ./checkpoints/last.ckpt into the working folder anyway."""

@@ -16,14 +16,40 @@ def run_name(config_paths: list[Any]) -> str:
     file elsewhere by its stem); each overlay adds its stem (``configs/coqe/omniglot/cpu.yaml`` -> ``_cpu``).
     """
     parts: list[str] = []
-    for i, raw in enumerate(config_paths):
-        path = Path(str(getattr(raw, "relative", raw)))
+    named = [path for path in map(_as_given, config_paths) if not _is_alias(path)]
+    for i, path in enumerate(named):
         if i == 0 and "configs" in path.parts[:-1]:
             under = path.parts[len(path.parts) - path.parts[::-1].index("configs") :]
             parts.append("_".join([*under[:-1], path.stem]))
         else:
             parts.append(path.stem)
     return "_".join(parts) or DEFAULT_RUN_NAME
+
+def _as_given(raw: Any) -> Path:
+    """A config file's path as the command line would give it: a file included by another (``config:
+    coqe/omniglot.yaml`` in ``configs/coqe_omniglot.yaml``) is recorded relative to the including file, and is
+    named here from the working folder (``configs/coqe/omniglot.yaml``)."""
+    relative = Path(str(getattr(raw, "relative", raw)))
+    absolute = getattr(raw, "absolute", None)
+    if absolute is None or relative.is_absolute() or relative.exists():
+        return relative
+    try:
+        return Path(absolute).relative_to(Path.cwd())
+    except ValueError:
+        return relative
+
+
+def _is_alias(path: Path) -> bool:
+    """Whether the file holds nothing but ``config: <another file>`` (``configs/coqe_omniglot.yaml``): it names
+    the run no differently from the file it includes, which is in the list itself."""
+    import yaml
+
+    try:
+        content = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return isinstance(content, dict) and set(content) == {"config"}
+
 
 def name_run_from_configs(config: Any) -> None:
     """Name the TensorBoard run after the ``--config`` files, unless a config or the command line names it.
