@@ -70,7 +70,9 @@ def max_time(seconds: float) -> str:
 def fit_command(state: Path, arm: str, total_seconds: float, compile_mode: str, extra: list[str]) -> list[str]:
     """The ``python -m lit_icl fit`` call of one run's sitting: until ``total_seconds`` of training in all."""
     configs = [a for c in ARMS[arm] for a in ("--config", c)]
-    resume = ["--ckpt_path", "last"] if run_folder(state, arm) else []
+    # A sitting killed before its first checkpoint leaves a folder without last.ckpt: the next one starts afresh.
+    folder = run_folder(state, arm)
+    resume = ["--ckpt_path", "last"] if folder and (folder / "checkpoints/last.ckpt").is_file() else []
     compiled = ["--compile.mode", compile_mode]  # named even when off: the CLI's default is auto
     return [sys.executable, "-m", "lit_icl", "fit", *configs,
             "--trainer.logger.init_args.save_dir", str(state), "--trainer.logger.init_args.name", arm,

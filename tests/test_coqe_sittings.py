@@ -40,6 +40,9 @@ def test_a_sitting_resumes_each_run_until_its_time_so_far_plus_the_sitting(tmp_p
     assert again[again.index("--ckpt_path") + 1] == "last" and again[again.index("--compile.mode") + 1] == "off"
     assert again[again.index("--trainer.max_time") + 1] == "00:00:08:10"
     assert again.count("--config") == 2
+    # A sitting killed before its first checkpoint left a folder without last.ckpt: the next starts afresh.
+    (tmp_path / "coqe" / "version_0").mkdir(parents=True)
+    assert "--ckpt_path" not in sittings.fit_command(tmp_path, "coqe", 240, "off", [])
 
 
 def test_pack_then_unpack_gives_back_each_runs_folder(tmp_path: Path) -> None:
