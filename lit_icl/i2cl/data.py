@@ -224,9 +224,9 @@ class I2CLDataModule(LightningDataModule):
     """
 
     #: What a resumed fit may change (``lit_icl.core.data.args_free_on_resume``): where a hub task's local copy
-    #: is, and what only ``test`` reads (its file, queries and batch). Not ``eval_seed``: the synthetic task's
-    #: pools are drawn from it.
-    free_on_resume = ("path", "test_file", "eval_samples", "eval_batch_size")
+    #: or a file task's training file is (a moved or respelled path, as a moved ``root`` elsewhere), and what only
+    #: ``test`` reads (its file, queries and batch). Not ``eval_seed``: the synthetic task's pools are drawn from it.
+    free_on_resume = ("path", "train_file", "test_file", "eval_samples", "eval_batch_size")
 
     def __init__(
         self,
