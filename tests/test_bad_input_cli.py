@@ -270,7 +270,7 @@ def _assert_resume_refused(tmp_path, capsys, run: Path, args: list[str], needles
     line = assert_rejected(tmp_path, capsys, args, "which a resumed run cannot change", runs_exist=True)
     for needle in needles:
         assert needle in line, f"{needle!r} not in {line!r}"
-    assert f"drop those options to resume (or --config {run / 'config.yaml'})" in line
+    assert f"resume with the run's own config (--config {run / 'config.yaml'}) or with the checkpoint's values" in line
     assert line.endswith("or start a new run without --ckpt_path")
     assert _files(run) == before
 

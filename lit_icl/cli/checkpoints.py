@@ -172,7 +172,7 @@ def check_ckpt_hparams(ckpt_path: Any, ckpt: dict[str, Any], config: Any) -> Non
     fix = f"use the config that wrote it (--config {quote(run_config)})" if run_config else "use the config that wrote it"
     raise ConfigError(
         f"--ckpt_path {ckpt_path} was trained with other model settings, which would silently replace the config's: "
-        f"{shown}{more}; {fix}, or drop those settings"
+        f"{shown}{more}; {fix}, or give the checkpoint's values"
     )
 
 def _recorded_seed(ckpt_path: Any) -> tuple[Any, Path | None]:
@@ -232,10 +232,11 @@ def check_resume_settings(ckpt_path: Any, ckpt: dict[str, Any], config: Any) -> 
     what = {(True, True): "another seed and other data settings", (True, False): "another seed",
             (False, True): "other data settings"}[(found[0][0] == "seed_everything", data)]
     run_config = run_config or _run_config(ckpt_path)
-    same = f" (or --config {quote(run_config)})" if run_config else ""
+    # The values may come from the config files, not the command line: the run's own config is the sure fix.
+    same = f"resume with the run's own config (--config {quote(run_config)}) or " if run_config else "resume "
     raise ConfigError(
         f"--ckpt_path {ckpt_path} was trained with {what}, which a resumed run cannot change (it would go on with "
-        f"them while its config.yaml says the whole run did): {shown}{more}; drop those options to resume{same}, "
+        f"them while its config.yaml says the whole run did): {shown}{more}; {same}with the checkpoint's values, "
         "or start a new run without --ckpt_path"
     )
 

@@ -103,7 +103,7 @@ def check_seed(seed: Any) -> None:
     none)."""
     if isinstance(seed, int) and not isinstance(seed, bool) and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
         raise ConfigError(f"--seed_everything={seed} must be from {SEED_RANGE[0]} to {SEED_RANGE[1]} "
-                          "(or true for a random seed, false for none)")
+                          "(or true for Lightning's choice, PL_GLOBAL_SEED or 0; false for none)")
 
 
 def check_trainer_counts(trainer: Any) -> None:
