@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,11 @@ def run_name(config_paths: list[Any]) -> str:
     file elsewhere by its stem); each overlay adds its stem (``configs/coqe/omniglot/cpu.yaml`` -> ``_cpu``).
     """
     parts: list[str] = []
-    named = [path for path in map(_as_given, config_paths) if not _is_alias(path)]
+    named: list[Path] = []
+    for path in map(_as_given, config_paths):
+        path = _alias_target(path) or path
+        if not named or named[-1] != path:  # the CLI lists an alias's target before the alias itself
+            named.append(path)
     for i, path in enumerate(named):
         if i == 0 and "configs" in path.parts[:-1]:
             under = path.parts[len(path.parts) - path.parts[::-1].index("configs") :]
@@ -39,16 +44,19 @@ def _as_given(raw: Any) -> Path:
         return relative
 
 
-def _is_alias(path: Path) -> bool:
-    """Whether the file holds nothing but ``config: <another file>`` (``configs/coqe_omniglot.yaml``): it names
-    the run no differently from the file it includes, which is in the list itself."""
+def _alias_target(path: Path) -> Path | None:
+    """The file that ``path`` stands for when it holds nothing but ``config: <another file>``
+    (``configs/coqe_omniglot.yaml``), which names the run as that file does; else ``None``."""
     import yaml
 
     try:
         content = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return False
-    return isinstance(content, dict) and set(content) == {"config"}
+        return None
+    if not (isinstance(content, dict) and set(content) == {"config"} and isinstance(content["config"], str)):
+        return None
+    target = path.parent / content["config"]
+    return Path(os.path.normpath(target))
 
 
 def name_run_from_configs(config: Any) -> None:
