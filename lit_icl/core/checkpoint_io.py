@@ -18,6 +18,7 @@ Lightning's path unchanged. Under DDP only rank 0 writes, as Lightning arranges 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
@@ -86,10 +87,9 @@ def save_atomically(data: memoryview | bytes, target: Path, write: Any = None) -
             os.close(fd)
         os.replace(temporary, target)
     except BaseException:
-        try:
+        # The error that brought us here is the one to report, not a failure to clean up after it.
+        with contextlib.suppress(OSError):
             temporary.unlink(missing_ok=True)
-        except OSError:
-            pass  # the error that brought us here is the one to report
         raise
     _fsync_folder(target.parent)
 
@@ -102,21 +102,24 @@ def remove_stale_temporaries(target: Path) -> list[Path]:
     removed = []
     for stale in target.parent.glob(f".{target.name}.*.tmp"):
         pid = stale.name[len(target.name) + 2:].split(".", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
+        if not pid.isdigit() or int(pid) == os.getpid() or _process_exists(int(pid)):
             continue
-        try:
-            os.kill(int(pid), 0)  # signal 0: does the process exist?
-            continue
-        except ProcessLookupError:
-            pass
-        except OSError:  # it exists but is another user's
-            continue
-        try:
+        # Another save may have removed it first, or the folder refuses: the next save tries again.
+        with contextlib.suppress(OSError):
             stale.unlink()
             removed.append(stale)
-        except OSError:
-            pass
     return removed
+
+
+def _process_exists(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this machine (one of another user's counts: it may not be signalled)."""
+    try:
+        os.kill(pid, 0)  # signal 0 delivers nothing; it only checks
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def _fsync_folder(folder: Path) -> None:
@@ -125,9 +128,8 @@ def _fsync_folder(folder: Path) -> None:
     except OSError:  # e.g. Windows, where a folder cannot be opened
         return
     try:
-        os.fsync(fd)
-    except OSError:  # some file systems do not sync folders; the file itself is synced
-        pass
+        with contextlib.suppress(OSError):  # some file systems do not sync folders; the file itself is synced
+            os.fsync(fd)
     finally:
         os.close(fd)
 
