@@ -53,6 +53,7 @@ from lit_icl.cli.checkpoints import (
 )
 from lit_icl.cli.checks import (
     check_config_files,
+    check_eval_shards,
     check_fit_trains,
     check_monitors,
     check_output_writable,
@@ -348,30 +349,26 @@ class LitICLCLI(LightningCLI):
             check_val_interval(self.trainer, self.datamodule)
         if self.subcommand == "predict":
             check_predicts(self.model, self.datamodule)
-        check_even_shards = getattr(self.datamodule, "check_even_shards", None)
-        if callable(check_even_shards) and self.subcommand != "predict":  # predict's sampler pads nothing
-            trainer = self.trainer
-            check_even_shards(trainer.num_nodes * trainer.num_devices,
-                              {"test": ("test",), "validate": ("val",)}.get(self.subcommand, ("val",)))
+        check_eval_shards(self.trainer, self.datamodule, self.subcommand)
 
     def before_fit(self) -> None:
         if isinstance(self.model, ICLModule):
             self.model.check_trainable()
-        lock_run_folder(self.trainer)
-        _HELD.release()
+        self._run_starts()
 
-    # The run starts: its folder is locked against a second process, and what parsing and building held back is
-    # printed now (see HeldOutput).
     def before_test(self) -> None:
-        lock_run_folder(self.trainer)
-        _HELD.release()
+        self._run_starts()
         warn_untrained(self.model, self.config[self.subcommand].get("ckpt_path"))
 
     def before_validate(self) -> None:
-        lock_run_folder(self.trainer)
-        _HELD.release()
+        self._run_starts()
 
     def before_predict(self) -> None:
+        self._run_starts()
+
+    def _run_starts(self) -> None:
+        """Every check has passed: lock the run's folder against a second process, and print what parsing and
+        building held back (see HeldOutput)."""
         lock_run_folder(self.trainer)
         _HELD.release()
 

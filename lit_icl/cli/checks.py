@@ -80,6 +80,15 @@ def check_val_interval(trainer: Trainer, datamodule: Any) -> None:
         )
 
 
+def check_eval_shards(trainer: Trainer, datamodule: Any, subcommand: str | None) -> None:
+    """The evaluation sets the subcommand runs (test's for ``test``, validation's for ``fit`` and ``validate``)
+    split evenly over the DDP ranks, for a data module that can tell (``check_even_shards``); ``predict``'s
+    sampler pads nothing."""
+    check = getattr(datamodule, "check_even_shards", None)
+    if callable(check) and subcommand != "predict":
+        check(trainer.num_nodes * trainer.num_devices, ("test",) if subcommand == "test" else ("val",))
+
+
 def check_predicts(model: Any, datamodule: Any) -> None:
     """Refuse ``predict`` for a module without a ``predict_step`` of its own or data without a predict loader:
     Lightning would run the module's ``forward`` on the batches, or fail with a traceback after the run folder
