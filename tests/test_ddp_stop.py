@@ -213,3 +213,51 @@ def test_ddp_ranks_stop_together_when_one_ranks_loss_is_not_finite(tmp_path, def
     assert f"the training loss was not finite on rank 1 {when} step 3 (epoch 0, batch 3); every rank stopped" in output
     assert "Connection closed" not in output, output[-3000:]
     assert not (tmp_path / "runs/tiny/version_0/checkpoints").exists()
+
+
+def test_a_run_folder_in_use_stops_every_rank_that_srun_started(tmp_path) -> None:
+    """Under srun (or torchrun) every rank is a process of its own, and only rank 0 takes the run folder's lock.
+    When the folder is in use, rank 0 passes its refusal on through the process group: both ranks end with the one
+    line and status 2, and nothing is written. Before, rank 0 ended alone and rank 1 waited for the group's
+    timeout (30 minutes)."""
+    import fcntl
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = tiny_args(tmp_path, "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu",
+                     "--trainer.logger.init_args.version", "s0")
+    folder = tmp_path / "runs" / "tiny" / "s0"
+    folder.mkdir(parents=True)
+    base = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "SLURM_NTASKS": "2",
+            "SLURM_NTASKS_PER_NODE": "2", "SLURM_NODEID": "0", "SLURM_JOB_NAME": "lit_icl", "SLURM_JOB_ID": "4242",
+            "SLURM_NODELIST": "127.0.0.1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    def ranks() -> list[tuple[int, str]]:
+        procs = [subprocess.Popen([sys.executable, "-m", "lit_icl", "fit", *args],
+                                  env={**base, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)},
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+        try:
+            return [(proc.communicate(timeout=120)[1], proc.returncode) for proc in procs]
+        finally:
+            for proc in procs:
+                proc.kill()
+
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another process's run
+        refused = ranks()
+    finally:
+        os.close(fd)
+    line = (f"lit_icl: error: the run folder {folder} is in use by another lit_icl process (the same run started "
+            "twice, or two runs given one --trainer.logger.init_args.version); wait for it to end, or give this run "
+            "another version")
+    for err, status in refused:
+        assert status == 2, err[-3000:]
+        assert err.strip().splitlines()[-1] == line, err[-3000:]
+        assert "Traceback" not in err
+    assert list(folder.iterdir()) == []
+    # Released, the same two ranks run to the end: passing no refusal on costs a run nothing.
+    for err, status in ranks():
+        assert status == 0, err[-3000:]
+    assert (folder / "checkpoints" / "last.ckpt").is_file()

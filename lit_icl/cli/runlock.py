@@ -26,11 +26,24 @@ except ImportError:  # not a POSIX system: runs go unlocked
 #: :func:`release_run_folders`).
 _HELD: list[tuple[int, list[Path]]] = []
 
+#: Rank 0's refusal of a run whose other ranks a cluster started (srun, torchrun), held back until the process
+#: group has formed and every rank can hear it (see :func:`_pass_refusal_on`).
+_PENDING: list[str] = []
+
+
+def _ranks_started_outside(trainer: Trainer) -> bool:
+    """Whether the other ranks of this run are processes that srun or torchrun started beside this one, rather than
+    children Lightning launches from it once the run starts."""
+    env = getattr(trainer.strategy, "cluster_environment", None)
+    return trainer.world_size > 1 and env is not None and env.creates_processes_externally
+
 
 def lock_run_folder(trainer: Trainer) -> Path | None:
     """Lock the run's folder (the logger's ``log_dir``, created if new) for this process, or refuse the run in
     one line when another process holds it. Only global rank 0 locks: the other ranks of a DDP run write into
     rank 0's folder by design. A file system without ``flock`` (some network mounts) leaves the run unlocked."""
+    if _ranks_started_outside(trainer):
+        _pass_refusal_on(trainer)  # on every rank: each takes part in the broadcast
     if fcntl is None or rank_zero_only.rank != 0 or not trainer.loggers:
         return None
     log_dir = trainer.log_dir
@@ -44,10 +57,16 @@ def lock_run_folder(trainer: Trainer) -> Path | None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise ConfigError(
+        message = (
             f"the run folder {folder} is in use by another lit_icl process (the same run started twice, or two runs "
-            "given one --trainer.logger.init_args.version); wait for it to end, or give this run another version"
-        ) from None
+            "given one --trainer.logger.init_args.version); wait for it to end, or give this run another version")
+        if _ranks_started_outside(trainer):
+            # The other ranks are already running and will wait in the process group's set-up for rank 0 until
+            # its timeout (30 minutes), holding their devices. _pass_refusal_on passes the refusal on to them once
+            # the group has formed, before anything is written, and every rank stops with it.
+            _PENDING.append(message)
+            return None
+        raise ConfigError(message) from None
     except OSError:
         os.close(fd)
         return None
@@ -60,6 +79,7 @@ def release_run_folders() -> None:
     a notebook or the tests, may run in the same folder again). A folder the lock created that is still empty (the
     run was refused while it set up, e.g. on an unreadable image) is removed, with the empty folders made above it:
     a refusal leaves nothing behind."""
+    _PENDING.clear()
     while _HELD:
         fd, made = _HELD.pop()
         os.close(fd)
@@ -68,3 +88,28 @@ def release_run_folders() -> None:
                 folder.rmdir()  # only succeeds while empty
             except OSError:
                 break
+
+
+def _pass_refusal_on(trainer: Trainer) -> None:
+    """Make every rank of a run that srun or torchrun started hear rank 0's refusal of the run folder.
+
+    Only rank 0 takes the lock (the other ranks write into its folder by design), and under srun or torchrun the
+    other ranks are processes of their own that cannot see its refusal; they would wait for it in the process
+    group's set-up until the group's timeout. So rank 0 joins the group, and the moment the group has formed (the
+    end of the strategy's ``setup_environment``, before the logger, the data or any callback has run) it broadcasts
+    its refusal, which every rank raises as a ConfigError: one line and exit 2 everywhere, nothing written.
+    """
+    strategy = trainer.strategy
+    if vars(strategy).get("_lit_icl_passes_refusal"):
+        return
+    setup_environment = strategy.setup_environment
+
+    def setup_environment_then_pass_refusal_on() -> None:
+        setup_environment()
+        message = strategy.broadcast(_PENDING[0] if _PENDING else None, src=0)
+        _PENDING.clear()
+        if message:
+            raise ConfigError(message)
+
+    strategy.setup_environment = setup_environment_then_pass_refusal_on  # type: ignore[method-assign]
+    strategy._lit_icl_passes_refusal = True  # type: ignore[attr-defined]
