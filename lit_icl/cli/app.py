@@ -46,6 +46,7 @@ from lit_icl.cli.checkpoints import (
     check_ckpt_hparams,
     check_ckpt_path,
     check_resume_settings,
+    check_resumed_data,
     pin_logger_version_for_resume,
     resolve_ckpt_path,
     unpin_logger_version,
@@ -296,6 +297,7 @@ class LitICLCLI(LightningCLI):
                 check_ckpt_hparams(path, ckpt, config)
                 if sub == "fit":  # a resume: the same data and seed (test / validate may evaluate on others)
                     check_resume_settings(path, ckpt, config)
+                    self._resumed = (path, ckpt)  # what the data resolved to is checked once it is built
 
     def _parse_ckpt_path(self) -> None:
         """The checkpoint's module settings into the config, as LightningCLI does, with the class paths of moved
@@ -323,6 +325,9 @@ class LitICLCLI(LightningCLI):
             raise ConfigError(trainer_error_message(err, "--checkpoint")) from err
         # Checks between objects (net vs data sizes, callback vs data) run here, before the run writes anything.
         check_run_config(self.trainer, self.model, self.datamodule)
+        resumed = vars(self).pop("_resumed", None)
+        if resumed is not None:
+            check_resumed_data(*resumed, self.datamodule)
 
     def before_instantiate_classes(self) -> None:
         sub = self.subcommand

@@ -240,6 +240,33 @@ def check_resume_settings(ckpt_path: Any, ckpt: dict[str, Any], config: Any) -> 
         "or start a new run without --ckpt_path"
     )
 
+def check_resumed_data(ckpt_path: Any, ckpt: dict[str, Any], datamodule: Any) -> None:
+    """Refuse ``fit --ckpt_path`` when the data module resolves its arguments to other data than the run it
+    resumes. Equal arguments (:func:`check_resume_settings`) can still mean other data where a module resolves one
+    from what it finds on disk: Omniglot's ``source: auto`` picks Omniglot or the glyphs stand-in by what ``root``
+    holds, and ``root`` may move on resume. Such a module records what it resolved in its ``state_dict``, which
+    Lightning saves in every checkpoint, and names those keys in ``resolved_on_resume``; each must resolve the same
+    now (the rest of a module's state, such as a position, is its own to restore). Checked once the data module is
+    built, before anything is built or written; a checkpoint without the record (older code) is not checked.
+    """
+    keys = getattr(datamodule, "resolved_on_resume", ())
+    saved = ckpt.get(type(datamodule).__qualname__) if keys else None
+    if not isinstance(saved, dict):
+        return
+    now = datamodule.state_dict()
+    changed = [(key, saved[key], now[key]) for key in keys if key in saved and key in now and now[key] != saved[key]]
+    if not changed:
+        return
+    key, old, new = changed[0]
+    folder = getattr(datamodule, "folder", None)
+    found = f" (found {folder})" if folder is not None else ""
+    raise ConfigError(
+        f"--ckpt_path {ckpt_path} was trained with data {key} {old!r}, but this run's data settings resolve it to "
+        f"{new!r}{found}, which a resumed run cannot change; resume with --data.init_args.{key} {old} and the "
+        "location of that data, or start a new run without --ckpt_path"
+    )
+
+
 def quote(path: Any) -> str:
     """A path as it can be pasted into a shell."""
     import shlex

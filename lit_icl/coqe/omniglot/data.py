@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
@@ -400,6 +400,9 @@ class OmniglotSequenceDataModule(ChunkedDataModule):
     #: Where the images are and whether they may be fetched or built, and the test-only set size, may change when
     #: a fit resumes (``args_free_on_resume``).
     free_on_resume = ("root", "folder", "download", "build_glyphs", "test_sequences")
+    #: What the arguments resolve to from what is on disk (``source: auto``), recorded by :meth:`state_dict` in every
+    #: checkpoint; a fit may resume only where it resolves alike (``check_resumed_data``).
+    resolved_on_resume = ("source",)
 
     def __init__(
         self,
@@ -440,6 +443,12 @@ class OmniglotSequenceDataModule(ChunkedDataModule):
         #: Output classes of the nets: the training classes (labels 0 .. n_labels - 1).
         self.n_labels = len(self.split.train)
         self.bank: Tensor | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """What ``source`` resolved to (``auto`` picks Omniglot or the glyphs stand-in by what ``root`` holds),
+        saved in every checkpoint: a resumed fit must read the images the run trained on, though ``root`` may move
+        (:func:`lit_icl.cli.checkpoints.check_resumed_data`)."""
+        return {"source": self.source}
 
     def prepare_data(self) -> None:
         """Rank 0: build the glyphs stand-in or download Omniglot when missing, and fill the bank cache."""

@@ -286,3 +286,28 @@ def test_a_run_resumed_inside_an_epoch_ends_bit_identical(
     assert all(torch.equal(straight["state_dict"][k], resumed["state_dict"][k]) for k in straight["state_dict"])
     for a, b in zip(straight["optimizer_states"][0]["state"].values(), resumed["optimizer_states"][0]["state"].values()):
         assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_resume_whose_root_holds_the_other_source_is_refused_and_a_moved_root_resumes(tmp_path, capsys) -> None:
+    """``source: auto`` picks Omniglot or the glyphs stand-in by what ``root`` holds, and ``root`` may change on
+    resume (data moves). A resumed fit whose ``root`` holds the other source has arguments equal to the run's but
+    would train on other images, so it is refused in one line; the same images at a new ``root`` resume."""
+    from coqe.omniglot.helpers import write_omniglot_fixture
+
+    first, moved, other = tmp_path / "first", tmp_path / "moved", tmp_path / "other"
+    write_omniglot_fixture(first / "omniglot-py")
+    write_omniglot_fixture(other / "glyphs")  # the stand-in's folder, in the same layout
+    args = [*coqe_args(tmp_path), "--data.init_args.source", "auto", "--data.init_args.folder", "null"]
+    main(["fit", *args, "--data.init_args.root", str(first)])
+    ckpt = tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt"
+    assert torch.load(ckpt, map_location="cpu", weights_only=False)["OmniglotSequenceDataModule"] == {
+        "source": "omniglot"}
+    resume = ["fit", *args, "--ckpt_path", "last", "--trainer.max_steps", "6"]
+    line = assert_rejected(tmp_path, capsys, [*resume, "--data.init_args.root", str(other)],
+                           "was trained with data source 'omniglot'", runs_exist=True)
+    assert line.endswith(f"resolve it to 'glyphs' (found {other / 'glyphs'}), which a resumed run cannot change; "
+                         "resume with --data.init_args.source omniglot and the location of that data, or start a "
+                         "new run without --ckpt_path")
+    first.rename(moved)
+    main([*resume, "--data.init_args.root", str(moved)])
+    assert torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"] == 6
