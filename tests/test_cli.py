@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from badinput import assert_rejected
+from conftest import tb_scalars
 from icssl.helpers import tiny_args
 
 #: (extra args, needle), added to a tiny IC-SSL run (any config would do: these fail before the paper's code).
@@ -224,3 +225,42 @@ def test_a_test_without_a_checkpoint_warns_that_the_weights_are_untrained(tmp_pa
         warnings.simplefilter("error")
         warn_untrained(Solver(), None)
         warn_untrained(nn.Linear(2, 2), "some.ckpt")  # with a checkpoint: trained weights
+
+
+def _scalar_steps(run_dir: Path, prefix: str) -> dict[str, list[int]]:
+    """``{tag: [steps]}`` of the TensorBoard scalars under ``prefix`` in ``run_dir``, and ``"images"`` for images."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    steps: dict[str, list[int]] = {}
+    for path in sorted(run_dir.glob("events.out.tfevents.*")):
+        events = EventAccumulator(str(path))
+        events.Reload()
+        for tag in events.Tags()["scalars"]:
+            if tag.startswith(prefix):
+                steps.setdefault(tag, []).extend(e.step for e in events.Scalars(tag))
+        for tag in events.Tags()["images"]:
+            steps.setdefault("images", []).extend(e.step for e in events.Images(tag))
+    return steps
+
+
+def test_test_and_validate_of_a_checkpoint_log_at_its_step_beside_the_fits_curves(tmp_path) -> None:
+    """A `test` or `validate` of a checkpoint counts steps from 0, and Lightning wrote its scalars (and the test
+    figures) at step 0, away from the fit's validation curve in TensorBoard; they sit where the fit wrote its round
+    of the same weights."""
+    from lit_icl.cli import main
+
+    main(["fit", *tiny_args(tmp_path)])  # 2 epochs of 3 steps
+    ckpt = tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt"
+    fit_val = _scalar_steps(ckpt.parents[1], "val/")
+    # The fit's two rounds, after steps 3 and 6: Lightning writes a round after step N at N - 1.
+    assert fit_val and all(steps == [2, 5] for steps in fit_val.values())
+    main(["test", *tiny_args(tmp_path), "--ckpt_path", str(ckpt)])
+    main(["validate", *tiny_args(tmp_path), "--ckpt_path", str(ckpt)])
+    tested = _scalar_steps(tmp_path / "runs/tiny/version_1", "test/")
+    validated = _scalar_steps(tmp_path / "runs/tiny/version_2", "val/")
+    assert tested["images"] and tested.keys() - {"images"}
+    assert all(steps == [5] * len(steps) for steps in (*tested.values(), *validated.values())), (tested, validated)
+    assert validated.keys() == fit_val.keys()
+    # The same weights on the same validation set: the point lands on the fit's last one.
+    fit_values, values = tb_scalars(ckpt.parents[1]), tb_scalars(tmp_path / "runs/tiny/version_2")
+    assert all(values[tag] == pytest.approx(fit_values[tag][-1:], rel=1e-6) for tag in fit_val)

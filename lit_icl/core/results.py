@@ -31,6 +31,7 @@ import yaml
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
@@ -208,6 +209,12 @@ def collect_test_rows(trainer: Trainer, module: LightningModule) -> list[dict[st
     return rows
 
 
+def trained_step_x(pl_module: LightningModule) -> int:
+    """The TensorBoard step of an evaluation of the current weights: where the fit that trained them wrote its
+    validation round after its last step (``trained_steps - 1``; 0 for untrained weights)."""
+    return max(int(getattr(pl_module, "trained_steps", pl_module.global_step)) - 1, 0)
+
+
 class ResultsWriter(Callback):
     """Writes a ``test`` run's rows, provenance and figures next to its logs (rank 0).
 
@@ -223,8 +230,39 @@ class ResultsWriter(Callback):
         self.dirpath = dirpath
         #: Path of the last ``results.json`` written (for callers and tests).
         self.last_path: Path | None = None
+        self._loop_step: int | None = None
+
+    # A `test` or `validate` of a checkpoint starts the trainer's step counter at 0, and Lightning writes the
+    # round's scalars at that counter: TensorBoard would show every checkpoint's test at step 0, away from the
+    # validation curve of the fit. For the round the counter is set where the fit wrote its validation round of the
+    # same weights (Lightning writes a round after N optimizer steps at N - 1), and put back after it.
+    def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._log_at_trained_step(trainer, pl_module)
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.state.fn == TrainerFn.VALIDATING:  # not the rounds inside a fit, which log at their own step
+            self._log_at_trained_step(trainer, pl_module)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._restore_step(trainer)
+
+    def _log_at_trained_step(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        loop = trainer.fit_loop.epoch_loop
+        step = trained_step_x(pl_module)
+        if step != loop._batches_that_stepped:
+            self._loop_step = loop._batches_that_stepped
+            loop._batches_that_stepped = step
+
+    def _restore_step(self, trainer: Trainer) -> None:
+        if self._loop_step is not None:
+            trainer.fit_loop.epoch_loop._batches_that_stepped = self._loop_step
+            self._loop_step = None
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._restore_step(trainer)
 
     def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._restore_step(trainer)
         rows = collect_test_rows(trainer, pl_module)
         # trainer.log_dir is a broadcast from rank 0 under DDP: every rank asks for it here, before the rank-0
         # check, or rank 0 would wait forever for ranks that have already returned.
@@ -245,7 +283,7 @@ class ResultsWriter(Callback):
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
                 for name, pixels in images.items():
-                    logger.experiment.add_image(f"test/{name}", pixels[..., :3], pl_module.global_step,
+                    logger.experiment.add_image(f"test/{name}", pixels[..., :3], trained_step_x(pl_module),
                                                 dataformats="HWC")
                 logger.experiment.flush()
 
