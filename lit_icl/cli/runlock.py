@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from lightning.pytorch import Trainer
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
@@ -42,7 +43,7 @@ def lock_run_folder(trainer: Trainer) -> Path | None:
     """Lock the run's folder (the logger's ``log_dir``, created if new) for this process, or refuse the run in
     one line when another process holds it. Only global rank 0 locks: the other ranks of a DDP run write into
     rank 0's folder by design. A file system without ``flock`` (some network mounts) leaves the run unlocked."""
-    if _ranks_started_outside(trainer):
+    if trainer.world_size > 1:
         _pass_refusal_on(trainer)  # on every rank: each takes part in the broadcast
     if fcntl is None or rank_zero_only.rank != 0 or not trainer.loggers:
         return None
@@ -91,25 +92,33 @@ def release_run_folders() -> None:
 
 
 def _pass_refusal_on(trainer: Trainer) -> None:
-    """Make every rank of a run that srun or torchrun started hear rank 0's refusal of the run folder.
+    """Make every rank of a multi-process run hear rank 0's refusal of the run folder.
 
-    Only rank 0 takes the lock (the other ranks write into its folder by design), and under srun or torchrun the
-    other ranks are processes of their own that cannot see its refusal; they would wait for it in the process
-    group's set-up until the group's timeout. So rank 0 joins the group, and the moment the group has formed (the
-    end of the strategy's ``setup_environment``, before the logger, the data or any callback has run) it broadcasts
-    its refusal, which every rank raises as a ConfigError: one line and exit 2 everywhere, nothing written.
+    Only rank 0 takes the lock (the other ranks write into its folder by design). Under srun or torchrun the other
+    ranks are processes of their own that cannot see its refusal; they would wait for it in the process group's
+    set-up until the group's timeout. So rank 0 joins the group, and the moment the group has formed (the end of
+    the strategy's ``setup_environment``, before the logger, the data or any callback has run) it broadcasts its
+    refusal, which every rank raises as a ConfigError: one line and exit 2 everywhere, nothing written.
+
+    Every rank of every multi-process run takes part, whoever started the ranks: whether a process started its
+    ranks itself (Lightning's launcher, which refuses before it starts them) is only known on each rank after the
+    launch, and a broadcast that some ranks skip would pair with another collective (the log folder's broadcast).
     """
     strategy = trainer.strategy
-    if vars(strategy).get("_lit_icl_passes_refusal"):
-        return
-    setup_environment = strategy.setup_environment
+    if not isinstance(vars(strategy).get("setup_environment"), _SetUpThenPassRefusalOn):
+        strategy.setup_environment = _SetUpThenPassRefusalOn(strategy)  # type: ignore[method-assign]
 
-    def setup_environment_then_pass_refusal_on() -> None:
-        setup_environment()
-        message = strategy.broadcast(_PENDING[0] if _PENDING else None, src=0)
+
+class _SetUpThenPassRefusalOn:
+    """A strategy's ``setup_environment``, then rank 0's pending refusal broadcast and raised on every rank. A class,
+    not a closure, so that a trainer that ``ddp_spawn`` pickles for its processes keeps it."""
+
+    def __init__(self, strategy: Any) -> None:
+        self.strategy = strategy
+
+    def __call__(self) -> None:
+        type(self.strategy).setup_environment(self.strategy)  # the class's method: this object replaces the instance's
+        message = self.strategy.broadcast(_PENDING[0] if _PENDING else None, src=0)
         _PENDING.clear()
         if message:
             raise ConfigError(message)
-
-    strategy.setup_environment = setup_environment_then_pass_refusal_on  # type: ignore[method-assign]
-    strategy._lit_icl_passes_refusal = True  # type: ignore[attr-defined]
