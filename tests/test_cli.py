@@ -243,10 +243,11 @@ def _scalar_steps(run_dir: Path, prefix: str) -> dict[str, list[int]]:
     return steps
 
 
-def test_test_and_validate_of_a_checkpoint_log_at_its_step_beside_the_fits_curves(tmp_path) -> None:
+def test_test_and_validate_of_a_checkpoint_log_at_its_step_beside_the_fits_curves(tmp_path, recwarn) -> None:
     """A `test` or `validate` of a checkpoint counts steps from 0, and Lightning wrote its scalars (and the test
     figures) at step 0, away from the fit's validation curve in TensorBoard; they sit where the fit wrote its round
-    of the same weights."""
+    of the same weights. Lightning's warning that the checkpoint's saving state stays behind in its old folder is
+    no news to a run that saves nothing, and is left to fits."""
     from lit_icl.cli import main
 
     main(["fit", *tiny_args(tmp_path)])  # 2 epochs of 3 steps
@@ -254,8 +255,12 @@ def test_test_and_validate_of_a_checkpoint_log_at_its_step_beside_the_fits_curve
     fit_val = _scalar_steps(ckpt.parents[1], "val/")
     # The fit's two rounds, after steps 3 and 6: Lightning writes a round after step N at N - 1.
     assert fit_val and all(steps == [2, 5] for steps in fit_val.values())
+    recwarn.clear()
     main(["test", *tiny_args(tmp_path), "--ckpt_path", str(ckpt)])
     main(["validate", *tiny_args(tmp_path), "--ckpt_path", str(ckpt)])
+    assert not [w for w in recwarn if "dirpath has changed" in str(w.message)]
+    main(["fit", *tiny_args(tmp_path), "--ckpt_path", str(ckpt), "--trainer.max_epochs", "3"])  # a new folder
+    assert [w for w in recwarn if "dirpath has changed" in str(w.message)]
     tested = _scalar_steps(tmp_path / "runs/tiny/version_1", "test/")
     validated = _scalar_steps(tmp_path / "runs/tiny/version_2", "val/")
     assert tested["images"] and tested.keys() - {"images"}

@@ -23,12 +23,14 @@ exactly only at an epoch's start (a user's module with a plain DataLoader) keeps
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from lit_icl.callbacks.interrupt import stopped_by_ctrl_c
 from lit_icl.callbacks.resume import resumes_inside_epoch
@@ -105,11 +107,23 @@ class RunCheckpoint(ModelCheckpoint):
             asked_by = "Ctrl-C" if stopped_by_ctrl_c() else "SIGTERM"
             rank_zero_info(f"{asked_by}: saved {self.last_model_path} at step {trainer.global_step}")
 
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        self._stage = stage
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         old = state_dict.get("dirpath")
         if old and self.dirpath and old != self.dirpath and self._moved_here(state_dict):
             state_dict = self._relocated(state_dict, Path(old), Path(self.dirpath))
-        super().load_state_dict(state_dict)
+        if self.__dict__.get("_stage", "fit") == "fit" and rank_zero_only.rank == 0:
+            super().load_state_dict(state_dict)
+            return
+        # Lightning warns that a checkpoint from another folder brings only its best_model_path. A test, validate
+        # or predict of a checkpoint (always in a folder of its own) saves nothing, so that is no news there; and
+        # under DDP rank 0 says it once rather than every rank.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The dirpath has changed")
+            super().load_state_dict(state_dict)
 
     def _moved_here(self, state: dict[str, Any]) -> bool:
         """Whether the files the checkpoint recorded under its folder all exist under this callback's folder."""
