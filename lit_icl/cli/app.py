@@ -310,12 +310,21 @@ class LitICLCLI(LightningCLI):
         hparams = torch.load(path, weights_only=True, map_location="cpu").get("hyper_parameters") or {}
         hparams, _ = upgrade_hparams(hparams)
         hparams.pop("_instantiator", None)
-        hparams.pop(UNRECORDED_NETS, None)  # a net built in Python that the checkpoint cannot rebuild: the config's
-        if not hparams:
-            return
-        if "_class_path" in hparams:  # the module's own path; the rest are its arguments
-            hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
-        self.config = self.parser.parse_object({sub: {"model": hparams}}, self.config)
+        # Nets built in Python that the checkpoint cannot rebuild: the config must give them (checked below).
+        unrecorded = hparams.pop(UNRECORDED_NETS, None) or {}
+        if hparams:
+            if "_class_path" in hparams:  # the module's own path; the rest are its arguments
+                hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
+            self.config = self.parser.parse_object({sub: {"model": hparams}}, self.config)
+        init = self.config[sub].model.get("init_args") if self.config[sub].get("model") is not None else None
+        for arg, class_path in unrecorded.items():
+            given = getattr(init.get(arg) if init is not None else None, "class_path", None)
+            if given != class_path:
+                # The config's net would be built and then fail to load the weights, after the run folder exists.
+                raise ConfigError(
+                    f"--ckpt_path {path}: its {arg} ({class_path}) was built in Python from a class that does not "
+                    f"record its arguments, so the checkpoint cannot rebuild it, and the config gives {given}; "
+                    f"pass --model.init_args.{arg} {class_path} (with the init_args it was trained with)")
 
     def instantiate_classes(self) -> None:
         try:

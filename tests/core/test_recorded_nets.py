@@ -97,3 +97,21 @@ def test_recorded_nets_keep_their_own_signature() -> None:
     each class's ``__init__``."""
     assert list(inspect.signature(GDICLHead).parameters)[:2] == ["num_classes", "embed_dim"]
     assert "resnet_channels" in inspect.signature(CoQEClassifier).parameters
+
+
+def test_the_cli_asks_for_a_net_built_in_python_by_name_before_writing_anything(tmp_path, capsys) -> None:
+    """`test --ckpt_path` of such a checkpoint built the config's net instead, failed to load the weights with a
+    traceback, and left a run folder behind each time."""
+    from badinput import assert_rejected
+    from conftest import quiet_run_args
+
+    module = LatentFactorICLModule(_OwnNet(width=5), lr=0.001, optimizer="adam")
+    path = _save(module, tmp_path / "own.ckpt")  # the config's settings, but its own net
+    args = ["test", *quiet_run_args(tmp_path, "configs/mmca/synthetic.yaml"), "--model.init_args.test_depths", "null",
+            "--ckpt_path", str(path)]
+    line = assert_rejected(tmp_path, capsys, args, "was built in Python")
+    assert line == (
+        f"lit_icl: error: --ckpt_path {path}: its net ({__name__}._OwnNet) was built in Python from a class that does "
+        "not record its arguments, so the checkpoint cannot rebuild it, and the config gives "
+        "lit_icl.mmca.DeepCrossAttention; pass --model.init_args.net "
+        f"{__name__}._OwnNet (with the init_args it was trained with)")
