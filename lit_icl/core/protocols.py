@@ -16,6 +16,8 @@ import functools
 import inspect
 from typing import TypeGuard, TypeVar
 
+from lit_icl.core.errors import ConfigError
+
 T = TypeVar("T")
 
 # What ``typing.Protocol`` itself puts into a protocol's class body; not members of the contract.
@@ -124,6 +126,15 @@ def contract_summary(protocol: type) -> str:
     return ", ".join(parts)
 
 
+def data_refusal(datamodule: object, protocol: type, module: str, shipped: str) -> ConfigError:
+    """The one-line refusal of a data module that lacks what ``module`` reads of it (``protocol``): each unmet member,
+    the whole contract for a data module of one's own, and the shipped data module to use instead."""
+    return ConfigError(
+        f"{type(datamodule).__name__} lacks what {module} reads: {'; '.join(unmet(datamodule, protocol))} (a data "
+        f"module of your own needs {contract_summary(protocol)}: {protocol.__module__}.{protocol.__qualname__}); or "
+        f"use {shipped}")
+
+
 def _declared(protocol: type, name: str) -> object:
     """The function a protocol (or one of its protocol bases) declares as ``name``."""
     return next(vars(c)[name] for c in protocol.__mro__ if name in vars(c))
@@ -139,4 +150,4 @@ def _plain_signature(function: object) -> str:
     return f"({', '.join(str(p) for p in plain)})"
 
 
-__all__ = ["contract_summary", "implements", "protocol_members", "unmet"]
+__all__ = ["contract_summary", "data_refusal", "implements", "protocol_members", "unmet"]

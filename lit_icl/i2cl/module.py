@@ -50,7 +50,7 @@ from torchmetrics.classification import MulticlassF1Score
 
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.module import ICLModule
-from lit_icl.core.protocols import implements, unmet
+from lit_icl.core.protocols import data_refusal, implements, unmet
 from lit_icl.core.results import result_row
 from lit_icl.core.seeding import derive_seed, make_generator
 from lit_icl.core.transfer import to_device
@@ -248,7 +248,7 @@ class I2CLModule(ICLModule):
     def bind_datamodule(self, datamodule: LightningDataModule) -> None:
         """Tokenise the label words (collisions refused) and check that every prompt fits the context."""
         if not implements(datamodule, I2CLData):
-            raise ConfigError("I2CLModule needs data: lit_icl.i2cl.I2CLDataModule (see lit_icl.i2cl.contracts.I2CLData)")
+            raise data_refusal(datamodule, I2CLData, "I2CLModule", "lit_icl.i2cl.I2CLDataModule")
         data = datamodule.task_data()
         net = self.net
         self.label_ids = torch.tensor(net.label_token_ids(data.query(data.demos[0][0]), data.label_words))

@@ -40,7 +40,7 @@ from lit_icl.core.figures import line_figure
 from lit_icl.core.module import ICLModule
 from lit_icl.core.nets import count_parameters
 from lit_icl.core.optim import fused_if_cuda
-from lit_icl.core.protocols import contract_summary, implements, unmet
+from lit_icl.core.protocols import contract_summary, data_refusal, implements, unmet
 from lit_icl.core.results import result_row
 from lit_icl.core.spectral import laplacian_eigenmap
 from lit_icl.core.validation import (
@@ -201,11 +201,7 @@ class ICSSLModule(ICLModule):
     def bind_datamodule(self, datamodule: LightningDataModule) -> None:
         """Take ``n_points``, ``eval_label_ratios`` and the test sets from the data (which checked them)."""
         if not implements(datamodule, ICSSLDataModule):
-            raise ConfigError(
-                f"{type(datamodule).__name__} lacks what lit_icl.icssl.contracts.ICSSLDataModule lists (n_points, "
-                "eval_label_ratios, ...); ICSSLModule needs an IC-SSL data module such as "
-                "lit_icl.icssl.ManifoldDataModule"
-            )
+            raise data_refusal(datamodule, ICSSLDataModule, "ICSSLModule", "lit_icl.icssl.ManifoldDataModule")
         # The nets check themselves against the data (`check_config`, called by the CLI before a run starts).
         self.n_points = datamodule.n_points
         self.labeled_subset = datamodule.labeled_subset

@@ -39,7 +39,8 @@ def test_omniglot_side(tmp_path: Path) -> None:
     module = CoQEClassificationModule(CoQEClassifier(resnet_channels=TINY, depth=1))
     module.bind_datamodule(dm)
     assert module.net.n_classes == dm.n_labels == 20
-    with pytest.raises(ConfigError, match=r"lacks what a sequence classifier reads \(n_labels, source, hparams"):
+    with pytest.raises(ConfigError, match=r"^LightningDataModule lacks what CoQEClassificationModule reads: no "
+                                          r"attribute n_labels; no attribute source \(a data module of your own"):
         module.bind_datamodule(LightningDataModule())
     with pytest.raises(ConfigError, match="Linear is not a sequence classifier"):
         CoQEClassificationModule(nn.Linear(2, 2))
@@ -58,7 +59,9 @@ def test_regression_side() -> None:
         CoQERegressionModule(CoQERegressor(5, width=16, depth=1, heads=2, max_points=8)).bind_datamodule(dm)
     with pytest.raises(ConfigError, match="max_points=4 < the data's n_points=6"):
         CoQERegressionModule(CoQERegressor(4, width=16, depth=1, heads=2, max_points=4)).bind_datamodule(dm)
-    with pytest.raises(ConfigError, match=r"lacks what the regression module reads \(n_dims, n_points"):
+    with pytest.raises(ConfigError, match=r"lacks what CoQERegressionModule reads: no attribute function_class; no "
+                                          r"attribute n_dims; no attribute n_points; no attribute shift_names; no "
+                                          r"method features \(a data module of your own needs function_class: str"):
         module.bind_datamodule(LightningDataModule())
     with pytest.raises(ConfigError, match="Linear is not a regression net: no attribute method; forward"):
         CoQERegressionModule(nn.Linear(2, 2))

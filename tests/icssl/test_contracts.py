@@ -73,3 +73,12 @@ def test_module_refuses_a_net_or_data_module_outside_the_contract() -> None:
         ICSSLModule(net=nn.Linear(3, 2))
     with pytest.raises(ConfigError, match="lit_icl.icssl.contracts.ICSSLDataModule"):
         ICSSLModule().bind_datamodule(object())
+    # A data module of one's own that lacks one member is told which (the message once listed the first few only).
+    from types import SimpleNamespace
+
+    almost = SimpleNamespace(n_points=20, eval_label_ratios=[0.1], test_set_names=None, train_episodes=None)
+    with pytest.raises(ConfigError) as refused:
+        ICSSLModule().bind_datamodule(almost)
+    assert str(refused.value).startswith("SimpleNamespace lacks what ICSSLModule reads: no attribute labeled_subset (a "
+                                         "data module of your own needs eval_label_ratios: Sequence[float], ")
+    assert str(refused.value).endswith("lit_icl.icssl.contracts.ICSSLDataModule); or use lit_icl.icssl.ManifoldDataModule")

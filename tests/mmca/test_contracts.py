@@ -88,9 +88,11 @@ def test_modules_refuse_what_breaks_the_contract() -> None:
     with pytest.raises(ConfigError, match="has no `represent` and `head`"):
         AVMNISTModule(net=nn.Linear(2, 2))
     module = LatentFactorICLModule(net=DeepCrossAttention(d=4, depth=2))
-    with pytest.raises(ConfigError, match="lacks d, norm_range or test_context_lengths"):
+    with pytest.raises(ConfigError, match="lacks what LatentFactorICLModule reads: no attribute norm_range; no "
+                                          "attribute test_context_lengths "):
         module.bind_datamodule(SimpleNamespace(d=4))
-    with pytest.raises(ConfigError, match="lacks eval_splits, noise_std or root"):
+    with pytest.raises(ConfigError, match="lacks what AVMNISTModule reads: no attribute eval_splits; no attribute "
+                                          "noise_std "):
         AVMNISTModule(net=MultimodalCrossAttention(depth=1)).bind_datamodule(SimpleNamespace(root="x"))
     # A net without `method` still gets rows, named after its class.
     plain = LatentFactorICLModule(net=nn.Linear(2, 2), test_depths=None)

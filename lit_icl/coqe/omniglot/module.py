@@ -42,7 +42,7 @@ from lit_icl.core.figures import bar_figure
 from lit_icl.core.module import ICLModule
 from lit_icl.core.nets import count_parameters
 from lit_icl.core.optim import fused_if_cuda
-from lit_icl.core.protocols import contract_summary, implements, unmet
+from lit_icl.core.protocols import contract_summary, data_refusal, implements, unmet
 from lit_icl.core.results import result_row
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.transfer import to_device
@@ -161,10 +161,8 @@ class CoQEClassificationModule(ICLModule):
         """The net takes its output size from the data's training classes (a different explicit count is an
         error); record the source and the data axes."""
         if not implements(datamodule, SequenceData):
-            raise ConfigError(
-                f"{type(datamodule).__name__} lacks what a sequence classifier reads (n_labels, source, hparams: "
-                "lit_icl.coqe.contracts.SequenceData); use lit_icl.coqe.OmniglotSequenceDataModule"
-            )
+            raise data_refusal(datamodule, SequenceData, "CoQEClassificationModule",
+                               "lit_icl.coqe.OmniglotSequenceDataModule")
         self.net.set_n_classes(int(datamodule.n_labels))
         self.data_source = datamodule.source
         hp = datamodule.hparams

@@ -32,7 +32,7 @@ from lit_icl.core.module import ICLModule
 from lit_icl.core.nets import count_parameters
 from lit_icl.core.optim import fused_if_cuda
 from lit_icl.core.precision import float32_region
-from lit_icl.core.protocols import contract_summary, implements, unmet
+from lit_icl.core.protocols import contract_summary, data_refusal, implements, unmet
 from lit_icl.core.results import result_row
 from lit_icl.core.validation import check_int, check_positive
 from lit_icl.metrics.mean import SyncFreeMean
@@ -122,11 +122,7 @@ class CoQERegressionModule(ICLModule):
     def bind_datamodule(self, datamodule: LightningDataModule) -> None:
         """The nets' input dimension and prompt length must fit the data; record class and shifts."""
         if not implements(datamodule, PromptData):
-            raise ConfigError(
-                f"{type(datamodule).__name__} lacks what the regression module reads (n_dims, n_points, "
-                "function_class, shift_names, features: lit_icl.coqe.contracts.PromptData); use "
-                "lit_icl.coqe.RegressionDataModule"
-            )
+            raise data_refusal(datamodule, PromptData, "CoQERegressionModule", "lit_icl.coqe.RegressionDataModule")
         n_dims, n_points = datamodule.n_dims, datamodule.n_points
         for m in [self.net, *self.baselines]:
             if not implements(m, SizedPromptNet):

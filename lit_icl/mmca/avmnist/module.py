@@ -29,7 +29,7 @@ from lit_icl.core.errors import ConfigError
 from lit_icl.core.module import ICLModule
 from lit_icl.core.nets import count_parameters
 from lit_icl.core.optim import fused_if_cuda
-from lit_icl.core.protocols import contract_summary, implements, unmet
+from lit_icl.core.protocols import contract_summary, data_refusal, implements, unmet
 from lit_icl.core.results import result_row
 from lit_icl.core.resume import training_position
 from lit_icl.core.seeding import derive_seed
@@ -85,10 +85,7 @@ class AVMNISTModule(ICLModule):
     def bind_datamodule(self, datamodule: LightningDataModule) -> None:
         """Which split each validation loader scores, the corruption level and the data folder's name."""
         if not implements(datamodule, AVMNISTData):
-            raise ConfigError(
-                f"{type(datamodule).__name__} lacks eval_splits, noise_std or root, which AVMNISTModule reads; "
-                "use lit_icl.mmca.AVMNISTDataModule"
-            )
+            raise data_refusal(datamodule, AVMNISTData, "AVMNISTModule", "lit_icl.mmca.AVMNISTDataModule")
         if "test" not in datamodule.eval_splits:
             raise ConfigError("the data module's validation loaders must include the test split (Table 1)")
         self.eval_splits = list(datamodule.eval_splits)

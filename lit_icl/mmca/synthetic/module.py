@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.module import ICLModule
 from lit_icl.core.optim import fused_if_cuda
-from lit_icl.core.protocols import implements
+from lit_icl.core.protocols import data_refusal, implements
 from lit_icl.core.results import result_row
 from lit_icl.core.validation import check_literal, check_nonempty, check_nonnegative, check_positive
 from lit_icl.metrics.mean import SyncFreeMean
@@ -117,10 +117,7 @@ class LatentFactorICLModule(ICLModule):
         """Check the net against the data's ``d`` and ``norm_range``; take the test context lengths from it."""
         dm = datamodule
         if not implements(dm, LatentFactorData):
-            raise ConfigError(
-                f"{type(dm).__name__} lacks d, norm_range or test_context_lengths, which LatentFactorICLModule "
-                "reads; use lit_icl.mmca.LatentFactorDataModule"
-            )
+            raise data_refusal(dm, LatentFactorData, "LatentFactorICLModule", "lit_icl.mmca.LatentFactorDataModule")
         if implements(self.net, CovariateNet) and dm.d != self.net.d:
             raise ConfigError(
                 f"the net was built for d={self.net.d} but the data has d = d1 + d2 = {dm.d}; set the net's d to "
