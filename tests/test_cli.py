@@ -269,3 +269,6 @@ def test_test_and_validate_of_a_checkpoint_log_at_its_step_beside_the_fits_curve
     # The same weights on the same validation set: the point lands on the fit's last one.
     fit_values, values = tb_scalars(ckpt.parents[1]), tb_scalars(tmp_path / "runs/tiny/version_2")
     assert all(values[tag] == pytest.approx(fit_values[tag][-1:], rel=1e-6) for tag in fit_val)
+    # Lightning writes the epoch beside a round's scalars: the checkpoint's (1, the second epoch), not a test's 0.
+    assert fit_values["epoch"][-1] == 1 and tb_scalars(tmp_path / "runs/tiny/version_1")["epoch"] == [1]
+    assert values["epoch"] == [1] and _scalar_steps(tmp_path / "runs/tiny/version_2", "epoch")["epoch"] == [5]
