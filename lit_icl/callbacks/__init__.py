@@ -5,7 +5,8 @@ survives a moved run folder (:class:`RunCheckpoint`), and the early-stopping rul
 (:class:`CompileNets`, ``--compile.mode``), and exact resume of a run stopped inside an epoch
 (:class:`ResumeInsideEpoch`, added to every CLI run), DDP ranks that agree to stop (SIGTERM, ``max_time``)
 without a wait for the GPU at every step (:class:`StopTogether`, added to every CLI run), Ctrl-C that stops a fit
-with a checkpoint as SIGTERM does (:class:`StopOnCtrlC`, added to every CLI run), and a census of the
+with a checkpoint as SIGTERM does (:class:`StopOnCtrlC`, added to every CLI run), each run's settings and metrics
+in TensorBoard's HPARAMS tab (:class:`HParamsView`, added to every CLI run), and a census of the
 reads that would make a GPU run wait for its device (:class:`HostReadCensus`)."""
 
 from lit_icl.callbacks.checkpoint import RunCheckpoint
@@ -13,12 +14,13 @@ from lit_icl.callbacks.compile import CompileNets
 from lit_icl.callbacks.ddp_stop import StopTogether
 from lit_icl.callbacks.finite import FiniteGuard
 from lit_icl.callbacks.host_reads import HostReadCensus
+from lit_icl.callbacks.hparams import HParamsView
 from lit_icl.callbacks.interrupt import StopOnCtrlC
 from lit_icl.callbacks.representation import RepresentationMetrics
 from lit_icl.callbacks.resume import ResumeInsideEpoch
 from lit_icl.callbacks.stopping import StopWhenConverged
 
 __all__ = [
-    "CompileNets", "FiniteGuard", "HostReadCensus", "RepresentationMetrics", "ResumeInsideEpoch", "RunCheckpoint",
+    "CompileNets", "FiniteGuard", "HParamsView", "HostReadCensus", "RepresentationMetrics", "ResumeInsideEpoch", "RunCheckpoint",
     "StopOnCtrlC", "StopTogether", "StopWhenConverged",
 ]

@@ -39,6 +39,7 @@ from lit_icl.callbacks.checkpoint import RunCheckpoint
 from lit_icl.callbacks.compile import CompileMode
 from lit_icl.callbacks.ddp_stop import StopTogether
 from lit_icl.callbacks.finite import FiniteGuard
+from lit_icl.callbacks.hparams import HParamsView
 from lit_icl.callbacks.interrupt import StopOnCtrlC, stopped_by_ctrl_c
 from lit_icl.callbacks.resume import ResumeInsideEpoch
 from lit_icl.cli.checkpoints import (
@@ -395,7 +396,7 @@ class LitICLCLI(LightningCLI):
             # Lightning checks its flags (devices, strategy, max_steps, limits, accelerator) in Trainer.__init__,
             # before it writes anything; its message names the flag, often over several lines.
             raise ConfigError(trainer_error_message(err)) from err
-        for callback in (ResultsWriter, FiniteGuard, ResumeInsideEpoch, StopTogether, StopOnCtrlC):
+        for callback in (ResultsWriter, HParamsView, FiniteGuard, ResumeInsideEpoch, StopTogether, StopOnCtrlC):
             if not any(isinstance(cb, callback) for cb in trainer.callbacks):
                 trainer.callbacks.append(callback())
         sub = self.subcommand
