@@ -5,7 +5,8 @@ how one compares the seeds and settings of a sweep. Lightning's ``TensorBoardLog
 a metric that it writes itself: with ``default_hp_metric`` on, an ``hp_metric`` scalar of -1 at step 0 that a
 module must overwrite, which the CLI turns off; so the tab stayed empty. This callback writes the tab's entry for
 the run with the metrics the run really logs, and no scalar of its own: the module's validation metrics when a fit
-starts (its ``validation_keys``, with ``train/loss``), and what a ``test`` or ``validate`` logged when it ends.
+starts (its ``validation_keys``, with ``train/loss``; what it logged when it ends, for a module that declares none),
+and what a ``test`` or ``validate`` logged when it ends.
 TensorBoard reads each metric's last value from the run's scalars.
 """
 
@@ -44,8 +45,17 @@ class HParamsView(Callback):
     other loggers are left alone). The CLI adds it to every run."""
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        declared = getattr(pl_module, "validation_keys", lambda: None)() or set()
-        self._write(trainer, {*declared, "train/loss"})
+        # Written once per run (TensorBoard keeps the first entry it reads), so at the start, where a stopped fit
+        # has its entry too; a module that declares no validation metrics (I2CL's) gets it at the end instead,
+        # with what it logged.
+        declared = getattr(pl_module, "validation_keys", lambda: None)()
+        self._deferred = not declared
+        if declared:
+            self._write(trainer, {*declared, "train/loss"})
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.__dict__.pop("_deferred", False):
+            self._write(trainer, trainer.logged_metrics)
 
     def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._write(trainer, trainer.logged_metrics)

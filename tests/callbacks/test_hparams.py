@@ -52,3 +52,28 @@ def test_fit_and_test_fill_the_hparams_tab_with_the_run_settings_and_logged_metr
     params, metrics, scalars = _hparams_tab(tmp_path / "runs/tiny/version_1")
     assert params["lr"] == 0.003
     assert metrics and all(tag.startswith("test/") for tag in metrics) and set(metrics) <= set(scalars)
+
+
+def test_a_module_that_declares_no_validation_metrics_gets_what_it_logged_when_the_fit_ends(tmp_path) -> None:
+    """I2CL declares no validation metrics and logs ``train/loss/<method>``: its entry is written at the fit's end."""
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.demos.boring_classes import BoringModel
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from lit_icl.callbacks import HParamsView
+
+    class Logs(BoringModel):
+        def __init__(self, width: int = 3) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+
+        def training_step(self, batch, batch_idx):
+            out = super().training_step(batch, batch_idx)
+            self.log("train/loss/zero_shot", out["loss"])
+            return out
+
+    logger = TensorBoardLogger(tmp_path, name="run", default_hp_metric=False)
+    Trainer(max_steps=3, logger=logger, callbacks=[HParamsView()], limit_val_batches=0, log_every_n_steps=1,
+            enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False).fit(Logs(width=5))
+    params, metrics, scalars = _hparams_tab(Path(logger.log_dir))
+    assert params["width"] == 5 and metrics == ["train/loss/zero_shot"] and "train/loss/zero_shot" in scalars
