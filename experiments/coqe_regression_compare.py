@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from lit_icl.core.results import load_results
+from lit_icl.report import figure_file_problem
 
 
 def fail(message: str) -> NoReturn:
@@ -52,8 +53,10 @@ def check_method(option: str, name: str, runs: list[str], loaded: list[dict[tupl
 
 
 def mean_sd(values: list[float]) -> str:
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.fmean(values):.3f} ± {sd:.3f}"
+    """``mean ± sd`` over runs; the mean alone for one run, which has no spread to show (``± 0.000`` would claim
+    one), as ``lit_icl.report`` prints it."""
+    mean = f"{statistics.fmean(values):.3f}"
+    return f"{mean} ± {statistics.stdev(values):.3f}" if len(values) > 1 else mean
 
 
 def main() -> None:
@@ -64,6 +67,9 @@ def main() -> None:
     p.add_argument("--label-b", default=None, help="legend label of --b (default its name)")
     args = p.parse_args()
     (name_a, *runs_a), (name_b, *runs_b) = args.a, args.b
+    problem = figure_file_problem(args.fig) if args.fig is not None else None
+    if problem is not None:  # before the tables are printed: a refusal is the only output
+        fail(f"--fig {args.fig}: {problem}")
     if len(runs_a) != len(runs_b) or not runs_a:
         fail(f"--a has {len(runs_a)} runs and --b {len(runs_b)}; pass the same number (paired by position)")
     a, b = [load(r) for r in runs_a], [load(r) for r in runs_b]

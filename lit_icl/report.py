@@ -316,23 +316,28 @@ def report_figure(chosen: Sequence[Mapping[str, Any]], x: str, metric: str, titl
     return fig
 
 
-def _check_figure_file(out: str) -> None:
-    """Refuse, before anything is drawn, a figure file whose extension matplotlib cannot write or whose folder is a
-    file (a missing folder is made)."""
+def figure_file_problem(out: str | Path) -> str | None:
+    """Why matplotlib could not write a figure to ``out``, in words a refusal can end with, or ``None``: an
+    extension it cannot write, or a folder on the way that is a file (a missing folder is made when saving)."""
     from matplotlib.figure import Figure
 
     path = Path(out)
     kinds = Figure().canvas.get_supported_filetypes()
     if path.suffix and path.suffix[1:].lower() not in kinds:
-        print(f"lit_icl.report: error: --out {out}: matplotlib cannot write '{path.suffix}' files; end the name in one "
-              f"of {', '.join('.' + k for k in sorted(kinds))}", file=sys.stderr)
-        sys.exit(2)
+        return (f"matplotlib cannot write '{path.suffix}' files; end the name in one of "
+                f"{', '.join('.' + k for k in sorted(kinds))}")
     folder = next((f for f in (path.parent, *path.parent.parents) if f.exists()), None)
     if folder is not None and not folder.is_dir():
-        print(f"lit_icl.report: error: --out {out}: {folder} is a file, not a folder; name a figure in a folder",
-              file=sys.stderr)
-        sys.exit(2)
+        return f"{folder} is a file, not a folder; name a figure in a folder"
+    return None
 
+
+def _check_figure_file(out: str) -> None:
+    """Refuse, before anything is drawn, a figure file matplotlib could not write (:func:`figure_file_problem`)."""
+    problem = figure_file_problem(out)
+    if problem is not None:
+        print(f"lit_icl.report: error: --out {out}: {problem}", file=sys.stderr)
+        sys.exit(2)
 
 if __name__ == "__main__":
     main()

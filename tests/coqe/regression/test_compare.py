@@ -57,3 +57,21 @@ def test_a_wrong_name_or_folder_is_one_line_and_status_2(tmp_path, monkeypatch, 
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1
     assert err.startswith("coqe_regression_compare.py: error: " + needle.format(a=a, fit=tmp_path / "fit"))
+
+
+@pytest.mark.parametrize("fig", ["plot.pngx", "notes.txt/plot.png"], ids=["extension", "folder is a file"])
+def test_a_figure_file_matplotlib_cannot_write_is_refused_before_the_tables(tmp_path, monkeypatch, capsys, fig) -> None:
+    """The tables were printed, then matplotlib raised a traceback (ValueError, FileExistsError) at the figure."""
+    (tmp_path / "notes.txt").write_text("")
+    a, b = _test_run(tmp_path / "a", "coqe", 1.0), _test_run(tmp_path / "b", "transformer", 2.0)
+    code, out, err = _compare(monkeypatch, capsys, "--a", "coqe", a, "--b", "transformer", b,
+                              "--fig", str(tmp_path / fig))
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert err.startswith(f"coqe_regression_compare.py: error: --fig {tmp_path / fig}: ")
+
+
+def test_one_run_per_net_shows_no_spread(tmp_path, monkeypatch, capsys) -> None:
+    """One run has no sd; the cell read ``± 0.000`` as if the runs had agreed."""
+    a, b = _test_run(tmp_path / "a", "coqe", 1.0), _test_run(tmp_path / "b", "transformer", 2.0)
+    code, out, _ = _compare(monkeypatch, capsys, "--a", "coqe", a, "--b", "transformer", b)
+    assert code == 0 and "| id | coqe | 1.000 | 2.000 | 3.000 | 5.000 |" in out and "± 0.000" not in out
