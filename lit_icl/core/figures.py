@@ -24,6 +24,18 @@ from PIL import Image
 
 #: Colour-blind-safe palette (Okabe & Ito).
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
+#: What tells series apart once the palette's colours have all been used: the i-th series takes the colour
+#: ``i % 8`` and the ``i // 8``-th of these (a ninth line in the first colour would be indistinguishable).
+LINE_STYLES = (("o", "-"), ("s", "--"), ("^", ":"), ("D", "-."))
+HATCHES = ("", "//", "..", "xx")
+
+
+def series_style(i: int) -> tuple[str, str, str, str]:
+    """``(colour, marker, line style, bar hatch)`` of the ``i``-th series of a figure: distinct for 32 series."""
+    colour = PALETTE[i % len(PALETTE)]
+    round_ = i // len(PALETTE)
+    marker, line = LINE_STYLES[round_ % len(LINE_STYLES)]
+    return colour, marker, line, HATCHES[round_ % len(HATCHES)]
 
 Row = Mapping[str, Any]
 
@@ -136,8 +148,8 @@ def line_figure(
         xs = [x_transform(p[0]) if x_transform else p[0] for p in pts]
         means = [p[1][0] for p in pts]
         sds = [p[1][1] for p in pts]
-        colour = PALETTE[i % len(PALETTE)]
-        ax.plot(xs, means, marker="o", color=colour, label=str(name))
+        colour, marker, line, _ = series_style(i)
+        ax.plot(xs, means, marker=marker, linestyle=line, color=colour, label=str(name))
         if any(p[1][2] > 1 for p in pts):
             ax.fill_between(xs, [m - s for m, s in zip(means, sds)], [m + s for m, s in zip(means, sds)],
                             color=colour, alpha=0.2, linewidth=0)
@@ -176,8 +188,9 @@ def bar_figure(
     for i, name in enumerate(names):
         xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(cats))]
         vals = [stats.get((name, c), (float("nan"), 0.0, 0)) for c in cats]
-        ax.bar(xs, [v[0] for v in vals], width, yerr=[v[1] for v in vals], label=str(name),
-               color=PALETTE[i % len(PALETTE)], capsize=3)
+        colour, _, _, hatch = series_style(i)
+        ax.bar(xs, [v[0] for v in vals], width, yerr=[v[1] for v in vals], label=str(name), color=colour,
+               hatch=hatch or None, capsize=3)
     ax.set_xticks(range(len(cats)), [str(c) for c in cats])
     ax.set_xlabel(category)
     ax.set_ylabel(ylabel if ylabel is not None else str(where.get("metric", "value")))

@@ -96,3 +96,13 @@ def test_a_figure_is_drawn_once_and_its_png_and_tensorboard_image_hold_those_pix
     # At the step where the fit wrote its round of these weights: Lightning writes a round after step N at N - 1.
     assert (tag, step, layout) == ("test/acc", 6, "HWC")
     assert np.array_equal(image, np.asarray(Image.open(tmp_path / "run" / "acc.png"))[..., :3])
+
+
+def test_more_series_than_colours_are_still_told_apart() -> None:
+    """Past 8 series the palette starts again: the ninth line was drawn in the first one's colour and marker."""
+    rows = [result_row("acc", 0.1 * s + 0.01 * r, method=f"m{s}", r=r) for s in range(10) for r in (1, 2)]
+    lines = line_figure(rows, "r", metric="acc").axes[0].get_lines()
+    styles = {(ln.get_color(), ln.get_marker(), ln.get_linestyle()) for ln in lines}
+    assert len(lines) == 10 and len(styles) == 10
+    bars = [c for c in bar_figure(rows, "r", metric="acc").axes[0].containers if hasattr(c, "patches")]
+    assert len(bars) == 10 and len({(c.patches[0].get_facecolor(), c.patches[0].get_hatch()) for c in bars}) == 10
