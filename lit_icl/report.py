@@ -8,7 +8,8 @@ only in their seeds (``seed_everything``, ``data_seed``) and in where they log f
 rows are averaged: cells read ``mean ± sd`` over the runs (the table header says how many). A run that repeats
 another's test (the same checkpoint, config and seeds) gives the same numbers again: it is counted once, with a
 note. An experiment is
-named by its TensorBoard logger name unless ``--labels`` gives one label per run (runs with the same label are
+named by its TensorBoard logger name (the part its runs' names share, with ``*``, when its seeds logged under
+names of their own: ``coqe_s*``) unless ``--labels`` gives one label per run (runs with the same label are
 then pooled). A row coordinate named ``seed`` (I2CL writes one) marks a replicate too, so its values are pooled
 the same way unless ``--x seed`` asks for one column per seed.
 
@@ -105,14 +106,29 @@ def label_runs(runs: Sequence[Mapping[str, Any]], labels: Sequence[str] | None =
     if labels:
         return list(labels)
     prints = [experiment_fingerprint(r["meta"]) for r in runs]
-    names: dict[str, str] = {}
+    given: dict[str, list[str]] = {}
     for fp, run in zip(prints, runs):
-        names.setdefault(fp, _logger_name(run["meta"]) or fp)
+        given.setdefault(fp, [])
+        name = _logger_name(run["meta"]) or fp
+        if name not in given[fp]:
+            given[fp].append(name)
+    names = {fp: _pooled_name(run_names) for fp, run_names in given.items()}
     # Two experiments with the same logger name are told apart by their fingerprint.
     counts: dict[str, int] = {}
     for name in names.values():
         counts[name] = counts.get(name, 0) + 1
     return [names[fp] if counts[names[fp]] == 1 else f"{names[fp]}@{fp}" for fp in prints]
+
+
+def _pooled_name(names: Sequence[str]) -> str:
+    """The label of an experiment whose runs log under ``names``: the one name, or, for seeds logged under names
+    of their own (``coqe_s0``, ``coqe_s1``), the part they share with ``*`` (``coqe_s*``), not the first run's."""
+    if len(names) == 1:
+        return names[0]
+    import os
+
+    shared = os.path.commonprefix(list(names))
+    return f"{shared}*" if shared else f"{names[0]} (+{len(names) - 1} more names)"
 
 
 def pooled_rows(runs: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> list[dict[str, Any]]:

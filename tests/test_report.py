@@ -221,3 +221,18 @@ def test_a_repeated_test_of_one_checkpoint_counts_once_with_a_note(tmp_path, cap
     runs.append(run(tmp_path / "a_seed2", 0.60, 2, 0))
     report(runs)
     assert "n = 3 runs per cell" in capsys.readouterr().out
+
+
+def test_seeds_logged_under_names_of_their_own_are_labelled_by_what_the_names_share(tmp_path, capsys) -> None:
+    """The results pages name seed runs ``coqe_s0``, ``coqe_s1``: pooled, they were labelled ``coqe_s0``, as if the
+    line were that one run's."""
+    for s in range(2):
+        config = {"seed_everything": s, "trainer": {"logger": {"init_args": {"name": f"coqe_s{s}"}}}}
+        write_results(tmp_path / f"c{s}", [result_row("mse", 0.1 * (s + 1), method="coqe")], {"config": config})
+    other = {"seed_everything": 0, "model": {"lr": 0.1}, "trainer": {"logger": {"init_args": {"name": "lr01"}}}}
+    write_results(tmp_path / "o", [result_row("mse", 0.5, method="coqe")], {"config": other})
+    runs = [load_results(tmp_path / name) for name in ("c0", "c1", "o")]
+    assert label_runs(runs) == ["coqe_s*", "coqe_s*", "lr01"]
+    report([str(tmp_path / name) for name in ("c0", "c1", "o")])
+    table = capsys.readouterr().out
+    assert "| coqe_s* | coqe | 0.150 ± 0.071 |" in table and "| lr01 | coqe | 0.500 |" in table
