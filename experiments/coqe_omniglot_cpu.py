@@ -6,7 +6,7 @@ overlay ``configs/coqe/omniglot/cpu.yaml`` (28x28 images of 200 characters, narr
 
     python experiments/coqe_omniglot_cpu.py all --out runs/coqe_cpu --seeds 0 1 2 --jobs 2
     python experiments/coqe_omniglot_cpu.py report --out runs/coqe_cpu \\
-        --md experiments/results/coqe_omniglot_cpu.md --fig docs/figures/coqe_omniglot_cpu.png
+        --md runs/coqe_cpu/table.md --fig docs/figures/coqe_omniglot_cpu.png
 
 Every arm x seed is one ``python -m lit_icl fit`` run (``runs/coqe_cpu/<arm>/s<seed>``), then one ``test`` of its
 last checkpoint (``<arm>/s<seed>_test``), run through ``experiments/runner.py``: ``--jobs`` at a time here, or
@@ -14,7 +14,9 @@ as SLURM job arrays with ``--executor slurm``; finished runs are skipped and an 
 ``last.ckpt``. CLI overrides for every fit follow ``--`` (``-- --trainer.max_steps 24000``). ``report`` reads
 each test's ``results.json`` (from the run folders, or from the tidy CSV that ``report --csv`` writes) and each
 fit's TensorBoard curves (``val/acc/icl``, ``val/acc/iwl``, ``val/acc/iwl_static``; the CSV keeps them too) and
-writes a Markdown table (mean ± sd over seeds) and a learning-curve figure.
+writes a Markdown table (mean ± sd over seeds) and a learning-curve figure. ``--md`` writes the table alone,
+replacing the file: the results page (``experiments/results/coqe_omniglot_cpu.md``) quotes it beside its
+command, machine, date and commit, so give ``--md`` a file of its own.
 """
 
 from __future__ import annotations
