@@ -38,6 +38,8 @@ from runner import (
 )
 from tidy import add_report_args, check_out, grid_records
 
+from lit_icl.core.figures import mean_sd_text
+
 COQE = ["configs/coqe/omniglot.yaml", "configs/coqe/omniglot/cpu.yaml"]
 TRANSFORMER = [*COQE, "configs/coqe/omniglot/transformer.yaml"]
 NET = "--model.init_args.net.init_args."
@@ -111,13 +113,6 @@ def collect(args: argparse.Namespace) -> dict[str, dict[int, dict]]:
     return found
 
 
-def _mean_sd(values: list[float]) -> str:
-    if not values:
-        return "-"
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.3f} ± {sd:.3f}"
-
-
 def dominated_by(point: tuple[float, float], others: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """The points of ``others`` at least as good on both axes and better on one (Pareto dominance)."""
     return [o for o in others if o[0] >= point[0] and o[1] >= point[1] and o != point]
@@ -129,7 +124,7 @@ def table(found: dict[str, dict[int, dict]]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for arm, seeds in found.items():
-        cells = [_mean_sd([s["test"][a] for s in seeds.values() if a in s["test"]]) for a in ACCURACIES]
+        cells = [mean_sd_text([s["test"][a] for s in seeds.values() if a in s["test"]]) for a in ACCURACIES]
         fit = [s["fit_s"] for s in seeds.values() if s["fit_s"] is not None]
         steps = sorted({s["steps"] for s in seeds.values()})
         fit_cell = f"{min(fit):.0f}-{max(fit):.0f}" if fit else "-"

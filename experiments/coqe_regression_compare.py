@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from lit_icl.core.figures import mean_sd_text
 from lit_icl.core.results import load_results
 from lit_icl.report import figure_file_problem
 
@@ -52,13 +53,6 @@ def check_method(option: str, name: str, runs: list[str], loaded: list[dict[tupl
                  f"(give {option} the method's name, then its runs)")
 
 
-def mean_sd(values: list[float]) -> str:
-    """``mean ± sd`` over runs; the mean alone for one run, which has no spread to show (``± 0.000`` would claim
-    one), as ``lit_icl.report`` prints it."""
-    mean = f"{statistics.fmean(values):.3f}"
-    return f"{mean} ± {statistics.stdev(values):.3f}" if len(values) > 1 else mean
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--a", nargs="+", required=True, metavar=("NAME", "RUN"), help="method name, then its runs")
@@ -87,12 +81,12 @@ def main() -> None:
     print(f"| test set | method | {head} |\n|---|---|{'---|' * len(ks)}")
     for shift in shifts:
         for label, runs, method in ((name_a, a, name_a), (name_b, b, name_b), ("least squares", a, "least_squares")):
-            cells = " | ".join(mean_sd([r[(method, shift, k)] for r in runs]) for k in ks)
+            cells = " | ".join(mean_sd_text([r[(method, shift, k)] for r in runs]) for k in ks)
             print(f"| {shift} | {label} | {cells} |")
     print(f"\nPaired difference {name_a} - {name_b}, mean ± sd over pairs:\n")
     print(f"| test set | {head} |\n|---|{'---|' * len(ks)}")
     for shift in shifts:
-        cells = " | ".join(mean_sd([ra[(name_a, shift, k)] - rb[(name_b, shift, k)] for ra, rb in zip(a, b)]) for k in ks)
+        cells = " | ".join(mean_sd_text([ra[(name_a, shift, k)] - rb[(name_b, shift, k)] for ra, rb in zip(a, b)]) for k in ks)
         print(f"| {shift} | {cells} |")
     if args.fig is not None:
         draw(args.fig, shifts, (name_a, a, name_a), (name_b, b, args.label_b or name_b))

@@ -69,6 +69,15 @@ def mean_sd(values: Sequence[float]) -> tuple[float, float, int]:
     return mean, sd, n
 
 
+def mean_sd_text(values: Sequence[float], digits: int = 3) -> str:
+    """``mean ± sd`` of ``values`` as a table cell: the mean alone for one value, which has no spread to show
+    (``± 0.000`` would claim the runs agreed), ``-`` for none."""
+    mean, sd, n = mean_sd(values)
+    if n == 0:
+        return "-"
+    return f"{mean:.{digits}f} ± {sd:.{digits}f}" if n > 1 else f"{mean:.{digits}f}"
+
+
 def aggregate(rows: Iterable[Row], keys: Sequence[str]) -> dict[tuple, tuple[float, float, int]]:
     """``{tuple(row[k] for k in keys): (mean, sd, n)}`` of the ``value`` of the rows sharing those keys."""
     groups: dict[tuple, list[float]] = defaultdict(list)
