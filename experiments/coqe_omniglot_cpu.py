@@ -190,12 +190,17 @@ def figure(found: dict[str, dict[int, dict]], path: Path) -> None:
 def report(args: argparse.Namespace) -> str:
     """The table (also written to ``--md``) and, with ``--fig``, the learning-curve figure."""
     found = collect(args)
-    if not found:
-        raise SystemExit(f"no tested runs under {args.out}; start them with `all` (or `fit`, then `test`) first")
+    if not found:  # the drivers' refusal: one line, status 2
+        print(f"{Path(__file__).name}: error: no tested runs under {args.out}; start them with `all` (or `fit`, then "
+              "`test`) first", file=sys.stderr)
+        sys.exit(2)
     text = table(found)
     if args.md:
         args.md.write_text(text)
     if args.fig:
+        if not any(s["curves"].get(acc) for seeds in found.values() for s in seeds.values() for acc in ACCURACIES):
+            print(f"note: {args.fig}: the fits logged no validation round, so the figure has axes but no curves "
+                  "(a fit validates every --trainer.val_check_interval steps)", file=sys.stderr)
         figure(found, args.fig)
     return text
 

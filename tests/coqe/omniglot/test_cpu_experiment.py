@@ -104,3 +104,18 @@ def test_transformer_curves_reads_tensorboard_and_draws(tmp_path, capsys) -> Non
     out = capsys.readouterr().out
     assert "999:0.600" in out and "1999:0.700" in out and "499:" not in out  # the last of each block of 1000
     assert (tmp_path / "f.png").stat().st_size > 1000
+
+
+def test_report_refuses_an_empty_grid_in_one_line_and_notes_a_figure_without_curves(driver, tmp_path, capsys) -> None:
+    """An empty grid ended with a bare message and status 1; fits too short to validate drew three empty panels
+    without a word."""
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as refused:
+        driver.report(driver.parse_args(["report", "--out", str(tmp_path / "empty")]))
+    assert refused.value.code == 2
+    assert capsys.readouterr().err.startswith(f"coqe_omniglot_cpu.py: error: no tested runs under {tmp_path / 'empty'}")
+    out = tmp_path / "grid"
+    _fake_run(out, "coqe", 0, {"icl": 0.9, "iwl": 0.6, "iwl_static": 0.8}, 600)  # no validation curves
+    driver.report(driver.parse_args(["report", "--out", str(out), "--seeds", "0", "--fig", str(tmp_path / "f.png")]))
+    assert capsys.readouterr().err.startswith(f"note: {tmp_path / 'f.png'}: the fits logged no validation round")
+    assert (tmp_path / "f.png").is_file()
