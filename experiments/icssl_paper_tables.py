@@ -29,15 +29,19 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import re
 import statistics
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared runner beside this file
 from runner import (
     REPO,
     Job,
+    _positive_int,
     add_convergence_args,
     add_job_args,
     add_overlay_arg,
@@ -49,6 +53,7 @@ from runner import (
     mean_sd,
     overlay_argv,
     parse_driver_args,
+    select,
 )
 from tidy import RunRecord, add_report_args, check_out, grid_records
 
@@ -231,6 +236,52 @@ def test_jobs(args: argparse.Namespace) -> list[Job]:
     return jobs
 
 
+#: A test run of the grid: ``<model>/s<seed>_test_<what>`` (``what``: manifolds, images or product).
+TEST_RUN = re.compile(r"^(?P<name>[^/]+)/s(?P<seed>\d+)_test_(?P<what>[a-z]+)$")
+_UNSET = object()
+
+
+def given_options(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
+    """The options (their ``dest``) that ``argv`` gives explicitly rather than leaving at their defaults.
+
+    argparse fills in a default only for an option the namespace does not hold yet, so a namespace holding a marker
+    for every option keeps the marker exactly where the command line is silent. (Shared with the other drivers,
+    which import it from here.)"""
+    probe = argparse.Namespace(**{a.dest: _UNSET for a in parser._actions if a.dest != argparse.SUPPRESS})
+    parser.parse_args(argv, namespace=probe)
+    return {dest for dest, value in vars(probe).items() if value is not _UNSET}
+
+
+def chosen_seeds(have: Iterable[int], asked: list[int], given: bool) -> tuple[list[int], str]:
+    """The seeds a report reads and how its header names them.
+
+    ``have``: the seeds with a finished run. Without ``--seeds`` (``given`` false) a report reads them all, whatever
+    the default of ``--seeds`` is, so a table regenerated from a CSV holds every seed of it. With ``--seeds`` it
+    reads those of them that have runs, and the header says which seeds it left out and which asked-for seeds have
+    no run (rather than listing a seed that contributes nothing)."""
+    have = sorted(set(have))
+    if not given:
+        return have, f"seeds {have}"
+    seeds = [s for s in asked if s in have]
+    notes = []
+    if left_out := [s for s in have if s not in seeds]:
+        notes.append(f"chosen with --seeds; the runs also have {_plural('seed', left_out)}")
+    if missing := [s for s in asked if s not in have]:
+        notes.append(f"{_plural('seed', missing)}, asked for with --seeds, {'has' if len(missing) == 1 else 'have'} "
+                     "no finished run")
+    return seeds, f"seeds {seeds}" + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _plural(word: str, values: list[Any]) -> str:
+    return f"{word}{'' if len(values) == 1 else 's'} {', '.join(map(str, values))}"
+
+
+def ran_values(values: Iterable[Any]) -> str:
+    """What several runs did, as one value or ``a or b`` when they did not all do the same (``""``: none known)."""
+    found = sorted({v for v in values if v is not None}, key=lambda v: (isinstance(v, str), v))
+    return " or ".join(map(str, found))
+
+
 def _by_seed(records: dict[str, RunRecord], name: str, what: str, seeds: list[int]) -> dict[tuple, dict[int, float]]:
     """``{(method kind, manifold, n_labeled): {seed: accuracy}}`` from the test runs of one model.
 
@@ -406,19 +457,86 @@ def length_table(groups: dict[str, list[dict]]) -> str:
                                     "reached the cap", "patience (rounds)", "cap (steps)"], rows))
 
 
+def report_header(args: argparse.Namespace, records: dict[str, RunRecord], seeds: list[int]) -> str:
+    """How the reported runs trained and were tested, read from their test results and configs (not from this
+    command's options, which a report from a CSV, or with other options than the grid's, does not share); then
+    any option given to this report that disagrees with the runs, so that it cannot pass for what they did.
+
+    Training length: at fixed length, the steps of the tested checkpoints (``meta.trained_steps``); at convergence,
+    the early-stopping record of the tested checkpoint (``meta.stopping``: patience, ``min_delta``, the step cap)
+    and the validation interval (``data.train_batches_per_epoch``, or the cap over the epochs). A value the runs
+    did not record (a tidy CSV keeps only the config values that vary between runs) is left out."""
+    tests = [(m["name"], record) for run, record in records.items()
+             if (m := TEST_RUN.match(run)) and int(m["seed"]) in seeds and record.results is not None]
+    if not tests:
+        return "no finished test."
+    e2e = [r for name, r in tests if not name.startswith("eig")]
+    eig = [r for name, r in tests if name.startswith("eig")]
+
+    def stops(group: list[RunRecord]) -> list[dict]:
+        return [r.results["meta"]["stopping"] for r in group if r.results["meta"].get("stopping")]
+
+    def steps(group: list[RunRecord]) -> str:  # the cap at convergence, else the steps trained
+        caps = [s.get("max_steps") for s in stops(group)]
+        return ran_values(caps or [r.results["meta"].get("trained_steps") for r in group])
+
+    def val_every(record: RunRecord) -> int | None:
+        stopping = record.results["meta"]["stopping"]
+        per_epoch = record.config.get("data.train_batches_per_epoch")
+        if per_epoch is None and stopping.get("max_steps") and stopping.get("max_epochs"):
+            cap, epochs = stopping["max_steps"], stopping["max_epochs"]
+            per_epoch = cap // epochs if cap % epochs == 0 else None
+        return per_epoch
+
+    stopped = [r for _, r in tests if r.results["meta"].get("stopping")]
+    ran = {"steps": steps(e2e), "eig_steps": steps(eig),
+           "patience": ran_values(s.get("patience") for s in stops(e2e + eig)),
+           "min_delta": ran_values(s.get("min_delta") for s in stops(e2e + eig)),
+           "val_every": ran_values(val_every(r) for r in stopped),
+           "test_episodes": ran_values(r.config.get("data.test_episodes") for name, r in tests
+                                       if not name.endswith("_images"))}
+    if not stopped:
+        length = f"E2E models trained {ran['steps']} steps" if ran["steps"] else ""
+        if ran["eig_steps"]:
+            length += f", EIG+ICL heads {ran['eig_steps']}" if length else f"EIG+ICL heads trained {ran['eig_steps']} steps"
+    else:
+        caps = [f"{ran['steps']} steps for E2E"] if ran["steps"] else []
+        if ran["eig_steps"]:
+            caps.append(f"{ran['eig_steps']}{'' if caps else ' steps'} for EIG+ICL heads")
+        floor = ran_values(r.config.get("trainer.min_steps") for r in stopped)
+        rounds = f"{ran['patience']} rounds" + (f" of {ran['val_every']} steps" if ran["val_every"] else "")
+        length = (f"trained until the validation metric rose by no more than {ran['min_delta']} for {rounds} "
+                  f"(cap {', '.join(caps)}" + (f"; at least {floor} steps" if floor else "") + "), tested at the best round")
+        if len(stopped) < len(tests):
+            length += " (some runs trained at fixed length, without early stopping)"
+    episodes = (f"{ran['test_episodes']} test episodes per manifold" if ran["test_episodes"] else
+                "test episodes per manifold not recorded")
+    text = f"{length}; {episodes}."
+    # An option given to this report that the runs did not use: the numbers are the runs', as stated above.
+    given = given_options(_parser(), args.argv)
+    if "patience" in given and not stopped:
+        ran["patience"] = "none (fixed length)"
+    differ = [f"--{key.replace('_', '-')} {getattr(args, key)} (the runs: {ran[key]})" for key in ran
+              if key in given and ran[key] and str(getattr(args, key)) not in ran[key].split(" or ")]
+    if differ:
+        text += (" This report was given " + ", ".join(differ) + ", which the runs did not use; the tables are "
+                 "the runs' as they ran.")
+    return text
+
+
 def report(args: argparse.Namespace) -> str:
     """Tables 2-6 as Markdown: our mean ± sd over the seeds, the paper's mean in parentheses. Rows (and tables)
     of parts of the grid with no finished test are left out, so a partial grid reports only what it ran."""
     import json
 
     paper = json.loads((Path(__file__).with_name("icssl_paper_numbers.json")).read_text())
-    records, seeds, n = grid_records(args), args.seeds, len(args.seeds)
-    length = (f"E2E models trained {args.steps} steps, EIG+ICL heads {args.eig_steps}" if args.patience is None else
-              f"trained until the validation metric rose by no more than {args.min_delta} for {args.patience} rounds of "
-              f"{args.val_every} steps (cap {args.steps} steps for E2E, {args.eig_steps} for EIG+ICL heads"
-              + (f"; at least {args.min_steps} steps" if args.min_steps else "") + "), tested at the best round")
-    parts = [(f"Accuracy on the unlabeled points, mean ± sd over seeds {seeds} (paper's mean in parentheses); "
-              f"{length}; {args.test_episodes} test episodes per manifold.")]
+    records = grid_records(args)
+    have = (int(m["seed"]) for run, record in records.items()
+            if (m := TEST_RUN.match(run)) and record.results is not None)
+    seeds, seeds_text = chosen_seeds(have, args.seeds, "seeds" in given_options(_parser(), args.argv))
+    n = len(seeds)
+    parts = [f"Accuracy on the unlabeled points, mean ± sd over {seeds_text} (paper's mean in parentheses); "
+             + report_header(args, records, seeds)]
     margins = []
     for config, eig in (("tuned", "eig"), ("faithful", "eig_faithful")):
         for ctx in (3, 21, 39):
@@ -486,15 +604,16 @@ def report(args: argparse.Namespace) -> str:
     return "\n\n".join(parts)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def _parser() -> argparse.ArgumentParser:
+    """The driver's options (:func:`parse_args` parses and checks them; a report asks which were given)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_stage_arg(parser)
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "icssl_tables")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=300, help="training steps of each E2E model")
-    parser.add_argument("--eig-steps", type=int, default=None,
+    parser.add_argument("--steps", type=_positive_int, default=300, help="training steps of each E2E model")
+    parser.add_argument("--eig-steps", type=_positive_int, default=None,
                         help="training steps of each EIG+ICL head (default: --steps, the same budget)")
-    parser.add_argument("--epochs", type=int, default=3, help="epochs (validation + checkpoint) per run")
+    parser.add_argument("--epochs", type=_positive_int, default=3, help="epochs (validation + checkpoint) per run")
     parser.add_argument("--val-episodes", type=int, default=128)
     parser.add_argument("--test-episodes", type=int, default=512)
     parser.add_argument("--image-root", type=Path, default=DEFAULT_IMAGE_ROOT)
@@ -503,6 +622,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_job_args(parser)
     add_convergence_args(parser)
     add_report_args(parser)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = _parser()
     args = parse_driver_args(parser, argv, __file__)
     args.out = args.out.resolve()
     check_out(parser, args)
@@ -517,6 +641,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--image-root {args.image_root}: no such folder; point it at the image-manifold sequences "
                      f"(one folder of frames per sequence), or drop it to use the stand-in, built on first use at "
                      f"{DEFAULT_IMAGE_ROOT.relative_to(REPO)}")
+    check_convergence_args(parser, args)
     if args.patience is None:  # fixed-length runs train --epochs epochs of steps / epochs batches each
         for name, steps in (("--steps", args.steps), ("--eig-steps", args.eig_steps)):
             if steps % args.epochs:
@@ -525,8 +650,62 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def check_convergence_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse (``parser.error``: one line, exit 2, before anything is written) early-stopping options that cannot
+    mean what they say; shared with ``icssl_fig3_sweep.py``, which takes the same ``--patience`` family.
+
+    ``--val-every 0`` divides by zero; ``--patience 0`` would stop a run at its first round; a negative
+    ``--min-delta`` counts a fall as an improvement; ``--min-steps`` is a floor under the early-stopping rule, so
+    without ``--patience`` (fixed-length runs, which train all their steps anyway) it would be silently ignored."""
+    if args.val_every < 1:
+        parser.error(f"--val-every {args.val_every}: validate every 1 or more steps (default 100)")
+    if args.patience is not None and args.patience < 1:
+        parser.error(f"--patience {args.patience}: give 1 or more validation rounds without improvement before a run "
+                     "stops (or drop --patience to train each run its fixed --steps)")
+    if args.min_delta < 0:
+        parser.error(f"--min-delta {args.min_delta}: the smallest rise that counts as an improvement is 0 or more "
+                     "(default 0.001)")
+    if args.min_steps is not None and args.patience is None:
+        parser.error(f"--min-steps {args.min_steps} is a floor under early stopping, which only --patience turns on "
+                     "(a fixed-length run trains all its --steps); add --patience P or drop --min-steps")
+
+
+def check_finished_tests(args: argparse.Namespace, jobs: list[Job]) -> None:
+    """Refuse a ``test`` (or ``all``) whose test settings differ from those of tests it would skip as done.
+
+    A finished test is never rerun (its ``done`` marker), so ``test --test-episodes 128`` over tests run with 64
+    would report "0 to run", record 128 in ``grid.json`` and leave 64-episode numbers behind. Each test's
+    ``--data.init_args.<key> <value>`` is compared with the ``data.<key>`` its finished run saved in its
+    ``config.yaml``; the first difference is refused in one line (exit 2, nothing written) naming both values and
+    the ways out: the finished tests' value, or their folders removed to test them again."""
+    import yaml
+    from tidy import flatten
+
+    for job in jobs:
+        saved = job.folder / "config.yaml"
+        if not job.done or not saved.is_file():
+            continue
+        config = flatten(yaml.safe_load(saved.read_text()))
+        for flag, value in zip(job.argv, job.argv[1:]):
+            key = flag.removeprefix("--").replace("init_args.", "")
+            if not flag.startswith("--data.init_args.") or key not in config:
+                continue
+            wanted = yaml.safe_load(value)
+            if str(wanted) != str(config[key]):
+                option = {"data.test_episodes": "--test-episodes", "data.root": "--image-root"}.get(key, flag)
+                print(f"{Path(args.script).name}: error: {option} {value}: the finished test "
+                      f"{job.folder.relative_to(args.out)} ran with {config[key]} ({flag}), and a finished test is "
+                      f"not run again; give {option} {config[key]} to test the rest of the grid alike, or remove the "
+                      "finished test folders (or use another --out) to test with the new value", file=sys.stderr,
+                      flush=True)
+                sys.exit(2)
+
+
 def main(argv: list[str] | None = None) -> None:
-    drive(parse_args(argv), fit_jobs, test_jobs, report, parse_args)
+    args = parse_args(argv)
+    if args.stage in ("test", "all"):
+        check_finished_tests(args, select(test_jobs(args), args.only))
+    drive(args, fit_jobs, test_jobs, report, parse_args)
 
 
 if __name__ == "__main__":

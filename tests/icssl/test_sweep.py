@@ -358,6 +358,16 @@ def test_dataset_size_sweep_finds_the_largest_rise(sweep_script, tmp_path, capsy
     (["fit", "--image-root", "{tmp}/no_images"], "--image-root {tmp}/no_images: no such folder; point it at the"),
     (["fit", "--overlay", "{tmp}/broken.yaml"], "{tmp}/broken.yaml is not valid YAML at line 3"),
     (["fit", "--overlay", "{tmp}/a_list.yaml"], "{tmp}/a_list.yaml holds a YAML sequence at its top level, not a mapping of keys"),
+    # These raised ZeroDivisionError (the second after writing grid.json) or became 1 batch per epoch silently.
+    (["fit", "--epochs", "0"], "argument --epochs: 0 must be at least 1"),
+    (["fit", "--patience", "2", "--val-every", "0"], "--val-every 0: validate every 1 or more steps"),
+    (["fit", "--steps", "0"], "argument --steps: 0 must be at least 1"),
+    (["fit", "--eig-steps", "-6"], "argument --eig-steps: -6 must be at least 1"),
+    (["fit", "--eig-steps", "-5"], "argument --eig-steps: -5 must be at least 1"),  # suggested "e.g. -6"
+    # These were passed on to every run, or ignored without a word.
+    (["fit", "--patience", "0"], "--patience 0: give 1 or more validation rounds without improvement"),
+    (["fit", "--patience", "3", "--min-delta", "-0.1"], "--min-delta -0.1: the smallest rise that counts"),
+    (["fit", "--min-steps", "5"], "--min-steps 5 is a floor under early stopping, which only --patience turns on"),
 ])
 def test_a_grid_that_cannot_run_as_meant_is_refused_in_one_line_before_anything_is_written(
         tables, tmp_path, capsys, argv: list[str], problem: str) -> None:
@@ -382,3 +392,98 @@ def test_the_drivers_chunk_size_is_the_data_modules(tables) -> None:
     from lit_icl.icssl.data import ManifoldDataModule
 
     assert inspect.signature(ManifoldDataModule).parameters["chunk_size"].default == tables.CHUNK_SIZE
+
+
+def test_a_zero_validation_interval_is_refused_before_grid_json_is_written(tables, tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit) as stop:  # no --dry-run: this one used to write grid.json, then divide by zero
+        tables.main(["fit", "--out", str(tmp_path / "grid"), "--patience", "2", "--val-every", "0"])
+    assert stop.value.code == 2 and "--val-every 0" in capsys.readouterr().err
+    assert not (tmp_path / "grid").exists()
+
+
+def _test_run(folder: Path, value: float, steps: int, episodes: int | None, stopping: dict | None = None) -> None:
+    """A finished test of the tables grid: its results (one accuracy at 3 labels) and the config it saved."""
+    folder.mkdir(parents=True)
+    row = {"metric": "accuracy", "value": value, "method": "m", "split": "test", "n_labeled": 3}
+    folder.joinpath("results.json").write_text(json.dumps(
+        {"meta": {"trained_steps": steps, "stopping": stopping}, "rows": [row]}))
+    data = {} if episodes is None else {"test_episodes": episodes}
+    folder.joinpath("config.yaml").write_text(yaml.safe_dump({"data": {"init_args": data}}))
+    folder.joinpath("done").write_text("1.0 s\ncpu 1.0 s\n")
+
+
+def _fixed_grid(grid: Path) -> None:
+    """Seeds 0, 1 and 3 of two models trained 120 steps (heads 60) and tested on 64 episodes, and a fit whose
+    saved config keeps the data module's own test_episodes (so the tidy CSV keeps the tests' value, which varies)."""
+    for seed, value in ((0, 0.80), (1, 0.90), (3, 0.50)):
+        _test_run(grid / "tuned_rbf_no_cone" / f"s{seed}_test_manifolds", value, 120, 64)
+        _test_run(grid / "eig_rbf_no_cone" / f"s{seed}_test_manifolds", value - 0.1, 60, 64)
+    fit = grid / "tuned_rbf_no_cone" / "s0"
+    fit.mkdir()
+    fit.joinpath("config.yaml").write_text(yaml.safe_dump({"data": {"init_args": {"test_episodes": 2048}}}))
+    fit.joinpath("done").write_text("1.0 s\ncpu 1.0 s\n")
+
+
+def test_report_header_and_seeds_are_the_runs_not_the_commands_defaults(tables, tmp_path, capsys) -> None:
+    """The header used to print the command's defaults (seeds [0, 1, 2], 300 steps, 512 episodes) and the tables
+    kept seeds 0-2 only; from a CSV, that is all a reader can check the tables against."""
+    grid = tmp_path / "grid"
+    _fixed_grid(grid)
+    csv = tmp_path / "grid.csv"
+    tables.main(["report", "--out", str(grid), "--csv", str(csv)])
+    from_folders = capsys.readouterr().out
+    tables.main(["report", "--out", str(csv)])
+    text = capsys.readouterr().out
+    assert text == from_folders
+    assert text.startswith("Accuracy on the unlabeled points, mean ± sd over seeds [0, 1, 3] (paper's mean in "
+                           "parentheses); E2E models trained 120 steps, EIG+ICL heads 60; 64 test episodes per "
+                           "manifold.\n")
+    row = next(x for x in text.splitlines() if x.startswith("| rbf-cone |"))
+    assert "| 0.733 ± 0.208 (0.753) |" in row  # E2E OOD over all three seeds: 0.8, 0.9, 0.5
+
+
+def test_report_states_a_seed_filter_and_options_the_runs_did_not_use(tables, tmp_path, capsys) -> None:
+    _fixed_grid(tmp_path)
+    tables.main(["report", "--out", str(tmp_path), "--seeds", "0", "1", "5", "--steps", "60",
+                 "--test-episodes", "256"])
+    text = capsys.readouterr().out
+    header = text.splitlines()[0]
+    assert "mean ± sd over seeds [0, 1] (chosen with --seeds; the runs also have seed 3; seed 5, asked for with " \
+           "--seeds, has no finished run)" in header
+    assert "E2E models trained 120 steps, EIG+ICL heads 60; 64 test episodes per manifold." in header
+    assert "This report was given --steps 60 (the runs: 120), --test-episodes 256 (the runs: 64), which the runs " \
+           "did not use" in header
+    row = next(x for x in text.splitlines() if x.startswith("| rbf-cone |"))
+    assert "| 0.850 ± 0.071 (0.753) |" in row  # seeds 0 and 1 only
+
+
+def test_the_converged_tables_regenerate_from_their_committed_csv_alone(tables, capsys) -> None:
+    """experiments/results/icssl_tables_converged_cpu.md: `report --out <its CSV>`, with or without the grid's
+    options, prints its header and numbers (seeds 0-4, the 4,000/2,000-step caps), not the defaults'."""
+    page = (SCRIPT.parent / "results" / "icssl_tables_converged_cpu.md").read_text()
+    csv = SCRIPT.parent / "results" / "grids" / "icssl_converged.csv"
+    tables.main(["report", "--out", str(csv)])
+    text = capsys.readouterr().out
+    assert text.splitlines()[0] in page.splitlines()
+    assert text.splitlines()[0].startswith("Accuracy on the unlabeled points, mean ± sd over seeds [0, 1, 2, 3, 4] ")
+    assert "| tuned | rbf | ID | +0.2 ± 0.3 (+1.6) | +1.2 ± 0.2 (+0.7) | +1.7 ± 0.3 (+1.1) |" in text
+    tables.main(["report", "--out", str(csv), "--steps", "4000", "--eig-steps", "2000", "--patience", "5",
+                 "--seeds", "0", "1", "2", "3", "4"])  # the page's own command
+    assert capsys.readouterr().out == text
+
+
+def test_a_test_with_other_settings_than_the_finished_tests_is_refused(tables, tmp_path, capsys) -> None:
+    """`test --test-episodes 128` over tests run with 64 printed "0 to run" and recorded 128 in grid.json."""
+    grid = tmp_path / "grid"
+    _test_run(grid / "tuned_rbf_only_cone" / "s0_test_manifolds", 0.8, 120, 64)
+    argv = ["test", "--out", str(grid), "--seeds", "0", "--only", "tuned_rbf_only_cone s0"]
+    with pytest.raises(SystemExit) as stop:
+        tables.main([*argv, "--test-episodes", "128"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "error: --test-episodes 128: the finished test tuned_rbf_only_cone/s0_test_manifolds " \
+                             "ran with 64" in err[0] and "give --test-episodes 64" in err[0]
+    assert not (grid / "grid.json").exists()
+    with pytest.raises(SystemExit) as stop:  # the finished tests' own value: skipped as done, as before
+        tables.main([*argv, "--test-episodes", "64", "--dry-run"])
+    assert stop.value.code == 0 and "1 done, 0 to run" in capsys.readouterr().out
