@@ -27,14 +27,21 @@ on a GPU); a test run reads the config its fit saved, so it inherits them.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from itertools import pairwise
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared runner beside this file
+from icssl_paper_tables import (  # report helpers every driver could share
+    chosen_seeds,
+    given_options,
+    ran_values,
+)
 from runner import (
     REPO,
     Job,
+    _positive_int,
     add_job_args,
     add_overlay_arg,
     add_stage_arg,
@@ -57,6 +64,9 @@ MODELS: dict[str, tuple[str | None, float]] = {
     "no_injection_no_cross_attention": ("no_injection_no_cross_attention", 60.79),
     "bi_cross_attention": ("bi_cross_attention", 62.72),
 }
+#: The offline stand-in's folder (lit_icl.mmca.avmnist.data.STANDIN_ROOT, not imported: the driver parses without
+#: torch), relative to the repository, where runs start; a run builds it there when it is missing.
+STANDIN_ROOT = "data/avmnist_lite"
 #: The accuracy (%) above which a model has left the 10-class chance plateau (10 %).
 LEFT_CHANCE = 20.0
 #: The paper's training length (App. I): runs trained longer are also read at this length.
@@ -137,10 +147,21 @@ def _read(records: dict[str, RunRecord], run: str) -> dict | None:
 def measurements(args: argparse.Namespace) -> dict[str, dict[int, dict]]:
     """``{model: {seed: {...}}}``: best test accuracy over epochs, test accuracy at the best validation epoch,
     epochs trained, the epoch that left chance, parameters."""
+    return _measured(args)[0]
+
+
+def _measured(args: argparse.Namespace) -> tuple[dict[str, dict[int, dict]], list[int], str, dict[str, RunRecord]]:
+    """:func:`measurements`, the seeds they cover and how the header names them, and the grid's records.
+
+    The seeds are those with a finished test (every seed of a CSV, whatever ``--seeds`` defaults to), or, with
+    ``--seeds``, those of them that have one (:func:`icssl_paper_tables.chosen_seeds`)."""
     records = grid_records(args)
+    have = (int(m["seed"]) for run, record in records.items()
+            if (m := re.match(r"^[^/]+/s(?P<seed>\d+)_test_last$", run)) and record.results is not None)
+    seeds, seeds_text = chosen_seeds(have, args.seeds, "seeds" in given_options(_parser(), args.argv))
     found: dict[str, dict[int, dict]] = {}
     for model in MODELS:
-        for seed in args.seeds:
+        for seed in seeds:
             last = _read(records, f"{model}/s{seed}_test_last")
             if last is None or not last["history"]:
                 continue
@@ -156,7 +177,43 @@ def measurements(args: argparse.Namespace) -> dict[str, dict[int, dict]]:
                 "params": last["params"],
                 "stopped_early": bool(last["stopping"] and last["stopping"]["stopped_early"]),
             }
-    return found
+    return found, seeds, seeds_text, records
+
+
+def report_header(args: argparse.Namespace, records: dict[str, RunRecord], found: dict[str, dict[int, dict]],
+                  seeds_text: str) -> str:
+    """What the reported runs did, read from their tests (not from this command's options, which a report from a
+    CSV, or with other options than the grid's, does not share): the noise sd of their data (the rows' ``noise_std``),
+    the early-stopping rule of their ``meta.stopping`` and the epoch floor of their config, or the epochs their test
+    history covers; then any option given to this report that disagrees with the runs. A value the runs did not
+    record (a tidy CSV keeps only the config values that vary between runs) is left out."""
+    tests = [records[f"{model}/s{seed}_test_last"] for model, per_seed in found.items() for seed in per_seed]
+    stops = [r.results["meta"]["stopping"] for r in tests if r.results["meta"].get("stopping")]
+    noise = [next((row.get("noise_std") for row in r.results["rows"] if row["metric"] == "accuracy"), None)
+             or r.config.get("data.noise_std") for r in tests]
+    ran = {"noise_std": ran_values(noise),
+           "patience": ran_values(s.get("patience") for s in stops),
+           "min_delta": ran_values(s.get("min_delta") for s in stops),
+           "min_epochs": ran_values(r.config.get("trainer.min_epochs") for r in tests),
+           "max_epochs": ran_values(s.get("max_epochs") for s in stops) if stops else
+           ran_values(per_seed[s]["epochs"] for per_seed in found.values() for s in per_seed)}
+    if stops:
+        bounds = ", ".join(x for x in (ran["min_epochs"] and f"at least {ran['min_epochs']}",
+                                       ran["max_epochs"] and f"cap {ran['max_epochs']}") if x)
+        length = ("trained until val/acc had not risen" + (f" by more than {ran['min_delta']}" if ran["min_delta"] else "")
+                  + (f" for {ran['patience']} epochs" if ran["patience"] else "") + (f" ({bounds})" if bounds else ""))
+    else:
+        length = f"{ran['max_epochs']} epoch{'' if ran['max_epochs'] == '1' else 's'}"
+    text = (f"Noise sd {ran['noise_std']}; " if ran["noise_std"] else "Noise sd not recorded; ") + f"{length}; {seeds_text}."
+    given = given_options(_parser(), args.argv)
+    if "patience" in given and not stops:
+        ran["patience"] = "none (fixed length)"
+    differ = [f"--{key.replace('_', '-')} {getattr(args, key)} (the runs: {ran[key]})" for key in ran
+              if key in given and ran[key] and str(getattr(args, key)) not in ran[key].split(" or ")]
+    if differ:
+        text += (" This report was given " + ", ".join(differ) + ", which the runs did not use; the tables are the "
+                 "runs' as they ran.")
+    return text
 
 
 def _cell(values: list[float]) -> str:
@@ -168,7 +225,7 @@ def _cell(values: list[float]) -> str:
 
 def report(args: argparse.Namespace) -> str:
     """Per-model accuracies (mean ± sd over seeds, per seed) and the full model's paired margins vs the paper's."""
-    found = measurements(args)
+    found, _, seeds_text, records = _measured(args)
     if not found:
         return "(no finished tests: run `fit` and `test` first)"
     rows = []
@@ -187,15 +244,11 @@ def report(args: argparse.Namespace) -> str:
                      ", ".join("never" if per_seed[s]["left_chance"] is None else str(per_seed[s]["left_chance"])
                                for s in seeds),
                      f"{MODELS[model][1]:.2f}"])
-    parts = [f"Noise sd {args.noise_std}; " + (
-        f"trained until val/acc had not risen by more than {args.min_delta} for {args.patience} epochs (at least "
-        f"{args.min_epochs or 1}, "
-        f"cap {args.max_epochs})"
-        if args.patience is not None else f"{args.max_epochs} epochs") + f"; seeds {args.seeds}.",
-        markdown_table(["model", "params", "seeds", "test acc. at best val epoch (%)", "best test acc. (%)",
-                        f"best test acc., epochs 1-{PAPER_EPOCHS} (%)",
-                        "best test acc., per seed", "epochs trained", "stopped early",
-                        f"first epoch >= {LEFT_CHANCE:.0f} %", "paper (%)"], rows)]
+    parts = [report_header(args, records, found, seeds_text),
+             markdown_table(["model", "params", "seeds", "test acc. at best val epoch (%)", "best test acc. (%)",
+                             f"best test acc., epochs 1-{PAPER_EPOCHS} (%)",
+                             "best test acc., per seed", "epochs trained", "stopped early",
+                             f"first epoch >= {LEFT_CHANCE:.0f} %", "paper (%)"], rows)]
     rows = []
     full = found.get("full", {})
     for model, per_seed in found.items():
@@ -246,7 +299,8 @@ def ordering(found: dict[str, dict[int, dict]]) -> str:
     return "Ordering:\n\n" + "\n".join(lines)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def _parser() -> argparse.ArgumentParser:
+    """The driver's options (:func:`parse_args` parses and checks them; a report asks which were given)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_stage_arg(parser)
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "mmca_avmnist_table1")
@@ -255,7 +309,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--noise-std", type=float, default=1.0,
                         help="covariate noise sd of every model's data (default: 1.0; the config alone keeps 0.2)")
-    parser.add_argument("--max-epochs", type=int, default=100, help="epochs, or the cap with --patience")
+    parser.add_argument("--max-epochs", type=_positive_int, default=100, help="epochs, or the cap with --patience")
     parser.add_argument("--patience", type=int, default=None,
                         help="stop after this many epochs without a rise of val/acc (the shared early-stopping rule)")
     parser.add_argument("--min-delta", type=float, default=0.0,
@@ -271,7 +325,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "a file with `trainer: {accelerator: gpu}` for a GPU")
     add_job_args(parser)
     add_report_args(parser)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked: a value no run could use is refused in one line (exit 2) before any job or
+    record is written, rather than failing every fit alike after writing its folder."""
+    parser = _parser()
     args = parse_driver_args(parser, argv, __file__)
+    if args.noise_std < 0:
+        parser.error(f"--noise-std {args.noise_std}: a noise sd is 0 or more (default 1.0)")
+    if args.patience is not None and args.patience < 1:
+        parser.error(f"--patience {args.patience}: give 1 or more epochs without a rise of val/acc before a run stops "
+                     "(or drop --patience to train every run --max-epochs)")
+    if args.min_delta < 0:
+        parser.error(f"--min-delta {args.min_delta}: the smallest rise of val/acc that counts is 0 or more")
+    if args.wait_for_score is not None:
+        if args.patience is None:  # fit_jobs passes it only with the early-stopping rule
+            parser.error(f"--wait-for-score {args.wait_for_score} holds off early stopping, which only --patience turns "
+                         "on; add --patience P or drop --wait-for-score")
+        if not 0 <= args.wait_for_score <= 1:
+            parser.error(f"--wait-for-score {args.wait_for_score}: val/acc is a fraction, so a run could never pass "
+                         "it; give a value in [0, 1] (e.g. 0.2, twice chance)")
+    if args.root is not None:
+        # Runs start in the repository (runner.run_job), so a relative root is resolved here, where it was typed.
+        args.root = args.root.resolve()
+        standin = (REPO / STANDIN_ROOT).resolve()  # built on first use when missing; any other root must exist
+        if args.stage != "report" and args.root != standin and not args.root.is_dir():
+            parser.error(f"--root {args.root}: no such folder; point it at an avMNIST folder in MultiBench's layout, "
+                         f"or drop it to use the offline stand-in, built on first use at {STANDIN_ROOT}")
     if args.min_epochs is not None and not 1 <= args.min_epochs <= args.max_epochs:
         parser.error(f"--min-epochs {args.min_epochs} must lie in [1, --max-epochs {args.max_epochs}]")
     args.out = args.out.resolve()

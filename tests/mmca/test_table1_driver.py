@@ -147,3 +147,71 @@ def test_runs_longer_than_the_paper_are_also_read_at_its_100_epochs(table1, tmp_
     assert "| no_injection | +1.13 | -- | -- | +5.0 (1 of 1 ahead) | same sign, one seed " \
            "| -5.0 (0 of 1 ahead) | opposite sign, one seed |" in text
     assert "- ours, best test acc. in epochs 1-100 (mean over seeds 0): no_injection > full" in text
+
+
+@pytest.mark.parametrize("argv, problem", [
+    # These wrote grid.json, job_state.json and fit.log, then every fit failed alike (FAILED rc=2, exit 1).
+    (["--noise-std", "-1"], "--noise-std -1.0: a noise sd is 0 or more"),
+    (["--patience", "-2"], "--patience -2: give 1 or more epochs without a rise of val/acc"),
+    (["--root", "{tmp}/nonexist"], "--root {tmp}/nonexist: no such folder"),
+    # These --dry-run accepted.
+    (["--max-epochs", "0"], "argument --max-epochs: 0 must be at least 1"),
+    (["--patience", "3", "--min-delta", "-1"], "--min-delta -1.0: the smallest rise of val/acc that counts is 0 or more"),
+    (["--patience", "3", "--wait-for-score", "2"], "--wait-for-score 2.0: val/acc is a fraction"),
+    (["--wait-for-score", "0.2"], "--wait-for-score 0.2 holds off early stopping, which only --patience turns on"),
+])
+@pytest.mark.parametrize("dry", [True, False])
+def test_a_grid_that_cannot_run_as_meant_is_refused_in_one_line_before_anything_is_written(
+        table1, tmp_path, capsys, argv: list[str], problem: str, dry: bool) -> None:
+    out = tmp_path / "grid"
+    argv = ["fit", "--seeds", "0", "--only", "full", "--jobs", "1", "--out", str(out), "--max-epochs", "1",
+            *(a.format(tmp=tmp_path) for a in argv), *(["--dry-run"] if dry else [])]
+    with pytest.raises(SystemExit) as stop:
+        table1.main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "error: " + problem.format(tmp=tmp_path) in err[0], err
+    assert not out.exists()
+
+
+def test_the_stand_in_root_may_be_missing_since_a_run_builds_it(table1, tmp_path) -> None:
+    args = table1.parse_args(["fit", "--out", str(tmp_path), "--seeds", "0", "--root", "data/avmnist_lite"])
+    assert args.root == (table1.REPO / "data" / "avmnist_lite").resolve()  # where the runs (started in REPO) look
+
+
+def test_report_header_and_seeds_are_the_runs_not_the_commands_defaults(table1, tmp_path, capsys) -> None:
+    """A 1-epoch, 2-seed grid reported from its CSV said `Noise sd 1.0; 100 epochs; seeds [0, 1, 2].`, the
+    defaults; a seed given to report but never run was listed as if it counted."""
+    grid = tmp_path / "grid"
+    for seed in (0, 1):
+        for model, acc in (("full", 0.3), ("no_injection", 0.2)):
+            folder = grid / model / f"s{seed}_test_last"
+            folder.mkdir(parents=True)
+            rows = [{"metric": "accuracy", "value": acc, "method": "m", "split": "test", "noise_std": 0.5},
+                    {"metric": "test_accuracy", "value": acc, "method": "m", "split": "test", "epoch": 1}]
+            folder.joinpath("results.json").write_text(json.dumps({"meta": {"stopping": None}, "rows": rows}))
+    csv = tmp_path / "grid.csv"
+    table1.main(["report", "--out", str(grid), "--csv", str(csv)])
+    assert capsys.readouterr().out.splitlines()[0] == "Noise sd 0.5; 1 epoch; seeds [0, 1]."
+    table1.main(["report", "--out", str(csv)])
+    assert capsys.readouterr().out.splitlines()[0] == "Noise sd 0.5; 1 epoch; seeds [0, 1]."
+    table1.main(["report", "--out", str(csv), "--seeds", "1", "2", "--max-epochs", "100"])
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header.startswith("Noise sd 0.5; 1 epoch; seeds [1] (chosen with --seeds; the runs also have seed 0; "
+                             "seed 2, asked for with --seeds, has no finished run).")
+    assert "This report was given --max-epochs 100 (the runs: 1)" in header
+
+
+def test_the_converged_table_regenerates_from_its_committed_csv_alone(table1, capsys) -> None:
+    """experiments/results/mmca_avmnist_converged_cpu.md: `report --out <its CSV>` with or without the grid's
+    options gives the page's report (five seeds, the rule of the runs), not the defaults' three seeds."""
+    page = (SCRIPT.parent / "results" / "mmca_avmnist_converged_cpu.md").read_text()
+    csv = SCRIPT.parent / "results" / "grids" / "mmca_avmnist_converged.csv"
+    table1.main(["report", "--out", str(csv)])
+    text = capsys.readouterr().out
+    assert text.strip() in page
+    assert text.startswith("Noise sd 1.0; trained until val/acc had not risen by more than 0.002 for 20 epochs "
+                           "(at least 100 or 200, cap 300); seeds [0, 1, 2, 3, 4].")
+    table1.main(["report", "--out", str(csv), "--seeds", "0", "1", "2", "3", "4", "--noise-std", "1.0",
+                 "--patience", "20", "--min-epochs", "100", "--max-epochs", "300", "--min-delta", "0.002"])
+    assert capsys.readouterr().out == text
