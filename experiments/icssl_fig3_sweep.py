@@ -31,11 +31,19 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared runner and the sweep beside this file
-from icssl_paper_tables import CONFIGS, _budget, length_table, tested_checkpoint
+from icssl_paper_tables import (
+    CONFIGS,
+    _budget,
+    check_convergence_args,
+    check_finished_tests,
+    length_table,
+    tested_checkpoint,
+)
 from icssl_sweep import pool, sweep_report
 from runner import (
     REPO,
     Job,
+    _positive_int,
     add_convergence_args,
     add_job_args,
     add_overlay_arg,
@@ -46,6 +54,7 @@ from runner import (
     mean_sd,
     overlay_argv,
     parse_driver_args,
+    select,
 )
 from tidy import RunRecord, add_report_args, check_out, grid_records
 
@@ -70,11 +79,10 @@ CALLBACK = {"class_path": "lit_icl.callbacks.RepresentationMetrics", "init_args"
 
 def feature_dim(path: Path) -> int:
     """The feature dimension of a cached feature file (the Transformer's ``input_dim``)."""
-    import torch
-
     if not path.is_file():
-        raise SystemExit(f"no feature file at {path}: build the offline stand-in with `python -m "
+        raise SystemExit(f"--features {path}: no feature file; build the offline stand-in with `python -m "
                          "lit_icl.icssl.build features-standin --out data/features_standin.pt` or pass --features")
+    import torch  # after the check: a missing file is refused without loading torch
     return int(torch.load(path, map_location="cpu", weights_only=False)["features"].shape[1])
 
 
@@ -190,8 +198,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 300, 1000, 3000],
                         help="dataset sizes (training episodes); the paper sweeps up to 5000")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--steps", type=int, default=300, help="training steps of every run")
-    parser.add_argument("--epochs", type=int, default=3, help="epochs (validation + checkpoint) per run")
+    parser.add_argument("--steps", type=_positive_int, default=300, help="training steps of every run")
+    parser.add_argument("--epochs", type=_positive_int, default=3, help="epochs (validation + checkpoint) per run")
     parser.add_argument("--val-episodes", type=int, default=64)
     parser.add_argument("--test-episodes", type=int, default=256)
     parser.add_argument("--label-ratio", type=float, default=0.03, help="the accuracy curve's label ratio")
@@ -208,6 +216,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     check_out(parser, args)
     if min(args.sizes) < 1:
         parser.error(f"--sizes {args.sizes}: every dataset size must be at least 1 episode")
+    check_convergence_args(parser, args)
     args.input_dim = None
     return args
 
@@ -215,7 +224,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.stage != "report":  # the report reads finished runs, not the feature file
-        args.input_dim = feature_dim(args.features)
+        try:
+            args.input_dim = feature_dim(args.features)
+        except SystemExit as missing:  # the drivers' refusal: one line with the script's name, exit 2
+            print(f"{Path(args.script).name}: error: {missing}", file=sys.stderr, flush=True)
+            sys.exit(2)
+    if args.stage in ("test", "all"):
+        check_finished_tests(args, select(test_jobs(args), args.only))
     drive(args, fit_jobs, test_jobs, report, parse_args)
 
 

@@ -298,9 +298,28 @@ def test_sweep_rejects_an_empty_dataset_size(sweep) -> None:
         sweep.parse_args(["fit", "--sizes", "0"])
 
 
-def test_sweep_names_the_stand_in_when_the_feature_file_is_missing(sweep, tmp_path) -> None:
+def test_sweep_names_the_stand_in_when_the_feature_file_is_missing(sweep, tmp_path, capsys) -> None:
     with pytest.raises(SystemExit, match="lit_icl.icssl.build features-standin"):
         sweep.feature_dim(tmp_path / "missing.pt")
+    # The driver's refusal: one `error:` line and exit 2, as every driver's (it exited 1 without the prefix).
+    with pytest.raises(SystemExit) as stop:
+        sweep.main(["fit", "--sizes", "100", "--seeds", "0", "--out", str(tmp_path / "grid"),
+                    "--features", str(tmp_path / "missing.pt")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"error: --features {tmp_path / 'missing.pt'}: no feature file" in err[0]
+    assert not (tmp_path / "grid").exists()
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["--epochs", "0"], "argument --epochs: 0 must be at least 1"),  # was a ZeroDivisionError
+    (["--patience", "2", "--val-every", "0"], "--val-every 0: validate every 1 or more steps"),
+    (["--min-steps", "5"], "--min-steps 5 is a floor under early stopping"),
+])
+def test_sweep_refuses_a_budget_no_run_could_train(sweep, tmp_path, capsys, argv, problem) -> None:
+    with pytest.raises(SystemExit) as stop:
+        sweep.parse_args(["fit", "--out", str(tmp_path / "grid"), *argv])
+    assert stop.value.code == 2 and problem in capsys.readouterr().err
 
 
 # The sweep's curves and phase transitions (experiments/icssl_sweep.py, which the driver's report calls).
