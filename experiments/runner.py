@@ -604,10 +604,24 @@ def _stop_tests(signum: int, frame: Any) -> None:
 
 
 def _test_worker_signals() -> None:
-    """A forked test worker takes SIGTERM's default action and ignores Ctrl-C, which the terminal sends the whole
-    process group: the driver alone handles it, by stopping the workers."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    """A forked test worker ends at SIGTERM (:func:`_end_test_worker`) and ignores Ctrl-C, which the terminal sends
+    the whole process group: the driver alone handles it, by stopping the workers."""
+    signal.signal(signal.SIGTERM, _end_test_worker)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _end_test_worker(signum: int = signal.SIGTERM, frame: Any = None) -> None:
+    """A test worker's SIGTERM handler: end the worker as SIGTERM's default action does (killed by it).
+
+    The driver stops its tests with ``Pool.terminate()``, which sends each worker SIGTERM and then waits for it to
+    end, holding the lock of the pool's task queue. SIGTERM's default action would do, but the CLI that the worker
+    runs in-process replaces it while a test runs: Lightning's signal connector installs its own handler, which
+    stops the test (the CLI exits 143) but not the worker, which then waited forever for that lock, and the driver
+    for the worker. Lightning calls the handler it replaced, unless that is ``SIG_DFL``; so the worker's is this
+    Python function, which Lightning calls after noting the stop, and the worker ends even inside a test."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+    os._exit(128 + signal.SIGTERM)  # not reached: the signal ends the process before kill() returns
 
 
 def run_job(job: Job, threads: int, dry: bool) -> tuple[Job, int, float]:
@@ -696,7 +710,18 @@ def run_job_in_process(job: Job, threads: int) -> tuple[Job, int, float]:
 
 
 def _in_process_star(item: tuple[Job, int]) -> tuple[Job, int, float]:
-    return run_job_in_process(*item)
+    """Run one test job in a forked worker (:func:`run_job_in_process`), keeping the worker's signal handling.
+
+    The CLI's signal handlers may outlive its run or, in a handler that does not call the one it replaced, take a
+    SIGTERM meant for the worker; so the worker's own are put back after each job, and a job that the CLI ended
+    for SIGTERM (its status 143) ends the worker too, as ``Pool.terminate()`` expects (:func:`_end_test_worker`)."""
+    try:
+        job, rc, wall = run_job_in_process(*item)
+    finally:
+        _test_worker_signals()
+    if rc == 128 + signal.SIGTERM:
+        _end_test_worker()
+    return job, rc, wall
 
 
 def runnable(jobs: list[Job], executor: str, after_fits: bool = False) -> list[Job]:

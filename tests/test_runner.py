@@ -3,11 +3,14 @@ cost summary of a grid, and a grid's tidy table."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -547,13 +550,16 @@ def _stop_once_started(tmp_path: Path, driver_text: str, started: list[Path], st
     """Run ``driver_text`` as a driver script on a grid under ``tmp_path / "grid"``, stop it as ``stop`` (a key of
     :data:`STOPS`) says once every file in ``started`` exists (its jobs are running), and return its exit status,
     stdout and stderr."""
-    import subprocess
-    import time
-
     (tmp_path / "driver.py").write_text(driver_text)
     driver = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(SCRIPT), str(tmp_path / "grid")],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               start_new_session=True)  # a process group of its own, as a terminal gives a command
+    return _stopped_when_started(driver, started, stop)
+
+
+def _stopped_when_started(driver: subprocess.Popen, started: list[Path], stop: str) -> tuple[int, str, str]:
+    """Stop ``driver`` as ``stop`` says once every file in ``started`` exists; its exit status, stdout and stderr
+    (``subprocess.TimeoutExpired`` if it has not ended 30 s later)."""
     deadline = time.monotonic() + 60
     while not all(path.is_file() for path in started):
         assert time.monotonic() < deadline and driver.poll() is None, driver.communicate()
@@ -566,13 +572,23 @@ def _stop_once_started(tmp_path: Path, driver_text: str, started: list[Path], st
     return driver.returncode, printed, err
 
 
+def _assert_gone(pid: int) -> None:
+    """Fail unless process ``pid`` ends within 10 s (a worker may take a moment to be reaped by init)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        assert time.monotonic() < deadline, f"worker {pid} outlived the driver"
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize("stop", sorted(STOPS))
 def test_a_stopped_driver_stops_the_tests_its_workers_run_and_starts_no_more(tmp_path, stop: str) -> None:
     """In the ``test`` stage the jobs run in forked workers. Stopped by SIGTERM or Ctrl-C, the driver stops them too
     (a test keeps nothing worth saving), records them as failed and exits 143 (130); before, they ran on as orphans
     after SIGTERM, beside the tests a rerun started in the same folders, and Ctrl-C printed a traceback per worker."""
-    import time
-
     signum, name = STOPS[stop]
     out = tmp_path / "grid"
     rc, _, err = _stop_once_started(tmp_path, _TEST_DRIVER, [out / f"t{i}" / "started" for i in range(2)], stop)
@@ -580,17 +596,66 @@ def test_a_stopped_driver_stops_the_tests_its_workers_run_and_starts_no_more(tmp
     assert f"stopped by {name}: the running tests were stopped" in err
     assert "Traceback" not in err
     for i in range(2):
-        worker = int((out / f"t{i}" / "started").read_text())
-        deadline = time.monotonic() + 10
-        while True:  # the worker is gone (it may take a moment to be reaped by init)
-            try:
-                os.kill(worker, 0)
-            except ProcessLookupError:
-                break
-            assert time.monotonic() < deadline, f"worker {worker} outlived the driver"
-            time.sleep(0.05)
+        _assert_gone(int((out / f"t{i}" / "started").read_text()))
         assert json.loads((out / f"t{i}" / "job_state.json").read_text())["rc"] == 128 + signum
     assert not (out / "t2").exists()  # the third test never started
+
+
+_CLI_HANDLER_TEST_DRIVER = _TEST_DRIVER.replace('''def slow_test(job, threads):  # a test job in a forked worker that runs for a minute
+    job.folder.mkdir(parents=True, exist_ok=True)
+    runner.write_state(job.folder, "running", executor="local", job_id=None)
+    (job.folder / "started").write_text(str(os.getpid()))
+    time.sleep(60)
+    return job, 0, 60.0
+''', '''import signal
+
+def slow_test(job, threads):
+    """A test job as the CLI runs it in a worker: Lightning's signal connector replaces the SIGTERM handler for the
+    test's length, calling the one it replaced unless that is SIG_DFL (``chain``: sys.argv[3]); SIGTERM stops the
+    test, which ends with the CLI's status 143; the handler found is put back at the end."""
+    job.folder.mkdir(parents=True, exist_ok=True)
+    runner.write_state(job.folder, "running", executor="local", job_id=None)
+    stopped = []
+    found = signal.getsignal(signal.SIGTERM)
+    def lightnings(signum, frame):
+        stopped.append(signum)
+        if sys.argv[3] == "chain" and callable(found):
+            found(signum, frame)
+    signal.signal(signal.SIGTERM, lightnings)
+    try:
+        (job.folder / "started").write_text(str(os.getpid()))
+        end = time.monotonic() + 60
+        while not stopped and time.monotonic() < end:
+            time.sleep(0.05)
+    finally:
+        signal.signal(signal.SIGTERM, found)
+    return job, 143 if stopped else 0, 1.0
+''')
+
+
+@pytest.mark.parametrize("handler", ["chain", "own"])
+def test_a_stopped_driver_ends_workers_whose_test_installed_its_own_sigterm_handler(tmp_path, handler: str) -> None:
+    """The CLI a worker runs in-process installs its own SIGTERM handler for the length of a test (Lightning's
+    signal connector), so ``Pool.terminate()``'s SIGTERM stopped the test but not the worker, which waited forever
+    for the pool's task queue, and the driver forever for it. Now the worker ends whether the CLI's handler calls the
+    worker's (Lightning's does) or only stops the test with status 143; the driver exits 143 and a rerun finds the
+    tests not done."""
+    out = tmp_path / "grid"
+    (tmp_path / "driver.py").write_text(_CLI_HANDLER_TEST_DRIVER)
+    assert _CLI_HANDLER_TEST_DRIVER != _TEST_DRIVER
+    driver = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(SCRIPT), str(out), handler],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        rc, _, err = _stopped_when_started(driver, [out / f"t{i}" / "started" for i in range(2)], "sigterm")
+    finally:  # a driver that hangs, and its workers, must not outlive the test
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)
+    assert rc == 143, err
+    assert "stopped by SIGTERM: the running tests were stopped" in err
+    for i in range(2):
+        _assert_gone(int((out / f"t{i}" / "started").read_text()))
+        assert not (out / f"t{i}" / "done").exists()
+        assert json.loads((out / f"t{i}" / "job_state.json").read_text())["state"] == "failed"
 
 
 @pytest.mark.parametrize("stop", sorted(STOPS))
