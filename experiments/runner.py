@@ -520,6 +520,8 @@ def why_unfinished(job: Job, queued: dict[str, str]) -> str:
     if not state:
         blocked = [f for f in job.after if not (f / "done").is_file()]
         return f"not run (its fit {blocked[0]} has not finished)" if blocked else "not run"
+    if state["state"] == "failed" and state.get("rc") in _STOP_STATUS:  # the CLI's status after a stop: resumable
+        return f"stopped by {_STOP_STATUS[state['rc']]} (exit code {state['rc']}, {where}); see {log}"
     if state["state"] == "failed":
         return f"failed with exit code {state.get('rc')} ({where}); see {log}"
     if state.get("job_id") in queued:
@@ -569,10 +571,14 @@ _STOPPING = threading.Event()
 _STOP_SIGNAL = [signal.SIGTERM]
 
 
+#: The exit status of a job (and of the driver) stopped by SIGTERM or Ctrl-C, and the stop's name.
+_STOP_STATUS = {128 + signal.SIGTERM: "SIGTERM", 128 + signal.SIGINT: "Ctrl-C"}
+
+
 def _stopped_by() -> tuple[int, str]:
     """The driver's exit status after a stop, and the stop's name for its last line."""
-    signum = _STOP_SIGNAL[0]
-    return 128 + signum, "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+    status = 128 + _STOP_SIGNAL[0]
+    return status, _STOP_STATUS[status]
 
 
 def _stop_children(signum: int, frame: Any) -> None:
@@ -587,6 +593,18 @@ def _stop_children(signum: int, frame: Any) -> None:
     with _RUNNING_LOCK:
         for proc in _RUNNING:
             proc.send_signal(signal.SIGTERM)
+
+
+def _ended(job: Job, rc: int) -> str:
+    """How a job ended, for the driver's line about it: ``ok``, stopped by the driver's own stop (SIGTERM or Ctrl-C
+    passed on to it: not a failure, the rerun runs it again) or failed, with its exit status and log."""
+    if rc == 0:
+        return "ok"
+    log = job.folder / f"{job.stage}.log"
+    if _STOPPING.is_set():
+        again = "resumes it from its last.ckpt where it saved one" if job.stage == "fit" else "runs it again"
+        return f"stopped by {_stopped_by()[1]} (rc={rc}, see {log}); the rerun {again}"
+    return f"FAILED rc={rc} (see {log})"
 
 
 class _DriverStopped(Exception):
@@ -758,8 +776,7 @@ def run_all(jobs: list[Job], args: argparse.Namespace, stage: str) -> int:
             with ctx.Pool(args.jobs, maxtasksperchild=20, initializer=_test_worker_signals) as pool:
                 results = pool.imap_unordered(_in_process_star, [(j, args.threads) for j in todo])
                 for job, rc, secs in results:
-                    status = "ok" if rc == 0 else f"FAILED rc={rc} (see {job.folder}/{job.argv[0]}.log)"
-                    print(f"{time.strftime('%H:%M:%S')} {job.name}: {status}, {secs:.0f} s", flush=True)
+                    print(f"{time.strftime('%H:%M:%S')} {job.name}: {_ended(job, rc)}, {secs:.0f} s", flush=True)
                     failed += rc != 0
         except _DriverStopped:  # leaving the pool's block terminated its workers, and the tests they were running
             status, name = _stopped_by()
@@ -785,8 +802,7 @@ def run_all(jobs: list[Job], args: argparse.Namespace, stage: str) -> int:
                 if not job.folder.exists():  # not started: the driver got SIGTERM or Ctrl-C first
                     print(f"{job.name}: not started ({_stopped_by()[1]})", flush=True)
                     continue
-                status = "ok" if rc == 0 else f"FAILED rc={rc} (see {job.folder}/{job.argv[0]}.log)"
-                print(f"{time.strftime('%H:%M:%S')} {job.name}: {status}, {secs:.0f} s", flush=True)
+                print(f"{time.strftime('%H:%M:%S')} {job.name}: {_ended(job, rc)}, {secs:.0f} s", flush=True)
                 failed += rc != 0
     finally:
         for signum, handler in previous.items():

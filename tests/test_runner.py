@@ -679,6 +679,24 @@ def test_a_stopped_driver_stops_its_running_fits_and_starts_no_more(tmp_path, st
             os.kill(int((out / f"s{i}" / "started").read_text()), 0)
     assert not (out / "s2").exists()  # the third job never started
     assert f"fit 2: not started ({name})" in printed
+    # The stopped fits are named as stopped, to be resumed, not as failed.
+    assert "FAILED" not in printed
+    for i in range(2):
+        assert f"fit {i}: stopped by {name} (rc=" in printed
+        assert "the rerun resumes it from its last.ckpt where it saved one" in printed
+
+
+def test_report_names_a_job_ended_by_sigterm_or_ctrl_c_as_stopped_not_failed(runner, tmp_path) -> None:
+    """A job stopped by SIGTERM or Ctrl-C (the CLI's 143 or 130) was listed as "failed with exit code 143"."""
+    import argparse
+
+    jobs = [runner.Job(f"fit {rc}", ["fit"], tmp_path / str(rc)) for rc in (143, 130, 1)]
+    for job in jobs:
+        runner.write_state(job.folder, "failed", rc=int(job.folder.name), executor="local", job_id=None)
+    lines = runner.unfinished(jobs, argparse.Namespace(out=tmp_path))
+    assert f"- fit 143: stopped by SIGTERM (exit code 143, local); see {tmp_path / '143' / 'fit.log'}" in lines
+    assert f"- fit 130: stopped by Ctrl-C (exit code 130, local); see {tmp_path / '130' / 'fit.log'}" in lines
+    assert f"- fit 1: failed with exit code 1 (local); see {tmp_path / '1' / 'fit.log'}" in lines
 
 
 def test_the_dry_run_of_all_says_when_its_tests_would_run(runner, tmp_path, capsys) -> None:
