@@ -307,3 +307,11 @@ def run_stage_on_slurm(args: argparse.Namespace, fit_jobs: Callable[[argparse.Na
     if args.stage == "all":
         return finish_all(args, fit_jobs, test_jobs, report)
     return print_unfinished(select((fit_jobs if args.stage == "fit" else test_jobs)(args), args.only), args)
+
+
+if __name__ == "__main__":
+    from runner import not_a_command
+
+    not_a_command(__file__, "run a grid on SLURM with a driver's `--executor slurm`, e.g. `python "
+                  "experiments/mmca_avmnist_table1.py all --executor slurm --partition gpu --out runs/table1` "
+                  "(its --help lists the SLURM options)")

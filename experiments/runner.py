@@ -856,6 +856,14 @@ def cost(sources: list[Path]) -> str:
     return markdown_table(["jobs", "finished", "wall-clock (job-hours)", "CPU (hours)"], rows)
 
 
+def not_a_command(module: str, instead: str) -> NoReturn:
+    """What a library module of the drivers does when run as a script: say in one line (stderr) that it is none, and
+    what to run ``instead``, and exit 2, rather than exit 0 having done nothing (``--help`` included)."""
+    print(f"{Path(module).name}: a module of the experiment drivers, not a command; {instead}", file=sys.stderr,
+          flush=True)
+    sys.exit(2)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Summaries of finished grids: their cost, or their tidy CSV.")
     sub = parser.add_subparsers(dest="command", required=True)

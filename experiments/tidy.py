@@ -289,3 +289,10 @@ def grid_records(args: Any, scalars: Scalars | None = None) -> dict[str, RunReco
         n = write(records, args.csv)
         print(f"{n} rows of {len(records)} runs written to {args.csv}", file=sys.stderr)
     return records
+
+
+if __name__ == "__main__":
+    from runner import not_a_command
+
+    not_a_command(__file__, "write a grid's tidy CSV with `python experiments/runner.py tidy RUNS_FOLDER OUT.csv` or "
+                  "a driver's `report --out RUNS_FOLDER --csv OUT.csv`")

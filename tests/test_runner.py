@@ -713,3 +713,18 @@ def test_the_dry_run_of_all_says_when_its_tests_would_run(runner, tmp_path, caps
     args.stage = "test"
     runner.run_all([test], args, "test")
     assert "1 wait for runs that have not finished (run `fit` first)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("module, instead", [("tidy", "python experiments/runner.py tidy"),
+                                             ("cluster", "--executor slurm")])
+@pytest.mark.parametrize("argv", [["--help"], []])
+def test_a_library_module_run_as_a_script_says_it_is_none_and_what_to_run(module, instead, argv) -> None:
+    """``python experiments/tidy.py --help`` (and cluster.py) printed nothing and exited 0: they are modules of the
+    drivers, with no command line. Now they say so in one line, naming the command to run, and exit 2."""
+    done = subprocess.run([sys.executable, str(SCRIPT.parent / f"{module}.py"), *argv], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1
+    assert done.stderr.startswith(f"{module}.py: a module of the experiment drivers, not a command; ")
+    assert instead in done.stderr
+
