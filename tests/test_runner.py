@@ -658,6 +658,61 @@ def test_a_stopped_driver_ends_workers_whose_test_installed_its_own_sigterm_hand
         assert json.loads((out / f"t{i}" / "job_state.json").read_text())["state"] == "failed"
 
 
+_TESTING_CALLBACK = '''import os, time
+from pathlib import Path
+from lightning.pytorch import Callback
+
+class Testing(Callback):
+    """Says the test is running (the worker's pid in ``path``) and slows it down, so it is stopped inside its loop."""
+    def __init__(self, path: str):
+        self.path = path
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        Path(self.path).write_text(str(os.getpid()))
+        time.sleep(0.2)
+'''
+
+_REAL_TEST_DRIVER = '''import argparse, importlib.util, json, sys
+from pathlib import Path
+spec = importlib.util.spec_from_file_location("runner", sys.argv[1])
+runner = importlib.util.module_from_spec(spec)
+sys.modules["runner"] = runner
+spec.loader.exec_module(runner)
+out = Path(sys.argv[2])
+argv = json.loads(sys.argv[3])
+jobs = [runner.Job(f"test {i}", [*argv, "--trainer.callbacks", json.dumps([{"class_path": "testing_callback.Testing",
+        "init_args": {"path": str(out / f"t{i}" / "testing")}}]), *runner.logger_args(out, f"t{i}", "v")], out / f"t{i}")
+        for i in range(2)]
+runner.run_all(jobs, argparse.Namespace(jobs=1, threads=1, dry_run=False), "test")
+'''
+
+
+@pytest.mark.slow  # the real CLI in a worker, stopped inside Lightning's test loop: about 30 s
+def test_a_driver_stopped_while_the_real_cli_tests_in_its_worker_exits_and_ends_the_worker(tmp_path) -> None:
+    """The tester's hang with the real CLI: Lightning's SIGTERM handler, installed for the test, took the SIGTERM
+    of ``Pool.terminate()``; the test stopped (143), the worker did not, and the driver waited for it forever."""
+    from icssl.helpers import tiny_args
+
+    (tmp_path / "testing_callback.py").write_text(_TESTING_CALLBACK)
+    (tmp_path / "driver.py").write_text(_REAL_TEST_DRIVER)
+    tests = Path(__file__).resolve().parent
+    path = os.pathsep.join(p for p in (str(tmp_path), str(tests), os.environ.get("PYTHONPATH")) if p)
+    argv = ["test", *tiny_args(tmp_path), "--data.init_args.test_episodes", "2048"]
+    out = tmp_path / "grid"
+    driver = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(SCRIPT), str(out), json.dumps(argv)],
+                              env=dict(os.environ, PYTHONPATH=path), cwd=SCRIPT.parents[1], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        rc, _, err = _stopped_when_started(driver, [out / "t0" / "testing"], "sigterm")
+    finally:  # a driver that hangs, and its worker, must not outlive the test
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)
+    assert rc == 143, err
+    assert "stopped by SIGTERM: the running tests were stopped" in err
+    _assert_gone(int((out / "t0" / "testing").read_text()))
+    assert not (out / "t0" / "done").exists() and not (out / "t1").exists()
+    assert json.loads((out / "t0" / "job_state.json").read_text())["state"] == "failed"
+
+
 @pytest.mark.parametrize("stop", sorted(STOPS))
 def test_a_stopped_driver_stops_its_running_fits_and_starts_no_more(tmp_path, stop: str) -> None:
     """Stopped by SIGTERM (a cluster's preemption, ``kill``), the driver passes it on to the fits it runs, which save
