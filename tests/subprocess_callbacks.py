@@ -33,14 +33,16 @@ class KillAtStep(Callback):
 class SignalAtStep(Callback):
     """Sends ``signum`` (SIGTERM: a cluster's preemption as one rank sees it; SIGINT: Ctrl-C) ``times`` times to its
     own process on rank ``rank`` (every rank when ``None``, as a terminal's Ctrl-C reaches them) after optimizer step
-    ``step`` (never when ``step`` is ``None``), or during the first
+    ``step`` (never when ``step`` is ``None``), at the end of the epoch of that step when ``at_epoch_end``, or during
+    the first
     batch of the validation round after that step when ``in_validation``, and appends ``<rank> <exception or "end">
     <global step>`` to ``path`` when the run ends."""
 
     def __init__(self, path: str, step: int | None = None, rank: int | None = 0, signum: str = "SIGTERM", times: int = 1,
-                 in_validation: bool = False):
+                 in_validation: bool = False, at_epoch_end: bool = False):
         self.step, self.rank, self.path = step, rank, path
         self.signum, self.times, self.in_validation = getattr(signal, signum), times, in_validation
+        self.at_epoch_end = at_epoch_end
 
     def _send(self, trainer) -> None:
         if trainer.global_step == self.step and self.rank in (trainer.global_rank, None):
@@ -49,7 +51,11 @@ class SignalAtStep(Callback):
                 os.kill(os.getpid(), self.signum)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if not self.in_validation:
+        if not (self.in_validation or self.at_epoch_end):
+            self._send(trainer)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if self.at_epoch_end:  # Lightning then stops between this epoch and the next
             self._send(trainer)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:

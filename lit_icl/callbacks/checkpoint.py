@@ -101,10 +101,20 @@ class RunCheckpoint(ModelCheckpoint):
         # there, so that --ckpt_path last resumes from that step rather than from the last epoch's checkpoint.
         # Not during a validation round (Lightning stops inside one on SIGTERM): the state there is half a round;
         # nor for a run whose loaders resume exactly only at an epoch's start (a plain DataLoader).
+        # Nor between two epochs (Lightning's fit loop raises it after counting the epoch complete): a checkpoint
+        # written there counts the epoch complete, unlike the one this callback wrote at the epoch's save point,
+        # and a run resumed from it skipped an epoch (its steps, then the next epoch's data). last.ckpt already
+        # holds that save point.
         if (isinstance(exception, SIGTERMException) and self.save_last and resumes_inside_epoch(trainer)
                 and not (trainer.fast_dev_run or trainer.sanity_checking or trainer.validating)):
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
             asked_by = "Ctrl-C" if stopped_by_ctrl_c() else "SIGTERM"
+            epochs = trainer.fit_loop.epoch_progress.current
+            if epochs.completed == epochs.ready:  # between epochs
+                if self.__dict__.get("_last_saved_at", (None,))[0] == trainer.global_step:
+                    rank_zero_info(f"{asked_by}: {self.last_model_path} holds step {trainer.global_step}, the "
+                                   "epoch's end")
+                return
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
             rank_zero_info(f"{asked_by}: saved {self.last_model_path} at step {trainer.global_step}")
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:

@@ -196,3 +196,31 @@ def test_a_full_disk_during_fit_is_one_line_exit_74_and_last_ckpt_stays_complete
                                                                         "(the earlier last.ckpt is complete)")
     assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == 2
     assert sorted(p.name for p in folder.iterdir()) == ["epoch=0-step=2.ckpt", "last.ckpt"]
+
+
+def test_sigterm_between_two_epochs_resumes_bit_identical_from_the_epochs_end(tmp_path) -> None:
+    """Lightning's fit loop raises a SIGTERM that came during an epoch's end hooks after counting the epoch
+    complete. The checkpoint written there counted it complete too, and the resumed run skipped an epoch: it ended
+    one epoch further on, having trained on the next epoch's data (IC-SSL: 12 steps, epoch 12 instead of 11, other
+    weights). last.ckpt keeps the epoch's own save point instead."""
+    from lit_icl.cli import main
+
+    def fit(run: str, *extra: str) -> None:
+        main(["fit", "--config", "configs/icssl/manifolds.yaml", "--data.init_args.train_batches_per_epoch", "1",
+              "--data.init_args.batch_size", "16", "--data.init_args.val_episodes", "16",
+              "--data.init_args.test_episodes", "16", "--trainer.max_epochs", "100", "--trainer.max_steps", "8",
+              "--trainer.enable_progress_bar", "false", "--trainer.logger.init_args.save_dir", str(tmp_path / run),
+              *extra])
+
+    fit("straight")
+    with pytest.raises(SystemExit) as stopped:
+        fit("stopped", "--trainer.callbacks+=subprocess_callbacks.SignalAtStep", "--trainer.callbacks.step", "5",
+            "--trainer.callbacks.at_epoch_end", "true", "--trainer.callbacks.path", str(tmp_path / "ends.txt"))
+    assert stopped.value.code == 143
+    last = tmp_path / "stopped/icssl_manifolds/version_0/checkpoints/last.ckpt"
+    assert torch.load(last, weights_only=False)["global_step"] == 5
+    fit("stopped", "--ckpt_path", "last")
+    a = torch.load(tmp_path / "straight/icssl_manifolds/version_0/checkpoints/last.ckpt", weights_only=False)
+    b = torch.load(last, weights_only=False)
+    assert (a["global_step"], a["epoch"]) == (b["global_step"], b["epoch"]) == (8, 7)
+    assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
