@@ -51,6 +51,13 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("test", ["--model.init_args.net.init_args.output_scale", "NaN"],
      "--model.init_args.net.init_args.output_scale: NaN is not a finite number"),
     ("fit", ["--model.init_args.lr", "inf"], "--model.init_args.lr: inf is not a finite number; give a finite value"),
+    # precisions the module does not run in: they failed at the first step with a dtype mismatch, after the run
+    # folder was written; 16-mixed on the CPU ran bf16-mixed while the records said 16-mixed
+    ("fit", ["--trainer.precision", "bf16-true"],
+     "--trainer.precision bf16-true: CoQERegressionModule runs in 32-true, bf16-mixed, 16-mixed (its step builds"),
+    ("fit", ["--trainer.precision", "64-true"], "--trainer.precision 64-true: CoQERegressionModule runs in 32-true"),
+    ("test", ["--trainer.precision", "16-mixed", "--trainer.accelerator", "cpu"],
+     "--trainer.precision 16-mixed: fp16 mixed precision needs a GPU, and on this CPU Lightning would run bf16-mixed"),
     # predict where nothing predicts (IC-SSL's module and data do; tests/icssl/test_cli.py)
     ("predict", [], "predict: CoQERegressionModule has no predict_step, so there is nothing to predict; use test"),
     # evaluation sets that DDP ranks cannot share evenly (reg_args: 8 prompts = 2 chunks of 4 per set)

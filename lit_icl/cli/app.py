@@ -59,6 +59,7 @@ from lit_icl.cli.checks import (
     check_fit_trains,
     check_monitors,
     check_output_writable,
+    check_precision_request,
     check_predicts,
     check_run_folder_is_free,
     check_same_experiment,
@@ -396,6 +397,7 @@ class LitICLCLI(LightningCLI):
             # Lightning checks its flags (devices, strategy, max_steps, limits, accelerator) in Trainer.__init__,
             # before it writes anything; its message names the flag, often over several lines.
             raise ConfigError(trainer_error_message(err)) from err
+        check_precision_request(trainer, (self.config[self.subcommand] if self.subcommand else self.config).trainer)
         for callback in (ResultsWriter, HParamsView, FiniteGuard, ResumeInsideEpoch, StopTogether, StopOnCtrlC):
             if not any(isinstance(cb, callback) for cb in trainer.callbacks):
                 trainer.callbacks.append(callback())

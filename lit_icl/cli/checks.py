@@ -89,6 +89,16 @@ def check_eval_shards(trainer: Trainer, datamodule: Any, subcommand: str | None)
         check(trainer.num_nodes * trainer.num_devices, ("test",) if subcommand == "test" else ("val",))
 
 
+def check_precision_request(trainer: Trainer, trainer_config: Any) -> None:
+    """Refuse ``--trainer.precision 16-mixed`` where Lightning runs bf16-mixed instead (on the CPU, with a warning):
+    the run's ``config.yaml`` and ``results.json`` would record fp16 for a bf16 run."""
+    asked = str(trainer_config.get("precision") if trainer_config is not None else None)
+    if asked in ("16", "16-mixed") and str(trainer.precision) == "bf16-mixed":
+        raise ConfigError(f"--trainer.precision {asked}: fp16 mixed precision needs a GPU, and on this "
+                          f"{trainer.accelerator.__class__.__name__.removesuffix('Accelerator')} Lightning would run "
+                          "bf16-mixed while the run's records said 16-mixed; give --trainer.precision bf16-mixed")
+
+
 def check_predicts(model: Any, datamodule: Any) -> None:
     """Refuse ``predict`` for a module without a ``predict_step`` of its own or data without a predict loader:
     Lightning would run the module's ``forward`` on the batches, or fail with a traceback after the run folder

@@ -140,6 +140,12 @@ class ICLModule(LightningModule):
     #: then a loss" (:attr:`training_objective`); ``None`` for one whose step does more between the two.
     training_loss: Callable[..., Tensor] | None = None
 
+    #: The ``--trainer.precision`` values (Lightning's names) the module runs in, or ``None`` for every one, and why
+    #: the others are not. A ``*-true`` precision casts the weights and the batch, not the tensors a step makes
+    #: itself, which then meet weights of another dtype; the paper modules list what they were run in.
+    precisions: tuple[str, ...] | None = None
+    precisions_why: str = ""
+
     def __init__(self) -> None:
         super().__init__()
         #: Tidy result rows of the last ``test`` epoch (see :func:`lit_icl.core.results.result_row`).
@@ -212,6 +218,15 @@ class ICLModule(LightningModule):
                 buffer.seek(0)
                 checkpoint_path = buffer
         return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
+
+    def check_config(self, *, trainer: Any = None, **_: Any) -> None:
+        """Refuse a ``--trainer.precision`` outside :attr:`precisions` before the run starts: it failed at the first
+        step with a dtype mismatch, or ran with values it could not hold, after the run folder was written."""
+        precision = str(getattr(trainer, "precision", "32-true"))
+        if self.precisions is not None and precision not in self.precisions:
+            raise ConfigError(
+                f"--trainer.precision {precision}: {type(self).__name__} runs in {', '.join(self.precisions)} "
+                f"({self.precisions_why}); use bf16-mixed for speed, 32-true for exact float32")
 
     # ------------------------------------------------------------------ data binding
     def bind_datamodule(self, datamodule: LightningDataModule) -> None:

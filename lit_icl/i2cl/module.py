@@ -112,6 +112,11 @@ class I2CLModule(ICLModule):
     coefficients (the rows' ``calibration_seed`` says which seed calibrated them).
     """
 
+    precisions = ("32-true", "bf16-mixed", "16-mixed")
+    precisions_why = ("its coefficients and context vectors stay float32: in bf16 a coefficient near 1 moves in steps "
+                      "of 0.008, coarser than its learning rate; the LM's own dtype is "
+                      "--model.init_args.net.init_args.dtype")
+
     def __init__(
         self,
         net: nn.Module | None = None,

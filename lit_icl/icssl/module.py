@@ -130,6 +130,9 @@ class ICSSLModule(ICLModule):
             representation-metrics callback can report the alignment of the learned features with it.
     """
 
+    precisions = ("32-true", "64-true", "bf16-true", "bf16-mixed", "16-mixed")
+    precisions_why = ("in fp16 its training loss is NaN at the first step")
+
     def __init__(
         self,
         net: nn.Module | None = None,

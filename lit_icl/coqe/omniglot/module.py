@@ -106,6 +106,9 @@ class CoQEClassificationModule(ICLModule):
         noise_seed: seed of the noise; the noise of a step is a function of (seed, rank, step), so resume is exact.
     """
 
+    precisions = ("32-true", "bf16-mixed", "16-mixed")
+    precisions_why = ("its step builds the images and the label noise in float32")
+
     def __init__(
         self,
         net: nn.Module | None = None,

@@ -76,6 +76,9 @@ class CoQERegressionModule(ICLModule):
         probe_points: at most this many ID test inputs for the Fig. 6 probe.
     """
 
+    precisions = ("32-true", "bf16-mixed", "16-mixed")
+    precisions_why = ("its step builds the task representations in float32")
+
     def __init__(
         self,
         net: nn.Module | None = None,
