@@ -34,7 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared runner an
 from icssl_paper_tables import (
     CONFIGS,
     _budget,
-    check_convergence_args,
     check_finished_tests,
     length_table,
     tested_checkpoint,
@@ -43,17 +42,18 @@ from icssl_sweep import pool, sweep_report
 from runner import (
     REPO,
     Job,
-    _positive_int,
     add_convergence_args,
     add_job_args,
     add_overlay_arg,
     add_stage_arg,
+    check_convergence_args,
     drive,
     logger_args,
     markdown_table,
     mean_sd,
     overlay_argv,
     parse_driver_args,
+    positive_int,
     select,
 )
 from tidy import RunRecord, add_report_args, check_out, grid_records
@@ -198,8 +198,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 300, 1000, 3000],
                         help="dataset sizes (training episodes); the paper sweeps up to 5000")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--steps", type=_positive_int, default=300, help="training steps of every run")
-    parser.add_argument("--epochs", type=_positive_int, default=3, help="epochs (validation + checkpoint) per run")
+    parser.add_argument("--steps", type=positive_int, default=300, help="training steps of every run")
+    parser.add_argument("--epochs", type=positive_int, default=3, help="epochs (validation + checkpoint) per run")
     parser.add_argument("--val-episodes", type=int, default=64)
     parser.add_argument("--test-episodes", type=int, default=256)
     parser.add_argument("--label-ratio", type=float, default=0.03, help="the accuracy curve's label ratio")

@@ -32,27 +32,29 @@ import itertools
 import re
 import statistics
 import sys
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared runner beside this file
 from runner import (
     REPO,
     Job,
-    _positive_int,
     add_convergence_args,
     add_job_args,
     add_overlay_arg,
     add_stage_arg,
     best_checkpoint,
+    check_convergence_args,
+    chosen_seeds,
     drive,
+    given_options,
     logger_args,
     markdown_table,
     mean_sd,
     overlay_argv,
     parse_driver_args,
+    positive_int,
+    ran_values,
     select,
 )
 from tidy import RunRecord, add_report_args, check_out, grid_records
@@ -238,48 +240,6 @@ def test_jobs(args: argparse.Namespace) -> list[Job]:
 
 #: A test run of the grid: ``<model>/s<seed>_test_<what>`` (``what``: manifolds, images or product).
 TEST_RUN = re.compile(r"^(?P<name>[^/]+)/s(?P<seed>\d+)_test_(?P<what>[a-z]+)$")
-_UNSET = object()
-
-
-def given_options(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
-    """The options (their ``dest``) that ``argv`` gives explicitly rather than leaving at their defaults.
-
-    argparse fills in a default only for an option the namespace does not hold yet, so a namespace holding a marker
-    for every option keeps the marker exactly where the command line is silent. (Shared with the other drivers,
-    which import it from here.)"""
-    probe = argparse.Namespace(**{a.dest: _UNSET for a in parser._actions if a.dest != argparse.SUPPRESS})
-    parser.parse_args(argv, namespace=probe)
-    return {dest for dest, value in vars(probe).items() if value is not _UNSET}
-
-
-def chosen_seeds(have: Iterable[int], asked: list[int], given: bool) -> tuple[list[int], str]:
-    """The seeds a report reads and how its header names them.
-
-    ``have``: the seeds with a finished run. Without ``--seeds`` (``given`` false) a report reads them all, whatever
-    the default of ``--seeds`` is, so a table regenerated from a CSV holds every seed of it. With ``--seeds`` it
-    reads those of them that have runs, and the header says which seeds it left out and which asked-for seeds have
-    no run (rather than listing a seed that contributes nothing)."""
-    have = sorted(set(have))
-    if not given:
-        return have, f"seeds {have}"
-    seeds = [s for s in asked if s in have]
-    notes = []
-    if left_out := [s for s in have if s not in seeds]:
-        notes.append(f"chosen with --seeds; the runs also have {_plural('seed', left_out)}")
-    if missing := [s for s in asked if s not in have]:
-        notes.append(f"{_plural('seed', missing)}, asked for with --seeds, {'has' if len(missing) == 1 else 'have'} "
-                     "no finished run")
-    return seeds, f"seeds {seeds}" + (f" ({'; '.join(notes)})" if notes else "")
-
-
-def _plural(word: str, values: list[Any]) -> str:
-    return f"{word}{'' if len(values) == 1 else 's'} {', '.join(map(str, values))}"
-
-
-def ran_values(values: Iterable[Any]) -> str:
-    """What several runs did, as one value or ``a or b`` when they did not all do the same (``""``: none known)."""
-    found = sorted({v for v in values if v is not None}, key=lambda v: (isinstance(v, str), v))
-    return " or ".join(map(str, found))
 
 
 def _by_seed(records: dict[str, RunRecord], name: str, what: str, seeds: list[int]) -> dict[tuple, dict[int, float]]:
@@ -610,10 +570,10 @@ def _parser() -> argparse.ArgumentParser:
     add_stage_arg(parser)
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "icssl_tables")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=_positive_int, default=300, help="training steps of each E2E model")
-    parser.add_argument("--eig-steps", type=_positive_int, default=None,
+    parser.add_argument("--steps", type=positive_int, default=300, help="training steps of each E2E model")
+    parser.add_argument("--eig-steps", type=positive_int, default=None,
                         help="training steps of each EIG+ICL head (default: --steps, the same budget)")
-    parser.add_argument("--epochs", type=_positive_int, default=3, help="epochs (validation + checkpoint) per run")
+    parser.add_argument("--epochs", type=positive_int, default=3, help="epochs (validation + checkpoint) per run")
     parser.add_argument("--val-episodes", type=int, default=128)
     parser.add_argument("--test-episodes", type=int, default=512)
     parser.add_argument("--image-root", type=Path, default=DEFAULT_IMAGE_ROOT)
@@ -648,26 +608,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 parser.error(f"{name} {steps} is not a multiple of --epochs {args.epochs}: each epoch trains "
                              f"{name} / --epochs batches; give a multiple (e.g. {steps - steps % args.epochs or args.epochs})")
     return args
-
-
-def check_convergence_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse (``parser.error``: one line, exit 2, before anything is written) early-stopping options that cannot
-    mean what they say; shared with ``icssl_fig3_sweep.py``, which takes the same ``--patience`` family.
-
-    ``--val-every 0`` divides by zero; ``--patience 0`` would stop a run at its first round; a negative
-    ``--min-delta`` counts a fall as an improvement; ``--min-steps`` is a floor under the early-stopping rule, so
-    without ``--patience`` (fixed-length runs, which train all their steps anyway) it would be silently ignored."""
-    if args.val_every < 1:
-        parser.error(f"--val-every {args.val_every}: validate every 1 or more steps (default 100)")
-    if args.patience is not None and args.patience < 1:
-        parser.error(f"--patience {args.patience}: give 1 or more validation rounds without improvement before a run "
-                     "stops (or drop --patience to train each run its fixed --steps)")
-    if args.min_delta < 0:
-        parser.error(f"--min-delta {args.min_delta}: the smallest rise that counts as an improvement is 0 or more "
-                     "(default 0.001)")
-    if args.min_steps is not None and args.patience is None:
-        parser.error(f"--min-steps {args.min_steps} is a floor under early stopping, which only --patience turns on "
-                     "(a fixed-length run trains all its --steps); add --patience P or drop --min-steps")
 
 
 def check_finished_tests(args: argparse.Namespace, jobs: list[Job]) -> None:

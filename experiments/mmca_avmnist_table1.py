@@ -33,25 +33,23 @@ from itertools import pairwise
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared runner beside this file
-from icssl_paper_tables import (  # report helpers every driver could share
-    chosen_seeds,
-    given_options,
-    ran_values,
-)
 from runner import (
     REPO,
     Job,
-    _positive_int,
     add_job_args,
     add_overlay_arg,
     add_stage_arg,
     best_checkpoint,
+    chosen_seeds,
     drive,
+    given_options,
     logger_args,
     markdown_table,
     mean_sd,
     overlay_argv,
     parse_driver_args,
+    positive_int,
+    ran_values,
 )
 from tidy import RunRecord, add_report_args, check_out, grid_records
 
@@ -154,7 +152,7 @@ def _measured(args: argparse.Namespace) -> tuple[dict[str, dict[int, dict]], lis
     """:func:`measurements`, the seeds they cover and how the header names them, and the grid's records.
 
     The seeds are those with a finished test (every seed of a CSV, whatever ``--seeds`` defaults to), or, with
-    ``--seeds``, those of them that have one (:func:`icssl_paper_tables.chosen_seeds`)."""
+    ``--seeds``, those of them that have one (:func:`runner.chosen_seeds`)."""
     records = grid_records(args)
     have = (int(m["seed"]) for run, record in records.items()
             if (m := re.match(r"^[^/]+/s(?P<seed>\d+)_test_last$", run)) and record.results is not None)
@@ -309,7 +307,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--noise-std", type=float, default=1.0,
                         help="covariate noise sd of every model's data (default: 1.0; the config alone keeps 0.2)")
-    parser.add_argument("--max-epochs", type=_positive_int, default=100, help="epochs, or the cap with --patience")
+    parser.add_argument("--max-epochs", type=positive_int, default=100, help="epochs, or the cap with --patience")
     parser.add_argument("--patience", type=int, default=None,
                         help="stop after this many epochs without a rise of val/acc (the shared early-stopping rule)")
     parser.add_argument("--min-delta", type=float, default=0.0,

@@ -157,8 +157,8 @@ def add_job_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--executor", choices=("local", "slurm"), default="local",
                         help="local: run the jobs here, --jobs at a time; slurm: submit each stage as a SLURM job "
                              "array through submitit (pip install -e '.[cluster]'), --jobs of them at a time")
-    parser.add_argument("--jobs", type=_positive_int, default=2, help="runs at a time (on SLURM: per job array)")
-    parser.add_argument("--threads", type=_positive_int, default=1, help="torch threads per run")
+    parser.add_argument("--jobs", type=positive_int, default=2, help="runs at a time (on SLURM: per job array)")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch threads per run")
     parser.add_argument("--only", nargs="+", default=[""], help="only jobs whose name contains one of these")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     add_slurm_args(parser)
@@ -198,13 +198,13 @@ def add_convergence_args(parser: argparse.ArgumentParser, patience: int | None =
     parser.add_argument("--val-every", type=int, default=100, help="steps between validation rounds (--patience)")
     parser.add_argument("--min-delta", type=float, default=0.001,
                         help="the smallest rise of the monitored accuracy that counts as an improvement (--patience)")
-    parser.add_argument("--min-steps", type=_positive_int, default=None,
+    parser.add_argument("--min-steps", type=positive_int, default=None,
                         help="train at least this many steps before the early-stopping rule may end a run (--patience; "
                              "capped at each run's own step cap), for runs whose validation score dips after their first "
                              "round and recovers later, which a short patience would stop inside the dip")
 
 
-def _positive_int(value: str) -> int:
+def positive_int(value: str) -> int:
     """An integer >= 1 (an argparse ``type``: anything else is refused by name)."""
     try:
         number = int(value)
@@ -213,6 +213,69 @@ def _positive_int(value: str) -> int:
     if number < 1:
         raise argparse.ArgumentTypeError(f"{number} must be at least 1")
     return number
+
+
+_UNSET = object()
+
+
+def given_options(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
+    """The options (their ``dest``) that ``argv`` gives explicitly rather than leaving at their defaults.
+
+    argparse fills in a default only for an option the namespace does not hold yet, so a namespace holding a marker
+    for every option keeps the marker exactly where the command line is silent."""
+    probe = argparse.Namespace(**{a.dest: _UNSET for a in parser._actions if a.dest != argparse.SUPPRESS})
+    parser.parse_args(argv, namespace=probe)
+    return {dest for dest, value in vars(probe).items() if value is not _UNSET}
+
+
+def chosen_seeds(have: Iterable[int], asked: list[int], given: bool) -> tuple[list[int], str]:
+    """The seeds a report reads and how its header names them.
+
+    ``have``: the seeds with a finished run. Without ``--seeds`` (``given`` false) a report reads them all, whatever
+    the default of ``--seeds`` is, so a table regenerated from a CSV holds every seed of it. With ``--seeds`` it
+    reads those of them that have runs, and the header says which seeds it left out and which asked-for seeds have
+    no run (rather than listing a seed that contributes nothing)."""
+    have = sorted(set(have))
+    if not given:
+        return have, f"seeds {have}"
+    seeds = [s for s in asked if s in have]
+    notes = []
+    if left_out := [s for s in have if s not in seeds]:
+        notes.append(f"chosen with --seeds; the runs also have {_plural('seed', left_out)}")
+    if missing := [s for s in asked if s not in have]:
+        notes.append(f"{_plural('seed', missing)}, asked for with --seeds, {'has' if len(missing) == 1 else 'have'} "
+                     "no finished run")
+    return seeds, f"seeds {seeds}" + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _plural(word: str, values: list[Any]) -> str:
+    return f"{word}{'' if len(values) == 1 else 's'} {', '.join(map(str, values))}"
+
+
+def ran_values(values: Iterable[Any]) -> str:
+    """What several runs did, as one value or ``a or b`` when they did not all do the same (``""``: none known)."""
+    found = sorted({v for v in values if v is not None}, key=lambda v: (isinstance(v, str), v))
+    return " or ".join(map(str, found))
+
+
+def check_convergence_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse (``parser.error``: one line, exit 2, before anything is written) early-stopping options that cannot
+    mean what they say (the options of :func:`add_convergence_args`).
+
+    ``--val-every 0`` divides by zero; ``--patience 0`` would stop a run at its first round; a negative
+    ``--min-delta`` counts a fall as an improvement; ``--min-steps`` is a floor under the early-stopping rule, so
+    without ``--patience`` (fixed-length runs, which train all their steps anyway) it would be silently ignored."""
+    if args.val_every < 1:
+        parser.error(f"--val-every {args.val_every}: validate every 1 or more steps (default 100)")
+    if args.patience is not None and args.patience < 1:
+        parser.error(f"--patience {args.patience}: give 1 or more validation rounds without improvement before a run "
+                     "stops (or drop --patience to train each run its fixed --steps)")
+    if args.min_delta < 0:
+        parser.error(f"--min-delta {args.min_delta}: the smallest rise that counts as an improvement is 0 or more "
+                     "(default 0.001)")
+    if args.min_steps is not None and args.patience is None:
+        parser.error(f"--min-steps {args.min_steps} is a floor under early stopping, which only --patience turns on "
+                     "(a fixed-length run trains all its --steps); add --patience P or drop --min-steps")
 
 
 def config_file(value: str) -> Path:
