@@ -56,6 +56,7 @@ from runner import (
     positive_int,
     ran_values,
     select,
+    unused_options_note,
 )
 from tidy import RunRecord, add_report_args, check_out, grid_records
 
@@ -472,16 +473,7 @@ def report_header(args: argparse.Namespace, records: dict[str, RunRecord], seeds
     episodes = (f"{ran['test_episodes']} test episodes per manifold" if ran["test_episodes"] else
                 "test episodes per manifold not recorded")
     text = f"{length}; {episodes}."
-    # An option given to this report that the runs did not use: the numbers are the runs', as stated above.
-    given = given_options(_parser(), args.argv)
-    if "patience" in given and not stopped:
-        ran["patience"] = "none (fixed length)"
-    differ = [f"--{key.replace('_', '-')} {getattr(args, key)} (the runs: {ran[key]})" for key in ran
-              if key in given and ran[key] and str(getattr(args, key)) not in ran[key].split(" or ")]
-    if differ:
-        text += (" This report was given " + ", ".join(differ) + ", which the runs did not use; the tables are "
-                 "the runs' as they ran.")
-    return text
+    return text + unused_options_note(args, given_options(_parser(), args.argv), ran, bool(stopped))
 
 
 def report(args: argparse.Namespace) -> str:

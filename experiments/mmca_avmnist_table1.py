@@ -50,6 +50,7 @@ from runner import (
     parse_driver_args,
     positive_int,
     ran_values,
+    unused_options_note,
 )
 from tidy import RunRecord, add_report_args, check_out, grid_records
 
@@ -203,15 +204,7 @@ def report_header(args: argparse.Namespace, records: dict[str, RunRecord], found
     else:
         length = f"{ran['max_epochs']} epoch{'' if ran['max_epochs'] == '1' else 's'}"
     text = (f"Noise sd {ran['noise_std']}; " if ran["noise_std"] else "Noise sd not recorded; ") + f"{length}; {seeds_text}."
-    given = given_options(_parser(), args.argv)
-    if "patience" in given and not stops:
-        ran["patience"] = "none (fixed length)"
-    differ = [f"--{key.replace('_', '-')} {getattr(args, key)} (the runs: {ran[key]})" for key in ran
-              if key in given and ran[key] and str(getattr(args, key)) not in ran[key].split(" or ")]
-    if differ:
-        text += (" This report was given " + ", ".join(differ) + ", which the runs did not use; the tables are the "
-                 "runs' as they ran.")
-    return text
+    return text + unused_options_note(args, given_options(_parser(), args.argv), ran, bool(stops))
 
 
 def _cell(values: list[float]) -> str:

@@ -258,6 +258,20 @@ def ran_values(values: Iterable[Any]) -> str:
     return " or ".join(map(str, found))
 
 
+def unused_options_note(args: argparse.Namespace, given: set[str], ran: dict[str, str], stopped_early: bool) -> str:
+    """The sentence a report's header adds for the options given to ``report`` (``given``) that the runs did not
+    use, ``""`` when there are none: the numbers are the runs' as they ran (``ran``: what they did, by option, as
+    :func:`ran_values` writes it), whatever the report was told."""
+    if "patience" in given and not stopped_early:
+        ran = {**ran, "patience": "none (fixed length)"}
+    differ = [f"--{key.replace('_', '-')} {getattr(args, key)} (the runs: {ran[key]})" for key in ran
+              if key in given and ran[key] and str(getattr(args, key)) not in ran[key].split(" or ")]
+    if not differ:
+        return ""
+    return (" This report was given " + ", ".join(differ) + ", which the runs did not use; the tables are the runs' "
+            "as they ran.")
+
+
 def check_convergence_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse (``parser.error``: one line, exit 2, before anything is written) early-stopping options that cannot
     mean what they say (the options of :func:`add_convergence_args`).
