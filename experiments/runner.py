@@ -290,6 +290,11 @@ def check_convergence_args(parser: argparse.ArgumentParser, args: argparse.Names
     if args.min_steps is not None and args.patience is None:
         parser.error(f"--min-steps {args.min_steps} is a floor under early stopping, which only --patience turns on "
                      "(a fixed-length run trains all its --steps); add --patience P or drop --min-steps")
+    # --min-delta has a default, so only the command line tells whether it was given (it is ignored without --patience
+    # as --min-steps is).
+    if args.patience is None and "min_delta" in given_options(parser, getattr(args, "argv", [])):
+        parser.error(f"--min-delta {args.min_delta} is the smallest rise early stopping counts, which only --patience "
+                     "turns on (a fixed-length run trains all its --steps); add --patience P or drop --min-delta")
 
 
 def config_file(value: str) -> Path:

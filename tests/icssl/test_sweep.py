@@ -315,6 +315,7 @@ def test_sweep_names_the_stand_in_when_the_feature_file_is_missing(sweep, tmp_pa
     (["--epochs", "0"], "argument --epochs: 0 must be at least 1"),  # was a ZeroDivisionError
     (["--patience", "2", "--val-every", "0"], "--val-every 0: validate every 1 or more steps"),
     (["--min-steps", "5"], "--min-steps 5 is a floor under early stopping"),
+    (["--min-delta", "0.01"], "--min-delta 0.01 is the smallest rise early stopping counts"),
 ])
 def test_sweep_refuses_a_budget_no_run_could_train(sweep, tmp_path, capsys, argv, problem) -> None:
     with pytest.raises(SystemExit) as stop:
@@ -387,6 +388,7 @@ def test_dataset_size_sweep_finds_the_largest_rise(sweep_script, tmp_path, capsy
     (["fit", "--patience", "0"], "--patience 0: give 1 or more validation rounds without improvement"),
     (["fit", "--patience", "3", "--min-delta", "-0.1"], "--min-delta -0.1: the smallest rise that counts"),
     (["fit", "--min-steps", "5"], "--min-steps 5 is a floor under early stopping, which only --patience turns on"),
+    (["fit", "--min-delta", "0.01"], "--min-delta 0.01 is the smallest rise early stopping counts, which only"),
 ])
 def test_a_grid_that_cannot_run_as_meant_is_refused_in_one_line_before_anything_is_written(
         tables, tmp_path, capsys, argv: list[str], problem: str) -> None:
