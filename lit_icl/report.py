@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -125,8 +126,6 @@ def _pooled_name(names: Sequence[str]) -> str:
     of their own (``coqe_s0``, ``coqe_s1``), the part they share with ``*`` (``coqe_s*``), not the first run's."""
     if len(names) == 1:
         return names[0]
-    import os
-
     shared = os.path.commonprefix(list(names))
     return f"{shared}*" if shared else f"{names[0]} (+{len(names) - 1} more names)"
 

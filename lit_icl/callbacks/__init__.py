@@ -6,12 +6,14 @@ survives a moved run folder (:class:`RunCheckpoint`), and the early-stopping rul
 (:class:`ResumeInsideEpoch`, added to every CLI run), DDP ranks that agree to stop (SIGTERM, ``max_time``)
 without a wait for the GPU at every step (:class:`StopTogether`, added to every CLI run), Ctrl-C that stops a fit
 with a checkpoint as SIGTERM does (:class:`StopOnCtrlC`, added to every CLI run), each run's settings and metrics
-in TensorBoard's HPARAMS tab (:class:`HParamsView`, added to every CLI run), and a census of the
-reads that would make a GPU run wait for its device (:class:`HostReadCensus`)."""
+in TensorBoard's HPARAMS tab (:class:`HParamsView`, added to every CLI run), a test or validate of a checkpoint
+written at the fit's step for its weights (:class:`EvaluationAtTrainedStep`, added to every CLI run), and a census
+of the reads that would make a GPU run wait for its device (:class:`HostReadCensus`)."""
 
 from lit_icl.callbacks.checkpoint import RunCheckpoint
 from lit_icl.callbacks.compile import CompileNets
 from lit_icl.callbacks.ddp_stop import StopTogether
+from lit_icl.callbacks.eval_step import EvaluationAtTrainedStep
 from lit_icl.callbacks.finite import FiniteGuard
 from lit_icl.callbacks.host_reads import HostReadCensus
 from lit_icl.callbacks.hparams import HParamsView
@@ -21,6 +23,6 @@ from lit_icl.callbacks.resume import ResumeInsideEpoch
 from lit_icl.callbacks.stopping import StopWhenConverged
 
 __all__ = [
-    "CompileNets", "FiniteGuard", "HParamsView", "HostReadCensus", "RepresentationMetrics", "ResumeInsideEpoch", "RunCheckpoint",
+    "CompileNets", "EvaluationAtTrainedStep", "FiniteGuard", "HParamsView", "HostReadCensus", "RepresentationMetrics", "ResumeInsideEpoch", "RunCheckpoint",
     "StopOnCtrlC", "StopTogether", "StopWhenConverged",
 ]

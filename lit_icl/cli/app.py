@@ -38,6 +38,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
 from lit_icl.callbacks.checkpoint import RunCheckpoint
 from lit_icl.callbacks.compile import CompileMode
 from lit_icl.callbacks.ddp_stop import StopTogether
+from lit_icl.callbacks.eval_step import EvaluationAtTrainedStep
 from lit_icl.callbacks.finite import FiniteGuard
 from lit_icl.callbacks.hparams import HParamsView
 from lit_icl.callbacks.interrupt import StopOnCtrlC, stopped_by_ctrl_c
@@ -398,7 +399,7 @@ class LitICLCLI(LightningCLI):
             # before it writes anything; its message names the flag, often over several lines.
             raise ConfigError(trainer_error_message(err)) from err
         check_precision_request(trainer, (self.config[self.subcommand] if self.subcommand else self.config).trainer)
-        for callback in (ResultsWriter, HParamsView, FiniteGuard, ResumeInsideEpoch, StopTogether, StopOnCtrlC):
+        for callback in (ResultsWriter, EvaluationAtTrainedStep, HParamsView, FiniteGuard, ResumeInsideEpoch, StopTogether, StopOnCtrlC):
             if not any(isinstance(cb, callback) for cb in trainer.callbacks):
                 trainer.callbacks.append(callback())
         sub = self.subcommand

@@ -31,7 +31,6 @@ import yaml
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
@@ -230,53 +229,8 @@ class ResultsWriter(Callback):
         self.dirpath = dirpath
         #: Path of the last ``results.json`` written (for callers and tests).
         self.last_path: Path | None = None
-        self._loop_step: int | None = None
-
-    # A `test` or `validate` of a checkpoint starts the trainer's step counter at 0, and Lightning writes the
-    # round's scalars at that counter: TensorBoard would show every checkpoint's test at step 0, away from the
-    # validation curve of the fit. For the round the counter is set where the fit wrote its validation round of the
-    # same weights (Lightning writes a round after N optimizer steps at N - 1), and the epoch (which Lightning
-    # writes beside them) to the checkpoint's; both are put back after it.
-    def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._log_at_trained_step(trainer, pl_module)
-
-    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if trainer.state.fn == TrainerFn.VALIDATING:  # not the rounds inside a fit, which log at their own step
-            self._log_at_trained_step(trainer, pl_module)
-
-    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._restore_step(trainer)
-
-    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
-        # The epoch the weights were saved in: Lightning writes the trainer's epoch beside each round's scalars, and
-        # a round placed at the fit's step must not say epoch 0 there.
-        self._ckpt_epoch = checkpoint.get("epoch")
-
-    def _log_at_trained_step(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        loop = trainer.fit_loop.epoch_loop
-        step = trained_step_x(pl_module)
-        if step != loop._batches_that_stepped:
-            self._loop_step = loop._batches_that_stepped
-            loop._batches_that_stepped = step
-        epoch, progress = self.__dict__.get("_ckpt_epoch"), trainer.fit_loop.epoch_progress.current
-        if isinstance(epoch, int) and epoch != progress.completed:
-            self._loop_epoch = progress.completed
-            progress.completed = epoch
-
-    def _restore_step(self, trainer: Trainer) -> None:
-        if self._loop_step is not None:
-            trainer.fit_loop.epoch_loop._batches_that_stepped = self._loop_step
-            self._loop_step = None
-        if self.__dict__.get("_loop_epoch") is not None:
-            trainer.fit_loop.epoch_progress.current.completed = self._loop_epoch
-            self._loop_epoch = None
-        self._ckpt_epoch = None
-
-    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._restore_step(trainer)
 
     def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._restore_step(trainer)
         rows = collect_test_rows(trainer, pl_module)
         # trainer.log_dir is a broadcast from rank 0 under DDP: every rank asks for it here, before the rank-0
         # check, or rank 0 would wait forever for ranks that have already returned.
