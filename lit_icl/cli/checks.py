@@ -82,9 +82,10 @@ def check_val_interval(trainer: Trainer, datamodule: Any) -> None:
 
 def check_eval_shards(trainer: Trainer, datamodule: Any, subcommand: str | None) -> None:
     """The evaluation sets the subcommand runs (test's for ``test``, validation's for ``fit`` and ``validate``)
-    split evenly over the DDP ranks, for a data module that can tell (``check_even_shards``); ``predict``'s
-    sampler pads nothing."""
-    check = getattr(datamodule, "check_even_shards", None)
+    shard over the DDP ranks as the data module's loaders need, for a data module that can tell (its
+    ``check_eval_shards``: the generated sets split evenly, avMNIST's and I2CL's give every rank a batch);
+    ``predict``'s sampler pads nothing."""
+    check = getattr(datamodule, "check_eval_shards", None)
     if callable(check) and subcommand != "predict":
         check(trainer.num_nodes * trainer.num_devices, ("test",) if subcommand == "test" else ("val",))
 

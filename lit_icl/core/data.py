@@ -153,6 +153,32 @@ class EpochSampler(DistributedSampler):
         return self.length // self.num_replicas
 
 
+class EvalShards(DistributedSampler):
+    """An evaluation set of ``length`` items over ``num_replicas`` DDP ranks, each item scored exactly once.
+
+    Rank ``r`` takes items ``r, r + k, ...`` in order, so ranks hold at most one item more than each other.
+    Lightning's own ``DistributedSampler`` would instead pad the last shards with items from the start, which
+    the synced means then count twice. Uneven shards are safe for a module whose evaluation syncs only at the
+    epoch's end (torchmetrics' ``compute``, ``self.log`` at the epoch's end): every rank reaches those calls
+    whatever its batch count. Every rank needs at least one item (a rank without batches would never create
+    or update the metrics that the others sync), so fewer items than ranks is refused.
+
+    Being a ``DistributedSampler``, Lightning uses it as it is; in one process it is the set in order.
+    """
+
+    def __init__(self, length: int, num_replicas: int = 1, rank: int = 0, what: str = "items") -> None:
+        if length < num_replicas:
+            raise ConfigError(f"{length} {what} cannot give each of {num_replicas} DDP ranks one")
+        super().__init__(range(length), num_replicas=num_replicas, rank=rank, shuffle=False)
+        self.length = length
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.length, self.num_replicas))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.length, self.num_replicas))
+
+
 def chunk_loader(
     dataset: Dataset,
     batch_size: int,
@@ -295,7 +321,7 @@ class ChunkedDataModule(LightningDataModule):
         (``val_episodes``, ...) positive multiples of ``chunk_size`` (items are whole chunks), at least one
         step per epoch, an integer ``data_seed``, no negative ``num_workers``."""
         hp = self.hparams
-        #: The set sizes named here, for :meth:`check_even_shards`.
+        #: The set sizes named here, for :meth:`check_eval_shards`.
         self.set_size_names = set_sizes
         sizes = {name: hp[name] for name in ("batch_size", "eval_batch_size", *set_sizes)}
         if "chunk_size" in hp:
@@ -341,7 +367,7 @@ class ChunkedDataModule(LightningDataModule):
         """A validation/test loader: ``dataset`` in order, ``eval_batch_size`` examples a batch."""
         return self.loader(dataset, self.hparams.eval_batch_size)
 
-    def check_even_shards(self, world_size: int, splits: tuple[str, ...]) -> None:
+    def check_eval_shards(self, world_size: int, splits: tuple[str, ...]) -> None:
         """Refuse an evaluation set of ``splits`` (``"val"``, ``"test"``) whose items ``world_size`` DDP ranks
         cannot share evenly. Lightning shards evaluation loaders with a ``DistributedSampler`` that pads the last
         shard with items from the start, so those items would be scored twice and the synced means would differ

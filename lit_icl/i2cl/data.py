@@ -33,7 +33,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
-from lit_icl.core.data import EpochSampler, ResumableLoader, world_and_rank
+from lit_icl.core.data import EpochSampler, EvalShards, ResumableLoader, world_and_rank
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.hparams import save_init_hparams
 from lit_icl.core.seeding import make_generator
@@ -322,5 +322,15 @@ class I2CLDataModule(LightningDataModule):
                                   *world_and_rank(self), pin_memory=pins_memory(self), resumable=self)
 
     def test_dataloader(self) -> DataLoader:
-        return DataLoader(EvalItems(self.task_data().eval), batch_size=self.hparams.eval_batch_size,
-                          shuffle=False, collate_fn=collate, pin_memory=pins_memory(self))
+        # each query scored once, by one DDP rank (Lightning's sampler would score some twice)
+        queries = EvalItems(self.task_data().eval)
+        return DataLoader(queries, batch_size=self.hparams.eval_batch_size,
+                          sampler=EvalShards(len(queries), *world_and_rank(self), what="test queries"),
+                          collate_fn=collate, pin_memory=pins_memory(self))
+
+    def check_eval_shards(self, world_size: int, splits: tuple[str, ...]) -> None:
+        """Refuse fewer test queries than ``world_size`` DDP ranks before a ``test`` starts: each rank scores its
+        own queries (:class:`~lit_icl.core.data.EvalShards`) and needs at least one."""
+        if "test" in splits and self.hparams.eval_samples < world_size:
+            raise ConfigError(f"--data.init_args.eval_samples={self.hparams.eval_samples} gives fewer test queries "
+                              f"than the {world_size} DDP ranks that share them; give at least {world_size}")

@@ -227,3 +227,28 @@ def test_what_a_resume_may_change_names_arguments_of_each_data_module() -> None:
     assert args_free_on_resume(ManifoldDataModule) >= {"test_manifolds", "num_workers"}
     assert "train_manifolds" not in args_free_on_resume(ManifoldDataModule)
     assert {"root", "build_standin"} <= args_free_on_resume(ImageManifoldDataModule)
+
+
+@pytest.mark.parametrize(("length", "world"), [(7, 2), (10, 3), (6, 3), (5, 5), (1, 1), (9, 1)])
+def test_eval_shards_score_every_item_once_over_the_ranks(length: int, world: int) -> None:
+    """Lightning's DistributedSampler pads the last shards with items from the start (scored twice); EvalShards
+    hands each item to exactly one rank, at most one item more on some ranks, and is the set in order alone."""
+    from torch.utils.data import DistributedSampler
+
+    from lit_icl.core.data import EvalShards
+
+    shards = [list(EvalShards(length, world, rank)) for rank in range(world)]
+    assert sorted(i for shard in shards for i in shard) == list(range(length))
+    assert [len(EvalShards(length, world, rank)) for rank in range(world)] == [len(s) for s in shards]
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1
+    assert all(shard == sorted(shard) for shard in shards)
+    padded = [list(DistributedSampler(range(length), world, rank, shuffle=False)) for rank in range(world)]
+    assert sum(map(len, padded)) == -(-length // world) * world  # what it replaces: padded where uneven
+
+
+def test_eval_shards_refuse_fewer_items_than_ranks() -> None:
+    from lit_icl.core.data import EvalShards
+    from lit_icl.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="^3 test batches cannot give each of 4 DDP ranks one$"):
+        EvalShards(3, 4, 0, what="test batches")

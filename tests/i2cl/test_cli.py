@@ -303,11 +303,13 @@ def test_ddp_calibration_and_test_match_one_process(tmp_path: Path, llama_dir: s
         assert not torch.equal(states["one"][key], torch.tensor([0.1, 1.0]).expand(2, 2, 2))  # it trained
         # the same averaged gradients; only the order of float reductions differs
         torch.testing.assert_close(states["ddp"][key], states["one"][key], rtol=0, atol=1e-6)
-    # test on 2 ranks (5 queries each) vs 1 process, both from the single-process checkpoint
-    proc = _run_cli("test", *cli_args(tmp_path / "one", llama_dir, *methods, "--trainer.strategy", "ddp",
+    # test on 2 ranks (5 and 4 of 9 queries: Lightning's sampler would have scored one twice) vs 1 process, both
+    # from the single-process checkpoint
+    nine = ["--data.init_args.eval_samples", "9"]
+    proc = _run_cli("test", *cli_args(tmp_path / "one", llama_dir, *methods, *nine, "--trainer.strategy", "ddp",
                                       *TWO_RANKS), "--ckpt_path", str(ckpts["one"]))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    main(["test", *cli_args(tmp_path / "one", llama_dir, *methods), "--ckpt_path", str(ckpts["one"])])
+    main(["test", *cli_args(tmp_path / "one", llama_dir, *methods, *nine), "--ckpt_path", str(ckpts["one"])])
     acc = {}
     for version in (1, 2):
         rows = json.loads((tmp_path / "one" / "runs" / "tiny" / f"version_{version}" / "results.json").read_text())

@@ -144,3 +144,34 @@ def test_bad_batch_draws_and_separators_are_refused(key: str, value: str, match:
     with pytest.raises(ConfigError, match=match) as info:
         I2CLDataModule(task="synthetic", **{key: value})
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ddp_ranks_score_every_test_query_once(world: int) -> None:
+    """Under DDP each rank's test loader holds its own queries: over the ranks, every query of the evaluation set
+    exactly once (25 queries do not split evenly over 2 or 3 ranks, where Lightning's DistributedSampler would
+    score some twice)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    dm = I2CLDataModule(task="synthetic", shots_per_class=2, synthetic_train=60, synthetic_test=40,
+                        eval_samples=25, eval_batch_size=4)
+    alone = [t for b in dm.test_dataloader() for t in b["text"]]
+    assert len(alone) == 25
+    shards = []
+    for rank in range(world):
+        dm.trainer = SimpleNamespace(world_size=world, global_rank=rank,
+                                     strategy=SimpleNamespace(root_device=torch.device("cpu")))
+        shards.append([t for b in dm.test_dataloader() for t in b["text"]])
+    assert sorted(t for shard in shards for t in shard) == sorted(alone)
+    assert max(map(len, shards)) - min(map(len, shards)) == 1
+
+
+def test_fewer_test_queries_than_ddp_ranks_are_refused_before_the_run() -> None:
+    dm = I2CLDataModule(task="synthetic", shots_per_class=2, synthetic_train=60, synthetic_test=40, eval_samples=2)
+    dm.check_eval_shards(2, ("test",))  # one query each
+    dm.check_eval_shards(3, ("val",))  # a fit runs no test
+    with pytest.raises(ConfigError, match=r"^--data.init_args.eval_samples=2 gives fewer test queries than the 3 DDP "
+                                          r"ranks that share them; give at least 3$"):
+        dm.check_eval_shards(3, ("test",))

@@ -44,9 +44,16 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
-from lit_icl.core.data import EpochSampler, ResumableLoader, StandinOnFirstUse, collate_chunks, world_and_rank
+from lit_icl.core.data import (
+    EpochSampler,
+    EvalShards,
+    ResumableLoader,
+    StandinOnFirstUse,
+    collate_chunks,
+    world_and_rank,
+)
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.hparams import save_init_hparams
 from lit_icl.core.seeding import make_generator
@@ -245,7 +252,7 @@ class CorruptedAVMNIST(Dataset):
 
 def batch_loader(
     dataset: CorruptedAVMNIST,
-    sampler: EpochSampler | None = None,
+    sampler: Sampler[int] | None = None,
     pin_memory: bool = False,
     resumable: LightningDataModule | None = None,
 ) -> DataLoader:
@@ -271,15 +278,13 @@ def batch_loader(
     )
 
 
-def checked_train_rows(root: str, builds_standin: bool) -> int:
-    """Rows in the train files under ``root``, after checking that the data is there, readable and shaped as
+def checked_rows(root: str, builds_standin: bool) -> tuple[int, int]:
+    """Rows in the train and in the test files under ``root``, after checking that the data is there, readable and shaped as
     the layout says, with digit labels. Every file's header, shape and labels are read (images and audio
     memory-mapped, so this is cheap), so a broken or ill-shaped file stops the run before the logger creates
     anything. A stand-in still to be built is checked by what building it needs; nothing is written here."""
     if not builds_standin:
-        n_train = int(check_split(root, "train")[2].shape[0])
-        check_split(root, "test")
-        return n_train
+        return int(check_split(root, "train")[2].shape[0]), int(check_split(root, "test")[2].shape[0])
     from lit_icl.mmca.avmnist import build
 
     needs = build.standin_needs()
@@ -289,7 +294,7 @@ def checked_train_rows(root: str, builds_standin: bool) -> int:
             f"first use needs {' and '.join(needs)} (or put MultiBench's avmnist folder at another root and "
             "set data.init_args.root)"
         )
-    return STANDIN_TRAIN
+    return STANDIN_TRAIN, STANDIN_TEST
 
 
 class AVMNISTDataModule(StandinOnFirstUse, LightningDataModule):
@@ -340,7 +345,7 @@ class AVMNISTDataModule(StandinOnFirstUse, LightningDataModule):
 
     def _check_layout(self) -> None:
         """The data is there and fits ``val_size`` and ``batch_size`` (before the run starts)."""
-        n_train = checked_train_rows(self.root, self.builds_standin())
+        n_train, self.n_test = checked_rows(self.root, self.builds_standin())
         if self.val_size >= n_train:
             raise ConfigError(
                 f"val_size={self.val_size} leaves no training rows ({n_train} rows in train_data.npy); "
@@ -398,8 +403,29 @@ class AVMNISTDataModule(StandinOnFirstUse, LightningDataModule):
         """The split scored by each validation dataloader, in order."""
         return ["val", "test"] if self.val_size else ["test"]
 
+    def eval_loader(self, split: Split) -> DataLoader:
+        """The loader of an evaluation split: its batches in order, each scored once by one DDP rank
+        (:class:`~lit_icl.core.data.EvalShards`), so that the synced accuracy is the one process's."""
+        ds = self.dataset(split)
+        return batch_loader(ds, EvalShards(len(ds), *world_and_rank(self), what=f"{split} batches"),
+                            pin_memory=pins_memory(self))
+
     def val_dataloader(self) -> list[DataLoader]:
-        return [batch_loader(self.dataset(split), pin_memory=pins_memory(self)) for split in self.eval_splits]
+        return [self.eval_loader(split) for split in self.eval_splits]
 
     def test_dataloader(self) -> DataLoader:
-        return batch_loader(self.dataset("test"), pin_memory=pins_memory(self))
+        return self.eval_loader("test")
+
+    def check_eval_shards(self, world_size: int, splits: tuple[str, ...]) -> None:
+        """Refuse an evaluation split of fewer batches than ``world_size`` DDP ranks, before the run starts: each
+        rank scores its own batches (:class:`~lit_icl.core.data.EvalShards`) and needs at least one. ``splits``
+        is ``("val",)`` for a fit or validate (every split of :attr:`eval_splits`), ``("test",)`` for a test."""
+        rows = {"val": self.val_size, "test": self.n_test}
+        for split in self.eval_splits if "val" in splits else ["test"]:
+            batches = -(-rows[split] // self.eval_batch_size)
+            if batches < world_size:
+                raise ConfigError(
+                    f"--data.init_args.eval_batch_size={self.eval_batch_size} makes the {split} split's "
+                    f"{rows[split]} rows {batches} batch{'es' if batches != 1 else ''}, fewer than the {world_size} "
+                    f"DDP ranks that share them; give at most {max(1, rows[split] // world_size)}"
+                )

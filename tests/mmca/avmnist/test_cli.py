@@ -54,6 +54,10 @@ BAD_ROWS = [
     (["--model.init_args.net.init_args.dropout", "1.5"], "dropout=1.5"),
     (["--model.init_args.net.init_args.dropout", "1.0"], "dropout=1.0 must lie in [0, 1); 0 means none"),
     (["--model.init_args.lr", "0"], "lr=0"),
+    # every DDP rank scores batches of its own and needs one (8 validation rows in one batch of 10)
+    (["--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu"],
+     ("--data.init_args.eval_batch_size=10 makes the val split's 8 rows 1 batch, fewer than the 2 DDP ranks that "
+      "share them; give at most 4")),
 ]
 
 
@@ -62,6 +66,14 @@ def test_bad_input_is_one_line_before_anything_is_written(tmp_path: Path, capsys
     root = tmp_path / "data"
     write_layout(root, n_train=40, n_test=20, audio_side=28)
     assert_rejected(tmp_path, capsys, ["fit", *avmnist_args(tmp_path, root, *extra)], needle)
+
+
+def test_a_test_with_fewer_batches_than_ddp_ranks_is_one_line(tmp_path: Path, capsys) -> None:
+    root = tmp_path / "data"
+    write_layout(root, n_train=40, n_test=20, audio_side=28)
+    ddp = ["--trainer.strategy", "ddp", "--trainer.devices", "3", "--trainer.accelerator", "cpu"]
+    assert_rejected(tmp_path, capsys, ["test", *avmnist_args(tmp_path, root, *ddp)],
+                    "the test split's 20 rows 2 batches, fewer than the 3 DDP ranks that share them; give at most 6")
 
 
 def _truncate(path: Path) -> None:
@@ -219,6 +231,34 @@ def test_ddp_stopped_inside_an_epoch_and_resumed_ends_bit_identical(tmp_path: Pa
     assert straight["global_step"] == resumed["global_step"] == 4
     assert all(torch.equal(straight["state_dict"][k], resumed["state_dict"][k]) for k in straight["state_dict"])
     assert straight["avmnist_test_history"] == resumed["avmnist_test_history"]
+
+
+@pytest.mark.slow  # a fit, a test and a 2-rank test in subprocesses: about 40 s
+def test_a_ddp_test_scores_each_row_once_and_matches_one_process(tmp_path: Path) -> None:
+    """30 test rows in 3 batches of 10 on 2 gloo ranks: the accuracy is the one process's. Lightning's
+    DistributedSampler would have scored the first batch a second time (0.150 instead of 0.167 on this data)."""
+    import os
+    import subprocess
+    import sys
+
+    root = tmp_path / "data"
+    write_layout(root, n_train=40, n_test=30, audio_side=28)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def cli(sub: str, run: str, *extra: str) -> Path:
+        args = avmnist_args(tmp_path / run, root, "--seed_everything", "5", *extra)
+        proc = subprocess.run([sys.executable, "-m", "lit_icl", sub, *args], env=env, capture_output=True,
+                              text=True, check=False, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return tmp_path / run / "runs/tiny/version_0"
+
+    ckpt = str(cli("fit", "fit") / "checkpoints/last.ckpt")
+    accuracy = {}
+    for run, extra in (("one", []), ("ddp", ["--trainer.strategy", "ddp", "--trainer.devices", "2",
+                                              "--trainer.accelerator", "cpu"])):
+        rows = json.loads((cli("test", run, "--ckpt_path", ckpt, *extra) / "results.json").read_text())["rows"]
+        accuracy[run] = next(r["value"] for r in rows if r["metric"] == "accuracy")
+    assert accuracy["ddp"] == accuracy["one"]
 
 
 @pytest.mark.parametrize("config", experiment_configs("avmnist"), ids=config_id)

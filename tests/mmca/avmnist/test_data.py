@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -89,6 +90,29 @@ def test_test_corruption_is_seeded_identical_across_epochs_and_batch_sizes(tmp_p
         raw.max(1, keepdim=True).values - raw.min(1, keepdim=True).values
     )
     torch.testing.assert_close(clean.flatten(1), expect)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ddp_ranks_score_every_evaluation_row_once(tmp_path: Path, world: int) -> None:
+    """Under DDP each rank's validation and test loaders hold their own batches: over the ranks, every row of
+    each evaluation split exactly once (20 test rows in 7 batches of 3 do not split evenly over 2 or 3 ranks,
+    where Lightning's DistributedSampler would score a batch twice), with the batches one process scores."""
+    write_layout(tmp_path)
+    dm = _dm(tmp_path, eval_batch_size=3)
+    dm.setup("fit")
+    alone = {split: [b["row"] for b in loader] for split, loader in zip(dm.eval_splits, dm.val_dataloader())}
+    shards: dict[str, list] = {split: [] for split in dm.eval_splits}
+    for rank in range(world):
+        dm.trainer = SimpleNamespace(world_size=world, global_rank=rank,
+                                     strategy=SimpleNamespace(root_device=torch.device("cpu")))
+        for split, loader in zip(dm.eval_splits, dm.val_dataloader()):
+            shards[split] += [b["row"] for b in loader]
+        assert [b["row"].tolist() for b in dm.test_dataloader()] == [b["row"].tolist() for b in dm.val_dataloader()[1]]
+    for split in dm.eval_splits:
+        rows = torch.cat(shards[split]).sort().values
+        assert torch.equal(rows, dm.split_rows()[split]), split
+        assert sorted(map(tuple, (r.tolist() for r in shards[split]))) == sorted(
+            map(tuple, (r.tolist() for r in alone[split])))
 
 
 def test_training_batches_are_a_fresh_permutation_and_noise_per_epoch(tmp_path: Path) -> None:
