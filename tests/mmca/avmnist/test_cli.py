@@ -213,8 +213,10 @@ def test_ddp_stopped_inside_an_epoch_and_resumed_ends_bit_identical(tmp_path: Pa
     write_layout(root, n_train=72, n_test=20, audio_side=28)  # 64 training rows: 4 batches, 2 per rank
 
     def fit(run: str, *extra: str) -> dict:
+        # eval batches of 4: a batch of the 8 validation rows for each rank; the 20 test rows' 5 batches are shared 3:2
         args = avmnist_args(tmp_path / run, root, "--seed_everything", "5", "--trainer.strategy", "ddp",
-                            "--trainer.devices", "2", "--trainer.accelerator", "cpu", *extra)
+                            "--trainer.devices", "2", "--trainer.accelerator", "cpu",
+                            "--data.init_args.eval_batch_size", "4", *extra)
         tests = str(Path(__file__).resolve().parents[2])  # for the stop callback
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
         proc = subprocess.run([sys.executable, "-m", "lit_icl", "fit", *args], env=env, capture_output=True, text=True,
