@@ -380,7 +380,7 @@ class ChunkedDataModule(LightningDataModule):
             items = self.set_items(name)
             if items % world_size:
                 chunk = self.chunk_size
-                unit = f"{items} chunks of {chunk}" if chunk > 1 else f"{items} items"
+                unit = f"{items} chunk{'s' * (items != 1)} of {chunk}" if chunk > 1 else f"{items} item{'s' * (items != 1)}"
                 fit = -(-items // world_size) * world_size * chunk
                 raise ConfigError(
                     f"--data.init_args.{name}={self.hparams[name]} is {unit}, which {world_size} ranks cannot share "

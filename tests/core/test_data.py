@@ -252,3 +252,15 @@ def test_eval_shards_refuse_fewer_items_than_ranks() -> None:
 
     with pytest.raises(ConfigError, match="^3 test batches cannot give each of 4 DDP ranks one$"):
         EvalShards(3, 4, 0, what="test batches")
+
+
+def test_an_evaluation_set_of_one_chunk_is_named_in_the_singular() -> None:
+    """The DDP refusal of an evaluation set that ranks cannot share reads "1 chunk of 16", not "1 chunks"."""
+    from lit_icl.core.errors import ConfigError
+    from lit_icl.icssl import ManifoldDataModule
+
+    dm = ManifoldDataModule(batch_size=16, val_episodes=16, test_episodes=32)
+    with pytest.raises(ConfigError, match=r"val_episodes=16 is 1 chunk of 16, which 2 ranks cannot share evenly"):
+        dm.check_eval_shards(2, ("val",))
+    with pytest.raises(ConfigError, match=r"test_episodes=32 is 2 chunks of 16, which 3 ranks"):
+        dm.check_eval_shards(3, ("test",))
