@@ -84,10 +84,11 @@ def check_eval_shards(trainer: Trainer, datamodule: Any, subcommand: str | None)
     """The evaluation sets the subcommand runs (test's for ``test``, validation's for ``fit`` and ``validate``)
     shard over the DDP ranks as the data module's loaders need, for a data module that can tell (its
     ``check_eval_shards``: the generated sets split evenly, avMNIST's and I2CL's give every rank a batch);
-    ``predict``'s sampler pads nothing."""
+    ``predict``'s sampler pads nothing. The ranks are those that run: under torchrun or srun the launcher's world
+    size, which Lightning compares with ``num_nodes x devices`` itself at start-up, naming both."""
     check = getattr(datamodule, "check_eval_shards", None)
     if callable(check) and subcommand != "predict":
-        check(trainer.num_nodes * trainer.num_devices, ("test",) if subcommand == "test" else ("val",))
+        check(trainer.world_size, ("test",) if subcommand == "test" else ("val",))
 
 
 def check_precision_request(trainer: Trainer, trainer_config: Any) -> None:
