@@ -473,6 +473,13 @@ def _after_stop(trainer: Trainer | None) -> str:
     return "no checkpoint was written yet, so run the same command again (without --ckpt_path) to start over"
 
 
+def program_name() -> str:
+    """The name usage lines and ``--help`` give the program: ``python -m lit_icl`` when run that way (argparse would
+    say ``__main__.py``), else the script's own name (``lit-icl``)."""
+    script = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    return "python -m lit_icl" if script in ("", "__main__.py", "-c") else script
+
+
 def main(args: ArgsType = None) -> None:
     """Entry point of ``python -m lit_icl`` and the ``lit-icl`` script."""
     process_defaults()
@@ -483,6 +490,7 @@ def main(args: ArgsType = None) -> None:
             LightningDataModule,
             # Parse errors are raised (not printed with the full usage) so they become one line below.
             parser_kwargs={
+                "prog": program_name(),
                 "exit_on_error": False,
                 **{sub: {"exit_on_error": False} for sub in LitICLCLI.subcommands()},
             },
