@@ -128,11 +128,33 @@ def check_slurm_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
                            for key, sep, value in (item.partition("=") for item in args.sbatch)}
 
 
+def _out_digest(out: Any) -> str:
+    return hashlib.sha1(str(out).encode()).hexdigest()[:8]
+
+
 def grid_name(args: argparse.Namespace) -> str:
     """The SLURM job name of every job of a grid: the driver and a hash of its ``--out``, so ``squeue --name``
     finds exactly this grid's jobs and two grids of one driver never wait on each other."""
-    digest = hashlib.sha1(str(args.out).encode()).hexdigest()[:8]
-    return f"lit_icl.{args.script.stem}.{digest}"
+    return f"lit_icl.{args.script.stem}.{_out_digest(args.out)}"
+
+
+def queued_in_folder(out: Any) -> dict[str, str]:
+    """``{job id: state}`` of the jobs in SLURM's queue that write into the grid folder ``out``, whichever driver
+    submitted them (their names end in the hash of ``out``: :func:`grid_name`); ``{}`` without SLURM. A stage job
+    of stage ``all`` is left out when it asks (``SLURM_JOB_ID``): it is the grid's own next step."""
+    if shutil.which("squeue") is None:
+        return {}
+    found = subprocess.run(["squeue", "--noheader", "--array", "--format=%i %T %j"], capture_output=True,
+                           text=True, check=False)
+    if found.returncode != 0:
+        return {}
+    suffix, me = f".{_out_digest(out)}", os.environ.get("SLURM_JOB_ID")
+    states = {}
+    for line in found.stdout.splitlines():
+        job_id, state, name = (line.split() + ["", ""])[:3]
+        if name.startswith("lit_icl.") and name.endswith(suffix) and state in QUEUE_STATES and job_id != me:
+            states[job_id] = state
+    return states
 
 
 def job_sizes(args: argparse.Namespace, *, stage_job: bool = False) -> dict[str, Any]:
@@ -282,7 +304,7 @@ def run_stage_on_slurm(args: argparse.Namespace, fit_jobs: Callable[[argparse.Na
                        report: Callable[[argparse.Namespace], str] | None) -> int:
     """``--executor slurm``: submit the stage's jobs that are not done (a dry run prints them), wait for them
     unless ``--no-wait``, and return the number of the driver's jobs that did not finish (0 when not waiting)."""
-    from runner import finish_all, print_unfinished, record_grid, runnable, select
+    from runner import claim_grid, finish_all, print_unfinished, record_grid, runnable, select
 
     if args.dry_run:
         for stage, build in (("fit", fit_jobs), ("test", test_jobs)):
@@ -293,6 +315,7 @@ def run_stage_on_slurm(args: argparse.Namespace, fit_jobs: Callable[[argparse.Na
         return 0
     if args.from_stage == "fit":
         check_submission(args)
+        claim_grid(args)
         record_grid(args)
     fit_array = None
     if args.stage in ("fit", "all") and args.from_stage == "fit":

@@ -370,20 +370,24 @@ def run_stage(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace],
     may read its fit's checkpoints), then prints ``report(args)``."""
     args.check_executor()
     check_only(args, fit_jobs, test_jobs)
-    if args.executor == "slurm":
-        from cluster import run_stage_on_slurm
+    try:
+        if args.executor == "slurm":
+            from cluster import run_stage_on_slurm
 
-        sys.exit(run_stage_on_slurm(args, fit_jobs, test_jobs, report))
-    if not args.dry_run:
-        record_grid(args)
-    failed = 0
-    if args.stage in ("fit", "all"):
-        failed += run_all(select(fit_jobs(args), args.only), args, "fit")
-    if args.stage in ("test", "all"):
-        failed += run_all(select(test_jobs(args), args.only), args, "test")
-    if args.stage == "all" and not args.dry_run:
-        failed = finish_all(args, fit_jobs, test_jobs, report)
-    sys.exit(1 if failed else 0)
+            sys.exit(run_stage_on_slurm(args, fit_jobs, test_jobs, report))
+        if not args.dry_run:
+            claim_grid(args)
+            record_grid(args)
+        failed = 0
+        if args.stage in ("fit", "all"):
+            failed += run_all(select(fit_jobs(args), args.only), args, "fit")
+        if args.stage in ("test", "all"):
+            failed += run_all(select(test_jobs(args), args.only), args, "test")
+        if args.stage == "all" and not args.dry_run:
+            failed = finish_all(args, fit_jobs, test_jobs, report)
+        sys.exit(1 if failed else 0)
+    finally:
+        release_grid()
 
 
 def check_only(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace], list[Job]],
@@ -540,6 +544,68 @@ def print_unfinished(jobs: list[Job], args: argparse.Namespace) -> int:
     if lines:
         print("\n".join(lines), file=sys.stderr, flush=True)
     return sum(not job.done for job in jobs)
+
+
+#: The grid folder's lock file, open and locked while this driver runs a stage of its grid (:func:`claim_grid`).
+_GRID_LOCK: list[Any] = []
+
+
+def claim_grid(args: argparse.Namespace) -> None:
+    """Refuse (one line on stderr, exit 2, before anything of the grid is written) to run a grid into ``args.out``
+    while it is running already, or into the folder of another driver's grid; else lock ``<out>/grid.lock`` for
+    this driver.
+
+    A grid is running when jobs that write into ``args.out`` are still in SLURM's queue (a driver stopped while it
+    waited leaves them there: a second submission would start each of them again beside the first, both writing
+    one run folder), or when another driver holds the folder's lock (a second driver would run the same jobs
+    twice). A driver's ``report`` reads the runs under its folder, so a folder holding another driver's grid
+    (``grid.json``) would mix two grids in both reports. :func:`run_stage` unlocks it when the stage ends."""
+    import fcntl
+
+    from cluster import queued_in_folder
+
+    prog = Path(args.script).name
+    queued = queued_in_folder(args.out)
+    if queued:
+        ids = sorted(queued)
+        shown = ", ".join(f"{i} {queued[i].lower()}" for i in ids[:4]) + (", ..." if len(ids) > 4 else "")
+        arrays = " ".join(sorted({i.split("_")[0] for i in ids}))
+        _refuse(f"{prog}: error: {len(ids)} SLURM job{'s' if len(ids) > 1 else ''} of the grid in {args.out} "
+                f"{'are' if len(ids) > 1 else 'is'} still in the queue ({shown}); running the grid again now would "
+                "start them a second time beside the first: wait for them to end (`report` reads the grid any time), "
+                f"or cancel them (scancel {arrays}), then rerun")
+    try:
+        other = Path(json.loads((args.out / "grid.json").read_text())["script"]).name
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError, KeyError, TypeError):
+        other = prog
+    if other != prog:
+        _refuse(f"{prog}: error: --out {args.out} holds the grid of {other} (its grid.json), and a report reads "
+                "every run under its folder: give this driver an --out of its own")
+    args.out.mkdir(parents=True, exist_ok=True)
+    lock = open(args.out / "grid.lock", "a+")  # noqa: SIM115 - held open until the driver exits
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        lock.close()
+        _refuse(f"{prog}: error: another driver is running the grid in {args.out} now ({holder}); running it "
+                "beside it would run its jobs twice: wait for it to end or stop it, or give this one another --out")
+    lock.truncate(0)
+    lock.write(f"pid {os.getpid()} on {os.uname().nodename}: {Path(args.script).name} {shlex.join(args.argv)}\n")
+    lock.flush()
+    _GRID_LOCK.append(lock)
+
+
+def release_grid() -> None:
+    """Unlock the grid folder that :func:`claim_grid` locked (the end of a stage)."""
+    while _GRID_LOCK:
+        _GRID_LOCK.pop().close()
+
+
+def _refuse(line: str) -> NoReturn:
+    print(line, file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 def record_grid(args: argparse.Namespace) -> None:

@@ -783,3 +783,82 @@ def test_a_library_module_run_as_a_script_says_it_is_none_and_what_to_run(module
     assert done.stderr.startswith(f"{module}.py: a module of the experiment drivers, not a command; ")
     assert instead in done.stderr
 
+
+
+def _fake_squeue(tmp_path: Path, monkeypatch, lines: str) -> None:
+    """An ``squeue`` on PATH that lists ``lines`` (``%i %T %j``) as the queue, whatever it is asked (and an
+    ``sbatch``)."""
+    bin_dir = tmp_path / "fake_bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\ncat <<'END'\n{lines}\nEND\n")
+    (bin_dir / "sbatch").write_text("#!/bin/sh\nexit 1\n")  # --executor slurm checks that it is there
+    for tool in ("squeue", "sbatch"):
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+def _run_driver(runner, argv: list[str], fits, script: str = "experiments/driver.py") -> int:
+    parser = _driver_parser(runner)
+    parse = lambda a: runner.parse_driver_args(parser, a, script)
+    args = parse(argv)
+    args.out = args.out.resolve()
+    with pytest.raises(SystemExit) as stop:
+        runner.drive(args, fits, lambda a: [], lambda a: "THE REPORT", parse)
+    return stop.value.code
+
+
+def test_a_grid_whose_slurm_jobs_are_still_queued_is_not_run_again_beside_them(runner, quick_cli, tmp_path,
+                                                                             monkeypatch, capsys) -> None:
+    """A driver stopped while it waited leaves its grid's jobs in SLURM's queue; the same command again submitted
+    every job a second time, and the two copies of a fit ran at once in one run folder."""
+    import argparse
+
+    from cluster import grid_name
+
+    out = (tmp_path / "grid").resolve()
+    name = grid_name(argparse.Namespace(out=out, script=Path("experiments/other_driver.py")))
+    _fake_squeue(tmp_path, monkeypatch, f"16_0 RUNNING {name}\n16_1 PENDING {name}\n17 PENDING lit_icl.x.0000")
+    fit = runner.Job("fit a s0", ["fit", "--help"], out / "a" / "s0")
+    for executor in ("local", "slurm"):
+        monkeypatch.setitem(sys.modules, "submitit", sys.modules["runner"])  # any module: as if submitit were there
+        monkeypatch.setattr("cluster.check_submission", lambda args: None)
+        code = _run_driver(runner, ["all", "--out", str(out), "--executor", executor], lambda a: [fit])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1, err
+        assert err[0].startswith(f"driver.py: error: 2 SLURM jobs of the grid in {out} are still in the queue "
+                                 "(16_0 running, 16_1 pending)") and "scancel 16" in err[0]
+        assert not out.exists()  # nothing written
+    _fake_squeue(tmp_path, monkeypatch, f"16_0 RUNNING {name}")
+    monkeypatch.setenv("SLURM_JOB_ID", "16_0")  # the stage job of stage `all` does not count itself
+    from cluster import queued_in_folder
+    assert queued_in_folder(out) == {}
+
+
+def test_a_second_driver_is_refused_while_one_runs_the_grid_and_another_drivers_folder_is_refused(
+        runner, quick_cli, tmp_path, capsys) -> None:
+    """Two drivers running one grid at once ran every job twice; a driver run into another driver's folder mixed
+    the two grids' runs in both reports."""
+    import fcntl
+
+    out = (tmp_path / "grid").resolve()
+    fit = runner.Job("fit a s0", ["fit", "--help"], out / "a" / "s0")
+    out.mkdir()
+    with open(out / "grid.lock", "a+") as held:  # a driver running this grid now
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write("pid 4242 on node7: driver.py all --out grid\n")
+        held.flush()
+        code = _run_driver(runner, ["all", "--out", str(out)], lambda a: [fit])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and err[0].startswith(
+            f"driver.py: error: another driver is running the grid in {out} now (pid 4242 on node7: driver.py all")
+        assert not fit.folder.exists() and not (out / "grid.json").exists()
+    # Once it has ended, the grid runs; and its stage leaves the folder unlocked behind it.
+    assert _run_driver(runner, ["all", "--out", str(out)], lambda a: [fit]) == 0 and fit.done
+    assert _run_driver(runner, ["all", "--out", str(out)], lambda a: [fit]) == 0
+    capsys.readouterr()
+    code = _run_driver(runner, ["all", "--out", str(out)], lambda a: [fit], script="experiments/other_driver.py")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == [(f"other_driver.py: error: --out {out} holds the grid of driver.py (its grid.json), "
+                                  "and a report reads every run under its folder: give this driver an --out of its own")]
+    assert json.loads((out / "grid.json").read_text())["script"].endswith("driver.py")
+
