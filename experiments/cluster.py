@@ -285,18 +285,34 @@ def queue_states(job_ids: Sequence[str | None] = (), name: str | None = None) ->
 
 def wait_for_grid(args: argparse.Namespace) -> None:
     """Wait until no job of the grid is left in the queue, printing how many are pending and running as that
-    changes."""
+    changes. Stopped while it waits (Ctrl-C, SIGTERM), the driver says in one line that the jobs go on in the queue
+    without it and how to read or cancel them, and exits 130 (143): stopping the driver stops no job."""
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
     last = None
-    while True:
-        states = queue_states(name=grid_name(args))
-        if not states:
-            return
-        summary = ", ".join(f"{sum(s == k for s in states.values())} {k.lower()}"
-                            for k in sorted(set(states.values())))
-        if summary != last:
-            print(f"{time.strftime('%H:%M:%S')} waiting for {len(states)} SLURM jobs: {summary}", flush=True)
-            last = summary
-        time.sleep(args.poll_s)
+    try:
+        while True:
+            states = queue_states(name=grid_name(args))
+            if not states:
+                return
+            summary = ", ".join(f"{sum(s == k for s in states.values())} {k.lower()}"
+                                for k in sorted(set(states.values())))
+            if summary != last:
+                print(f"{time.strftime('%H:%M:%S')} waiting for {len(states)} SLURM jobs: {summary}", flush=True)
+                last = summary
+            time.sleep(args.poll_s)
+    except KeyboardInterrupt as stopped:
+        signum = stopped.args[0] if stopped.args else signal.SIGINT
+        script, out = (p.relative_to(os.getcwd()) if p.is_relative_to(os.getcwd()) else p
+                       for p in (args.script, args.out))
+        print(f"stopped waiting ({'SIGTERM' if signum == signal.SIGTERM else 'Ctrl-C'}): the grid's SLURM jobs go on "
+              f"in the queue without this driver; `python {script} report --out {out}` reads the grid "
+              f"any time, `scancel --name={grid_name(args)}` cancels its jobs", file=sys.stderr, flush=True)
+        sys.exit(128 + signum)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run_stage_on_slurm(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace], list],

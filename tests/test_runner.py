@@ -862,3 +862,26 @@ def test_a_second_driver_is_refused_while_one_runs_the_grid_and_another_drivers_
                                   "and a report reads every run under its folder: give this driver an --out of its own")]
     assert json.loads((out / "grid.json").read_text())["script"].endswith("driver.py")
 
+
+def test_a_driver_stopped_while_it_waits_for_slurm_says_the_jobs_go_on_and_how_to_read_them(
+        runner, tmp_path, monkeypatch, capsys) -> None:
+    """Ctrl-C while the driver waited for the queue printed a KeyboardInterrupt traceback and no word of the jobs,
+    which go on in the queue."""
+    import argparse
+
+    import cluster
+
+    monkeypatch.setattr(cluster, "queue_states", lambda job_ids=(), name=None: {"16_0": "RUNNING"})
+
+    def interrupted(seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cluster.time, "sleep", interrupted)
+    args = argparse.Namespace(out=(tmp_path / "grid").resolve(), script=Path("experiments/driver.py").resolve(),
+                              poll_s=1.0)
+    with pytest.raises((SystemExit, KeyboardInterrupt)) as stop:  # not a KeyboardInterrupt, which ends pytest
+        cluster.wait_for_grid(args)
+    assert stop.type is SystemExit and stop.value.code == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("stopped waiting (Ctrl-C): the grid's SLURM jobs go on in the queue")
+    assert f"report --out {args.out}" in err[0] and f"scancel --name={cluster.grid_name(args)}" in err[0]
