@@ -374,7 +374,7 @@ def run_stage(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace],
         if args.executor == "slurm":
             from cluster import run_stage_on_slurm
 
-            sys.exit(run_stage_on_slurm(args, fit_jobs, test_jobs, report))
+            sys.exit(1 if run_stage_on_slurm(args, fit_jobs, test_jobs, report) else 0)  # not a count: 2 is a refusal
         if not args.dry_run:
             claim_grid(args)
             record_grid(args)

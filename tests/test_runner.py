@@ -885,3 +885,19 @@ def test_a_driver_stopped_while_it_waits_for_slurm_says_the_jobs_go_on_and_how_t
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("stopped waiting (Ctrl-C): the grid's SLURM jobs go on in the queue")
     assert f"report --out {args.out}" in err[0] and f"scancel --name={cluster.grid_name(args)}" in err[0]
+
+
+@pytest.mark.parametrize("unfinished, code", [(0, 0), (2, 1), (256, 1)])
+def test_a_slurm_stage_exits_1_when_jobs_did_not_finish_whatever_their_number(runner, tmp_path, monkeypatch,
+                                                                              unfinished, code) -> None:
+    """The SLURM stage exited with the number of unfinished jobs: 2 (a refusal's status) for two, 0 for 256."""
+    import cluster
+
+    monkeypatch.setitem(sys.modules, "submitit", sys.modules["runner"])  # any module: as if submitit were there
+    monkeypatch.setattr("shutil.which", lambda tool: f"/usr/bin/{tool}")
+    monkeypatch.setattr(cluster, "run_stage_on_slurm", lambda *a: unfinished)
+    args = runner.parse_driver_args(_driver_parser(runner), ["all", "--out", str(tmp_path), "--executor", "slurm"],
+                                    "experiments/driver.py")
+    with pytest.raises(SystemExit) as stop:
+        runner.run_stage(args, lambda a: [], lambda a: [])
+    assert stop.value.code == code
