@@ -169,7 +169,9 @@ def fit_jobs(args: argparse.Namespace) -> list[Job]:
         jobs.append(Job(f"fit {name} s{seed}", ["fit", *argv, *seeds, *logger_args(out, name, f"s{seed}")], folder))
 
     overlays = overlay_argv(args.overlay)
-    trains = args.stage in ("fit", "all") and not args.dry_run
+    # The merged model sections are written for a stage that trains, once the runner has checked the grid and claimed
+    # its folder (a refused command writes nothing).
+    trains = args.stage in ("fit", "all") and not args.dry_run and getattr(args, "grid_claimed", False)
     for kernel in ("rbf", "linear"):
         for seed in args.seeds:
             for model, (config, extra) in MODELS.items():

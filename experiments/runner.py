@@ -595,6 +595,7 @@ def claim_grid(args: argparse.Namespace) -> None:
     lock.write(f"pid {os.getpid()} on {os.uname().nodename}: {Path(args.script).name} {shlex.join(args.argv)}\n")
     lock.flush()
     _GRID_LOCK.append(lock)
+    args.grid_claimed = True  # the checks have passed: a driver may write what its jobs read (fit_jobs)
 
 
 def release_grid() -> None:

@@ -68,10 +68,12 @@ def test_grid_holds_out_the_test_manifold_and_tests_every_model(tables, tmp_path
 
 
 def test_the_image_models_merged_config_is_written_by_a_stage_that_trains_only(tables, tmp_path) -> None:
-    """A dry run or a report names ``_models/<config>.yaml`` in its commands but writes nothing; ``fit`` writes it."""
+    """A dry run or a report names ``_models/<config>.yaml`` in its commands but writes nothing; ``fit`` writes it
+    once the runner has checked the grid and claimed its folder (``grid_claimed``)."""
     for stage, extra, written in (("fit", ["--dry-run"], False), ("report", [], False), ("all", ["--dry-run"], False),
-                                  ("fit", [], True)):
+                                  ("fit", [], False), ("fit", [], True)):
         args = tables.parse_args([stage, "--out", str(tmp_path / "grid"), "--seeds", "0", *extra])
+        args.grid_claimed = written
         image_fit = next(j for j in tables.fit_jobs(args) if j.folder.parent.name == "tuned_rbf_images")
         section = Path(_flag(image_fit.argv, "--model"))
         assert section.parent == tmp_path / "grid" / "_models"
@@ -403,6 +405,15 @@ def test_a_grid_that_cannot_run_as_meant_is_refused_in_one_line_before_anything_
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and problem.format(tmp=tmp_path) in err[0], err  # one line (argparse's usage was printed too)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "a_list.yaml", "broken.yaml"]  # nothing written
+
+
+def test_a_grid_refused_after_parsing_writes_nothing(tables, tmp_path, capsys) -> None:
+    """``all`` with an ``--only`` that names no job was refused, but only after building the jobs had written the
+    merged model sections into ``<out>/_models``; so did every refusal after parsing (executor, cluster)."""
+    with pytest.raises(SystemExit) as stop:
+        tables.main(["all", "--out", str(tmp_path / "grid"), "--seeds", "0", "--only", "no_such_model"])
+    assert stop.value.code == 2 and "--only 'no_such_model' matches none" in capsys.readouterr().err
+    assert not (tmp_path / "grid").exists()
 
 
 def test_the_drivers_chunk_size_is_the_data_modules(tables) -> None:
