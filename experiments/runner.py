@@ -412,6 +412,8 @@ def drive(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace], lis
     with the command that reruns them); ``fit``, ``test`` and ``all`` run on the chosen executor."""
     if args.stage == "test":
         note_grid_difference(args, parse_args, fit_jobs)
+    if args.stage in ("fit", "all"):
+        refuse_changed_grid(args, parse_args, fit_jobs)
     if args.stage != "report":
         run_stage(args, fit_jobs, test_jobs, report)
     if not args.out.exists():
@@ -443,7 +445,8 @@ def drive(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace], lis
 #: comparison of a command with the grid's own (:func:`note_grid_difference`).
 NOT_GRID_SETTINGS = {"stage", "out", "script", "argv", "check_executor", "executor", "jobs", "threads", "only",
                      "dry_run", "partition", "gpus_per_job", "cpus_per_job", "mem_gb", "time_min", "sbatch",
-                     "max_requeues", "no_wait", "poll_s", "from_stage", "csv", "md", "fig", "sweep_out"}
+                     "max_requeues", "no_wait", "poll_s", "from_stage", "csv", "md", "fig", "sweep_out",
+                     "grid_claimed", "sbatch_options"}
 
 
 def grid_of(out: Path, parse_args: Callable[[list[str]], argparse.Namespace]) -> argparse.Namespace | str | None:
@@ -477,19 +480,46 @@ def note_grid_difference(args: argparse.Namespace, parse_args: Callable[[list[st
     if fit_jobs is not None and {(j.folder, tuple(j.argv)) for j in fit_jobs(args)} == {
             (j.folder, tuple(j.argv)) for j in fit_jobs(ran)}:
         return
-    differ = sorted(k for k in vars(args).keys() & vars(ran).keys()
-                    if k not in NOT_GRID_SETTINGS and getattr(args, k) != getattr(ran, k))
+    differ = _settings_differ(args, ran)
     if not differ:
         return
+    print(f"note: this {args.stage} takes {_shown(args, differ)}; the grid's own command ({args.out / 'grid.json'}) "
+          f"took {_shown(ran, differ)}; give {args.stage} the grid's options to {args.stage} the grid as it ran",
+          file=sys.stderr, flush=True)
 
-    def shown(namespace: argparse.Namespace) -> str:
-        def value(v: Any) -> str:
-            return " ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
-        return " ".join(f"--{k.replace('_', '-')} {value(getattr(namespace, k))}" for k in differ)
 
-    print(f"note: this {args.stage} takes {shown(args)}; the grid's own command ({args.out / 'grid.json'}) took "
-          f"{shown(ran)}; give {args.stage} the grid's options to {args.stage} the grid as it ran", file=sys.stderr,
-          flush=True)
+def _settings_differ(args: argparse.Namespace, ran: argparse.Namespace, also: set[str] = frozenset()) -> list[str]:
+    """The grid settings (not :data:`NOT_GRID_SETTINGS`, nor ``also``) in which two parsed commands differ."""
+    return sorted(k for k in vars(args).keys() & vars(ran).keys()
+                  if k not in NOT_GRID_SETTINGS | also and getattr(args, k) != getattr(ran, k))
+
+
+def _shown(namespace: argparse.Namespace, keys: list[str]) -> str:
+    def value(v: Any) -> str:
+        return " ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+    return " ".join(f"--{k.replace('_', '-')} {value(getattr(namespace, k))}" for k in keys)
+
+
+def refuse_changed_grid(args: argparse.Namespace, parse_args: Callable[[list[str]], argparse.Namespace],
+                        fit_jobs: Callable[[argparse.Namespace], list[Job]]) -> None:
+    """Refuse (one line, exit 2, nothing written) a ``fit`` or ``all`` into a folder whose grid (``grid.json``) has
+    started runs with other settings than this command's.
+
+    A finished run is never run again and an interrupted one resumes, so a rerun with another ``--steps`` (say)
+    reported the old runs under the new command's record, and a seed added with it was averaged with the old seeds
+    in one cell. The seeds may differ (a grid run in parts, a seed at a time), and so may how and where it runs
+    (:data:`NOT_GRID_SETTINGS`)."""
+    ran = grid_of(args.out, parse_args)
+    if not isinstance(ran, argparse.Namespace):
+        return
+    differ = _settings_differ(args, ran, {"seeds"})
+    if not differ or not any(job.folder.exists() for job in select(fit_jobs(ran), ran.only)):
+        return
+    print(f"{Path(args.script).name}: error: this {args.stage} takes {_shown(args, differ)}, but the grid in "
+          f"{args.out} has runs made with {_shown(ran, differ)} ({args.out / 'grid.json'}); its finished runs would "
+          "not be run again and a report would mix both: give the grid's options, or give the new settings an --out "
+          "of their own", file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 def _stage_index(argv: list[str], stages: tuple[str, ...] = STAGES) -> int | None:

@@ -901,3 +901,40 @@ def test_a_slurm_stage_exits_1_when_jobs_did_not_finish_whatever_their_number(ru
     with pytest.raises(SystemExit) as stop:
         runner.run_stage(args, lambda a: [], lambda a: [])
     assert stop.value.code == code
+
+
+def test_a_fit_or_all_with_other_settings_than_the_grids_started_runs_is_refused(runner, quick_cli, tmp_path,
+                                                                                 capsys) -> None:
+    """``all --steps 8`` over a grid run with ``--steps 6`` skipped the finished runs and recorded 8 in grid.json,
+    and a seed added with ``--steps 8`` was averaged with the 6-step seeds in one cell. Other seeds alone are a grid
+    run in parts; a grid whose runs never started may be run with other settings."""
+    parser = _driver_parser(runner)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parse = lambda argv: runner.parse_driver_args(parser, argv, "experiments/driver.py")
+    out = (tmp_path / "grid").resolve()
+
+    def fits(args):
+        return [runner.Job(f"fit a s{s}", ["fit", "--help", str(args.steps)], out / "a" / f"s{s}") for s in args.seeds]
+
+    def run(*argv: str) -> int:
+        args = parse(["all", "--out", str(out), *argv])
+        args.out = args.out.resolve()
+        with pytest.raises(SystemExit) as stop:
+            runner.drive(args, fits, lambda a: [], lambda a: "THE REPORT", parse)
+        return stop.value.code
+
+    out.mkdir()
+    (out / "grid.json").write_text(json.dumps({"cwd": str(tmp_path), "script": "experiments/driver.py",
+                                               "argv": ["all", "--steps", "4", "--out", str(out)]}))
+    assert run("--steps", "6", "--seeds", "0") == 0  # the recorded grid never started a run
+    assert run("--steps", "6", "--seeds", "1") == 0
+    capsys.readouterr()
+    for seeds in ("0", "2"):
+        assert run("--steps", "8", "--seeds", seeds) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [(f"driver.py: error: this all takes --steps 8, but the grid in {out} has runs made with --steps "
+                        f"6 ({out / 'grid.json'}); its finished runs would not be run again and a report would mix "
+                        "both: give the grid's options, or give the new settings an --out of their own")]
+    assert not (out / "a" / "s2").exists()
+    assert json.loads((out / "grid.json").read_text())["argv"][-4:] == ["--steps", "6", "--seeds", "1"]
