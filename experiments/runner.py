@@ -998,8 +998,11 @@ def run_job_from_spec(folder: Path) -> int:
     """Run the job in ``folder/job.json`` (a SLURM task's work) unless it is done; its exit code.
 
     A fit that SLURM requeued, or that a resubmitted grid runs again, finds its ``last.ckpt`` and resumes from it.
-    A job whose fit has not finished exits 3 at once, naming it.
+    A job whose fit has not finished exits 3 at once, naming it. SIGTERM (``scancel``, a requeue: SLURM sends it to
+    every process of the task) is passed on to the job, which is waited for, so its stop is recorded (exit code 143:
+    "stopped by SIGTERM") rather than left as a job that was running when it vanished.
     """
+    signal.signal(signal.SIGTERM, _stop_children)
     job, threads = Job.read_spec(folder)
     if job.done:
         print(f"{job.name}: already done", flush=True)

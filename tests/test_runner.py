@@ -938,3 +938,42 @@ def test_a_fit_or_all_with_other_settings_than_the_grids_started_runs_is_refused
                         "both: give the grid's options, or give the new settings an --out of their own")]
     assert not (out / "a" / "s2").exists()
     assert json.loads((out / "grid.json").read_text())["argv"][-4:] == ["--steps", "6", "--seeds", "1"]
+
+
+_RUN_JOB = '''import importlib.util, sys
+spec = importlib.util.spec_from_file_location("runner", sys.argv[1])
+runner = importlib.util.module_from_spec(spec)
+sys.modules["runner"] = runner
+spec.loader.exec_module(runner)
+runner.CLI_MODULE = "slow_lit_icl"
+runner.main(["run-job", sys.argv[2]])
+'''
+
+
+def test_a_slurm_task_stopped_by_sigterm_records_its_fit_as_stopped(runner, tmp_path) -> None:
+    """``scancel`` (or a requeue) sends SIGTERM to every process of a SLURM task: the fit saved its ``last.ckpt`` and
+    exited 143, but ``runner.py run-job`` died at once without recording it, so ``report`` said "started but did not
+    finish (killed, timed out, ...)". The task's runner now passes SIGTERM on, waits for the fit and records the
+    stop."""
+    (tmp_path / "slow_lit_icl.py").write_text(_SLOW_CLI)
+    (tmp_path / "run_job.py").write_text(_RUN_JOB)
+    folder = tmp_path / "grid" / "s0"
+    job = runner.Job("fit s0", ["fit", str(folder)], folder)
+    job.write_spec(threads=1)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p),
+               SLURM_JOB_ID="26", SLURM_ARRAY_JOB_ID="26", SLURM_ARRAY_TASK_ID="1")
+    task = subprocess.Popen([sys.executable, str(tmp_path / "run_job.py"), str(SCRIPT), str(folder)], env=env)
+    try:
+        for _ in range(300):
+            if (folder / "started").is_file():
+                break
+            time.sleep(0.1)
+        assert (folder / "started").is_file()
+        task.send_signal(signal.SIGTERM)  # to the task's runner alone; SLURM sends it to the fit as well
+        assert task.wait(timeout=30) == 143
+    finally:
+        task.kill()
+    assert (folder / "got_sigterm").is_file() and not job.done
+    state = runner.read_state(folder)
+    assert state["state"] == "failed" and state["rc"] == 143 and state["job_id"] == "26_1"
+    assert runner.why_unfinished(job, {}).startswith("stopped by SIGTERM (exit code 143, SLURM job 26_1)")
