@@ -701,6 +701,8 @@ def why_unfinished(job: Job, queued: dict[str, str]) -> str:
         return f"not run (its fit {blocked[0]} has not finished)" if blocked else "not run"
     if state["state"] == "failed" and state.get("rc") in _STOP_STATUS:  # the CLI's status after a stop: resumable
         return f"stopped by {_STOP_STATUS[state['rc']]} (exit code {state['rc']}, {where}); see {log}"
+    if state["state"] == "failed" and isinstance(state.get("rc"), int) and state["rc"] < 0:  # ended by a signal
+        return f"killed by {_signal_name(-state['rc'])} (exit code {state['rc']}, {where}); see {log}"
     if state["state"] == "failed":
         return f"failed with exit code {state.get('rc')} ({where}); see {log}"
     if state.get("job_id") in queued:
@@ -783,7 +785,16 @@ def _ended(job: Job, rc: int) -> str:
     if _STOPPING.is_set():
         again = "resumes it from its last.ckpt where it saved one" if job.stage == "fit" else "runs it again"
         return f"stopped by {_stopped_by()[1]} (rc={rc}, see {log}); the rerun {again}"
+    if rc < 0:  # the job's process was ended by a signal (subprocess's negative status)
+        return f"KILLED by {_signal_name(-rc)} (rc={rc}, see {log})"
     return f"FAILED rc={rc} (see {log})"
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 class _DriverStopped(Exception):

@@ -745,13 +745,16 @@ def test_report_names_a_job_ended_by_sigterm_or_ctrl_c_as_stopped_not_failed(run
     """A job stopped by SIGTERM or Ctrl-C (the CLI's 143 or 130) was listed as "failed with exit code 143"."""
     import argparse
 
-    jobs = [runner.Job(f"fit {rc}", ["fit"], tmp_path / str(rc)) for rc in (143, 130, 1)]
+    jobs = [runner.Job(f"fit {rc}", ["fit"], tmp_path / str(rc)) for rc in (143, 130, 1, -9)]
     for job in jobs:
         runner.write_state(job.folder, "failed", rc=int(job.folder.name), executor="local", job_id=None)
     lines = runner.unfinished(jobs, argparse.Namespace(out=tmp_path))
     assert f"- fit 143: stopped by SIGTERM (exit code 143, local); see {tmp_path / '143' / 'fit.log'}" in lines
     assert f"- fit 130: stopped by Ctrl-C (exit code 130, local); see {tmp_path / '130' / 'fit.log'}" in lines
     assert f"- fit 1: failed with exit code 1 (local); see {tmp_path / '1' / 'fit.log'}" in lines
+    # SIGKILL (the kernel's OOM killer, a kill -9): said as such, not as "failed with exit code -9".
+    assert f"- fit -9: killed by SIGKILL (exit code -9, local); see {tmp_path / '-9' / 'fit.log'}" in lines
+    assert runner._ended(jobs[3], -9) == f"KILLED by SIGKILL (rc=-9, see {tmp_path / '-9' / 'fit.log'})"
 
 
 def test_the_dry_run_of_all_says_when_its_tests_would_run(runner, tmp_path, capsys) -> None:
