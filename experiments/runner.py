@@ -1068,6 +1068,11 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("source", type=Path)
     t.add_argument("dest", type=Path)
     args = parser.parse_args(argv)
+
+    def one_line(message: str) -> NoReturn:  # the drivers' refusal: one line naming the fix, status 2
+        _refuse(f"runner.py {args.command}: error: {message}")
+
+    parser.error = one_line  # type: ignore[method-assign]
     if args.command == "run-job":
         sys.exit(run_job_from_spec(args.folder))
     if args.command == "cost":

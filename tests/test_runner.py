@@ -108,7 +108,12 @@ def test_cost_command_refuses_a_missing_folder(runner, tmp_path, capsys) -> None
     with pytest.raises(SystemExit) as stop:
         runner.main(["cost", str(tmp_path / "nowhere")])
     assert stop.value.code == 2
-    assert "no such run folder or results CSV" in capsys.readouterr().err
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"runner.py cost: error: no such run folder or results CSV: {tmp_path / 'nowhere'}"]  # one line, no usage
+    with pytest.raises(SystemExit) as stop:
+        runner.main(["tidy", str(tmp_path), str(tmp_path / "grid.csv")])  # an empty (or not yet finished) grid
+    assert stop.value.code == 2 and capsys.readouterr().err.strip().splitlines() == [
+        f"runner.py tidy: error: no finished run (a folder with a `done` marker) under {tmp_path}"]
 
 
 @pytest.mark.parametrize("value, problem", [("0", "0 must be at least 1"), ("-5", "-5 must be at least 1"),
