@@ -118,9 +118,11 @@ def check_slurm_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         parser.error("--executor slurm needs SLURM's sbatch and squeue on PATH (on a machine without a cluster, "
                      "scripts/slurm_local.sh start runs one); or use --executor local")
     for name in ("gpus_per_job", "cpus_per_job", "time_min", "mem_gb", "max_requeues"):
-        value = getattr(args, name)
-        if value is not None and value < (0 if name in ("gpus_per_job", "max_requeues") else 1e-9):
-            parser.error(f"--{name.replace('_', '-')} {value} must be positive")
+        value, may_be_zero = getattr(args, name), name in ("gpus_per_job", "max_requeues")
+        if value is not None and value < (0 if may_be_zero else 1e-9):
+            parser.error(f"--{name.replace('_', '-')} {value} must be {'0 or more' if may_be_zero else 'positive'}")
+    if args.poll_s <= 0:  # 0 would ask squeue without a pause for as long as the grid runs
+        parser.error(f"--poll-s {args.poll_s}: give the seconds between looks at the queue, more than 0 (default 10)")
     for item in args.sbatch:
         if not item.split("=", 1)[0].strip() or item.startswith("-"):
             parser.error(f"--sbatch {item!r}: give each option as KEY=VALUE without dashes, e.g. account=myproject")

@@ -341,7 +341,10 @@ def test_a_slurm_task_runs_the_job_its_folder_holds_and_refuses_one_whose_fit_ha
 @pytest.mark.parametrize("argv, problem", [
     (["--sbatch", "=x"], "--sbatch '=x': give each option as KEY=VALUE without dashes, e.g. account=myproject"),
     (["--time-min", "0"], "--time-min 0 must be positive"),
-    (["--gpus-per-job", "-1"], "--gpus-per-job -1 must be positive"),
+    (["--gpus-per-job", "-1"], "--gpus-per-job -1 must be 0 or more"),  # was "must be positive", but 0 is fine
+    (["--max-requeues", "-1"], "--max-requeues -1 must be 0 or more"),
+    (["--cpus-per-job", "0"], "--cpus-per-job 0 must be positive"),
+    (["--poll-s", "0"], "--poll-s 0.0: give the seconds between looks at the queue, more than 0 (default 10)"),
 ])
 def test_a_slurm_grid_that_cannot_run_is_refused_in_one_line(runner, tmp_path, monkeypatch, capsys, argv, problem) -> None:
     import shutil
