@@ -383,6 +383,8 @@ def run_stage(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace],
             failed += run_all(select(fit_jobs(args), args.only), args, "fit")
         if args.stage in ("test", "all"):
             failed += run_all(select(test_jobs(args), args.only), args, "test")
+        if args.stage == "test" and not args.dry_run:  # tests left waiting for their fits did not finish either,
+            failed = print_unfinished(select(test_jobs(args), args.only), args)  # as on SLURM
         if args.stage == "all" and not args.dry_run:
             failed = finish_all(args, fit_jobs, test_jobs, report)
         sys.exit(1 if failed else 0)

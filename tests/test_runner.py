@@ -988,3 +988,20 @@ def test_a_slurm_task_stopped_by_sigterm_records_its_fit_as_stopped(runner, tmp_
     state = runner.read_state(folder)
     assert state["state"] == "failed" and state["rc"] == 143 and state["job_id"] == "26_1"
     assert runner.why_unfinished(job, {}).startswith("stopped by SIGTERM (exit code 143, SLURM job 26_1)")
+
+
+def test_a_local_test_stage_whose_tests_wait_for_unfinished_fits_exits_1_and_lists_them(runner, quick_cli, tmp_path,
+                                                                                       capsys) -> None:
+    """Locally, ``test`` before its fits had finished said "1 wait for runs that have not finished" and exited 0, where
+    the same stage on SLURM exits 1 and lists the tests that did not run."""
+    out = (tmp_path / "grid").resolve()
+    fit = runner.Job("fit a s0", ["fit", "--help"], out / "a" / "s0")
+    test = runner.Job("test a s0", ["test", "--help"], out / "a" / "s0_test", after=[fit.folder])
+    parser = _driver_parser(runner)
+    parse = lambda argv: runner.parse_driver_args(parser, argv, "experiments/driver.py")
+    args = parse(["test", "--out", str(out)])
+    args.out = args.out.resolve()
+    with pytest.raises(SystemExit) as stop:
+        runner.drive(args, lambda a: [fit], lambda a: [test], lambda a: "", parse)
+    assert stop.value.code == 1
+    assert f"- test a s0: not run (its fit {fit.folder} has not finished)" in capsys.readouterr().err
