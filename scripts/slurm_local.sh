@@ -124,6 +124,8 @@ start() {
 }
 
 stop() {
+  local dir
+  dir=$(readlink -f "$DIR")
   for daemon in slurmd slurmctld; do
     if [ -f "$DIR/$daemon.pid" ]; then
       local pid
@@ -133,8 +135,12 @@ stop() {
       kill -9 "$pid" 2>/dev/null || true
     fi
   done
-  # Job steps left behind by a killed slurmd.
-  pkill -f "slurmstepd: \[" 2>/dev/null || true
+  # Job steps left behind by a killed slurmd: this cluster's only (slurmd, and each step it starts, works in this
+  # cluster's folder, where its log is), not those of another cluster on the machine (a test module's, a user's).
+  local step
+  for step in $(pgrep -f "slurmstepd: \[" || true); do
+    if [ "$(readlink "/proc/$step/cwd" 2>/dev/null)" = "$dir" ]; then kill "$step" 2>/dev/null || true; fi
+  done
   rm -rf "$DIR"
 }
 

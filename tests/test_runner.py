@@ -1005,3 +1005,25 @@ def test_a_local_test_stage_whose_tests_wait_for_unfinished_fits_exits_1_and_lis
         runner.drive(args, lambda a: [fit], lambda a: [test], lambda a: "", parse)
     assert stop.value.code == 1
     assert f"- test a s0: not run (its fit {fit.folder} has not finished)" in capsys.readouterr().err
+
+
+def test_stopping_the_local_slurm_ends_its_own_job_steps_only(tmp_path) -> None:
+    """``scripts/slurm_local.sh stop`` ended every ``slurmstepd`` on the machine (``pkill -f``), so the test module's
+    cluster, stopping, killed the running jobs of a user's cluster, and the other way round. Needs neither SLURM nor
+    root: stand-in steps named as slurmstepd names its processes, one in this cluster's folder, one elsewhere."""
+    script = SCRIPT.parents[1] / "scripts" / "slurm_local.sh"
+    mine, other = tmp_path / "cluster", tmp_path / "other_cluster"
+    mine.mkdir()
+    other.mkdir()
+    steps = {folder: subprocess.Popen(["bash", "-c", 'exec -a "slurmstepd: [7.0]" sleep 60'], cwd=folder)
+             for folder in (mine, other)}
+    try:
+        time.sleep(0.5)  # each has become "slurmstepd: [7.0]"
+        subprocess.run(["bash", str(script), "stop"], env=dict(os.environ, LIT_ICL_SLURM_DIR=str(mine)), check=True,
+                       capture_output=True)
+        assert steps[mine].wait(timeout=10) == -signal.SIGTERM
+        assert steps[other].poll() is None  # another cluster's step runs on
+    finally:
+        for step in steps.values():
+            step.kill()
+    assert not mine.exists()
