@@ -701,14 +701,14 @@ def why_unfinished(job: Job, queued: dict[str, str]) -> str:
     if not state:
         blocked = [f for f in job.after if not (f / "done").is_file()]
         return f"not run (its fit {blocked[0]} has not finished)" if blocked else "not run"
+    if state.get("job_id") in queued:  # in the queue again (requeued after a stop, say): what it does now
+        return f"{queued[state['job_id']].lower()} ({where})"
     if state["state"] == "failed" and state.get("rc") in _STOP_STATUS:  # the CLI's status after a stop: resumable
         return f"stopped by {_STOP_STATUS[state['rc']]} (exit code {state['rc']}, {where}); see {log}"
     if state["state"] == "failed" and isinstance(state.get("rc"), int) and state["rc"] < 0:  # ended by a signal
         return f"killed by {_signal_name(-state['rc'])} (exit code {state['rc']}, {where}); see {log}"
     if state["state"] == "failed":
         return f"failed with exit code {state.get('rc')} ({where}); see {log}"
-    if state.get("job_id") in queued:
-        return f"{queued[state['job_id']].lower()} ({where})"
     if state["state"] == "submitted":
         return f"submitted but never started ({where}: cancelled, or its dependency failed)"
     return (f"started but did not finish ({where}; killed, timed out, preempted or its node was lost); the last "

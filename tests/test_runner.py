@@ -763,6 +763,9 @@ def test_report_names_a_job_ended_by_sigterm_or_ctrl_c_as_stopped_not_failed(run
     # SIGKILL (the kernel's OOM killer, a kill -9): said as such, not as "failed with exit code -9".
     assert f"- fit -9: killed by SIGKILL (exit code -9, local); see {tmp_path / '-9' / 'fit.log'}" in lines
     assert runner._ended(jobs[3], -9) == f"KILLED by SIGKILL (rc=-9, see {tmp_path / '-9' / 'fit.log'})"
+    # Stopped by the SIGTERM of a requeue and back in the queue: what it does now, not how its last sitting ended.
+    runner.write_state(jobs[0].folder, "failed", rc=143, executor="slurm", job_id="8")
+    assert runner.why_unfinished(jobs[0], {"8": "PENDING"}) == "pending (SLURM job 8)"
 
 
 def test_the_dry_run_of_all_says_when_its_tests_would_run(runner, tmp_path, capsys) -> None:
