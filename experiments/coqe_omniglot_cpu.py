@@ -35,6 +35,7 @@ from runner import (
     drive,
     logger_args,
     parse_driver_args,
+    refuse_empty_report,
 )
 from tidy import add_report_args, check_out, grid_records
 
@@ -190,10 +191,8 @@ def figure(found: dict[str, dict[int, dict]], path: Path) -> None:
 def report(args: argparse.Namespace) -> str:
     """The table (also written to ``--md``) and, with ``--fig``, the learning-curve figure."""
     found = collect(args)
-    if not found:  # the drivers' refusal: one line, status 2
-        print(f"{Path(__file__).name}: error: no tested runs under {args.out}; start them with `all` (or `fit`, then "
-              "`test`) first", file=sys.stderr)
-        sys.exit(2)
+    if not found:
+        refuse_empty_report(args)
     text = table(found)
     if args.md:
         args.md.write_text(text)

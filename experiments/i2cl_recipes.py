@@ -37,6 +37,7 @@ from runner import (
     markdown_table,
     mean_sd,
     parse_driver_args,
+    refuse_empty_report,
 )
 from tidy import RunRecord, add_report_args, check_out, grid_records
 
@@ -153,6 +154,8 @@ def report(args: argparse.Namespace) -> str:
     """The tables of the finished runs under ``--out`` (a run folder, or the tidy CSV that ``report --csv`` wrote),
     writing that CSV when ``--csv`` is given."""
     records = grid_records(args, {LOSS_TAG: LOSS_POINTS})
+    if not any(record.results is not None for record in records.values()):
+        refuse_empty_report(args)
 
     def record(model: str, recipe: str, seed: int, stage: str) -> RunRecord | None:
         return records.get(f"{model}/{recipe}/s{seed}_{stage}")

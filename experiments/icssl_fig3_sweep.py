@@ -54,6 +54,7 @@ from runner import (
     overlay_argv,
     parse_driver_args,
     positive_int,
+    refuse_empty_report,
     select,
 )
 from tidy import RunRecord, add_report_args, check_out, grid_records
@@ -168,8 +169,7 @@ def report(args: argparse.Namespace) -> int:
     tests = [(run, records[run].results) for run in _runs(args, "_test")
              if run in records and records[run].results is not None]
     if not tests:
-        print("no finished tests: run `fit` and `test` first", file=sys.stderr)
-        return 2
+        refuse_empty_report(args)
     out = args.sweep_out or (None if args.out.suffix == ".csv" else args.out / "sweep")
     text = sweep_report(pool(tests), args.label_ratio, out, [run for run, _ in tests])
     if text is None:

@@ -55,6 +55,7 @@ from runner import (
     parse_driver_args,
     positive_int,
     ran_values,
+    refuse_empty_report,
     select,
     unused_options_note,
 )
@@ -488,6 +489,9 @@ def report(args: argparse.Namespace) -> str:
     have = (int(m["seed"]) for run, record in records.items()
             if (m := TEST_RUN.match(run)) and record.results is not None)
     seeds, seeds_text = chosen_seeds(have, args.seeds, "seeds" in given_options(_parser(), args.argv))
+    if not seeds:
+        refuse_empty_report(args, "tested runs" + (f" of seeds {args.seeds}" if "seeds" in given_options(
+            _parser(), args.argv) else ""))
     n = len(seeds)
     parts = [f"Accuracy on the unlabeled points, mean ± sd over {seeds_text} (paper's mean in parentheses); "
              + report_header(args, records, seeds)]

@@ -44,6 +44,7 @@ from runner import (
     markdown_table,
     mean_sd,
     parse_driver_args,
+    refuse_empty_report,
 )
 from tidy import add_report_args, check_out, grid_records, load
 
@@ -97,6 +98,8 @@ def test_jobs(args: argparse.Namespace) -> list[Job]:
 def report(args: argparse.Namespace) -> str:
     rows = []
     ours, tables = grid_records(args), load(args.tables_out)
+    if not any(record.results is not None for record in ours.values()):
+        refuse_empty_report(args)
     sources = [(tables, name, what) for name, what in REFERENCES.items()]
     sources += [(ours, name, what) for name, (what, _) in VARIANTS.items()]
     for records, name, what in sources:

@@ -50,6 +50,7 @@ from runner import (
     parse_driver_args,
     positive_int,
     ran_values,
+    refuse_empty_report,
     unused_options_note,
 )
 from tidy import RunRecord, add_report_args, check_out, grid_records
@@ -218,7 +219,7 @@ def report(args: argparse.Namespace) -> str:
     """Per-model accuracies (mean ± sd over seeds, per seed) and the full model's paired margins vs the paper's."""
     found, _, seeds_text, records = _measured(args)
     if not found:
-        return "(no finished tests: run `fit` and `test` first)"
+        refuse_empty_report(args)
     rows = []
     for model, per_seed in found.items():
         seeds = sorted(per_seed)

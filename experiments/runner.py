@@ -550,6 +550,14 @@ def _test_after_fit(fit_argv: list[str], test_argv: list[str]) -> list[str]:
     return ["test", *fit_own, *test_own, *([] if through is None else ["--", *through])]
 
 
+def refuse_empty_report(args: argparse.Namespace, what: str = "tested runs") -> NoReturn:
+    """Every driver's ``report`` of a grid with nothing to show: one ``error:`` line naming the folder and what to
+    run, status 2 (``drive`` then lists the grid's jobs that did not finish, and why)."""
+    print(f"{Path(args.script).name}: error: no {what} under {args.out}; start them with `all` (or `fit`, then "
+          "`test`) first", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
 def _print_report(text: Any) -> None:
     """A report function returns its tables, or prints them itself and returns ``None``/an exit code."""
     if isinstance(text, str):
@@ -564,9 +572,13 @@ def finish_all(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace]
     if report is not None:
         try:
             _print_report(report(args))
-        except SystemExit:  # nothing to report (every job failed, say): still list what failed, and why
-            print_unfinished(jobs, args)
-            raise
+        except SystemExit as stop:  # nothing to report (every job failed, say): still list what failed, and why
+            failed = print_unfinished(jobs, args)
+            if not failed:  # every job finished, yet nothing to show: the report's refusal stands
+                raise
+            if isinstance(stop.code, str):
+                print(stop.code, file=sys.stderr, flush=True)
+            return failed  # status 1, as for any stage whose jobs did not finish (2 is a refusal)
     return print_unfinished(jobs, args)
 
 

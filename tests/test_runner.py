@@ -179,8 +179,7 @@ def test_stage_all_fits_then_tests_then_reports_and_records_each_jobs_state(runn
     assert json.loads((args.out / "grid.json").read_text())["argv"] == argv
 
 
-@pytest.mark.parametrize("stage", ["all", "report"])
-def test_a_report_with_nothing_to_show_still_lists_the_failed_jobs(runner, quick_cli, tmp_path, capsys, stage) -> None:
+def test_a_report_with_nothing_to_show_still_lists_the_failed_jobs(runner, quick_cli, tmp_path, capsys) -> None:
     """Every fit failed, so the report has no rows and stops; the failed jobs and the rerun command still come out."""
     parser = _driver_parser(runner)
     out = tmp_path / "grid"
@@ -190,12 +189,12 @@ def test_a_report_with_nothing_to_show_still_lists_the_failed_jobs(runner, quick
     def empty_report(args):
         raise SystemExit("no tested runs under the grid")
 
-    for run in (["all"], [stage]):
+    for run in (["all"], ["report"]):
         args = parse([*run, "--out", str(out), "--jobs", "1"])
         args.out = args.out.resolve()
         with pytest.raises(SystemExit) as stop:
             runner.drive(args, lambda a: [fit], lambda a: [], empty_report, parse)
-        assert stop.value.code == "no tested runs under the grid"
+        assert stop.value.code == (1 if run == ["all"] else "no tested runs under the grid")  # 1: jobs failed
         err = capsys.readouterr().err
         assert "fit a s0" in err and "failed" in err, err
 
@@ -1030,3 +1029,43 @@ def test_stopping_the_local_slurm_ends_its_own_job_steps_only(tmp_path) -> None:
         for step in steps.values():
             step.kill()
     assert not mine.exists()
+
+
+GRID_DRIVERS = ["coqe_omniglot_cpu", "icssl_fig3_sweep", "icssl_paper_tables", "icssl_swiss_roll_ablation",
+                "i2cl_recipes", "mmca_avmnist_table1"]
+
+
+@pytest.mark.parametrize("name", GRID_DRIVERS)
+def test_every_drivers_report_of_an_empty_grid_is_one_line_and_status_2(name: str, tmp_path, capsys) -> None:
+    """`report` of a grid with no tested run: three drivers printed empty tables and exited 0, one printed a
+    bare line; each now refuses in the drivers' one line, naming the folder and the stage to run."""
+    from conftest import load_script
+
+    driver = load_script(Path(__file__).resolve().parents[1] / "experiments" / f"{name}.py")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as refused:
+        driver.main(["report", "--out", str(tmp_path / "empty")])
+    assert refused.value.code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert err == [f"{name}.py: error: no tested runs under {tmp_path / 'empty'}; start them with `all` (or `fit`, "
+                   "then `test`) first"]
+
+
+def test_all_whose_jobs_all_failed_exits_1_with_the_reports_line(runner, quick_cli, tmp_path, capsys) -> None:
+    """`all` with every fit failed: the report has nothing to show; the stage ends with status 1 (jobs did not
+    finish), not the report's refusal status 2, and still prints the report's line and the failed jobs."""
+    parser = _driver_parser(runner)
+    out = tmp_path / "grid"
+    fit = runner.Job("fit a s0", ["fit", "--no-such-option"], out.resolve() / "a" / "s0")  # the stand-in exits 2
+    parse = lambda argv: runner.parse_driver_args(parser, argv, "experiments/driver.py")
+
+    def empty_report(args):
+        raise SystemExit("no tested runs under the grid")
+
+    args = parse(["all", "--out", str(out), "--jobs", "1"])
+    args.out = args.out.resolve()
+    with pytest.raises(SystemExit) as stop:
+        runner.drive(args, lambda a: [fit], lambda a: [], empty_report, parse)
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    assert "no tested runs under the grid" in err and "fit a s0" in err and "failed" in err, err
