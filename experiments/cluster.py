@@ -196,15 +196,26 @@ def sbatch_options(args: argparse.Namespace) -> list[str]:
             for key, value in options.items()]
 
 
+def submission_refusal(stderr: str, returncode: int) -> str:
+    """The reason in ``sbatch``'s complaint: its last ``error:`` line, else its first line (an option it cannot
+    parse, ``sbatch: option '--account' requires an argument``), without the ``sbatch:`` prefix."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line.removeprefix("sbatch: error: ") for line in lines if line.startswith("sbatch: error: ")]
+    if errors:
+        return errors[-1]
+    return lines[0].removeprefix("sbatch: ") if lines else f"exit code {returncode}"
+
+
 def check_submission(args: argparse.Namespace) -> None:
     """Ask SLURM whether it would take the grid's jobs (``sbatch --test-only``: nothing is queued) before anything
     is written, and stop with one line and exit 2 if it would not (an unknown partition, account or QOS, more
     GPUs, CPUs, memory or time than the cluster allows)."""
-    tried = subprocess.run(["sbatch", "--test-only", *sbatch_options(args), "--wrap", "true"], capture_output=True,
+    # The script (--wrap) comes first: a bare --sbatch key that needs a value (``--sbatch account``) then gets
+    # sbatch's "requires an argument", not --wrap as its value and "true" taken for a script file.
+    tried = subprocess.run(["sbatch", "--test-only", "--wrap", "true", *sbatch_options(args)], capture_output=True,
                            text=True, check=False)
     if tried.returncode != 0:
-        errors = [line.removeprefix("sbatch: error: ") for line in tried.stderr.splitlines() if "error" in line]
-        reason = errors[-1] if errors else tried.stderr.strip() or f"exit code {tried.returncode}"
+        reason = submission_refusal(tried.stderr, tried.returncode)
         print(f"{args.script.name}: error: SLURM would not take the grid's jobs ({reason}); check that sbatch "
               "reaches the cluster (sinfo), then --partition, --gpus-per-job, --cpus-per-job, --mem-gb, --time-min "
               "and --sbatch", file=sys.stderr)

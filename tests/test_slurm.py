@@ -239,8 +239,12 @@ def test_a_fit_longer_than_its_time_limit_requeues_itself_and_resumes(slurm, avm
     assert _epochs_trained(run / "checkpoints" / "last.ckpt") == 59
 
 
-@pytest.mark.parametrize("options, reason", [(["--partition", "gpu"], "invalid partition specified: gpu"),
-                                             (["--cpus-per-job", "64"], "Requested node configuration is not available")])
+@pytest.mark.parametrize("options, reason", [
+    (["--partition", "gpu"], "invalid partition specified: gpu"),
+    (["--cpus-per-job", "64"], "Requested node configuration is not available"),
+    # the option took --wrap as its value and the reason was "For instance: #!/bin/sh"
+    (["--sbatch", "account"], "(option '--account' requires an argument)"),
+])
 def test_jobs_the_cluster_would_not_take_are_refused_in_one_line_before_anything_is_written(slurm, tmp_path, options,
                                                                                           reason) -> None:
     refused = _driver(TABLE1, slurm, "all", "--executor", "slurm", *options, "--out", str(tmp_path / "grid"),
