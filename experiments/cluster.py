@@ -253,8 +253,10 @@ def submit_array(args: argparse.Namespace, jobs: Sequence[Any]) -> str | None:
         write_state(job.folder, "submitted", executor="slurm", job_id=handle.job_id, rc=None,
                     slurm_log=str(handle.paths.stdout), log=str(job.folder / f"{job.stage}.log"))
     array = submitted[0].job_id.split("_")[0]
-    print(f"submitted {len(jobs)} {jobs[0].stage} jobs as SLURM array {array} ({grid_name(args)}, "
-          f"{args.jobs} at a time)", flush=True)
+    # submitit submits a single job as a plain job (id 7, not 7_0)
+    what = (f"{len(jobs)} {jobs[0].stage} jobs as SLURM array {array} ({grid_name(args)}, {args.jobs} at a time)"
+            if len(jobs) > 1 else f"1 {jobs[0].stage} job as SLURM job {array} ({grid_name(args)})")
+    print(f"submitted {what}", flush=True)
     return array
 
 

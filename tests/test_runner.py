@@ -180,7 +180,8 @@ def test_stage_all_fits_then_tests_then_reports_and_records_each_jobs_state(runn
 
 
 def test_a_report_with_nothing_to_show_still_lists_the_failed_jobs(runner, quick_cli, tmp_path, capsys) -> None:
-    """Every fit failed, so the report has no rows and stops; the failed jobs and the rerun command still come out."""
+    """Every fit failed, so the report has no rows and stops; the failed jobs and the rerun command still come out.
+    ``all`` then exits 1, as a stage whose jobs did not finish (it exited with the report's refusal)."""
     parser = _driver_parser(runner)
     out = tmp_path / "grid"
     fit = runner.Job("fit a s0", ["fit", "--no-such-option"], out.resolve() / "a" / "s0")  # the stand-in exits 2
@@ -194,9 +195,11 @@ def test_a_report_with_nothing_to_show_still_lists_the_failed_jobs(runner, quick
         args.out = args.out.resolve()
         with pytest.raises(SystemExit) as stop:
             runner.drive(args, lambda a: [fit], lambda a: [], empty_report, parse)
-        assert stop.value.code == (1 if run == ["all"] else "no tested runs under the grid")  # 1: jobs failed
+        # all: status 1 (its jobs did not finish; 2 would read as a refusal), with the report's line
+        assert stop.value.code == (1 if run == ["all"] else "no tested runs under the grid")
         err = capsys.readouterr().err
         assert "fit a s0" in err and "failed" in err, err
+        assert run == ["report"] or "no tested runs under the grid" in err
 
 
 def test_a_report_whose_options_differ_from_the_grids_says_so_with_both(runner, tmp_path, capsys) -> None:
@@ -1047,25 +1050,6 @@ def test_every_drivers_report_of_an_empty_grid_is_one_line_and_status_2(name: st
         driver.main(["report", "--out", str(tmp_path / "empty")])
     assert refused.value.code == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line]
-    assert err == [f"{name}.py: error: no tested runs under {tmp_path / 'empty'}; start them with `all` (or `fit`, "
-                   "then `test`) first"]
+    assert err == [(f"{name}.py: error: no tested runs under {tmp_path / 'empty'}; start them with `all` (or "
+                    "`fit`, then `test`) first")]
 
-
-def test_all_whose_jobs_all_failed_exits_1_with_the_reports_line(runner, quick_cli, tmp_path, capsys) -> None:
-    """`all` with every fit failed: the report has nothing to show; the stage ends with status 1 (jobs did not
-    finish), not the report's refusal status 2, and still prints the report's line and the failed jobs."""
-    parser = _driver_parser(runner)
-    out = tmp_path / "grid"
-    fit = runner.Job("fit a s0", ["fit", "--no-such-option"], out.resolve() / "a" / "s0")  # the stand-in exits 2
-    parse = lambda argv: runner.parse_driver_args(parser, argv, "experiments/driver.py")
-
-    def empty_report(args):
-        raise SystemExit("no tested runs under the grid")
-
-    args = parse(["all", "--out", str(out), "--jobs", "1"])
-    args.out = args.out.resolve()
-    with pytest.raises(SystemExit) as stop:
-        runner.drive(args, lambda a: [fit], lambda a: [], empty_report, parse)
-    assert stop.value.code == 1
-    err = capsys.readouterr().err
-    assert "no tested runs under the grid" in err and "fit a s0" in err and "failed" in err, err

@@ -223,7 +223,9 @@ def test_a_fit_longer_than_its_time_limit_requeues_itself_and_resumes(slurm, avm
     root, overlay = avmnist
     grid = ["--root", str(root), "--overlay", str(overlay), "--max-epochs", "60", "--seeds", "2", "--only", "full s"]
     out = tmp_path / "slurm"
-    _driver(TABLE1, slurm, "fit", "--executor", "slurm", "--time-min", "2", "--poll-s", "1", "--out", str(out), *grid)
+    done = _driver(TABLE1, slurm, "fit", "--executor", "slurm", "--time-min", "2", "--poll-s", "1", "--out", str(out),
+                   *grid)
+    assert "submitted 1 fit job as SLURM job " in done.stdout  # submitit submits one job as a plain job
     run = out / "full" / "s2"
     state = _state(run)
     assert state["state"] == "done" and state["restarts"] >= 1
