@@ -179,6 +179,22 @@ class EvalShards(DistributedSampler):
         return len(range(self.rank, self.length, self.num_replicas))
 
 
+def eval_shards_loader(datamodule: LightningDataModule, dataset: Dataset, batch_size: int, what: str,
+                       **kwargs: Any) -> DataLoader:
+    """An evaluation loader of ``dataset`` (``what`` its items are, for the refusal) in batches of ``batch_size``,
+    each item scored by one DDP rank of ``datamodule``'s trainer (:class:`EvalShards`), pinned for a CUDA run."""
+    sampler = EvalShards(len(dataset), *world_and_rank(datamodule), what=what)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, pin_memory=pins_memory(datamodule), **kwargs)
+
+
+def check_eval_units(world_size: int, units: int, what: str, fix: str) -> None:
+    """Refuse, before a run starts, an evaluation set that :class:`EvalShards` would cut into fewer ``units``
+    (batches or items; ``what`` says how the set is cut) than ``world_size`` DDP ranks: each rank needs one.
+    ``fix`` ends the line."""
+    if units < world_size:
+        raise ConfigError(f"{what}, fewer than the {world_size} DDP ranks that share them; {fix}")
+
+
 def chunk_loader(
     dataset: Dataset,
     batch_size: int,

@@ -27,13 +27,20 @@ Calibration batches (``calibration_batches``): ``epoch`` walks a fresh shuffle o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
-from lit_icl.core.data import EpochSampler, EvalShards, ResumableLoader, world_and_rank
+from lit_icl.core.data import (
+    EpochSampler,
+    ResumableLoader,
+    check_eval_units,
+    eval_shards_loader,
+    world_and_rank,
+)
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.hparams import save_init_hparams
 from lit_icl.core.seeding import make_generator
@@ -194,6 +201,29 @@ def calibration_loader(demos: list[Example], seed: int, batch_size: int, how: Ca
         pin_memory=pin_memory, **extra)
 
 
+def check_draws_and_batches(hp: Mapping[str, Any]) -> None:
+    """The checks of the data module's options (``hp``, its hyper-parameters) that neither the source nor the format
+    checks."""
+    for name in ("eval_samples", "batch_size", "eval_batch_size"):
+        check_positive(name, hp[name], integer=True)
+    check_int("holdout_samples", hp["holdout_samples"], minimum=0)
+    check_int("data_seed", hp["data_seed"])
+    check_int("eval_seed", hp["eval_seed"])
+    if not isinstance(hp["example_separator"], str) or not hp["example_separator"]:
+        raise ConfigError(f"example_separator={hp['example_separator']!r} must be a non-empty string, e.g. '\\n'")
+    check_literal("calibration_batches", hp["calibration_batches"], CalibrationBatches)
+
+
+def check_test_queries(datamodule: I2CLDataModule, world_size: int, splits: tuple[str, ...]) -> None:
+    """Refuse fewer test queries than ``world_size`` DDP ranks before a ``test`` starts (the data module's
+    ``check_eval_shards``): each rank scores queries of its own (:class:`~lit_icl.core.data.EvalShards`), and
+    Lightning's sampler would have scored some twice."""
+    if "test" in splits:
+        n = datamodule.hparams.eval_samples
+        check_eval_units(world_size, n, f"--data.init_args.eval_samples={n} gives {n} test queries",
+                         f"give at least {world_size}")
+
+
 # ---------------------------------------------------------------------- the data module
 class I2CLDataModule(LightningDataModule):
     """One task and one seed of I2CL's protocol (see the module docstring).
@@ -257,22 +287,10 @@ class I2CLDataModule(LightningDataModule):
                                  text_field=text_field, label_field=label_field, synthetic_train=synthetic_train,
                                  synthetic_test=synthetic_test, max_chars=max_chars)
         self.format = TaskFormat.resolve(task, template, label_words, shots_per_class)
-        self._check_draws_and_batches()
+        check_draws_and_batches(self.hparams)
         # last: a missing offline task is written on first use, so only once every other option is valid
         self.source.ensure_files()
         self._data: TaskData | None = None
-
-    def _check_draws_and_batches(self) -> None:
-        """The checks of the options that neither the source nor the format checks."""
-        hp = self.hparams
-        for name in ("eval_samples", "batch_size", "eval_batch_size"):
-            check_positive(name, hp[name], integer=True)
-        check_int("holdout_samples", hp.holdout_samples, minimum=0)
-        check_int("data_seed", hp.data_seed)
-        check_int("eval_seed", hp.eval_seed)
-        if not isinstance(hp.example_separator, str) or not hp.example_separator:
-            raise ConfigError(f"example_separator={hp.example_separator!r} must be a non-empty string, e.g. '\\n'")
-        check_literal("calibration_batches", hp.calibration_batches, CalibrationBatches)
 
     @property
     def template(self) -> str:
@@ -322,15 +340,8 @@ class I2CLDataModule(LightningDataModule):
                                   *world_and_rank(self), pin_memory=pins_memory(self), resumable=self)
 
     def test_dataloader(self) -> DataLoader:
-        # each query scored once, by one DDP rank (Lightning's sampler would score some twice)
-        queries = EvalItems(self.task_data().eval)
-        return DataLoader(queries, batch_size=self.hparams.eval_batch_size,
-                          sampler=EvalShards(len(queries), *world_and_rank(self), what="test queries"),
-                          collate_fn=collate, pin_memory=pins_memory(self))
+        return eval_shards_loader(self, EvalItems(self.task_data().eval), self.hparams.eval_batch_size,
+                                  "test queries", collate_fn=collate)
 
     def check_eval_shards(self, world_size: int, splits: tuple[str, ...]) -> None:
-        """Refuse fewer test queries than ``world_size`` DDP ranks before a ``test`` starts: each rank scores its
-        own queries (:class:`~lit_icl.core.data.EvalShards`) and needs at least one."""
-        if "test" in splits and self.hparams.eval_samples < world_size:
-            raise ConfigError(f"--data.init_args.eval_samples={self.hparams.eval_samples} gives fewer test queries "
-                              f"than the {world_size} DDP ranks that share them; give at least {world_size}")
+        check_test_queries(self, world_size, splits)

@@ -172,6 +172,6 @@ def test_fewer_test_queries_than_ddp_ranks_are_refused_before_the_run() -> None:
     dm = I2CLDataModule(task="synthetic", shots_per_class=2, synthetic_train=60, synthetic_test=40, eval_samples=2)
     dm.check_eval_shards(2, ("test",))  # one query each
     dm.check_eval_shards(3, ("val",))  # a fit runs no test
-    with pytest.raises(ConfigError, match=r"^--data.init_args.eval_samples=2 gives fewer test queries than the 3 DDP "
-                                          r"ranks that share them; give at least 3$"):
+    with pytest.raises(ConfigError, match=r"^--data.init_args.eval_samples=2 gives 2 test queries, fewer than the 3 "
+                                          r"DDP ranks that share them; give at least 3$"):
         dm.check_eval_shards(3, ("test",))

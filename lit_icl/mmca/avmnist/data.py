@@ -51,6 +51,7 @@ from lit_icl.core.data import (
     EvalShards,
     ResumableLoader,
     StandinOnFirstUse,
+    check_eval_units,
     collate_chunks,
     world_and_rank,
 )
@@ -297,6 +298,27 @@ def checked_rows(root: str, builds_standin: bool) -> tuple[int, int]:
     return STANDIN_TRAIN, STANDIN_TEST
 
 
+def eval_loader(datamodule: AVMNISTDataModule, split: Split) -> DataLoader:
+    """The loader of an evaluation split: its batches in order, each scored once by one DDP rank
+    (:class:`~lit_icl.core.data.EvalShards`), so that the synced accuracy is the one process's."""
+    ds = datamodule.dataset(split)
+    return batch_loader(ds, EvalShards(len(ds), *world_and_rank(datamodule), what=f"{split} batches"),
+                        pin_memory=pins_memory(datamodule))
+
+
+def check_eval_batches(datamodule: AVMNISTDataModule, world_size: int, splits: tuple[str, ...]) -> None:
+    """Refuse an evaluation split of fewer batches than ``world_size`` DDP ranks, before the run starts (the data
+    module's ``check_eval_shards``): each rank scores batches of its own (:func:`eval_loader`) and needs one.
+    ``splits`` is ``("val",)`` for a fit or validate (every split of ``eval_splits``), ``("test",)`` for a test."""
+    dm = datamodule
+    for split in dm.eval_splits if "val" in splits else ["test"]:
+        rows = dm.val_size if split == "val" else dm.n_test
+        batches = -(-rows // dm.eval_batch_size)
+        check_eval_units(world_size, batches, f"--data.init_args.eval_batch_size={dm.eval_batch_size} makes the "
+                         f"{split} split's {rows} rows {batches} batch{'es' * (batches != 1)}",
+                         f"give at most {max(1, rows // world_size)}")
+
+
 class AVMNISTDataModule(StandinOnFirstUse, LightningDataModule):
     """Corrupted avMNIST (or the ``avmnist_lite`` stand-in) in the MultiBench layout.
 
@@ -403,29 +425,11 @@ class AVMNISTDataModule(StandinOnFirstUse, LightningDataModule):
         """The split scored by each validation dataloader, in order."""
         return ["val", "test"] if self.val_size else ["test"]
 
-    def eval_loader(self, split: Split) -> DataLoader:
-        """The loader of an evaluation split: its batches in order, each scored once by one DDP rank
-        (:class:`~lit_icl.core.data.EvalShards`), so that the synced accuracy is the one process's."""
-        ds = self.dataset(split)
-        return batch_loader(ds, EvalShards(len(ds), *world_and_rank(self), what=f"{split} batches"),
-                            pin_memory=pins_memory(self))
-
     def val_dataloader(self) -> list[DataLoader]:
-        return [self.eval_loader(split) for split in self.eval_splits]
+        return [eval_loader(self, split) for split in self.eval_splits]
 
     def test_dataloader(self) -> DataLoader:
-        return self.eval_loader("test")
+        return eval_loader(self, "test")
 
     def check_eval_shards(self, world_size: int, splits: tuple[str, ...]) -> None:
-        """Refuse an evaluation split of fewer batches than ``world_size`` DDP ranks, before the run starts: each
-        rank scores its own batches (:class:`~lit_icl.core.data.EvalShards`) and needs at least one. ``splits``
-        is ``("val",)`` for a fit or validate (every split of :attr:`eval_splits`), ``("test",)`` for a test."""
-        rows = {"val": self.val_size, "test": self.n_test}
-        for split in self.eval_splits if "val" in splits else ["test"]:
-            batches = -(-rows[split] // self.eval_batch_size)
-            if batches < world_size:
-                raise ConfigError(
-                    f"--data.init_args.eval_batch_size={self.eval_batch_size} makes the {split} split's "
-                    f"{rows[split]} rows {batches} batch{'es' if batches != 1 else ''}, fewer than the {world_size} "
-                    f"DDP ranks that share them; give at most {max(1, rows[split] // world_size)}"
-                )
+        check_eval_batches(self, world_size, splits)
