@@ -192,7 +192,7 @@ def report(args: argparse.Namespace) -> str:
     """The table (also written to ``--md``) and, with ``--fig``, the learning-curve figure."""
     found = collect(args)
     if not found:
-        refuse_empty_report(args)
+        return refuse_empty_report(args)
     text = table(found)
     if args.md:
         args.md.write_text(text)

@@ -155,7 +155,7 @@ def report(args: argparse.Namespace) -> str:
     writing that CSV when ``--csv`` is given."""
     records = grid_records(args, {LOSS_TAG: LOSS_POINTS})
     if not any(record.results is not None for record in records.values()):
-        refuse_empty_report(args)
+        return refuse_empty_report(args)
 
     def record(model: str, recipe: str, seed: int, stage: str) -> RunRecord | None:
         return records.get(f"{model}/{recipe}/s{seed}_{stage}")

@@ -164,12 +164,12 @@ def _runs(args: argparse.Namespace, suffix: str = "") -> list[str]:
     return [f"{_name(method, size)}/s{seed}{suffix}" for size in args.sizes for seed in args.seeds for method in METHODS]
 
 
-def report(args: argparse.Namespace) -> int:
+def report(args: argparse.Namespace) -> int | str:
     records = grid_records(args)
     tests = [(run, records[run].results) for run in _runs(args, "_test")
              if run in records and records[run].results is not None]
     if not tests:
-        refuse_empty_report(args)
+        return refuse_empty_report(args)
     out = args.sweep_out or (None if args.out.suffix == ".csv" else args.out / "sweep")
     text = sweep_report(pool(tests), args.label_ratio, out, [run for run, _ in tests])
     if text is None:

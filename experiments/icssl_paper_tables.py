@@ -490,7 +490,7 @@ def report(args: argparse.Namespace) -> str:
             if (m := TEST_RUN.match(run)) and record.results is not None)
     seeds, seeds_text = chosen_seeds(have, args.seeds, "seeds" in given_options(_parser(), args.argv))
     if not seeds:
-        refuse_empty_report(args, "tested runs" + (f" of seeds {args.seeds}" if "seeds" in given_options(
+        return refuse_empty_report(args, "tested runs" + (f" of seeds {args.seeds}" if "seeds" in given_options(
             _parser(), args.argv) else ""))
     n = len(seeds)
     parts = [f"Accuracy on the unlabeled points, mean ± sd over {seeds_text} (paper's mean in parentheses); "

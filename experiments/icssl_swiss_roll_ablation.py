@@ -99,7 +99,7 @@ def report(args: argparse.Namespace) -> str:
     rows = []
     ours, tables = grid_records(args), load(args.tables_out)
     if not any(record.results is not None for record in ours.values()):
-        refuse_empty_report(args)
+        return refuse_empty_report(args)
     sources = [(tables, name, what) for name, what in REFERENCES.items()]
     sources += [(ours, name, what) for name, (what, _) in VARIANTS.items()]
     for records, name, what in sources:

@@ -219,7 +219,7 @@ def report(args: argparse.Namespace) -> str:
     """Per-model accuracies (mean ± sd over seeds, per seed) and the full model's paired margins vs the paper's."""
     found, _, seeds_text, records = _measured(args)
     if not found:
-        refuse_empty_report(args)
+        return refuse_empty_report(args)
     rows = []
     for model, per_seed in found.items():
         seeds = sorted(per_seed)

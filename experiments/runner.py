@@ -550,9 +550,15 @@ def _test_after_fit(fit_argv: list[str], test_argv: list[str]) -> list[str]:
     return ["test", *fit_own, *test_own, *([] if through is None else ["--", *through])]
 
 
-def refuse_empty_report(args: argparse.Namespace, what: str = "tested runs") -> NoReturn:
-    """Every driver's ``report`` of a grid with nothing to show: one ``error:`` line naming the folder and what to
-    run, status 2 (``drive`` then lists the grid's jobs that did not finish, and why)."""
+def refuse_empty_report(args: argparse.Namespace, what: str = "tested runs") -> str:
+    """Every driver's ``report`` of a grid with no table to show: one ``error:`` line naming the folder and what to
+    run, status 2 (``drive`` then lists the grid's jobs that did not finish, and why). A ``report --csv`` has
+    written the tidy CSV of the runs there are (fits without tests too), which is what it was asked for: then a
+    note says there are no tables, and the report is empty (``""``)."""
+    if getattr(args, "csv", None) is not None:
+        print(f"note: no {what} under {args.out}, so no tables; {args.csv} holds the rows of the runs there are",
+              file=sys.stderr, flush=True)
+        return ""
     print(f"{Path(args.script).name}: error: no {what} under {args.out}; start them with `all` (or `fit`, then "
           "`test`) first", file=sys.stderr, flush=True)
     sys.exit(2)
@@ -560,7 +566,7 @@ def refuse_empty_report(args: argparse.Namespace, what: str = "tested runs") -> 
 
 def _print_report(text: Any) -> None:
     """A report function returns its tables, or prints them itself and returns ``None``/an exit code."""
-    if isinstance(text, str):
+    if isinstance(text, str) and text:
         print(text, flush=True)
 
 

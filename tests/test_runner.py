@@ -1041,7 +1041,8 @@ GRID_DRIVERS = ["coqe_omniglot_cpu", "icssl_fig3_sweep", "icssl_paper_tables", "
 @pytest.mark.parametrize("name", GRID_DRIVERS)
 def test_every_drivers_report_of_an_empty_grid_is_one_line_and_status_2(name: str, tmp_path, capsys) -> None:
     """`report` of a grid with no tested run: three drivers printed empty tables and exited 0, one printed a
-    bare line; each now refuses in the drivers' one line, naming the folder and the stage to run."""
+    bare line; each now refuses in the drivers' one line, naming the folder and the stage to run. A report asked
+    for the tidy CSV (``--csv``) writes it and notes that there are no tables."""
     from conftest import load_script
 
     driver = load_script(Path(__file__).resolve().parents[1] / "experiments" / f"{name}.py")
@@ -1052,4 +1053,9 @@ def test_every_drivers_report_of_an_empty_grid_is_one_line_and_status_2(name: st
     err = [line for line in capsys.readouterr().err.splitlines() if line]
     assert err == [(f"{name}.py: error: no tested runs under {tmp_path / 'empty'}; start them with `all` (or "
                     "`fit`, then `test`) first")]
+    # With --csv the report was asked for the tidy CSV, which it writes (of no run here): a note, status 0.
+    driver.main(["report", "--out", str(tmp_path / "empty"), "--csv", str(tmp_path / "rows.csv")])
+    err = capsys.readouterr().err
+    assert f"note: no tested runs under {tmp_path / 'empty'}, so no tables; {tmp_path / 'rows.csv'} holds" in err
+    assert (tmp_path / "rows.csv").is_file() and "error" not in err
 
