@@ -187,8 +187,17 @@ def prepare(parser: argparse.ArgumentParser, args: argparse.Namespace
     initial weights (each timed run starts from them), with torch set up as ``lit_icl.cli.main`` sets it."""
     if args.warmup >= args.steps:
         parser.error("--warmup must be smaller than --steps")
+    if args.warmup < 0:
+        parser.error(f"--warmup must be at least 0, got {args.warmup}")
+    if getattr(args, "repeats", 1) < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as err:
+        parser.error(f"--device {args.device}: {err}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("no CUDA GPU is visible; pass --device cpu to run on the CPU")
     os.chdir(ROOT)
-    device = torch.device(args.device)
     process_defaults()  # as python -m lit_icl does (TF32 on a GPU)
     template, dm = build(args.config, args.set)
     batches = batches_ahead(dm, args.steps, device)
