@@ -250,6 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace-dir", type=Path, default=None,
                         help="keep each run's trace (table and Chrome trace) here, as trace-<mode>[-<variant>].txt/.json")
     args = parser.parse_args(argv)
+    if args.seconds < 1:
+        parser.error(f"--seconds must be at least 1, got {args.seconds}")
+    if args.skip < 0:
+        parser.error(f"--skip must be at least 0 seconds, got {args.skip:g}")
+    if args.allowance <= 0:
+        parser.error(f"--allowance must be a positive number of seconds, got {args.allowance:g}")
     try:
         planned = runs(args.modes, args.variant)
     except ValueError as err:

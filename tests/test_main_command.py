@@ -143,3 +143,19 @@ def test_a_python_window_that_overlaps_the_trace_window_is_refused(scripts, caps
         script.main(["--trace=400:20", "--trace-python=410:5"])
     assert exit_info.value.code == 2
     assert "--trace 400:20 and --trace-python 410:5 overlap" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--seconds", "0"], ["--seconds", "-5"], ["--skip", "-1"], ["--allowance", "0"]])
+def test_a_run_of_no_time_is_refused_in_one_line_before_it_starts(scripts, capsys, monkeypatch, argv) -> None:
+    """``--seconds 0`` used to train and compile for half a minute and fail; a negative one ran until killed."""
+    script, _ = scripts
+
+    def ran(*args, **kwargs):
+        raise AssertionError("a run started")
+
+    monkeypatch.setattr(script, "run", ran)
+    with pytest.raises(SystemExit) as exit_:
+        script.main(["--modes", "off", *argv])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert ": error: " in err[-1] and "must be" in err[-1], err
