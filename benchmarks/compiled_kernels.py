@@ -135,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also list each op left outside the graphs, with the autograd node it ran in")
     study_arguments(parser)
     args = parser.parse_args(argv)
+    if args.at < 1:
+        parser.error(f"--at must be at least 1 (step 0 compiles the graphs, so its ops are compilation's), "
+                     f"got {args.at}")
     studies = [s for s in selected_studies(parser, args) if not s.name.startswith("i2cl")]  # I2CL: i2cl_compile.py
     inductor_config.cpp.enable_kernel_profile = True  # each generated kernel is a profiler event
     print(f"{'study':28s} {'regions':>7s} {'generated':>9s} {'extern':>6s} {'eager':>5s} {'kernels':>7s} "

@@ -59,3 +59,18 @@ def test_a_compiled_step_is_counted_by_kind_and_the_update_is_left_out(script) -
     # Each with where it ran: the step's own (forward) or the autograd node of the backward.
     assert eager == {"mul (forward)": 1, "ones_like (forward)": 1, "mul (MulBackward0)": 1}
     assert "add_" not in ops  # SGD's update, after the marker
+
+
+@pytest.mark.parametrize("at", ["0", "-1"])
+def test_a_step_that_compiles_is_refused_as_the_step_counted(script, capsys, monkeypatch, at) -> None:
+    """Step 0 compiles the graphs: ``--at 0`` used to print its ~2,000 compile-time ops as the step's kernels."""
+
+    def ran(*args, **kwargs):
+        raise AssertionError("a study was measured")
+
+    monkeypatch.setattr(script, "measure", ran)
+    with pytest.raises(SystemExit) as exit_:
+        script.main(["--at", at, "--only", "mmca_synthetic"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert ": error: " in err[-1] and "--at must be at least 1" in err[-1], err
