@@ -280,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3, help="steps counted (their mean is reported)")
     study_arguments(parser)
     args = parser.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0:
+        parser.error(f"--steps must be at least 1 and --warmup at least 0, got {args.steps} and {args.warmup}")
     studies = selected_studies(parser, args)
     print(f"{'study':28s} {'launches/step':>14s} {'optimizer':>10s} {'metadata':>9s} {'log calls':>9s}  "
           "top launches per step")
