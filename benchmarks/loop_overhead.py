@@ -146,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.warmup >= args.steps:
         parser.error("--warmup must be smaller than --steps")
+    if args.warmup < 0 or args.repeats < 1:
+        parser.error(f"--warmup must be at least 0 and --repeats at least 1, got {args.warmup} and {args.repeats}")
     os.chdir(ROOT)
     process_defaults()  # as python -m lit_icl does
     configs = args.config or ["configs/coqe_omniglot.yaml"]
