@@ -92,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
                         default=torch.multiprocessing.get_sharing_strategy(),
                         help="with --workers: how tensors travel from the workers (torch's default first)")
     args = parser.parse_args(argv)
+    if args.batches < 1:
+        parser.error(f"--batches must be at least 1, got {args.batches}")
+    if args.workers is not None and args.workers < 0:
+        parser.error(f"--workers must be at least 0, got {args.workers}")
     process_defaults()  # as python -m lit_icl does
     if args.workers is not None:
         torch.multiprocessing.set_sharing_strategy(args.sharing)
