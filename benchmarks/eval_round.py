@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    if args.batches is not None and args.batches < 1:
+        parser.error(f"--batches must be at least 1 (or left out for all), got {args.batches}")
 
     process_defaults()  # as python -m lit_icl does
     with tempfile.TemporaryDirectory() as root:
