@@ -93,7 +93,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/icssl/manifolds.yaml")
     parser.add_argument("--steps", type=int, default=150)
@@ -101,7 +101,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--accelerator", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--deterministic", choices=["true", "false"], default="true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if not 0 <= args.warmup < args.steps or args.repeats < 1:
+        parser.error(f"need 0 <= --warmup < --steps and --repeats at least 1, got --warmup {args.warmup}, "
+                     f"--steps {args.steps}, --repeats {args.repeats}")
+    if args.accelerator == "cuda" and not torch.cuda.is_available():
+        parser.error("no CUDA GPU is visible; pass --accelerator cpu to run on the CPU")
     deterministic = args.deterministic == "true"
     process_defaults()  # as python -m lit_icl does
 
