@@ -2,7 +2,9 @@
 
     python benchmarks/train_throughput.py --config configs/icssl/manifolds.yaml --steps 150 --warmup 20
 
-Both paths build the model and data module from the same YAML through the project's CLI, start from the same
+The config must be an IC-SSL one (the bare loop is ``ICSSLModule``'s step written out; other configs are
+refused, and ``benchmarks/step_speed.py`` compares any config's). Both paths build the model and data module from
+the same YAML through the project's CLI, start from the same
 weights, iterate the same DataLoader, and use the same loss and AdamW settings. Timing starts after
 ``--warmup`` steps and stops after ``--steps``; each path is measured ``--repeats`` times, interleaved, and the
 best run is reported (the least disturbed by other work on the machine). The goal tracked in the issues is
@@ -95,7 +97,8 @@ def _sync(device: torch.device) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/icssl/manifolds.yaml")
+    parser.add_argument("--config", default="configs/icssl/manifolds.yaml",
+                        help="an IC-SSL config (the bare loop is IC-SSL's step)")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=2)
@@ -112,6 +115,11 @@ def main(argv: list[str] | None = None) -> None:
 
     cli = LitICLCLI(LightningModule, LightningDataModule, run=False, args=["--config", args.config, "--trainer.logger", "false"])
     template = cli.model
+    from lit_icl.icssl import ICSSLModule
+
+    if not isinstance(template, ICSSLModule):
+        parser.error(f"{args.config} builds a {type(template).__name__}; the bare loop here is IC-SSL's step "
+                     "(an ICSSLModule's config); benchmarks/step_speed.py compares any config's")
     dm = cli.datamodule
     dm.hparams.train_batches_per_epoch = max(dm.hparams.train_batches_per_epoch, args.steps + 1)
     device = torch.device(args.accelerator)

@@ -43,3 +43,14 @@ def test_counts_that_measure_nothing_are_refused_in_one_line_before_any_work(cap
     monkeypatch.setattr(script, "process_defaults", ran)
     line = _refused(capsys, script, argv)
     assert "must be" in line or "no CUDA GPU" in line or "need" in line, line
+
+
+def test_a_config_that_is_not_icssl_is_refused_in_one_line(capsys) -> None:
+    """The bare loop is IC-SSL's step: another paper's config used to end in an AttributeError after the
+    Lightning run."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    script = load_script(BENCHMARKS / "train_throughput.py")
+    line = _refused(capsys, script, ["--config", str(ROOT / "configs/coqe/regression.yaml"), "--steps", "3",
+                                     "--warmup", "1", "--repeats", "1"])
+    assert "IC-SSL" in line and "step_speed.py" in line, line
