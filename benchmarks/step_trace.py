@@ -463,3 +463,22 @@ def phase_lines(report: str, top: int) -> list[str]:
     gc_rows = [r for r in rows[top:] if r[0].startswith(GC_PREFIX)]  # always shown
     return [f"{_short_action(name)}: {total:.2f} s ({calls} x {mean:.2f} ms, median {median:.2f} ms)"
             for name, calls, total, mean, median in rows[:top] + gc_rows]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python benchmarks/step_trace.py``: a module of callbacks, not a run of its own; says how to use it."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="A module of callbacks, not a benchmark of its own: main_command.py --trace START:STEPS, "
+               "--trace-val ROUND and --trace-python START:STEPS add them to a run; step_speed.py --phases and "
+               "main_command.py --phases use PhaseProfiler.")
+    parser.parse_args(argv)
+    parser.error("nothing to run here; trace a run with: python benchmarks/main_command.py --config CONFIG "
+                 "--trace START:STEPS (see --help)")
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -192,3 +192,18 @@ def test_two_windows_trace_apart_and_one_that_overlaps_another_is_given_up(tmp_p
     assert any(line.startswith("python-traced backward: most host time per step (self, Python functions and ops): ")
                for line in traced)
     assert sum(line.endswith(" steps profiled") or " profiled:" in line for line in printed) == 3
+
+
+def test_run_as_a_script_it_gives_help_and_refuses_to_run_silently(capsys) -> None:
+    """``--help`` describes the module and where its callbacks are used; a bare run says what to run instead
+    (both used to print nothing and exit 0)."""
+    with pytest.raises(SystemExit) as exit_:
+        TRACE.main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert "Where a run's host time goes" in out and "main_command.py --trace" in out
+    with pytest.raises(SystemExit) as exit_:
+        TRACE.main([])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert ": error: nothing to run here" in err[-1], err
