@@ -33,6 +33,7 @@ import math
 import os
 import sys
 import time
+import typing
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -43,7 +44,13 @@ from lightning.pytorch import Callback, LightningDataModule, LightningModule, Tr
 from lightning.pytorch.profilers import Profiler
 from lightning.pytorch.utilities import move_data_to_device
 
-from lit_icl.callbacks.compile import CUDA_GRAPH_MODES, CompileNets, compile_targets, resolve_mode
+from lit_icl.callbacks.compile import (
+    CUDA_GRAPH_MODES,
+    CompileMode,
+    CompileNets,
+    compile_targets,
+    resolve_mode,
+)
 from lit_icl.cli import process_defaults
 from lit_icl.cli.trainer_setup import NoOpProfiler
 
@@ -226,6 +233,12 @@ def main(argv: list[str] | None = None) -> int:
                              "calls, mean and median, as main_command.py --phases does for a CLI run")
     parser.add_argument("--top", type=int, default=8, help="stages printed by --phases")
     args = parser.parse_args(argv)
+    modes = typing.get_args(CompileMode)
+    for option, given, allowed in (("--modes", args.modes, modes), ("--deterministic", args.deterministic,
+                                   ("true", "false")), ("--paths", args.paths, ("lightning", "bare"))):
+        unknown = [v for v in given.split(",") if v not in allowed]
+        if unknown:
+            parser.error(f"{option}: unknown {', '.join(repr(v) for v in unknown)}; choose from {', '.join(allowed)}")
     device, template, batches, state = prepare(parser, args)
     print(f"config: {' + '.join(args.config)}  device: {describe(device)}  torch {torch.__version__}"
           f"  threads {torch.get_num_threads()}  steps timed: {args.steps - args.warmup} (after {args.warmup})")
