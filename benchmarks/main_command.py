@@ -50,12 +50,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import get_args
 
 # step_trace.py is beside this script (its directory is on sys.path when it runs).
 from step_trace import PYTHON_LABEL, phase_lines
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lit_icl.callbacks.compile import COMPILATION_LINE
+from lit_icl.callbacks.compile import COMPILATION_LINE, CompileMode
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_STEPS = 100_000
@@ -213,6 +214,10 @@ def runs(modes: str, variants: list[tuple[str, list[str]]]) -> list[tuple[str, s
     names = [name for name, _ in variants]
     if len(set(names)) < len(names):
         raise ValueError(f"variant names repeat: {names}; give each its own")
+    known = get_args(CompileMode)
+    if unknown := [mode for mode in modes.split(",") if mode not in known]:
+        raise ValueError(f"--modes {modes}: {', '.join(map(repr, unknown))} is not a --compile.mode; give some of "
+                         f"{', '.join(known)}")
     return [(mode if not variants else f"{mode}/{name}", mode, extra)
             for mode in modes.split(",") for name, extra in (variants or [("", [])])]
 

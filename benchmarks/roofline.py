@@ -161,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="ARG",
                         help="an extra CLI argument for the config, e.g. --set=--data.init_args.batch_size=8")
     args = parser.parse_args(argv)
+    if not args.kernel_us > 0:
+        parser.error(f"--kernel-us {args.kernel_us:g}: give the least GPU time of one kernel, more than 0 microseconds")
     args.device, args.steps, args.warmup = "cpu", 2, 1
     _, module, batches, _ = prepare(parser, args)
     counter, n_params = count_step(module, batches, args.precision)

@@ -159,3 +159,18 @@ def test_a_run_of_no_time_is_refused_in_one_line_before_it_starts(scripts, capsy
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert ": error: " in err[-1] and "must be" in err[-1], err
+
+
+def test_a_mode_that_is_not_a_compile_mode_is_refused_before_any_run(scripts, capsys, monkeypatch) -> None:
+    """``--modes bogus`` started a CLI run that failed after seconds of start-up, with status 1."""
+    script, _ = scripts
+
+    def ran(*args, **kwargs):
+        raise AssertionError("a run started")
+
+    monkeypatch.setattr(script, "run", ran)
+    with pytest.raises(SystemExit) as exit_:
+        script.main(["--modes", "off,bogus"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "--modes off,bogus: 'bogus' is not a --compile.mode; give some of off, auto, default" in err[-1], err

@@ -76,3 +76,12 @@ def test_bounds_take_each_op_at_its_slower_limit_and_add_the_optimizer(roofline)
     assert b["roofline"] == pytest.approx(1.0 + 4.0 + 2.0 + adam)
     assert b["products"] == pytest.approx(1.0 + 4.0 + adam)
     assert b["n_kernels"] == 3 and b["kernels"] == pytest.approx(0.006)
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_a_kernel_time_of_zero_or_less_is_refused(roofline, capsys, value: str) -> None:
+    """``--kernel-us 0`` printed a kernel floor of 0 ms."""
+    with pytest.raises(SystemExit) as exit_:
+        roofline.main(["--config", "configs/mmca/synthetic.yaml", f"--kernel-us={value}"])
+    assert exit_.value.code == 2
+    assert f"--kernel-us {value}: give the least GPU time of one kernel" in capsys.readouterr().err
