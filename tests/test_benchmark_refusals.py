@@ -1,0 +1,70 @@
+"""The benchmark scripts' refusals: counts that measure nothing, a GPU option without a GPU and a config a script
+cannot run end with status 2 and one ``error:`` line before any work starts, not with a traceback or a report of
+zeros after the work (``benchmarks/data_speed.py``, ``eval_round.py``, ``launches_per_step.py``,
+``loop_overhead.py``, ``train_throughput.py``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import load_script
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+
+#: (script, the function whose call starts the work, argv, words of the refusal)
+ROWS = [
+    ("data_speed", "process_defaults", ["--config", "configs/icssl/manifolds.yaml", "--batches", "0"], "must be"),
+    ("data_speed", "process_defaults", ["--config", "configs/icssl/manifolds.yaml", "--workers", "-1"], "must be"),
+    ("eval_round", "process_defaults", ["--config", "configs/icssl/manifolds.yaml", "--batches", "0"], "must be"),
+    ("launches_per_step", "measure", ["--only", "mmca_synthetic", "--steps", "0"], "must be"),
+    ("launches_per_step", "measure", ["--only", "mmca_synthetic", "--warmup", "-1"], "must be"),
+    ("loop_overhead", "process_defaults", ["--steps", "5", "--warmup", "1", "--repeats", "0"], "must be"),
+    ("loop_overhead", "process_defaults", ["--steps", "5", "--warmup", "-1"], "must be"),
+    ("train_throughput", "process_defaults", ["--steps", "0"], "need 0 <= --warmup < --steps"),
+    ("train_throughput", "process_defaults", ["--steps", "5", "--warmup", "1", "--repeats", "0"],
+     "--repeats at least 1, got --warmup 1, --steps 5, --repeats 0"),
+    ("train_throughput", "process_defaults", ["--accelerator", "cuda"], "no CUDA GPU"),
+]
+
+
+def _script(name: str):
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))  # the scripts import their neighbours
+    return load_script(BENCHMARKS / f"{name}.py")
+
+
+def _refused(capsys, script, argv: list[str]) -> str:
+    """Runs ``script.main(argv)``, which must exit 2 with a one-line ``error:`` before any work starts."""
+    with pytest.raises(SystemExit) as exit_:
+        script.main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and ": error: " in err[-1] and "Traceback" not in "\n".join(err), err
+    return err[-1]
+
+
+@pytest.mark.parametrize(("name", "work", "argv", "words"), ROWS, ids=[f"{r[0]}:{' '.join(r[2][-2:])}" for r in ROWS])
+def test_counts_that_measure_nothing_are_refused_in_one_line_before_any_work(capsys, monkeypatch, name, work, argv,
+                                                                            words) -> None:
+    if "cuda" in argv and torch.cuda.is_available():
+        pytest.skip("a GPU is visible: --accelerator cuda is a valid choice here")
+    script = _script(name)
+
+    def ran(*args, **kwargs):
+        raise AssertionError("the work started")
+
+    monkeypatch.setattr(script, work, ran)
+    line = _refused(capsys, script, argv)
+    assert words in line, line
+
+
+def test_train_throughput_refuses_a_config_that_is_not_icssl(capsys) -> None:
+    """Its bare loop is IC-SSL's step: another paper's config used to end in an AttributeError after the Lightning
+    run."""
+    line = _refused(capsys, _script("train_throughput"), ["--config", str(ROOT / "configs/coqe/regression.yaml"),
+                                                          "--steps", "3", "--warmup", "1", "--repeats", "1"])
+    assert "IC-SSL" in line and "step_speed.py" in line, line
