@@ -451,6 +451,11 @@ NOT_GRID_SETTINGS = {"stage", "out", "script", "argv", "check_executor", "execut
                      "grid_claimed", "sbatch_options"}
 
 
+#: Drivers' options that choose which cells of a grid run (each cell in run folders of its own) without changing
+#: how any run trains: a grid may be run in parts by them.
+GRID_CELLS = {"seeds", "arms", "models", "recipes", "sizes"}
+
+
 def grid_of(out: Path, parse_args: Callable[[list[str]], argparse.Namespace]) -> argparse.Namespace | str | None:
     """The settings of the grid recorded in ``<out>/grid.json`` (its command line, parsed by the driver), ``None``
     when there is no record, or why the record no longer parses (an overlay it names was moved, say)."""
@@ -509,12 +514,12 @@ def refuse_changed_grid(args: argparse.Namespace, parse_args: Callable[[list[str
 
     A finished run is never run again and an interrupted one resumes, so a rerun with another ``--steps`` (say)
     reported the old runs under the new command's record, and a seed added with it was averaged with the old seeds
-    in one cell. The seeds may differ (a grid run in parts, a seed at a time), and so may how and where it runs
-    (:data:`NOT_GRID_SETTINGS`)."""
+    in one cell. The options that only choose cells may differ (:data:`GRID_CELLS`: a grid run in parts, a seed or
+    an arm at a time), and so may how and where it runs (:data:`NOT_GRID_SETTINGS`)."""
     ran = grid_of(args.out, parse_args)
     if not isinstance(ran, argparse.Namespace):
         return
-    differ = _settings_differ(args, ran, {"seeds"})
+    differ = _settings_differ(args, ran, GRID_CELLS)
     if not differ or not any(job.folder.exists() for job in select(fit_jobs(ran), ran.only)):
         return
     print(f"{Path(args.script).name}: error: this {args.stage} takes {_shown(args, differ)}, but the grid in "

@@ -923,15 +923,18 @@ def test_a_fit_or_all_with_other_settings_than_the_grids_started_runs_is_refused
                                                                                  capsys) -> None:
     """``all --steps 8`` over a grid run with ``--steps 6`` skipped the finished runs and recorded 8 in grid.json,
     and a seed added with ``--steps 8`` was averaged with the 6-step seeds in one cell. Other seeds alone are a grid
-    run in parts; a grid whose runs never started may be run with other settings."""
+    run in parts, as are other arms (options that choose cells); a grid whose runs never started may be run with
+    other settings."""
     parser = _driver_parser(runner)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--arms", nargs="+", default=["a"])
     parse = lambda argv: runner.parse_driver_args(parser, argv, "experiments/driver.py")
     out = (tmp_path / "grid").resolve()
 
     def fits(args):
-        return [runner.Job(f"fit a s{s}", ["fit", "--help", str(args.steps)], out / "a" / f"s{s}") for s in args.seeds]
+        return [runner.Job(f"fit {a} s{s}", ["fit", "--help", str(args.steps)], out / a / f"s{s}")
+                for a in args.arms for s in args.seeds]
 
     def run(*argv: str) -> int:
         args = parse(["all", "--out", str(out), *argv])
@@ -944,6 +947,8 @@ def test_a_fit_or_all_with_other_settings_than_the_grids_started_runs_is_refused
     (out / "grid.json").write_text(json.dumps({"cwd": str(tmp_path), "script": "experiments/driver.py",
                                                "argv": ["all", "--steps", "4", "--out", str(out)]}))
     assert run("--steps", "6", "--seeds", "0") == 0  # the recorded grid never started a run
+    assert run("--steps", "6", "--seeds", "1") == 0
+    assert run("--steps", "6", "--seeds", "1", "--arms", "b") == 0 and (out / "b" / "s1" / "done").is_file()
     assert run("--steps", "6", "--seeds", "1") == 0
     capsys.readouterr()
     for seeds in ("0", "2"):
