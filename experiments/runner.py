@@ -171,8 +171,7 @@ def parse_driver_args(parser: argparse.ArgumentParser, argv: list[str] | None, s
     from cluster import check_slurm_args
 
     def one_line(message: str) -> NoReturn:  # the project's refusal: one line, status 2 (not argparse's usage too)
-        print(f"{parser.prog}: error: {message}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        _refuse(f"{parser.prog}: error: {message}")
 
     parser.error = one_line  # type: ignore[method-assign]  # also for the driver's own checks after parsing
     args = parser.parse_args(argv)
@@ -401,10 +400,9 @@ def check_only(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace]
     names = [job.name for job in fit_jobs(args) + test_jobs(args)]
     unmatched = [part for part in args.only if not any(part in name for name in names)]
     if unmatched:
-        print(f"{Path(args.script).name}: error: --only {' '.join(map(repr, unmatched))} matches none of the grid's "
-              f"{len(names)} jobs (e.g. {names[0] if names else 'none'!r}); a job is run when its name contains one "
-              "of --only", file=sys.stderr, flush=True)
-        sys.exit(2)
+        _refuse(f"{Path(args.script).name}: error: --only {' '.join(map(repr, unmatched))} matches none of the grid's "
+                f"{len(names)} jobs (e.g. {names[0] if names else 'none'!r}); a job is run when its name contains one "
+                "of --only")
 
 
 def drive(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace], list[Job]],
@@ -419,9 +417,8 @@ def drive(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace], lis
     if args.stage != "report":
         run_stage(args, fit_jobs, test_jobs, report)
     if not args.out.exists():
-        print(f"{Path(args.script).name}: error: --out {args.out}: no such grid folder or results CSV; name the "
-              "folder a fit, test or all stage wrote (or its report --csv file)", file=sys.stderr, flush=True)
-        sys.exit(2)
+        _refuse(f"{Path(args.script).name}: error: --out {args.out}: no such grid folder or results CSV; name the "
+                "folder a fit, test or all stage wrote (or its report --csv file)")
 
     def unfinished_of_grid() -> None:
         ran = grid_of(args.out, parse_args)
@@ -522,11 +519,10 @@ def refuse_changed_grid(args: argparse.Namespace, parse_args: Callable[[list[str
     differ = _settings_differ(args, ran, GRID_CELLS)
     if not differ or not any(job.folder.exists() for job in select(fit_jobs(ran), ran.only)):
         return
-    print(f"{Path(args.script).name}: error: this {args.stage} takes {_shown(args, differ)}, but the grid in "
-          f"{args.out} has runs made with {_shown(ran, differ)} ({args.out / 'grid.json'}); its finished runs would "
-          "not be run again and a report would mix both: give the grid's options, or give the new settings an --out "
-          "of their own", file=sys.stderr, flush=True)
-    sys.exit(2)
+    _refuse(f"{Path(args.script).name}: error: this {args.stage} takes {_shown(args, differ)}, but the grid in "
+            f"{args.out} has runs made with {_shown(ran, differ)} ({args.out / 'grid.json'}); its finished runs would "
+            "not be run again and a report would mix both: give the grid's options, or give the new settings an --out "
+            "of their own")
 
 
 def _stage_index(argv: list[str], stages: tuple[str, ...] = STAGES) -> int | None:
@@ -564,9 +560,8 @@ def refuse_empty_report(args: argparse.Namespace, what: str = "tested runs") -> 
         print(f"note: no {what} under {args.out}, so no tables; {args.csv} holds the rows of the runs there are",
               file=sys.stderr, flush=True)
         return ""
-    print(f"{Path(args.script).name}: error: no {what} under {args.out}; start them with `all` (or `fit`, then "
-          "`test`) first", file=sys.stderr, flush=True)
-    sys.exit(2)
+    _refuse(f"{Path(args.script).name}: error: no {what} under {args.out}; start them with `all` (or `fit`, then "
+            "`test`) first")
 
 
 def _print_report(text: Any) -> None:
