@@ -280,8 +280,8 @@ def batch_loader(
 
 
 def checked_rows(root: str, builds_standin: bool) -> tuple[int, int]:
-    """Rows in the train and in the test files under ``root``, after checking that the data is there, readable and shaped as
-    the layout says, with digit labels. Every file's header, shape and labels are read (images and audio
+    """Rows in the train and in the test files under ``root``, after checking that the data is there, readable and
+    shaped as the layout says, with digit labels. Every file's header, shape and labels are read (images and audio
     memory-mapped, so this is cheap), so a broken or ill-shaped file stops the run before the logger creates
     anything. A stand-in still to be built is checked by what building it needs; nothing is written here."""
     if not builds_standin:
