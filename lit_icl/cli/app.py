@@ -301,6 +301,8 @@ class LitICLCLI(LightningCLI):
                 if sub == "fit":  # a resume: the same data and seed (test / validate may evaluate on others)
                     check_resume_settings(path, ckpt, config)
                     self._resumed = (path, ckpt)  # what the data resolved to is checked once it is built
+            if sub in ("test", "validate", "predict"):
+                self._evaluated = ckpt  # what the module will score, checked once it is built
 
     def _parse_ckpt_path(self) -> None:
         """The checkpoint's module settings into the config, as LightningCLI does, with the class paths of moved
@@ -366,6 +368,9 @@ class LitICLCLI(LightningCLI):
             check_val_interval(self.trainer, self.datamodule)
         if self.subcommand == "predict":
             check_predicts(self.model, self.datamodule)
+        evaluated = vars(self).pop("_evaluated", None)
+        if isinstance(self.model, ICLModule) and self.subcommand in ("test", "validate", "predict"):
+            self.model.check_checkpoint_to_evaluate(evaluated)
         check_eval_shards(self.trainer, self.datamodule, self.subcommand)
 
     def before_fit(self) -> None:

@@ -27,7 +27,7 @@ import os
 import sys
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -353,6 +353,12 @@ class ICLModule(LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._trained_steps = checkpoint.get("global_step")
+
+    def check_checkpoint_to_evaluate(self, checkpoint: Mapping[str, Any] | None) -> None:
+        """Refuse (:class:`~lit_icl.core.errors.ConfigError`) a checkpoint that ``test``, ``validate`` or
+        ``predict`` cannot score, before a run folder exists. The CLI passes the ``--ckpt_path`` checkpoint as
+        loaded, or ``None`` without one. Every checkpoint of a module's own class is scored by default; I2CL
+        refuses coefficients whose calibration has not run to its end."""
 
     def test_figures(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """Figures drawn from the test rows: ``{file stem: matplotlib Figure}`` (none by default)."""

@@ -38,7 +38,7 @@ rebuilds the LM from ``model_name_or_path``. The calibration itself is :mod:`lit
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -373,14 +373,22 @@ class I2CLModule(ICLModule):
             self.log_loss(f"train/loss/{m}", loss.detach(), batch_size=len(batch["text"]))
 
     def on_train_end(self) -> None:
-        self.is_calibrated.fill_(True)
+        self.is_calibrated.copy_(self._schedules_finished())
+
+    def _schedules_finished(self) -> Tensor:
+        """Per calibrated method, whether its AdamW schedule has taken all its steps (Sec. 3's calibration ran to
+        its end). A checkpoint written on the way (SIGTERM, Ctrl-C, ``max_time``) holds coefficients part way."""
+        total = int(self.trainer.estimated_stepping_batches)
+        steps = [int(config.scheduler.last_epoch) for config in self.trainer.lr_scheduler_configs]
+        return torch.tensor([n >= total for n in steps], dtype=torch.bool, device=self.is_calibrated.device)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # The checkpoint is the task-id (coefficients + context vectors), not a copy of the frozen LM.
         sd = checkpoint["state_dict"]
         for key in [k for k in sd if k.startswith("net.")]:
             del sd[key]
-        sd["is_calibrated"] = torch.ones_like(self.is_calibrated)
+        # Written before on_train_end at the last epoch's end, so the flag is read from the schedules, not the buffer.
+        sd["is_calibrated"] = self._schedules_finished()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # The reverse of on_save_checkpoint: the LM was just rebuilt from model_name_or_path, so its own weights
@@ -389,6 +397,30 @@ class I2CLModule(ICLModule):
         sd = checkpoint["state_dict"]
         for key, value in self.net.state_dict(prefix="net.").items():
             sd.setdefault(key, value)
+        super().on_load_checkpoint(checkpoint)
+
+    def check_checkpoint_to_evaluate(self, checkpoint: Mapping[str, Any] | None) -> None:
+        if checkpoint is None:
+            self._refuse_uncalibrated([False] * len(self.calibrated), 0)
+            return
+        flags = checkpoint.get("state_dict", {}).get("is_calibrated")
+        if isinstance(flags, Tensor) and flags.numel() == len(self.calibrated):  # else loading names the mismatch
+            self._refuse_uncalibrated(flags.tolist(), int(checkpoint.get("global_step", 0)))
+
+    def _refuse_uncalibrated(self, flags: list[bool], step: int) -> None:
+        """One line for calibrated methods without finished coefficients: never fitted, or fitted part way."""
+        missing = [m for m, done in zip(self.calibrated, flags) if not done]
+        if missing and step:
+            raise ConfigError(
+                f"methods {missing} stopped calibrating part way (the checkpoint was written at step {step}, before "
+                "their schedules ended): finish the calibration with `fit` and the same config with --ckpt_path on "
+                "this checkpoint, then test the checkpoint it writes"
+            )
+        if missing:
+            raise ConfigError(
+                f"methods {missing} need calibrated coefficients: run `fit` first and pass its checkpoint with "
+                "--ckpt_path, or drop them from model.init_args.methods"
+            )
 
     def configure_optimizers(self) -> Any:
         if not self.calibrated:
@@ -425,12 +457,7 @@ class I2CLModule(ICLModule):
         return logits[:, to_device(self.label_ids, logits.device)].argmax(-1)
 
     def on_test_start(self) -> None:
-        missing = [m for k, m in enumerate(self.calibrated) if not bool(self.is_calibrated[k])]
-        if missing:
-            raise ConfigError(
-                f"methods {missing} need calibrated coefficients: run `fit` first and pass its checkpoint with "
-                "--ckpt_path, or drop them from model.init_args.methods"
-            )
+        self._refuse_uncalibrated(self.is_calibrated.tolist(), int(self._trained_steps or 0))
         rebuilt = [m for m in ("i2cl", "icl_i2cl") if m in self.calibrated]
         if rebuilt:
             assert self.data is not None

@@ -37,7 +37,10 @@ def test_tiny_cli_fit_then_test_writes_results(tmp_path: Path, llama_dir: str) -
     assert not torch.equal(state["coefs.i2cl"], torch.tensor([0.1, 1.0]).expand(2, 2, 2))  # it trained
     main(["test", *cli_args(tmp_path, llama_dir), "--ckpt_path", str(ckpt)])
     (results,) = glob.glob(str(tmp_path / "runs" / "tiny" / "version_1" / "results.json"))
-    rows = json.loads(Path(results).read_text())["rows"]
+    report = json.loads(Path(results).read_text())
+    rows = report["rows"]
+    # the calibration steps behind the tested coefficients (it read 0 before I2CL passed its checkpoint on)
+    assert report["meta"]["trained_steps"] == torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"] > 0
     methods = ["zero_shot", "few_shot", "noise_vector", "task_vector", "i2cl", "icl_i2cl"]
     acc = {r["method"]: r["value"] for r in rows if r["metric"] == "accuracy"}
     assert sorted(acc) == sorted(methods) and all(0 <= v <= 1 for v in acc.values())
@@ -221,9 +224,20 @@ def test_a_fit_stopped_inside_an_epoch_resumes_to_the_coefficients_of_one_that_w
                              "init_args": {"path": str(tmp_path / "ends.txt"), "step": 4}}])
     assert fit(tmp_path / "cut", "--trainer.callbacks", signal_at) == 143
     assert "lit_icl: stopped by SIGTERM; resume with --ckpt_path last" in capsys.readouterr().err
-    assert last(tmp_path / "cut")["global_step"] == 4  # inside the second epoch
+    cut = last(tmp_path / "cut")
+    assert cut["global_step"] == 4  # inside the second epoch
+    # coefficients part way are not a task-id: `test` refuses them instead of scoring them as calibrated
+    assert not bool(cut["state_dict"]["is_calibrated"].any()) and bool(straight["state_dict"]["is_calibrated"].all())
+    with pytest.raises(SystemExit) as info:
+        main(["test", *cli_args(tmp_path / "cut", llama_dir, "--model.init_args.methods", "[i2cl]"),
+              "--ckpt_path", str(tmp_path / "cut/runs/tiny/version_0/checkpoints/last.ckpt")])
+    assert info.value.code == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("lit_icl: error:")]
+    assert len(lines) == 1 and "['i2cl'] stopped calibrating part way" in lines[0] and "step 4" in lines[0]
+    assert not (tmp_path / "cut/runs/tiny/version_1").exists()
     assert fit(tmp_path / "cut", "--ckpt_path", "last") == 0
     resumed = last(tmp_path / "cut")
+    assert bool(resumed["state_dict"]["is_calibrated"].all())
     assert resumed["global_step"] == 9
     assert torch.equal(resumed["state_dict"]["coefs.i2cl"], straight["state_dict"]["coefs.i2cl"])
     for key, value in straight["optimizer_states"][0]["state"][0].items():
@@ -238,6 +252,7 @@ def test_unfitted_calibrated_method_is_refused_at_test(tmp_path, llama_dir, caps
     assert info.value.code == 2
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("lit_icl: error:")]
     assert len(lines) == 1 and "need calibrated coefficients" in lines[0]
+    assert not (tmp_path / "runs").exists()  # refused before the run folder
 
 
 def test_offline_transfer_overlays_compose_with_the_offline_config(capsys) -> None:
