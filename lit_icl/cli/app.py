@@ -67,6 +67,7 @@ from lit_icl.cli.checks import (
     check_seed,
     check_trainer_counts,
     check_val_interval,
+    check_validates,
 )
 from lit_icl.cli.messages import (
     find_config_error,
@@ -368,6 +369,8 @@ class LitICLCLI(LightningCLI):
             check_val_interval(self.trainer, self.datamodule)
         if self.subcommand == "predict":
             check_predicts(self.model, self.datamodule)
+        if self.subcommand == "validate":
+            check_validates(self.model, self.datamodule)
         evaluated = vars(self).pop("_evaluated", None)
         if isinstance(self.model, ICLModule) and self.subcommand in ("test", "validate", "predict"):
             self.model.check_checkpoint_to_evaluate(evaluated)

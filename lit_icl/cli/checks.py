@@ -115,6 +115,19 @@ def check_predicts(model: Any, datamodule: Any) -> None:
                       "figures into the run folder (predict serves IC-SSL's per-point probabilities)")
 
 
+def check_validates(model: Any, datamodule: Any) -> None:
+    """Refuse ``validate`` for a module without a ``validation_step`` or data without a validation loader (I2CL,
+    whose calibration has no validation set): Lightning fails with a traceback after the run folder exists."""
+    if not is_overridden("validation_step", model, LightningModule):
+        missing = f"{type(model).__name__} has no validation_step"
+    elif datamodule is None or not is_overridden("val_dataloader", datamodule, LightningDataModule):
+        missing = f"{type(datamodule).__name__} has no val_dataloader"
+    else:
+        return
+    raise ConfigError(f"validate: {missing}, so there is nothing to validate; use test, which scores the model and "
+                      "writes results.json into the run folder")
+
+
 #: The seeds ``seed_everything`` takes (numpy's range); Lightning raises a bare ``ValueError`` outside it.
 SEED_RANGE = (0, 2**32 - 1)
 

@@ -255,6 +255,12 @@ def test_unfitted_calibrated_method_is_refused_at_test(tmp_path, llama_dir, caps
     assert not (tmp_path / "runs").exists()  # refused before the run folder
 
 
+def test_validate_is_refused_with_one_line_pointing_to_test(tmp_path, capsys, llama_dir) -> None:
+    """I2CL has no validation set (calibration has its own data): `validate` failed with Lightning's traceback."""
+    assert_rejected(tmp_path, capsys, ["validate", *cli_args(tmp_path, llama_dir)],
+                    "validate: I2CLModule has no validation_step, so there is nothing to validate; use test")
+
+
 def test_offline_transfer_overlays_compose_with_the_offline_config(capsys) -> None:
     """configs/i2cl/offline/*.yaml: three anchor tasks, the transfer run, the Gemma model and the public code's
     calibration as Eq. 6 reads and as the authors' code runs it, each on top of offline.yaml."""
