@@ -40,6 +40,7 @@ from runner import (
     add_overlay_arg,
     add_stage_arg,
     best_checkpoint,
+    check_early_stopping_args,
     chosen_seeds,
     drive,
     given_options,
@@ -327,18 +328,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parse_driver_args(parser, argv, __file__)
     if args.noise_std < 0:
         parser.error(f"--noise-std {args.noise_std}: a noise sd is 0 or more (default 1.0)")
-    if args.patience is not None and args.patience < 1:
-        parser.error(f"--patience {args.patience}: give 1 or more epochs without a rise of val/acc before a run stops "
-                     "(or drop --patience to train every run --max-epochs)")
-    if args.min_delta < 0:
-        parser.error(f"--min-delta {args.min_delta}: the smallest rise of val/acc that counts is 0 or more")
-    if args.wait_for_score is not None:
-        if args.patience is None:  # fit_jobs passes it only with the early-stopping rule
-            parser.error(f"--wait-for-score {args.wait_for_score} holds off early stopping, which only --patience turns "
-                         "on; add --patience P or drop --wait-for-score")
-        if not 0 <= args.wait_for_score <= 1:
-            parser.error(f"--wait-for-score {args.wait_for_score}: val/acc is a fraction, so a run could never pass "
-                         "it; give a value in [0, 1] (e.g. 0.2, twice chance)")
+    # fit_jobs passes --min-delta and --wait-for-score only with the early-stopping rule
+    check_early_stopping_args(parser, args, rounds="epochs without a rise of val/acc", rise="rise of val/acc",
+                              length="--max-epochs", needs_patience={"wait_for_score": "holds off early stopping"})
+    if args.wait_for_score is not None and not 0 <= args.wait_for_score <= 1:
+        parser.error(f"--wait-for-score {args.wait_for_score}: val/acc is a fraction, so a run could never pass "
+                     "it; give a value in [0, 1] (e.g. 0.2, twice chance)")
     if args.root is not None:
         # Runs start in the repository (runner.run_job), so a relative root is resolved here, where it was typed.
         args.root = args.root.resolve()

@@ -275,25 +275,41 @@ def check_convergence_args(parser: argparse.ArgumentParser, args: argparse.Names
     """Refuse (``parser.error``: one line, exit 2, before anything is written) early-stopping options that cannot
     mean what they say (the options of :func:`add_convergence_args`).
 
-    ``--val-every 0`` divides by zero; ``--patience 0`` would stop a run at its first round; a negative
-    ``--min-delta`` counts a fall as an improvement; ``--min-steps`` is a floor under the early-stopping rule, so
-    without ``--patience`` (fixed-length runs, which train all their steps anyway) it would be silently ignored."""
+    ``--val-every 0`` divides by zero; the rest is :func:`check_early_stopping_args` in steps and validation rounds,
+    with ``--min-steps`` a floor under the early-stopping rule."""
     if args.val_every < 1:
         parser.error(f"--val-every {args.val_every}: validate every 1 or more steps (default 100)")
+    check_early_stopping_args(parser, args, rounds="validation rounds without improvement", rise="rise",
+                              length="--steps", needs_patience={"min_steps": "is a floor under early stopping"})
+
+
+def check_early_stopping_args(parser: argparse.ArgumentParser, args: argparse.Namespace, *, rounds: str, rise: str,
+                              length: str, needs_patience: dict[str, str]) -> None:
+    """Refuse (``parser.error``) ``--patience`` / ``--min-delta`` values that cannot mean what they say, in a
+    driver's own units: ``rounds``, what ``--patience`` counts (e.g. ``"epochs without a rise of val/acc"``);
+    ``rise``, what ``--min-delta`` measures; ``length``, the option a run without ``--patience`` trains all of.
+
+    ``--patience 0`` would stop a run at its first round; a negative ``--min-delta`` counts a fall as an
+    improvement; the options in ``needs_patience`` (dest, default ``None``: what the option does) and ``--min-delta``
+    only act through the early-stopping rule, so without ``--patience`` (fixed-length runs, which train all their
+    ``length`` anyway) they would be silently ignored. ``--min-delta`` has a default, so only the command line
+    (``args.argv``) tells whether it was given."""
     if args.patience is not None and args.patience < 1:
-        parser.error(f"--patience {args.patience}: give 1 or more validation rounds without improvement before a run "
-                     "stops (or drop --patience to train each run its fixed --steps)")
+        parser.error(f"--patience {args.patience}: give 1 or more {rounds} before a run stops (or drop --patience to "
+                     f"train each run its fixed {length})")
     if args.min_delta < 0:
-        parser.error(f"--min-delta {args.min_delta}: the smallest rise that counts as an improvement is 0 or more "
-                     "(default 0.001)")
-    if args.min_steps is not None and args.patience is None:
-        parser.error(f"--min-steps {args.min_steps} is a floor under early stopping, which only --patience turns on "
-                     "(a fixed-length run trains all its --steps); add --patience P or drop --min-steps")
-    # --min-delta has a default, so only the command line tells whether it was given (it is ignored without --patience
-    # as --min-steps is).
-    if args.patience is None and "min_delta" in given_options(parser, getattr(args, "argv", [])):
-        parser.error(f"--min-delta {args.min_delta} is the smallest rise early stopping counts, which only --patience "
-                     "turns on (a fixed-length run trains all its --steps); add --patience P or drop --min-delta")
+        parser.error(f"--min-delta {args.min_delta}: the smallest {rise} that counts as an improvement is 0 or more "
+                     f"(default {parser.get_default('min_delta')})")
+    if args.patience is not None:
+        return
+    given = {dest for dest in needs_patience if getattr(args, dest) is not None}
+    if "min_delta" in given_options(parser, getattr(args, "argv", [])):
+        given.add("min_delta")
+    for dest, what in {**needs_patience, "min_delta": "is the smallest rise early stopping counts"}.items():
+        if dest in given:
+            option = "--" + dest.replace("_", "-")
+            parser.error(f"{option} {getattr(args, dest)} {what}, which only --patience turns on (a fixed-length run "
+                         f"trains all its {length}); add --patience P or drop {option}")
 
 
 def config_file(value: str) -> Path:

@@ -156,9 +156,13 @@ def test_runs_longer_than_the_paper_are_also_read_at_its_100_epochs(table1, tmp_
     (["--root", "{tmp}/nonexist"], "--root {tmp}/nonexist: no such folder"),
     # These --dry-run accepted.
     (["--max-epochs", "0"], "argument --max-epochs: 0 must be at least 1"),
-    (["--patience", "3", "--min-delta", "-1"], "--min-delta -1.0: the smallest rise of val/acc that counts is 0 or more"),
+    (["--patience", "3", "--min-delta", "-1"],
+     "--min-delta -1.0: the smallest rise of val/acc that counts as an improvement is 0 or more (default 0.0)"),
     (["--patience", "3", "--wait-for-score", "2"], "--wait-for-score 2.0: val/acc is a fraction"),
     (["--wait-for-score", "0.2"], "--wait-for-score 0.2 holds off early stopping, which only --patience turns on"),
+    # Without --patience fit_jobs passes no --min-delta, so it was silently ignored (as the step drivers refuse it).
+    (["--min-delta", "0.002"], ("--min-delta 0.002 is the smallest rise early stopping counts, which only --patience "
+                                "turns on (a fixed-length run trains all its --max-epochs)")),
 ])
 @pytest.mark.parametrize("dry", [True, False])
 def test_a_grid_that_cannot_run_as_meant_is_refused_in_one_line_before_anything_is_written(
