@@ -39,11 +39,13 @@ from runner import (
     add_convergence_args,
     add_job_args,
     add_stage_arg,
+    check_convergence_args,
     drive,
     logger_args,
     markdown_table,
     mean_sd,
     parse_driver_args,
+    positive_int,
     refuse_empty_report,
 )
 from tidy import add_report_args, check_out, grid_records, load
@@ -122,8 +124,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the converged Tables 2-4 run holding the two reference models (its run folder or "
                              "its tidy CSV)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--steps", type=int, default=4000, help="step cap of an E2E model")
-    parser.add_argument("--eig-steps", type=int, default=2000, help="step cap of an EIG+ICL head")
+    parser.add_argument("--steps", type=positive_int, default=4000, help="step cap of an E2E model")
+    parser.add_argument("--eig-steps", type=positive_int, default=2000, help="step cap of an EIG+ICL head")
     add_convergence_args(parser, patience=5)
     parser.add_argument("--val-episodes", type=int, default=256)
     parser.add_argument("--test-episodes", type=int, default=512)
@@ -132,6 +134,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parse_driver_args(parser, argv, __file__)
     args.out, args.tables_out = args.out.resolve(), args.tables_out.resolve()
     check_out(parser, args)
+    check_convergence_args(parser, args)
     return args
 
 

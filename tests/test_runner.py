@@ -1064,3 +1064,28 @@ def test_every_drivers_report_of_an_empty_grid_is_one_line_and_status_2(name: st
     assert f"note: no tested runs under {tmp_path / 'empty'}, so no tables; {tmp_path / 'rows.csv'} holds" in err
     assert (tmp_path / "rows.csv").is_file() and "error" not in err
 
+
+
+CONVERGENCE_DRIVERS = ["icssl_fig3_sweep", "icssl_paper_tables", "icssl_swiss_roll_ablation"]
+
+
+@pytest.mark.parametrize("name", CONVERGENCE_DRIVERS)
+@pytest.mark.parametrize(("argv", "problem"), [
+    (["--patience", "0"], "--patience 0: give 1 or more validation rounds without improvement"),
+    (["--patience", "2", "--val-every", "0"], "--val-every 0: validate every 1 or more steps"),
+    (["--patience", "2", "--min-delta", "-0.1"], "--min-delta -0.1: the smallest rise that counts as an improvement"),
+    (["--steps", "0"], "argument --steps: 0 must be at least 1"),
+])
+def test_every_driver_with_the_shared_early_stopping_options_checks_them_in_one_line(name, tmp_path, capsys, argv,
+                                                                                      problem) -> None:
+    """The drivers that take ``add_convergence_args``' options all refuse them through ``check_convergence_args``
+    (the Swiss-roll ablation took them unchecked: ``--patience 0`` reached every fit)."""
+    from conftest import load_script
+
+    driver = load_script(Path(__file__).resolve().parents[1] / "experiments" / f"{name}.py")
+    with pytest.raises(SystemExit) as refused:
+        driver.parse_args(["fit", "--out", str(tmp_path / "grid"), *argv])
+    assert refused.value.code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert len(err) == 1 and f": error: {problem}" in err[0], err
+    assert not (tmp_path / "grid").exists()
