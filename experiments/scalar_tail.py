@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared runner beside this file
-from runner import logged_scalars
+from runner import logged_scalars, positive_int
 
 
 def scalar_series(run: Path, tag: str) -> dict[int, float]:
@@ -38,10 +38,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run folders holding event files (e.g. runs/x/full/s0)")
     parser.add_argument("--tag", default="train/loss")
-    parser.add_argument("--last-steps", type=int, default=2180)
+    parser.add_argument("--last-steps", type=positive_int, default=2180)
     args = parser.parse_args(argv)
-    if args.last_steps < 1:
-        parser.error("--last-steps must be at least 1")
     print(f"| run | last step | mean {args.tag}, last {args.last_steps} steps | values |\n|---|---|---|---|")
     for run in args.runs:
         series = scalar_series(run, args.tag)

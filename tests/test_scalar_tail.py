@@ -45,3 +45,10 @@ def test_a_folder_without_the_logs_or_the_tag_is_refused_by_name(tail, tmp_path:
     _write(tmp_path, 100, {1: 1.0}, tag="val/acc")
     with pytest.raises(SystemExit, match="never logged the scalar 'train/loss'"):
         tail.scalar_series(tmp_path, "train/loss")
+
+
+def test_a_tail_of_no_steps_is_refused_naming_the_option_and_value(tail, tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as refused:
+        tail.main([str(tmp_path), "--last-steps", "0"])
+    assert refused.value.code == 2
+    assert "error: argument --last-steps: 0 must be at least 1" in capsys.readouterr().err
