@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from bench_options import at_least
 
 #: ``(name, operands)`` of IC-SSL-sized products (64 episodes of 100 points).
 CASES: list[tuple[str, Callable[[torch.device], tuple[str, list[torch.Tensor]]]]] = [
@@ -69,12 +70,10 @@ def settings(device: torch.device, libraries: list[str]) -> list[tuple[str, bool
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--calls", type=int, default=2000, help="products issued per timed round")
+    parser.add_argument("--calls", type=at_least(1), default=2000, help="products issued per timed round")
     parser.add_argument("--libraries", default="cublas,cublaslt",
                         help="BLAS libraries to time on a GPU (torch.backends.cuda.preferred_blas_library)")
     args = parser.parse_args(argv)
-    if args.calls < 1:
-        parser.error(f"--calls must be at least 1, got {args.calls}")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("no CUDA GPU is visible; pass --device cpu to run the same loop on the CPU")

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench_options import at_least
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from lit_icl.cli.app import LitICLCLI
@@ -57,10 +58,9 @@ def _figure():
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="configs/coqe_omniglot.yaml", help="the config to build a run of")
-    parser.add_argument("--repeats", type=int, default=5, help="measured runs of each (their median is printed)")
+    parser.add_argument("--repeats", type=at_least(1), default=5,
+                        help="measured runs of each (their median is printed)")
     args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error(f"--repeats {args.repeats} must be >= 1")
 
     with tempfile.TemporaryDirectory() as tmp:
         one = _median_seconds(lambda: _print_config(args.config, tmp), args.repeats)

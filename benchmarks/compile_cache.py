@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_options import at_least
+
 from lit_icl.callbacks.compile import COMPILATION_LINE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,17 +67,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", action="append", required=True, help="a config file; repeat for overlays")
     parser.add_argument("--mode", default="default", help="--compile.mode of the runs (default: default)")
-    parser.add_argument("--runs", type=int, default=3, help="runs per setting, the first from an empty cache")
-    parser.add_argument("--steps", type=int, default=4, help="training steps per run")
-    parser.add_argument("--val-batches", type=int, default=2, help="batches of the run's one validation round")
+    parser.add_argument("--runs", type=at_least(1), default=3,
+                        help="runs per setting, the first from an empty cache")
+    parser.add_argument("--steps", type=at_least(1), default=4, help="training steps per run")
+    parser.add_argument("--val-batches", type=at_least(1), default=2,
+                        help="batches of the run's one validation round")
     parser.add_argument("--custom-functions", default=None, metavar="off,on",
                         help=f"run the sequence once per setting of {CUSTOM_FUNCTIONS_ENV} (default: as the CLI)")
     parser.add_argument("--set", action="append", default=[], metavar="ARG",
                         help="an extra CLI argument, e.g. --set=--compile.backend=aot_eager")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds a run may take")
     args = parser.parse_args(argv)
-    if args.runs < 1 or args.steps < 1 or args.val_batches < 1:
-        parser.error("--runs, --steps and --val-batches must be at least 1")
     if args.mode == "off":
         parser.error("--mode off compiles nothing; name a compile mode")
     settings: list[str | None] = [None]

@@ -34,6 +34,7 @@ from collections import Counter
 from typing import Any
 
 import torch._inductor.config as inductor_config
+from bench_options import at_least
 from launches_per_step import (
     Study,
     fit_study,
@@ -130,14 +131,13 @@ def measure(study: Study, at: int, extra: list[str]) -> tuple[Counter[str], Coun
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--at", type=int, default=3, help="the training step profiled (earlier ones compile)")
+    compiling = " (step 0 compiles the graphs, so its ops are compilation's)"
+    parser.add_argument("--at", type=at_least(1, note=compiling), default=3,
+                        help="the training step profiled (earlier ones compile)")
     parser.add_argument("--eager", action="store_true",
                         help="also list each op left outside the graphs, with the autograd node it ran in")
     study_arguments(parser)
     args = parser.parse_args(argv)
-    if args.at < 1:
-        parser.error(f"--at must be at least 1 (step 0 compiles the graphs, so its ops are compilation's), "
-                     f"got {args.at}")
     studies = [s for s in selected_studies(parser, args) if not s.name.startswith("i2cl")]  # I2CL: i2cl_compile.py
     inductor_config.cpp.enable_kernel_profile = True  # each generated kernel is a profiler event
     print(f"{'study':28s} {'regions':>7s} {'generated':>9s} {'extern':>6s} {'eager':>5s} {'kernels':>7s} "

@@ -28,6 +28,7 @@ import time
 import warnings
 
 import torch
+from bench_options import at_least
 from lightning.pytorch import LightningDataModule, LightningModule
 
 from lit_icl.cli import LitICLCLI, process_defaults
@@ -84,18 +85,15 @@ def ms_in_next(configs: list[str], batches: int, workers: int, step_ms: float) -
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", action="append", required=True, help="a config file; repeat for overlays")
-    parser.add_argument("--batches", type=int, default=200, help="batches timed (at most one epoch's)")
-    parser.add_argument("--workers", type=int, default=None,
+    parser.add_argument("--batches", type=at_least(1), default=200,
+                        help="batches timed (at most one epoch's)")
+    parser.add_argument("--workers", type=at_least(0), default=None,
                         help="time what a batch costs the training process with this many workers (0: none)")
     parser.add_argument("--step-ms", type=float, default=5.0, help="with --workers: the simulated step")
     parser.add_argument("--sharing", choices=torch.multiprocessing.get_all_sharing_strategies(),
                         default=torch.multiprocessing.get_sharing_strategy(),
                         help="with --workers: how tensors travel from the workers (torch's default first)")
     args = parser.parse_args(argv)
-    if args.batches < 1:
-        parser.error(f"--batches must be at least 1, got {args.batches}")
-    if args.workers is not None and args.workers < 0:
-        parser.error(f"--workers must be at least 0, got {args.workers}")
     process_defaults()  # as python -m lit_icl does
     if args.workers is not None:
         torch.multiprocessing.set_sharing_strategy(args.sharing)

@@ -19,6 +19,7 @@ import tempfile
 import time
 import warnings
 
+from bench_options import at_least
 from lightning.pytorch import LightningDataModule, LightningModule
 from torch.profiler import profile
 
@@ -28,16 +29,13 @@ from lit_icl.cli import LitICLCLI, process_defaults
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", action="append", required=True, help="a config file; repeat for overlays")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds timed after the warm-up round")
-    parser.add_argument("--batches", type=int, default=None, help="validation batches per round (default: all)")
+    parser.add_argument("--rounds", type=at_least(1), default=5, help="rounds timed after the warm-up round")
+    parser.add_argument("--batches", type=at_least(1, note=" (or left out for all)"), default=None,
+                        help="validation batches per round (default: all)")
     parser.add_argument("--top", type=int, default=0, help="profile one more round and list its top ops")
     parser.add_argument("--set", action="append", default=[], metavar="ARG",
                         help="an extra CLI argument, e.g. --set=--compile.mode=default")
     args = parser.parse_args(argv)
-    if args.rounds < 1:
-        parser.error("--rounds must be at least 1")
-    if args.batches is not None and args.batches < 1:
-        parser.error(f"--batches must be at least 1 (or left out for all), got {args.batches}")
 
     process_defaults()  # as python -m lit_icl does
     with tempfile.TemporaryDirectory() as root:

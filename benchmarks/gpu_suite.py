@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from bench_options import more_than
 
 # blas_host.py is beside this script (its directory is on sys.path when it runs): one timing loop for both.
 from blas_host import per_call_us
@@ -581,13 +582,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated step names, run in the order given (default: all, in the order above)")
     parser.add_argument("--short", action="store_true",
                         help="the steps' short forms: fewer modes and steps, the same code paths; about 10 minutes for a chosen few")
-    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+    parser.add_argument("--budget", type=more_than(0, note=" seconds"), default=None, metavar="SECONDS",
                         help="wall time for the whole suite: each step gets at most what is left (less 30 s in "
                              "which a stopped step reports what it measured), and steps that find nothing left are "
                              "reported as not run")
     args = parser.parse_args(argv)
-    if args.budget is not None and args.budget <= 0:
-        parser.error(f"--budget must be a positive number of seconds, got {args.budget:g}")
     if not args.dry_run and not torch.cuda.is_available():
         parser.error("no CUDA GPU is visible; run on a machine with one, or pass --dry-run to check the code paths")
     names = {step.name for step in STEPS}

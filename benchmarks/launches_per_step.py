@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_options import at_least
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -276,12 +277,10 @@ def selected_studies(parser: argparse.ArgumentParser, args: argparse.Namespace) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--warmup", type=int, default=2, help="steps trained before counting")
-    parser.add_argument("--steps", type=int, default=3, help="steps counted (their mean is reported)")
+    parser.add_argument("--warmup", type=at_least(0), default=2, help="steps trained before counting")
+    parser.add_argument("--steps", type=at_least(1), default=3, help="steps counted (their mean is reported)")
     study_arguments(parser)
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.warmup < 0:
-        parser.error(f"--steps must be at least 1 and --warmup at least 0, got {args.steps} and {args.warmup}")
     studies = selected_studies(parser, args)
     print(f"{'study':28s} {'launches/step':>14s} {'optimizer':>10s} {'metadata':>9s} {'log calls':>9s}  "
           "top launches per step")

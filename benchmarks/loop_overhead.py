@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_options import at_least
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.profilers import PassThroughProfiler
 from torch import nn
@@ -140,14 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", action="append", help="a config file; repeat for overlays "
                         "(default: the main command's)")
-    parser.add_argument("--steps", type=int, default=3000, help="steps per run, warm-up included")
-    parser.add_argument("--warmup", type=int, default=300)
-    parser.add_argument("--repeats", type=int, default=5, help="runs of each; the best is reported")
+    parser.add_argument("--steps", type=at_least(1), default=3000, help="steps per run, warm-up included")
+    parser.add_argument("--warmup", type=at_least(0), default=300)
+    parser.add_argument("--repeats", type=at_least(1), default=5, help="runs of each; the best is reported")
     args = parser.parse_args(argv)
     if args.warmup >= args.steps:
         parser.error("--warmup must be smaller than --steps")
-    if args.warmup < 0 or args.repeats < 1:
-        parser.error(f"--warmup must be at least 0 and --repeats at least 1, got {args.warmup} and {args.repeats}")
     os.chdir(ROOT)
     process_defaults()  # as python -m lit_icl does
     configs = args.config or ["configs/coqe_omniglot.yaml"]

@@ -52,6 +52,8 @@ import time
 from pathlib import Path
 from typing import get_args
 
+from bench_options import at_least, more_than
+
 # step_trace.py is beside this script (its directory is on sys.path when it runs).
 from step_trace import PYTHON_LABEL, phase_lines
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -227,15 +229,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", action="append", default=None,
                         help="a config file; repeat for overlays (default: configs/coqe_omniglot.yaml)")
     parser.add_argument("--modes", default="off,reduce-overhead", help="off and/or --compile.mode values")
-    parser.add_argument("--seconds", type=int, default=120, help="wall time of each run (--trainer.max_time)")
-    parser.add_argument("--skip", type=float, default=30.0,
+    parser.add_argument("--seconds", type=at_least(1), default=120,
+                        help="wall time of each run (--trainer.max_time)")
+    parser.add_argument("--skip", type=at_least(0, float, " seconds"), default=30.0,
                         help="seconds after the first logged step that the rate ignores (compilation, warm-up)")
     parser.add_argument("--set", action="append", default=[], metavar="ARG",
                         help="an extra CLI argument, e.g. --set=--trainer.log_every_n_steps=10")
     parser.add_argument("--variant", type=_variant, action="append", default=[], metavar="NAME=ARGS",
                         help="run each mode once more with these CLI arguments (space-separated; empty: as shipped) "
                              "and label it MODE/NAME, e.g. no-validation=--trainer.limit_val_batches=0; repeatable")
-    parser.add_argument("--allowance", type=float, default=120.0,
+    parser.add_argument("--allowance", type=more_than(0, note=" seconds"), default=120.0,
                         help="seconds a run may take beyond --seconds (start-up, building a stand-in, saving) before "
                              "it is stopped and its rate so far reported; measured on one H200: about 60 s for the "
                              "main command with its glyphs built, 25 s for IC-SSL")
@@ -255,12 +258,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace-dir", type=Path, default=None,
                         help="keep each run's trace (table and Chrome trace) here, as trace-<mode>[-<variant>].txt/.json")
     args = parser.parse_args(argv)
-    if args.seconds < 1:
-        parser.error(f"--seconds must be at least 1, got {args.seconds}")
-    if args.skip < 0:
-        parser.error(f"--skip must be at least 0 seconds, got {args.skip:g}")
-    if args.allowance <= 0:
-        parser.error(f"--allowance must be a positive number of seconds, got {args.allowance:g}")
     try:
         planned = runs(args.modes, args.variant)
     except ValueError as err:

@@ -29,6 +29,7 @@ from collections import defaultdict
 from typing import Any
 
 import torch
+from bench_options import at_least
 from step_speed import bare_steps, describe, prepare
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
@@ -94,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--modes", default="reduce-overhead,off", help="comma-separated: off and --compile.mode values")
     parser.add_argument("--deterministic", default="true", choices=["true", "false"])
-    parser.add_argument("--steps", type=int, default=60, help="steps per run, warm-up included")
-    parser.add_argument("--warmup", type=int, default=40, help="steps before profiling (compilation happens there)")
+    parser.add_argument("--steps", type=at_least(1), default=60, help="steps per run, warm-up included")
+    parser.add_argument("--warmup", type=at_least(0), default=40,
+                        help="steps before profiling (compilation happens there)")
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--set", action="append", default=[], metavar="ARG",
                         help="an extra CLI argument, e.g. --set=--trainer.precision=bf16-mixed")

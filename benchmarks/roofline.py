@@ -42,6 +42,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
+from bench_options import more_than
 from launches_per_step import is_metadata_op
 from step_speed import _stub_trainer, prepare
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -156,13 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", action="append", required=True, help="a config file; repeat for overlays")
     parser.add_argument("--precision", choices=("32-true", "bf16-mixed"), default="32-true")
-    parser.add_argument("--kernel-us", type=float, default=2.0, help="least GPU time of one kernel, microseconds")
+    kernel_us = more_than(0, note=" microseconds (the least GPU time of one kernel)")
+    parser.add_argument("--kernel-us", type=kernel_us, default=2.0,
+                        help="least GPU time of one kernel, microseconds")
     parser.add_argument("--top", type=int, default=8, help="op kinds listed by bytes moved")
     parser.add_argument("--set", action="append", default=[], metavar="ARG",
                         help="an extra CLI argument for the config, e.g. --set=--data.init_args.batch_size=8")
     args = parser.parse_args(argv)
-    if not args.kernel_us > 0:
-        parser.error(f"--kernel-us {args.kernel_us:g}: give the least GPU time of one kernel, more than 0 microseconds")
     args.device, args.steps, args.warmup = "cpu", 2, 1
     _, module, batches, _ = prepare(parser, args)
     counter, n_params = count_step(module, batches, args.precision)

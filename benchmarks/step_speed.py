@@ -40,6 +40,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+from bench_options import at_least
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.profilers import Profiler
 from lightning.pytorch.utilities import move_data_to_device
@@ -192,12 +193,8 @@ def prepare(parser: argparse.ArgumentParser, args: argparse.Namespace
             ) -> tuple[torch.device, LightningModule, list[Any], dict[str, Any]]:
     """The device, the module as the CLI builds it, ``args.steps`` batches on the device and the module's
     initial weights (each timed run starts from them), with torch set up as ``lit_icl.cli.main`` sets it."""
-    if args.warmup >= args.steps:
+    if args.warmup >= args.steps:  # each alone: their types, at_least (roofline.py sets both itself)
         parser.error("--warmup must be smaller than --steps")
-    if args.warmup < 0:
-        parser.error(f"--warmup must be at least 0, got {args.warmup}")
-    if getattr(args, "repeats", 1) < 1:
-        parser.error(f"--repeats must be at least 1, got {args.repeats}")
     try:
         device = torch.device(args.device)
     except RuntimeError as err:
@@ -223,9 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deterministic", default="true", help="true, false or true,false")
     parser.add_argument("--paths", default="lightning,bare")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend (aot_eager: a quick check)")
-    parser.add_argument("--steps", type=int, default=60, help="steps per timed run, warm-up included")
-    parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--steps", type=at_least(1), default=60, help="steps per timed run, warm-up included")
+    parser.add_argument("--warmup", type=at_least(0), default=10)
+    parser.add_argument("--repeats", type=at_least(1), default=1)
     parser.add_argument("--set", action="append", default=[], metavar="ARG",
                         help="an extra CLI argument, e.g. --set=--data.init_args.batch_size=8")
     parser.add_argument("--phases", action="store_true",

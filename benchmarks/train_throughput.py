@@ -21,6 +21,7 @@ import copy
 import time
 
 import torch
+from bench_options import at_least
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 
 from lit_icl.cli import LitICLCLI, process_defaults
@@ -99,15 +100,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/icssl/manifolds.yaml",
                         help="an IC-SSL config (the bare loop is IC-SSL's step)")
-    parser.add_argument("--steps", type=int, default=150)
-    parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--steps", type=at_least(1), default=150)
+    parser.add_argument("--warmup", type=at_least(0), default=20)
+    parser.add_argument("--repeats", type=at_least(1), default=2)
     parser.add_argument("--accelerator", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--deterministic", choices=["true", "false"], default="true")
     args = parser.parse_args(argv)
-    if not 0 <= args.warmup < args.steps or args.repeats < 1:
-        parser.error(f"need 0 <= --warmup < --steps and --repeats at least 1, got --warmup {args.warmup}, "
-                     f"--steps {args.steps}, --repeats {args.repeats}")
+    if args.warmup >= args.steps:
+        parser.error(f"--warmup must be smaller than --steps, got --warmup {args.warmup}, "
+                     f"--steps {args.steps}")
     if args.accelerator == "cuda" and not torch.cuda.is_available():
         parser.error("no CUDA GPU is visible; pass --accelerator cpu to run on the CPU")
     deterministic = args.deterministic == "true"

@@ -252,4 +252,4 @@ def test_a_budget_that_is_not_positive_is_refused(capsys) -> None:
     with pytest.raises(SystemExit) as info:
         _suite().main(["--dry-run", "--budget", "0"])
     assert info.value.code == 2
-    assert "--budget must be a positive number of seconds, got 0" in capsys.readouterr().err
+    assert "argument --budget: must be more than 0 seconds, got 0" in capsys.readouterr().err

@@ -84,4 +84,6 @@ def test_a_kernel_time_of_zero_or_less_is_refused(roofline, capsys, value: str) 
     with pytest.raises(SystemExit) as exit_:
         roofline.main(["--config", "configs/mmca/synthetic.yaml", f"--kernel-us={value}"])
     assert exit_.value.code == 2
-    assert f"--kernel-us {value}: give the least GPU time of one kernel" in capsys.readouterr().err
+    refusal = ("argument --kernel-us: must be more than 0 microseconds (the least GPU time of one kernel), "
+               f"got {value}")
+    assert refusal in capsys.readouterr().err
