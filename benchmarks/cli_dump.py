@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_options import at_least
 from lightning.pytorch.cli import LightningCLI
 
 from lit_icl.cli import main as cli_main
@@ -39,7 +40,7 @@ def refused_fit() -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--repeats", type=at_least(1), default=8)
     args = parser.parse_args(argv)
     ours = LitICLCLI._dump_config
     dumps = {"lightning": LightningCLI._dump_config, "lit_icl": ours}

@@ -30,6 +30,7 @@ import time
 import warnings
 
 import torch
+from bench_options import at_least
 from step_speed import ROOT, _stub_trainer, batches_ahead, build
 
 from lit_icl.cli import process_defaults
@@ -66,10 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", action="append", help="a config file (default configs/icssl/manifolds.yaml)")
     parser.add_argument("--set", action="append", default=None, metavar="ARG",
                         help="an extra CLI argument; replaces the tiny-net defaults when given")
-    parser.add_argument("--steps", type=int, default=2000, help="steps per timed run, warm-up included")
-    parser.add_argument("--warmup", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of (parts, net, step); the best of each counts")
+    parser.add_argument("--steps", type=at_least(1), default=2000, help="steps per timed run, warm-up included")
+    parser.add_argument("--warmup", type=at_least(0), default=50)
+    parser.add_argument("--rounds", type=at_least(1), default=2, help="rounds of (parts, net, step); the best of each counts")
     args = parser.parse_args(argv)
+    if args.warmup >= args.steps:
+        parser.error(f"--warmup must be smaller than --steps, got --warmup {args.warmup}, --steps {args.steps}")
     configs = args.config or [str(ROOT / "configs/icssl/manifolds.yaml")]
     process_defaults()  # as python -m lit_icl does
     template, dm = build(configs, TINY if args.set is None else args.set)

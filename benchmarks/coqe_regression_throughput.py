@@ -24,6 +24,7 @@ import statistics
 import time
 
 import torch
+from bench_options import at_least
 from lightning.pytorch import Callback, Trainer
 from torch import Tensor, nn
 
@@ -117,18 +118,18 @@ def _median(fn, repeats: int) -> float:
     return statistics.median(fn() for _ in range(repeats))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", choices=["train", "hf"], default=None)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--points", type=int, default=41)
-    parser.add_argument("--dims", type=int, default=10)
+    parser.add_argument("--steps", type=at_least(1), default=20)
+    parser.add_argument("--warmup", type=at_least(0), default=3)
+    parser.add_argument("--repeats", type=at_least(1), default=3)
+    parser.add_argument("--batch", type=at_least(1), default=64)
+    parser.add_argument("--points", type=at_least(1), default=41)
+    parser.add_argument("--dims", type=at_least(1), default=10)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--nets", default="all", choices=["all", "transformer", "coqe"])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     device = torch.device(args.device)
     shape = (args.batch, args.points, args.dims)
     print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, batch x points x d = {shape}")

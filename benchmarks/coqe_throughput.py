@@ -23,6 +23,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from bench_options import at_least
 from lightning.pytorch import Callback, Trainer
 
 from lit_icl.coqe.omniglot.data import (
@@ -133,17 +134,17 @@ def bench_lightning(net: torch.nn.Module, folder: str | None, device: torch.devi
     return (len(t) - 1) / (t[-1] - t[0])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", choices=["generator", "train"], default=None)
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--batch", type=int, default=24)
-    parser.add_argument("--image-size", type=int, default=105)
+    parser.add_argument("--steps", type=at_least(1), default=5)
+    parser.add_argument("--batch", type=at_least(1), default=24)
+    parser.add_argument("--image-size", type=at_least(1), default=105)
     parser.add_argument("--folder", default=None, help="Omniglot-layout folder (default: data/ as the configs)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--precision", default="32-true")
     parser.add_argument("--nets", default="all", choices=["all", "transformer", "coqe"])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     device = torch.device(args.device)
     print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, image {args.image_size}")
     if args.folder:

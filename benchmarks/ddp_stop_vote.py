@@ -30,6 +30,7 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from bench_options import at_least
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 
 from lit_icl.callbacks.ddp_stop import StopVote
@@ -96,10 +97,10 @@ def _run(rank: int, args: argparse.Namespace, port: int, results: mp.Queue) -> N
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--host-ms", type=float, default=3.0, help="host time per step")
-    parser.add_argument("--gpu-ms", type=float, default=4.0, help="GPU work queued per step and rank (CUDA only)")
+    parser.add_argument("--steps", type=at_least(1), default=300)
+    parser.add_argument("--warmup", type=at_least(0), default=20)
+    parser.add_argument("--host-ms", type=at_least(0, float), default=3.0, help="host time per step")
+    parser.add_argument("--gpu-ms", type=at_least(0, float), default=4.0, help="GPU work queued per step and rank (CUDA only)")
     parser.add_argument("--port", type=int, default=29517)
     args = parser.parse_args(argv)
     cuda = args.device.startswith("cuda")

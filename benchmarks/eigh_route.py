@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from bench_options import at_least
 
 from lit_icl.core.spectral import (
     eigh_on_host,
@@ -46,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--batches", default="64,128", help="episodes per batch, comma-separated")
-    parser.add_argument("--points", type=int, default=100, help="points per episode (the matrix size)")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--points", type=at_least(1), default=100, help="points per episode (the matrix size)")
+    parser.add_argument("--repeats", type=at_least(1), default=5)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

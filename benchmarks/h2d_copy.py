@@ -21,6 +21,7 @@ import argparse
 import time
 
 import torch
+from bench_options import at_least
 
 #: Bytes of the copies a training or validation step of this project makes (see the docstring).
 DEFAULT_SIZES = "6912,128512,154848,256000,3366000,26928000"
@@ -54,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--sizes", default=DEFAULT_SIZES, help="bytes per copy, comma-separated")
-    parser.add_argument("--queued-ms", type=float, default=20.0, help="GPU work queued before each copy")
-    parser.add_argument("--repeats", type=int, default=5, help="the median of this many copies is printed")
+    parser.add_argument("--queued-ms", type=at_least(0, float), default=20.0, help="GPU work queued before each copy")
+    parser.add_argument("--repeats", type=at_least(1), default=5, help="the median of this many copies is printed")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     cuda = device.type == "cuda"

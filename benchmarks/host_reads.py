@@ -27,6 +27,7 @@ import sys
 import tempfile
 import warnings
 
+from bench_options import at_least
 from launches_per_step import Study, selected_studies, study_arguments, study_row, write_rows
 from lightning.pytorch import LightningDataModule, LightningModule
 
@@ -59,9 +60,9 @@ def measure(study: Study, warmup: int, pairs: int, val_batches: int, extra: list
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--warmup", type=int, default=2, help="steps trained before counting")
-    parser.add_argument("--pairs", type=int, default=2, help="pairs of steps counted (one logging step each)")
-    parser.add_argument("--val-batches", type=int, default=2, help="validation batches per loader")
+    parser.add_argument("--warmup", type=at_least(0), default=2, help="steps trained before counting")
+    parser.add_argument("--pairs", type=at_least(1), default=2, help="pairs of steps counted (one logging step each)")
+    parser.add_argument("--val-batches", type=at_least(1), default=2, help="validation batches per loader")
     parser.add_argument("--sites", action="store_true", help="print where each read is made")
     study_arguments(parser)
     args = parser.parse_args(argv)

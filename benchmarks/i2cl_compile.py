@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_options import at_least
 
 from lit_icl.callbacks.compile import resolve_mode
 from lit_icl.i2cl.calibration import calibration_loss
@@ -110,11 +111,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default="off,default", help="comma-separated: off and --compile.mode values")
     p.add_argument("--prompts", default="i2cl", help="i2cl, icl_i2cl or i2cl,icl_i2cl (alternating)")
     p.add_argument("--backend", default="inductor", help="torch.compile backend (aot_eager: a quick check)")
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--warmup", type=int, default=10, help="steps counted as compilation (a new length may "
+    p.add_argument("--steps", type=at_least(1), default=40)
+    p.add_argument("--warmup", type=at_least(0), default=10, help="steps counted as compilation (a new length may "
                    "recompile once, into a graph with dynamic lengths)")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--threads", type=at_least(0), default=0, help="torch CPU threads (0: torch's default)")
     args = p.parse_args(argv)
+    if args.warmup >= args.steps:
+        p.error(f"--warmup must be smaller than --steps, got --warmup {args.warmup}, --steps {args.steps}")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -17,22 +17,23 @@ import statistics
 import time
 
 import torch
+from bench_options import at_least
 
 from lit_icl.i2cl.data import I2CLDataModule
 from lit_icl.i2cl.module import I2CLModule
 from lit_icl.i2cl.nets import CausalLM
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="data/i2cl/smollm2-135m-instruct")
     p.add_argument("--train-file", default="data/i2cl/movie_reviews/train.jsonl")
     p.add_argument("--test-file", default="data/i2cl/movie_reviews/test.jsonl")
-    p.add_argument("--queries", type=int, default=40)
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--queries", type=at_least(1), default=40)
+    p.add_argument("--batch", type=at_least(1), default=1)
     p.add_argument("--methods", default="zero_shot,i2cl,task_vector,few_shot")
     p.add_argument("--json", default=None, help="also write the numbers to this file")
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     net = CausalLM(args.model)
     dm = I2CLDataModule(task="jsonl", train_file=args.train_file, test_file=args.test_file,

@@ -21,6 +21,7 @@ import warnings
 from collections.abc import Callable
 
 import torch
+from bench_options import at_least
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from torch import nn
@@ -90,7 +91,7 @@ def bars() -> dict[str, Callable[[], Callback | None]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--steps", type=at_least(1), default=2000)
     parser.add_argument("--counts", default="0,1,4", help="values logged per step, comma-separated")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")  # Lightning's notes on workers and loggers

@@ -1,7 +1,7 @@
 """The benchmark scripts' refusals: counts that measure nothing, a GPU option without a GPU and a config a script
 cannot run end with status 2 and one ``error:`` line before any work starts, not with a traceback or a report of
-zeros after the work (``benchmarks/data_speed.py``, ``eval_round.py``, ``launches_per_step.py``,
-``loop_overhead.py``, ``train_throughput.py``)."""
+zeros after the work. Every script that takes a count checks it with ``benchmarks/bench_options.py``'s types; a row
+per script here."""
 
 from __future__ import annotations
 
@@ -39,6 +39,25 @@ ROWS = [
     ("train_throughput", "process_defaults", ["--steps", "5", "--warmup", "1", "--repeats", "0"],
      "argument --repeats: must be at least 1, got 0"),
     ("train_throughput", "process_defaults", ["--accelerator", "cuda"], "no CUDA GPU"),
+    ("cli_dump", "refused_fit", ["--repeats", "0"], "argument --repeats: must be at least 1, got 0"),
+    ("compiled_regions", "process_defaults", ["--steps", "0"], "argument --steps: must be at least 1, got 0"),
+    ("compiled_regions", "process_defaults", ["--steps", "5", "--warmup", "5"],
+     "--warmup must be smaller than --steps, got --warmup 5, --steps 5"),
+    ("compiled_regions", "process_defaults", ["--rounds", "0"], "argument --rounds: must be at least 1, got 0"),
+    ("coqe_regression_throughput", "bench_bare", ["--repeats", "0"], "argument --repeats: must be at least 1, got 0"),
+    ("coqe_regression_throughput", "bench_bare", ["--dims", "0"], "argument --dims: must be at least 1, got 0"),
+    ("coqe_throughput", "bench_bare", ["--steps", "0"], "argument --steps: must be at least 1, got 0"),
+    ("coqe_throughput", "bench_bare", ["--image-size", "-1"], "argument --image-size: must be at least 1, got -1"),
+    ("ddp_stop_vote", "StopVote", ["--steps", "0"], "argument --steps: must be at least 1, got 0"),
+    ("ddp_stop_vote", "StopVote", ["--host-ms", "-1"], "argument --host-ms: must be at least 0, got -1"),
+    ("eigh_route", "graph_laplacian", ["--repeats", "0"], "argument --repeats: must be at least 1, got 0"),
+    ("h2d_copy", "_cycles_per_ms", ["--repeats", "0"], "argument --repeats: must be at least 1, got 0"),
+    ("host_reads", "measure", ["--pairs", "0"], "argument --pairs: must be at least 1, got 0"),
+    ("host_reads", "measure", ["--val-batches", "0"], "argument --val-batches: must be at least 1, got 0"),
+    ("log_overhead", "ms_per_step", ["--steps", "0"], "argument --steps: must be at least 1, got 0"),
+    ("i2cl_compile", "prompts", ["--steps", "10", "--warmup", "10"],
+     "--warmup must be smaller than --steps, got --warmup 10, --steps 10"),
+    ("i2cl_latency", "CausalLM", ["--queries", "0"], "argument --queries: must be at least 1, got 0"),
 ]
 
 
