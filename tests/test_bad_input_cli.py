@@ -316,13 +316,32 @@ def test_a_resume_may_change_how_data_is_loaded_and_what_only_test_reads(tmp_pat
     assert (tmp_path / "runs/tiny/version_1/results.json").is_file()
 
 
+@pytest.mark.parametrize("ckpt", ["last", "file"])
+def test_a_resume_on_another_number_of_ddp_ranks_is_refused(tmp_path, capsys, trained, ckpt) -> None:
+    """``batch_size`` and the saved data position are per rank, so a 1-rank run resumed on 2 ranks would train on
+    twice the batch, and on data the uninterrupted run never draws, while its config.yaml said the whole run did:
+    refused before the ranks start, naming both counts. A test of the checkpoint is no resume and may use 2."""
+    _copy_runs(trained, tmp_path)
+    run = tmp_path / "runs/tiny/version_0"
+    assert torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=True)["training_ranks"] == 1
+    path = "last" if ckpt == "last" else str(run / "checkpoints/last.ckpt")
+    two = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]
+    before = _files(run)
+    line = assert_rejected(tmp_path, capsys, ["fit", *reg_args(tmp_path, CONFIG, "--trainer.max_steps", "6", *two),
+                                              "--ckpt_path", path], "which a resumed run cannot change",
+                           runs_exist=True)
+    assert "was trained on 1 DDP rank and this run has 2" in line
+    assert line.endswith("resume with --trainer.devices x --trainer.num_nodes = 1, or start a new run without --ckpt_path")
+    assert _files(run) == before
+
+
 def test_a_checkpoint_without_data_settings_or_run_config_resumes(tmp_path, trained) -> None:
-    """A checkpoint of code that recorded no data hyper-parameters, away from its run's config.yaml, is not checked
+    """A checkpoint of code that recorded no data hyper-parameters (nor its DDP ranks), away from its run's config.yaml, is not checked
     for what it lacks."""
     _copy_runs(trained, tmp_path)
     run = tmp_path / "runs/tiny/version_0"
     ckpt = torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=True)
-    del ckpt["datamodule_hyper_parameters"], ckpt["datamodule_hparams_name"]
+    del ckpt["datamodule_hyper_parameters"], ckpt["datamodule_hparams_name"], ckpt["training_ranks"]
     legacy = tmp_path / "legacy.ckpt"
     torch.save(ckpt, legacy)
     main(["fit", *reg_args(tmp_path, CONFIG, "--trainer.max_steps", "6", "--seed_everything", "3"),

@@ -10,6 +10,8 @@ it ends with other weights than a run that was not stopped. This callback, which
   (:class:`lit_icl.core.data.ResumableLoader`: every paper's; avMNIST's module also carries each rank's dropout
   RNG state in its checkpoints, and I2CL draws each step's noise from a seed of its own); other runs keep
   Lightning's rule;
+- records the number of DDP ranks the fit trains on (:data:`lit_icl.core.resume.RANKS_KEY`), which a resume
+  must keep: the position and the data of an epoch are counted per rank;
 - resumes a checkpoint written at an epoch's end at the next epoch, which Lightning gets wrong in runs bounded by
   ``max_steps`` (:func:`lit_icl.core.resume.finish_restored_epoch`);
 - hands the training loader its saved data position (:class:`lit_icl.core.data.ResumableLoader`) where Lightning
@@ -30,7 +32,7 @@ from typing import Any
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from lit_icl.core.data import ResumableLoader
-from lit_icl.core.resume import finish_restored_epoch, record_cut_epoch_unfinished
+from lit_icl.core.resume import RANKS_KEY, finish_restored_epoch, record_cut_epoch_unfinished
 
 
 def resumes_inside_epoch(trainer: Trainer) -> bool:
@@ -45,6 +47,8 @@ class ResumeInsideEpoch(Callback):
     """Checkpoints saved after a cut epoch record it as unfinished; a resumed loader gets its data position."""
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        if trainer.state.fn == "fit":  # the position is in batches per rank: a resume needs as many ranks
+            checkpoint[RANKS_KEY] = trainer.world_size
         if resumes_inside_epoch(trainer):
             record_cut_epoch_unfinished(trainer, checkpoint)
 

@@ -49,6 +49,7 @@ from lit_icl.cli.checkpoints import (
     check_ckpt_path,
     check_resume_settings,
     check_resumed_data,
+    check_resumed_ranks,
     pin_logger_version_for_resume,
     resolve_ckpt_path,
     unpin_logger_version,
@@ -343,6 +344,7 @@ class LitICLCLI(LightningCLI):
         resumed = vars(self).pop("_resumed", None)
         if resumed is not None:
             check_resumed_data(*resumed, self.datamodule)
+            check_resumed_ranks(*resumed, self.trainer)
 
     def before_instantiate_classes(self) -> None:
         sub = self.subcommand

@@ -267,6 +267,30 @@ def check_resumed_data(ckpt_path: Any, ckpt: dict[str, Any], datamodule: Any) ->
     )
 
 
+def check_resumed_ranks(ckpt_path: Any, ckpt: dict[str, Any], trainer: Any) -> None:
+    """Refuse ``fit --ckpt_path`` on another number of DDP ranks (devices x nodes) than the run it resumes.
+
+    ``batch_size`` and ``train_batches_per_epoch`` are per rank and the saved data position counts batches per rank,
+    so ``k`` ranks train on ``k`` times the batch of one, and on another number the rest of the run would train on
+    other batches than an uninterrupted run (the generated data modules' epochs are ``k`` times as long: a resume on
+    fewer ranks trains again on episodes it has seen, one on more skips some) while its rewritten ``config.yaml``
+    said the whole run had, as with another ``batch_size`` (:func:`check_resume_settings`). Checked once the trainer
+    knows its ranks, before anything is written; a checkpoint of older code, without the record
+    (:data:`lit_icl.core.resume.RANKS_KEY`), is not checked. ``test`` and ``validate`` may use any number of ranks.
+    """
+    from lit_icl.core.resume import RANKS_KEY
+
+    trained, now = ckpt.get(RANKS_KEY), trainer.world_size
+    if not isinstance(trained, int) or trained == now:
+        return
+    raise ConfigError(
+        f"--ckpt_path {ckpt_path} was trained on {trained} DDP rank{'s' * (trained != 1)} and this run has {now}, "
+        "which a resumed run cannot change (batch_size and the data position are per rank, so it would train on "
+        "other batches while its config.yaml says the whole run did); resume with --trainer.devices x "
+        f"--trainer.num_nodes = {trained}, or start a new run without --ckpt_path"
+    )
+
+
 def quote(path: Any) -> str:
     """A path as it can be pasted into a shell."""
     import shlex

@@ -32,7 +32,13 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["finish_restored_epoch", "record_cut_epoch_unfinished", "training_position"]
+__all__ = ["RANKS_KEY", "finish_restored_epoch", "record_cut_epoch_unfinished", "training_position"]
+
+#: The checkpoint key holding the number of DDP ranks (devices x nodes) a fit trained on. The data position counts
+#: batches per rank, and ``batch_size`` and an epoch's items are per rank, so a run resumed on another number of
+#: ranks would train on other batches than an uninterrupted run (it repeats or skips data) while its rewritten
+#: ``config.yaml`` said the whole run had: the CLI refuses it (:func:`lit_icl.cli.checkpoints.check_resumed_ranks`).
+RANKS_KEY = "training_ranks"
 
 
 def training_position(trainer: Any) -> tuple[int, int]:
