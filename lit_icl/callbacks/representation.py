@@ -212,15 +212,16 @@ class RepresentationMetrics(Callback):
         if stage == "test":
             self.test_rows = []
         for log_name, (metric, _, _) in self._metrics.get(stage, {}).items():
-            # compute() all-gathers the states: it runs on every rank, and the value is already global, so
-            # logging needs no further sync. NaN is identical on all ranks, so skipping it stays consistent.
+            # compute() all-gathers the states: it runs on every rank, and the value is already global; sync_dist
+            # only averages identical values, and stops Lightning's warning under DDP that it is not accumulated
+            # across devices. NaN is identical on all ranks, so skipping it stays consistent.
             with warnings.catch_warnings():
                 # A metric with no data this epoch (e.g. no labels returned) is expected: it gives NaN, which
                 # is not logged, so torchmetrics' "compute before update" warning would only be noise.
                 warnings.filterwarnings("ignore", message=r".*was called before the ``update`` method")
                 value = metric.compute()
             if not math.isnan(value.item()):
-                pl_module.log(log_name, value, sync_dist=False)
+                pl_module.log(log_name, value, sync_dist=True)
                 if stage == "test" and self.rows:
                     _, kind, names = log_name.split("/", 2)
                     method = getattr(pl_module, "method", None)

@@ -529,11 +529,13 @@ class I2CLModule(ICLModule):
         rows = []
         for m in self.methods:
             acc = float(self.accuracy[m].compute())
-            self.log(f"test/accuracy/{m}", acc)
+            # compute() already synced the ranks; sync_dist averages identical values and stops Lightning's
+            # warning under DDP that these are not accumulated across devices (they are).
+            self.log(f"test/accuracy/{m}", acc, sync_dist=True)
             rows.append(result_row("accuracy", acc, method=m, **coords))
             # macro-F1 next to accuracy shows whether a method's errors pile up on one label word
             f1 = float(self.macro_f1[m].compute())
-            self.log(f"test/macro_f1/{m}", f1)
+            self.log(f"test/macro_f1/{m}", f1, sync_dist=True)
             rows.append(result_row("macro_f1", f1, method=m, **coords))
             if self.queries[m]:
                 ms = 1000.0 * self.seconds[m] / self.queries[m]

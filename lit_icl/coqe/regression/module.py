@@ -228,7 +228,9 @@ class CoQERegressionModule(ICLModule):
             for i, v in enumerate(curve.tolist()):
                 rows.append(result_row("mse", v, method=method, shift=shift, n_context=i,
                                        optimal=method == optimal, **coords))
-            self.log(f"test/mse/{shift}/{method}/last", float(curve[-1]), sync_dist=False)
+            # compute() already synced the ranks; sync_dist averages identical values and stops Lightning's
+            # warning under DDP that this metric is not accumulated across devices (it is).
+            self.log(f"test/mse/{shift}/{method}/last", float(curve[-1]), sync_dist=True)
         rows.append(result_row("parameters", count_parameters(self.net), method=self.method, **coords))
         rows.extend(self._probe_rows(coords))
         self.test_rows = rows

@@ -144,3 +144,35 @@ def test_representation_metrics_rows_are_opt_in() -> None:
     assert RepresentationMetrics().rows is False and RepresentationMetrics().test_rows == []
     with pytest.raises(ConfigError, match="rows='yes' must be true or false"):
         RepresentationMetrics(rows="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.slow  # a 2-rank test in a subprocess: about 30 s on 2 cores
+def test_a_ddp_test_logs_the_synced_curves_of_one_process_without_lightnings_sync_warning(tmp_path) -> None:
+    """2 gloo ranks score one chunk of 4 prompts each and write the rows one process writes. The logged
+    ``test/mse/.../last`` values are synced by the metrics' ``compute``; logged with ``sync_dist=False`` they made
+    Lightning warn once per value (28 lines here) that they were not accumulated across devices."""
+    import os
+    import subprocess
+    import sys
+
+    config = overlay("cpu")
+    main(["fit", *reg_args(tmp_path / "fit", config)])
+    ckpt = str(tmp_path / "fit/runs/tiny/version_0/checkpoints/last.ckpt")
+    main(["test", *reg_args(tmp_path / "one", config), "--ckpt_path", ckpt])
+    two = ["--trainer.strategy", "ddp", "--trainer.devices", "2"]
+    proc = subprocess.run([sys.executable, "-m", "lit_icl", "test", *reg_args(tmp_path / "ddp", config, *two),
+                           "--ckpt_path", ckpt], env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                          text=True, check=False, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "sync_dist=True" not in proc.stderr
+    rows = {run: json.loads((tmp_path / run / "runs/tiny/version_0/results.json").read_text())["rows"]
+            for run in ("one", "ddp")}
+    assert len(rows["ddp"]) == len(rows["one"]) > 0
+    for a, b in zip(rows["one"], rows["ddp"]):
+        assert {k: v for k, v in a.items() if k != "value"} == {k: v for k, v in b.items() if k != "value"}
+        assert b["value"] == pytest.approx(a["value"], rel=1e-9, abs=1e-12)
+    scalars = {run: tb_scalars(tmp_path / run / "runs/tiny/version_0") for run in ("one", "ddp")}
+    last = [tag for tag in scalars["one"] if tag.startswith("test/mse/") and tag.endswith("/last")]
+    assert len(last) == 28
+    for tag in last:
+        assert scalars["ddp"][tag][-1] == pytest.approx(scalars["one"][tag][-1], rel=1e-6, abs=1e-12)
