@@ -332,3 +332,21 @@ class AtenOps(Callback):
 
     on_train_batch_start = on_validation_batch_start = _start
     on_train_batch_end = on_validation_batch_end = _end
+
+
+class SignalInEvaluation(Callback):
+    """Sends ``signum`` to its own process after the first batch of a ``test`` or ``validate`` run (not of a fit's
+    validation rounds), as a preemption or ``timeout`` does to an evaluation of a checkpoint."""
+
+    def __init__(self, signum: str = "SIGTERM"):
+        self.signum = getattr(signal, signum)
+
+    def _send(self, trainer, batch_idx: int) -> None:
+        if batch_idx == 0 and trainer.state.fn in ("test", "validate"):
+            os.kill(os.getpid(), self.signum)
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._send(trainer, batch_idx)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._send(trainer, batch_idx)

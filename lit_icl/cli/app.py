@@ -475,7 +475,14 @@ _TRAINERS: list[Trainer] = []
 
 def _after_stop(trainer: Trainer | None) -> str:
     """What to do after a stopped fit: resume it if it has a ``last.ckpt``; else (stopped inside its first validation
-    round, or before its first step) start it again, since ``--ckpt_path last`` would find nothing to resume."""
+    round, or before its first step) start it again, since ``--ckpt_path last`` would find nothing to resume.
+
+    A stopped ``test``, ``validate`` or ``predict`` (Lightning stops their loops on SIGTERM too) saved nothing and
+    has nothing to resume: it is run again as it was, ``--ckpt_path`` included. The fit's advice, to drop
+    ``--ckpt_path``, would score the untrained model."""
+    if trainer is not None and trainer.state.fn not in (None, "fit"):
+        return (f"a {trainer.state.fn.value} writes its results only when it ends, so run the same command again "
+                "(with the same --ckpt_path)")
     # Every checkpoint callback: a config's best-model one comes first and keeps no last.ckpt of its own.
     lasts = [getattr(cb, "last_model_path", "") for cb in getattr(trainer, "checkpoint_callbacks", None) or []]
     if any(last and Path(last).is_file() for last in lasts):

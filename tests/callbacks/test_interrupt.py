@@ -168,3 +168,21 @@ def test_a_stop_after_a_checkpoint_says_to_resume_with_a_config_s_own_best_model
     assert _last(tmp_path)["global_step"] == STEPS + 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "lit_icl: stopped by SIGTERM; resume with --ckpt_path last")
+
+
+@pytest.mark.parametrize("sub", ["test", "validate"])
+def test_an_evaluation_stopped_by_sigterm_says_to_run_it_again_with_its_checkpoint(tmp_path, capsys, sub) -> None:
+    """SIGTERM stops a test or validate of a checkpoint too (Lightning raises it inside the round), with nothing to
+    resume. Its last line was the fit's "run the same command again (without --ckpt_path) to start over", which
+    for a test scores the untrained model."""
+    assert _fit(tmp_path) == 0
+    ckpt = tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt"
+    stop = {"class_path": "subprocess_callbacks.SignalInEvaluation", "init_args": {"signum": "SIGTERM"}}
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as end:  # 16 episodes in batches of 8: two batches, stopped after the first
+        main([sub, *tiny_args(tmp_path, "--seed_everything", "7", "--data.init_args.eval_batch_size", "8"),
+              "--ckpt_path", str(ckpt), "--trainer.callbacks", json.dumps([stop])])
+    assert end.value.code == 128 + signal.SIGTERM
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"lit_icl: stopped by SIGTERM; a {sub} writes its results only when it ends, so run the same command again "
+        "(with the same --ckpt_path)")
