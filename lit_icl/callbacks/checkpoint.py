@@ -34,10 +34,24 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from lit_icl.callbacks.interrupt import stopped_by_ctrl_c
 from lit_icl.callbacks.resume import resumes_inside_epoch
+from lit_icl.core.errors import ConfigError
 
 
 class RunCheckpoint(ModelCheckpoint):
-    """``ModelCheckpoint`` whose state survives moving the run folder (same arguments as Lightning's)."""
+    """``ModelCheckpoint`` whose state survives moving the run folder (same arguments as Lightning's, less
+    ``save_on_exception``, which is refused: see ``__init__``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Lightning's save_on_exception writes a checkpoint and last.ckpt at any exception: inside a validation
+        # round, between two epochs (counted complete: the resumed run skips an epoch), or with the weights a
+        # non-finite loss left. on_exception below saves only where a run resumes exactly, so the option would be
+        # silently ignored (it was); refused instead, with what to use.
+        if kwargs.get("save_on_exception"):
+            raise ConfigError(
+                "--checkpoint.save_on_exception true is not supported: a checkpoint written at a crash may hold a "
+                "half-done validation round or the state that failed; SIGTERM and Ctrl-C already save last.ckpt at "
+                "the step reached, and --checkpoint.every_n_train_steps N bounds what a crash loses to N steps")
+        super().__init__(*args, **kwargs)
 
     @property
     def state_key(self) -> str:

@@ -224,3 +224,20 @@ def test_sigterm_between_two_epochs_resumes_bit_identical_from_the_epochs_end(tm
     b = torch.load(last, weights_only=False)
     assert (a["global_step"], a["epoch"]) == (b["global_step"], b["epoch"]) == (8, 7)
     assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
+
+
+@pytest.mark.parametrize("where", ["option", "config_callback"])
+def test_save_on_exception_is_refused_not_silently_ignored(tmp_path, capsys, where) -> None:
+    """RunCheckpoint saves at an exception only where a run resumes exactly (SIGTERM, Ctrl-C between two training
+    batches); Lightning's ``save_on_exception`` was accepted and did nothing, so a crash lost what the user had
+    asked to keep. It is refused in one line, with what to use instead."""
+    import json
+
+    from badinput import assert_rejected
+
+    extra = (["--checkpoint.save_on_exception", "true"] if where == "option" else
+             ["--trainer.callbacks+", json.dumps({"class_path": "lit_icl.callbacks.RunCheckpoint",
+                                                  "init_args": {"monitor": "val/mse", "save_on_exception": True}})])
+    line = assert_rejected(tmp_path, capsys, ["fit", *reg_args(tmp_path), *extra],
+                           "--checkpoint.save_on_exception true is not supported")
+    assert "--checkpoint.every_n_train_steps" in line
