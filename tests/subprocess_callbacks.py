@@ -336,13 +336,15 @@ class AtenOps(Callback):
 
 class SignalInEvaluation(Callback):
     """Sends ``signum`` to its own process after the first batch of a ``test`` or ``validate`` run (not of a fit's
-    validation rounds), as a preemption or ``timeout`` does to an evaluation of a checkpoint."""
+    validation rounds), as a preemption or ``timeout`` does to an evaluation of a checkpoint; with ``sanity``, after
+    the first batch of a fit's sanity check instead."""
 
-    def __init__(self, signum: str = "SIGTERM"):
-        self.signum = getattr(signal, signum)
+    def __init__(self, signum: str = "SIGTERM", sanity: bool = False):
+        self.signum, self.sanity = getattr(signal, signum), sanity
 
     def _send(self, trainer, batch_idx: int) -> None:
-        if batch_idx == 0 and trainer.state.fn in ("test", "validate"):
+        wanted = trainer.sanity_checking if self.sanity else trainer.state.fn in ("test", "validate")
+        if batch_idx == 0 and wanted:
             os.kill(os.getpid(), self.signum)
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:

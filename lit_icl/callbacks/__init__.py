@@ -5,7 +5,8 @@ survives a moved run folder (:class:`RunCheckpoint`), and the early-stopping rul
 (:class:`CompileNets`, ``--compile.mode``), and exact resume of a run stopped inside an epoch
 (:class:`ResumeInsideEpoch`, added to every CLI run), DDP ranks that agree to stop (SIGTERM, ``max_time``)
 without a wait for the GPU at every step (:class:`StopTogether`, added to every CLI run), Ctrl-C that stops a fit
-with a checkpoint as SIGTERM does (:class:`StopOnCtrlC`, added to every CLI run), each run's settings and metrics
+with a checkpoint as SIGTERM does (:class:`StopOnCtrlC`, added to every CLI run), SIGTERM in a validation round
+that stops the fit after the round, with a checkpoint (:class:`FinishRoundOnSigterm`, added to every CLI run), each run's settings and metrics
 in TensorBoard's HPARAMS tab (:class:`HParamsView`, added to every CLI run), a test or validate of a checkpoint
 written at the fit's step for its weights (:class:`EvaluationAtTrainedStep`, added to every CLI run), and a census
 of the reads that would make a GPU run wait for its device (:class:`HostReadCensus`)."""
@@ -17,12 +18,12 @@ from lit_icl.callbacks.eval_step import EvaluationAtTrainedStep
 from lit_icl.callbacks.finite import FiniteGuard
 from lit_icl.callbacks.host_reads import HostReadCensus
 from lit_icl.callbacks.hparams import HParamsView
-from lit_icl.callbacks.interrupt import StopOnCtrlC
+from lit_icl.callbacks.interrupt import FinishRoundOnSigterm, StopOnCtrlC
 from lit_icl.callbacks.representation import RepresentationMetrics
 from lit_icl.callbacks.resume import ResumeInsideEpoch
 from lit_icl.callbacks.stopping import StopWhenConverged
 
 __all__ = [
-    "CompileNets", "EvaluationAtTrainedStep", "FiniteGuard", "HParamsView", "HostReadCensus", "RepresentationMetrics", "ResumeInsideEpoch", "RunCheckpoint",
+    "CompileNets", "EvaluationAtTrainedStep", "FinishRoundOnSigterm", "FiniteGuard", "HParamsView", "HostReadCensus", "RepresentationMetrics", "ResumeInsideEpoch", "RunCheckpoint",
     "StopOnCtrlC", "StopTogether", "StopWhenConverged",
 ]

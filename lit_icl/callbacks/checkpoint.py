@@ -113,7 +113,8 @@ class RunCheckpoint(ModelCheckpoint):
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         # SIGTERM (a preemption, scancel, docker stop) ends a fit between two training batches: write last.ckpt
         # there, so that --ckpt_path last resumes from that step rather than from the last epoch's checkpoint.
-        # Not during a validation round (Lightning stops inside one on SIGTERM): the state there is half a round;
+        # Not during a validation round (Lightning stops inside one on SIGTERM, except in a fit, where
+        # FinishRoundOnSigterm holds the signal until the round ends): the state there is half a round;
         # nor for a run whose loaders resume exactly only at an epoch's start (a plain DataLoader).
         # Nor between two epochs (Lightning's fit loop raises it after counting the epoch complete): a checkpoint
         # written there counts the epoch complete, unlike the one this callback wrote at the epoch's save point,

@@ -1,4 +1,5 @@
-"""``StopOnCtrlC``: Ctrl-C stops a fit as a preemption does, after the training step it is in, with ``last.ckpt``.
+"""``StopOnCtrlC``: Ctrl-C stops a fit as a preemption does, after the training step it is in, with ``last.ckpt``;
+``FinishRoundOnSigterm``: SIGTERM in a fit's validation round stops it after the round, with ``last.ckpt``.
 
 Lightning turns Ctrl-C (SIGINT) into a ``KeyboardInterrupt`` wherever the training thread happens to be, e.g.
 half-way through an optimizer step, then shuts down with status 1 and saves nothing: a researcher who stops a run
@@ -7,9 +8,9 @@ to every run, makes the first Ctrl-C a request to stop, handled exactly as SIGTE
 under DDP :class:`~lit_icl.callbacks.StopTogether`'s vote): the fit stops between two training batches,
 :class:`~lit_icl.callbacks.RunCheckpoint` writes ``last.ckpt`` at the step reached, and the command exits with
 status 130 (128 + SIGINT, the shell's status for Ctrl-C) and one line saying how to resume. A resumed run ends
-bit-identical to one that was not stopped. Ctrl-C during a validation round (where SIGTERM would stop inside the
-round, with nothing to save) stops after the round instead. A second Ctrl-C quits at once, the Lightning way,
-without saving.
+bit-identical to one that was not stopped. Ctrl-C during a validation round (where Lightning would stop inside the
+round, with nothing to save) stops after the round instead, as SIGTERM does (:class:`FinishRoundOnSigterm`). A
+second Ctrl-C quits at once, the Lightning way, without saving.
 
 A process started with SIGINT ignored (a background job of a script, ``nohup``) keeps it ignored, and another
 program's handler is left in place: only Python's default handler is replaced, from the start of training (its
@@ -28,7 +29,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lit_icl.callbacks.ddp_stop import StopTogether
 
-__all__ = ["StopOnCtrlC", "stopped_by_ctrl_c"]
+__all__ = ["FinishRoundOnSigterm", "StopOnCtrlC", "stopped_by_ctrl_c"]
 
 #: Set when Ctrl-C asked this process's fit to stop, so that the CLI's exit names it (status 130, not 143).
 _CTRL_C = threading.Event()
@@ -110,3 +111,64 @@ class StopOnCtrlC(Callback):
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._restore()
+
+
+class FinishRoundOnSigterm(Callback):
+    """SIGTERM during a fit's validation round stops the fit after the round, with ``last.ckpt`` at the step reached.
+
+    Lightning stops a single-process fit inside the round, where there is no state to save
+    (:class:`~lit_icl.callbacks.RunCheckpoint` writes none there), and a round at an epoch's end comes before the
+    epoch's checkpoint: a preemption that landed in it lost the whole epoch (every step since the last
+    ``last.ckpt``), where one a step earlier or later lost nothing. Here the signal is held for the rest of the
+    round and handed to Lightning when the round ends; the training loop then stops before its next batch and
+    ``RunCheckpoint`` saves that step, as for a SIGTERM between two training batches. This is what Ctrl-C
+    (:class:`StopOnCtrlC`) and a DDP fit (:class:`~lit_icl.callbacks.StopTogether`, which votes after the round) do
+    already; a DDP fit is left to that vote. The sanity check's round stops at once: nothing is trained yet.
+    """
+
+    def __init__(self) -> None:
+        self._trainer: Trainer | None = None
+        self._in_round = False  # inside a fit's validation round (not the sanity check): SIGTERM waits
+        self._held = False  # a SIGTERM came in the round
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # Lightning registers its SIGTERM handler after the setup hooks, with the connector's notifier as it is
+        # then: an instance attribute shadows it for this trainer only (StopTogether does the same under DDP).
+        connector = trainer._signal_connector
+        voting = any(isinstance(cb, StopTogether) and cb.voting for cb in trainer.callbacks)
+        if stage != "fit" or voting or not hasattr(connector, "_sigterm_notifier_fn"):
+            return
+        self._trainer, self._in_round, self._held = trainer, False, False
+        notify = connector._sigterm_notifier_fn
+
+        def notice(signum: int, frame: FrameType | None) -> None:
+            if self._in_round and not self._held:
+                self._held = True
+                rank_zero_info("\nSIGTERM: stopping after this validation round and saving last.ckpt")
+                return
+            notify(signum, frame)
+
+        self._notify = notify
+        connector._sigterm_notifier_fn = notice
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._in_round = self._trainer is trainer and not trainer.sanity_checking
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self._in_round:
+            return
+        self._in_round = False
+        if self._held:  # Lightning's own notice (its log line, its flag): the loop stops before the next batch
+            self._held = False
+            self._notify(signal.SIGTERM, None)
+
+    def _release(self, trainer: Trainer) -> None:
+        if self._trainer is trainer:
+            vars(trainer._signal_connector).pop("_sigterm_notifier_fn", None)
+        self._trainer, self._in_round, self._held = None, False, False
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._release(trainer)
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._release(trainer)

@@ -41,7 +41,7 @@ from lit_icl.callbacks.ddp_stop import StopTogether
 from lit_icl.callbacks.eval_step import EvaluationAtTrainedStep
 from lit_icl.callbacks.finite import FiniteGuard
 from lit_icl.callbacks.hparams import HParamsView
-from lit_icl.callbacks.interrupt import StopOnCtrlC, stopped_by_ctrl_c
+from lit_icl.callbacks.interrupt import FinishRoundOnSigterm, StopOnCtrlC, stopped_by_ctrl_c
 from lit_icl.callbacks.resume import ResumeInsideEpoch
 from lit_icl.cli.checkpoints import (
     check_ckpt_classes,
@@ -409,7 +409,8 @@ class LitICLCLI(LightningCLI):
             # before it writes anything; its message names the flag, often over several lines.
             raise ConfigError(trainer_error_message(err)) from err
         check_precision_request(trainer, (self.config[self.subcommand] if self.subcommand else self.config).trainer)
-        for callback in (ResultsWriter, EvaluationAtTrainedStep, HParamsView, FiniteGuard, ResumeInsideEpoch, StopTogether, StopOnCtrlC):
+        for callback in (ResultsWriter, EvaluationAtTrainedStep, HParamsView, FiniteGuard, ResumeInsideEpoch, StopTogether, StopOnCtrlC,
+                         FinishRoundOnSigterm):
             if not any(isinstance(cb, callback) for cb in trainer.callbacks):
                 trainer.callbacks.append(callback())
         sub = self.subcommand

@@ -140,16 +140,32 @@ def test_ctrl_c_before_the_run_starts_is_one_line_and_status_130(tmp_path, capsy
 
 
 def test_a_stop_before_the_first_checkpoint_says_to_start_again_not_to_resume(tmp_path, capsys) -> None:
-    """SIGTERM inside the first validation round stops the fit there (Lightning's rule), before any checkpoint. The
-    last line used to say "resume with --ckpt_path last", which then failed: there was nothing to resume."""
-    record = tmp_path / "ends.txt"
-    stop = _signal(record, STEPS, in_validation=True, signum="SIGTERM")
-    assert _fit(tmp_path, *stop, "--data.init_args.eval_batch_size", "8") == 128 + signal.SIGTERM  # 2 batches
-    assert record.read_text().split() == ["0", "SIGTERMException", str(STEPS)]
+    """SIGTERM inside the sanity check stops the fit there, before any checkpoint. The last line used to say
+    "resume with --ckpt_path last", which then failed: there was nothing to resume."""
+    stop = {"class_path": "subprocess_callbacks.SignalInEvaluation", "init_args": {"sanity": True}}
+    assert _fit(tmp_path, "--trainer.callbacks", json.dumps([stop]), "--trainer.num_sanity_val_steps", "2",
+                "--data.init_args.eval_batch_size", "8") == 128 + signal.SIGTERM  # 2 batches: stopped after one
     assert not (tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt").exists()
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "lit_icl: stopped by SIGTERM; no checkpoint was written yet, so run the same command again (without "
         "--ckpt_path) to start over")
+
+
+def test_sigterm_in_a_validation_round_stops_after_it_with_last_ckpt_and_resumes_bit_identical(
+    tmp_path, capsys, straight
+) -> None:
+    """A single-process fit stopped inside the round (Lightning's rule), before the epoch's checkpoint: a SIGTERM
+    in the first epoch's round lost the whole epoch ("no checkpoint was written yet"). It now finishes the round
+    and saves last.ckpt at the epoch's step, as Ctrl-C and a DDP fit do, and the resumed run ends as one that was
+    not stopped."""
+    record = tmp_path / "ends.txt"
+    stop = _signal(record, STEPS, in_validation=True, signum="SIGTERM")
+    assert _fit(tmp_path, *stop, "--data.init_args.eval_batch_size", "8") == 128 + signal.SIGTERM  # 2 batches
+    assert record.read_text().split() == ["0", "SIGTERMException", str(STEPS)]
+    assert _last(tmp_path)["global_step"] == STEPS
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "lit_icl: stopped by SIGTERM; resume with --ckpt_path last"
+    assert _fit(tmp_path, "--ckpt_path", "last") == 0
+    _assert_same_weights(_last(tmp_path), straight)
 
 
 def test_a_stop_after_a_checkpoint_says_to_resume_with_a_config_s_own_best_model_callback(tmp_path, capsys) -> None:
