@@ -301,6 +301,24 @@ def test_a_resume_with_another_seed_or_other_data_is_refused(tmp_path, capsys, t
     _assert_resume_refused(tmp_path, capsys, run, args, needles)
 
 
+@pytest.mark.parametrize(("extra", "needle"), [
+    (["--trainer.max_steps", "3"], "has reached step 4, beyond --trainer.max_steps 3"),
+    (["--trainer.max_steps", "-1", "--trainer.max_epochs", "1"], "has reached epoch 2, beyond --trainer.max_epochs 1"),
+], ids=["max_steps", "max_epochs"])
+def test_a_resume_shorter_than_the_checkpoint_is_refused(tmp_path, capsys, trained, extra, needle) -> None:
+    """Lightning restored a 4-step checkpoint under max_steps 3, trained nothing, exited 0 and rewrote the run's
+    config.yaml to say 3 steps. Refused, naming the length to give; the same length (a finished run) resumes."""
+    _copy_runs(trained, tmp_path)
+    run = tmp_path / "runs/tiny/version_0"
+    before = _files(run)
+    line = assert_rejected(tmp_path, capsys, ["fit", *reg_args(tmp_path, CONFIG, *extra), "--ckpt_path", "last"],
+                           needle, runs_exist=True)
+    assert "the resume would train nothing" in line and "or more to go on, or `test` the checkpoint" in line
+    assert _files(run) == before
+    main(["fit", *reg_args(tmp_path, CONFIG), "--ckpt_path", "last"])  # max_steps 4, as trained: nothing to do
+    assert torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=True)["global_step"] == 4
+
+
 def test_a_resume_may_change_how_data_is_loaded_and_what_only_test_reads(tmp_path, trained) -> None:
     """Workers, the evaluation batch and the test set change no number the fit trains on: it resumes. A test (not
     a resume) of the checkpoint may use other data and another seed."""

@@ -47,6 +47,7 @@ from lit_icl.cli.checkpoints import (
     check_ckpt_classes,
     check_ckpt_hparams,
     check_ckpt_path,
+    check_resume_length,
     check_resume_settings,
     check_resumed_data,
     check_resumed_ranks,
@@ -302,6 +303,7 @@ class LitICLCLI(LightningCLI):
                 check_ckpt_hparams(path, ckpt, config)
                 if sub == "fit":  # a resume: the same data and seed (test / validate may evaluate on others)
                     check_resume_settings(path, ckpt, config)
+                    check_resume_length(path, ckpt, config)
                     self._resumed = (path, ckpt)  # what the data resolved to is checked once it is built
             if sub in ("test", "validate", "predict"):
                 self._evaluated = ckpt  # what the module will score, checked once it is built

@@ -240,6 +240,30 @@ def check_resume_settings(ckpt_path: Any, ckpt: dict[str, Any], config: Any) -> 
         "or start a new run without --ckpt_path"
     )
 
+def check_resume_length(ckpt_path: Any, ckpt: dict[str, Any], config: Any) -> None:
+    """Refuse ``fit --ckpt_path`` with a ``trainer.max_steps`` (or ``max_epochs``) below what the checkpoint has
+    already trained. Lightning restores it, trains nothing and exits 0, and the run's ``config.yaml``, rewritten on
+    resume, then gives the smaller length for weights trained longer (a later ``test`` records that length as the
+    fit's). A length equal to the trained one (resuming a finished run) is a no-op and stays allowed."""
+    trainer = config.get("trainer")
+    if trainer is None:
+        return
+    # An epoch's own checkpoint is written before Lightning counts the epoch complete: its 0-based "epoch" is the
+    # last epoch trained (all of it, or part of it for a checkpoint written inside the epoch).
+    epoch = ckpt.get("epoch")
+    reached = {"max_steps": (ckpt.get("global_step"), "step"),
+               "max_epochs": (epoch + 1 if isinstance(epoch, int) else None, "epoch")}
+    for flag, (done, unit) in reached.items():
+        limit = trainer.get(flag)
+        if (isinstance(limit, int) and not isinstance(limit, bool) and limit >= 0 and isinstance(done, int)
+                and limit < done):
+            raise ConfigError(
+                f"--ckpt_path {ckpt_path} has reached {unit} {done}, beyond --trainer.{flag} {limit}: the resume "
+                f"would train nothing and its config.yaml would say {limit}; give --trainer.{flag} {done} or more "
+                "to go on, or `test` the checkpoint"
+            )
+
+
 def check_resumed_data(ckpt_path: Any, ckpt: dict[str, Any], datamodule: Any) -> None:
     """Refuse ``fit --ckpt_path`` when the data module resolves its arguments to other data than the run it
     resumes. Equal arguments (:func:`check_resume_settings`) can still mean other data where a module resolves one
