@@ -18,6 +18,8 @@ CLI_ROWS: list[tuple[list[str], str]] = [
     (["--trainer.max_epochs", "x"], "--trainer.max_epochs: Expected a <class 'int'>. Got value: x"),
     (["--no_such_option", "1"], "unrecognized arguments: --no_such_option"),
     (["--ckpt_path", "does/not/exist.ckpt"], "does not exist"),
+    # Lightning raised a ValueError with a traceback (status 1).
+    (["--ckpt_path", "hpc"], "--ckpt_path hpc: no HPC checkpoint (hpc_ckpt_N.ckpt"),
     (["--config", "configs/no_such_config.yaml"], "--config: File does not exist"),
     # Lightning ran these, wrote a run folder without a checkpoint and exited 0.
     (["--trainer.max_steps", "0"], "--trainer.max_steps=0 trains nothing"),

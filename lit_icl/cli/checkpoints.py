@@ -382,6 +382,8 @@ def resolve_ckpt_path(subcommand: str, config: Any) -> Any:
       none.
     """
     ckpt_path = config.get("ckpt_path")
+    if ckpt_path == "hpc":
+        _check_hpc_checkpoint(config)
     if ckpt_path not in ("last", "best"):
         return ckpt_path
     last, looked = where_last(config)
@@ -402,6 +404,19 @@ def resolve_ckpt_path(subcommand: str, config: Any) -> Any:
             f"in {looked}); run fit first, or pass a .ckpt file"
         )
     return str(best)
+
+def _check_hpc_checkpoint(config: Any) -> None:
+    """Refuse ``--ckpt_path hpc`` when there is no ``hpc_ckpt_N.ckpt`` (what Lightning saves on SLURM's requeue
+    signal) in ``trainer.default_root_dir``, where Lightning looks for one. Lightning raised a ``ValueError`` with a
+    traceback and status 1 for it."""
+    trainer = config.get("trainer")
+    root = Path((trainer.get("default_root_dir") if trainer is not None else None) or os.getcwd())
+    if not any(root.glob("hpc_ckpt_*.ckpt")):
+        raise ConfigError(
+            f"--ckpt_path hpc: no HPC checkpoint (hpc_ckpt_N.ckpt, saved by Lightning on SLURM's requeue signal) in "
+            f"{root}; use --ckpt_path last to resume the newest run of this config, or pass a .ckpt file"
+        )
+
 
 def _best_recorded(last: Path) -> Path | None:
     """The existing ``best_model_path`` a ``ModelCheckpoint`` recorded in the checkpoint ``last``, if any."""
