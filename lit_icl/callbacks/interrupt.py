@@ -123,7 +123,8 @@ class FinishRoundOnSigterm(Callback):
     round and handed to Lightning when the round ends; the training loop then stops before its next batch and
     ``RunCheckpoint`` saves that step, as for a SIGTERM between two training batches. This is what Ctrl-C
     (:class:`StopOnCtrlC`) and a DDP fit (:class:`~lit_icl.callbacks.StopTogether`, which votes after the round) do
-    already; a DDP fit is left to that vote. The sanity check's round stops at once: nothing is trained yet.
+    already; a DDP fit is left to that vote. The sanity check's round stops at once: nothing is trained yet. A
+    second SIGTERM in the same round stops the fit inside it at once, without a new checkpoint.
     """
 
     def __init__(self) -> None:
