@@ -535,6 +535,22 @@ def test_non_finite_weights_stop_the_run_before_a_checkpoint_is_saved(tmp_path) 
     assert not (tmp_path / "ck").exists() or not list((tmp_path / "ck").iterdir())
 
 
+def test_last_without_a_logger_is_looked_for_in_the_default_root_dir(tmp_path, capsys) -> None:
+    """With ``--trainer.logger false`` checkpoints go to ``default_root_dir/checkpoints``. ``--ckpt_path last`` was
+    left to Lightning there: with nothing to resume it trained from scratch after a warning (status 0), and an
+    existing last.ckpt resumed without the checks of its seed and settings."""
+    no_logger = ["--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path / "root")]
+    line = assert_rejected(tmp_path, capsys, ["fit", *reg_args(tmp_path, CONFIG, *no_logger), "--ckpt_path", "last"],
+                           "--ckpt_path last: no earlier run of this config")
+    assert f"(looked for {tmp_path / 'root/checkpoints/last.ckpt'})" in line
+    main(["fit", *reg_args(tmp_path, CONFIG, *no_logger)])
+    assert_rejected(tmp_path, capsys, ["fit", *reg_args(tmp_path, CONFIG, *no_logger, "--seed_everything", "7"),
+                                       "--ckpt_path", "last"], "was trained with another seed", runs_exist=True)
+    main(["fit", *reg_args(tmp_path, CONFIG, *no_logger, "--trainer.max_steps", "6"), "--ckpt_path", "last"])
+    ckpt = torch.load(tmp_path / "root/checkpoints/last.ckpt", map_location="cpu", weights_only=True)
+    assert ckpt["global_step"] == 6  # resumed in place
+
+
 def test_last_and_best_resolve_to_the_newest_run_of_the_config(tmp_path) -> None:
     """After a fit, ``test --ckpt_path last|best`` test that run's checkpoints (a fresh process's Lightning
     would find neither); every run has the guard, which adds nothing to the checkpoint."""

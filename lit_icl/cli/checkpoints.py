@@ -352,14 +352,20 @@ def pinned_run_folder(config: Any) -> Path | None:
 
 def where_last(config: Any) -> tuple[Path | None, str]:
     """The ``last.ckpt`` a ``--ckpt_path last`` of this config means (``None`` if there is none), and where
-    it was looked for (for the error). ``(None, "")`` when the CLI cannot tell (no logger to read)."""
+    it was looked for (for the error). ``(None, "")`` when the CLI cannot tell (a logger it cannot read)."""
     dirpath = config.checkpoint.get("dirpath") if config.get("checkpoint") is not None else None
     if dirpath:
         path = Path(dirpath) / "last.ckpt"
         return (path if path.is_file() else None), str(path)
     root = _logger_root(config)
     if root is None:
-        return None, ""
+        if config.get("trainer") is None or config.trainer.get("logger") not in (False, []):
+            return None, ""
+        # No logger (--trainer.logger false): Lightning's checkpoint folder is default_root_dir/checkpoints. Left to
+        # Lightning, `last` with nothing there trained (or tested) from scratch after a warning, and an existing
+        # last.ckpt was resumed without the checks of its seed and settings.
+        path = Path(config.trainer.get("default_root_dir") or ".") / "checkpoints" / "last.ckpt"
+        return (path if path.is_file() else None), str(path)
     run = pinned_run_folder(config)
     if run is not None:
         path = run / "checkpoints" / "last.ckpt"
