@@ -5,7 +5,9 @@
 
 Each argument is a run folder or a ``results.json`` (see :mod:`lit_icl.core.results`). Runs whose configs differ
 only in their seeds (``seed_everything``, ``data_seed``) and in where they log form one *experiment*, and their
-rows are averaged: cells read ``mean ± sd`` over the runs (the table header says how many). A run that repeats
+rows are averaged: cells read ``mean ± sd`` over the runs (the table header says how many). The config of the
+fit that trained a tested checkpoint counts too (its early-stopping rule and CLI optimizer included), and so does
+which of its checkpoints was tested (``last.ckpt`` or ``best-*.ckpt``). A run that repeats
 another's test (the same checkpoint, config and seeds) gives the same numbers again: it is counted once, with a
 note. An experiment is
 named by its TensorBoard logger name (the part its runs' names share, with ``*``, when its seeds logged under
@@ -24,6 +26,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -60,13 +63,35 @@ def _sections(config: Mapping[str, Any] | None) -> dict[str, Any]:
     return {k: (config or {}).get(k) for k in ("model", "data", "trainer")}
 
 
+def _training_rules(fit: Mapping[str, Any]) -> dict[str, Any]:
+    """The CLI sections of a fit's config besides model, data and trainer that change how it trained, where set:
+    an early-stopping rule (on only with a patience) and LightningCLI's ``--optimizer`` / ``--lr_scheduler``."""
+    rules = {k: fit.get(k) for k in ("optimizer", "lr_scheduler") if fit.get(k) is not None}
+    stopping = fit.get("early_stopping")
+    if isinstance(stopping, Mapping) and stopping.get("patience") is not None:
+        rules["early_stopping"] = stopping
+    return rules
+
+
+def checkpoint_kind(checkpoint: str | None) -> str | None:
+    """Which of its fit's checkpoints a test scored, the same for every seed: the file name without its numbers
+    (``last.ckpt``, ``best-epoch=-step=.ckpt`` for ``best-epoch=3-step=120.ckpt``)."""
+    return re.sub(r"\d+", "", Path(checkpoint).name) if checkpoint else None
+
+
 def experiment_fingerprint(meta: Mapping[str, Any]) -> str:
     """A hash of the run's config, and of the config of the fit that trained its checkpoint, without seeds and
     logging: equal for runs that differ only in seed."""
     core = _strip(_sections(meta.get("config")), SEED_KEYS)
     fit = meta.get("fit_config")
     if fit:  # what the tested checkpoint was trained on: tests of models trained differently are not seeds
-        core["fit"] = _strip(_sections(fit), SEED_KEYS)
+        # An early-stopping rule or a CLI optimizer is training too: fits with and without one were pooled.
+        core["fit"] = _strip({**_sections(fit), **_training_rules(fit)}, SEED_KEYS)
+    kind = checkpoint_kind(meta.get("checkpoint"))
+    if kind is not None:
+        # Tests of last.ckpt and of a best-*.ckpt (or epoch=*.ckpt) of the same fits are two conditions, not
+        # replicates: without this the report averaged a seed's best and last checkpoints as two runs (n = 2).
+        core["checkpoint"] = kind
     return hashlib.sha1(json.dumps(core, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 

@@ -236,3 +236,42 @@ def test_seeds_logged_under_names_of_their_own_are_labelled_by_what_the_names_sh
     report([str(tmp_path / name) for name in ("c0", "c1", "o")])
     table = capsys.readouterr().out
     assert "| coqe_s* | coqe | 0.150 ± 0.071 |" in table and "| lr01 | coqe | 0.500 |" in table
+
+
+def _test_of(path, acc: float, seed: int, ckpt: str, **fit_sections) -> str:
+    """A test of ``runs/F/s<seed>/checkpoints/<ckpt>``, whose fit's config has ``fit_sections`` besides its own."""
+    test = {"seed_everything": seed, "data": {"init_args": {"data_seed": seed}},
+            "trainer": {"logger": {"init_args": {"name": "T", "version": path.name}}}}
+    fit = {"seed_everything": seed, "data": {"init_args": {"data_seed": seed}}, "trainer": {"max_steps": 9},
+           "early_stopping": {"patience": None, "monitor": None}, "optimizer": None, **fit_sections}
+    write_results(path, [result_row("accuracy", acc, method="E2E")],
+                  {"config": test, "fit_config": fit, "checkpoint": f"runs/F/s{seed}/checkpoints/{ckpt}"})
+    return str(path)
+
+
+def test_tests_of_a_fits_last_and_best_checkpoints_are_two_experiments_not_two_seeds(tmp_path, capsys) -> None:
+    """Testing each seed's ``last.ckpt`` and its ``best-*.ckpt``: the report averaged a seed's best and last as two
+    runs of one experiment ("n = 4" over 2 seeds). Which checkpoint was tested now tells them apart; the best
+    checkpoints of different seeds, at different steps, still pool."""
+    runs = [_test_of(tmp_path / "l0", 0.70, 0, "last.ckpt"), _test_of(tmp_path / "l1", 0.80, 1, "last.ckpt"),
+            _test_of(tmp_path / "b0", 0.90, 0, "best-epoch=3-step=120.ckpt"),
+            _test_of(tmp_path / "b1", 0.95, 1, "best-epoch=5-step=200.ckpt")]
+    report(runs)
+    table = capsys.readouterr().out
+    assert "n = 2 runs per cell" in table and table.count("| E2E |") == 2
+    assert f"0.750 ± {statistics.stdev([0.70, 0.80]):.3f}" in table
+    assert f"0.925 ± {statistics.stdev([0.90, 0.95]):.3f}" in table
+
+
+def test_fits_with_another_early_stopping_rule_or_cli_optimizer_are_other_experiments(tmp_path, capsys) -> None:
+    """Fits that differ only in ``--early_stopping.patience`` (or ``--optimizer``) trained differently; their tests
+    were pooled as seeds because only the fit's model, data and trainer sections were compared."""
+    stop = {"early_stopping": {"patience": 5, "monitor": "val/acc"}}
+    runs = [_test_of(tmp_path / "a", 0.70, 0, "last.ckpt"), _test_of(tmp_path / "b", 0.80, 1, "last.ckpt", **stop),
+            _test_of(tmp_path / "c", 0.60, 2, "last.ckpt", optimizer={"class_path": "torch.optim.SGD"})]
+    report(runs)
+    table = capsys.readouterr().out
+    assert "n = 1 runs per cell" in table and table.count("| E2E |") == 3
+    runs.append(_test_of(tmp_path / "d", 0.90, 3, "last.ckpt", **stop))  # another seed of the rule: pooled
+    report(runs)
+    assert f"0.850 ± {statistics.stdev([0.80, 0.90]):.3f}" in capsys.readouterr().out
