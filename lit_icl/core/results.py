@@ -3,7 +3,8 @@
 A ``test`` run's folder gets
 
 - ``results.json``: ``{"meta": {...}, "rows": [...]}``. ``meta`` holds the resolved config, the checkpoint
-  path, the checkpoint's trained steps, the seeds, and the versions of Python, torch, lightning and lit_icl.
+  path, the checkpoint's trained steps, the seeds, the versions of Python, torch, lightning and lit_icl, the
+  command, the git commit of the code (and whether it was ``dirty``) and the machine (:func:`provenance`).
   ``rows`` is tidy: each row is one number, ``{"metric", "value", "split", "method", <coordinates>}``, where
   coordinates are the experiment's axes (``label_ratio``, ``n_context``, ``evaluator``, ``depth``, ...);
 - ``results.csv``: the same rows, one column per key;
@@ -22,6 +23,9 @@ import json
 import math
 import os
 import platform
+import shlex
+import subprocess
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -86,6 +90,39 @@ def versions() -> dict[str, str]:
     }
 
 
+def provenance() -> dict[str, Any]:
+    """What a result needs to be traced back to beyond versions (lit_icl's version does not change between
+    commits): the command line, the commit of the code that ran (``None`` outside a git checkout; ``dirty`` when
+    tracked files had changed) and the machine."""
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10,
+                                  check=False)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    argv = list(sys.argv)
+    if argv and Path(argv[0]).name == "__main__.py":  # `python -m lit_icl ...` as typed, not the file's full path
+        argv[:1] = ["-m", Path(argv[0]).parent.name]
+    # Only lit_icl's own checkout: an installed copy under site-packages may sit inside some other repository.
+    commit = git("rev-parse", "HEAD") if (root / ".git").exists() else None
+    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {
+        "command": shlex.join([Path(sys.executable).name, *argv]) if argv and argv[0] else None,
+        "commit": commit,
+        "dirty": bool(status) if status is not None else None,
+        "machine": {
+            "host": platform.node(),
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        },
+    }
+
+
 def run_meta(trainer: Trainer, module: LightningModule, log_dir: str | Path | None = None) -> dict[str, Any]:
     """Provenance of a test run: config, checkpoint, trained steps, seeds, versions, time.
 
@@ -120,6 +157,8 @@ def run_meta(trainer: Trainer, module: LightningModule, log_dir: str | Path | No
             "data_seed": dm_hparams.get("data_seed"),
         },
         "versions": versions(),
+        # Without these a results.json could not say which code, command and machine made it.
+        **provenance(),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
 

@@ -40,3 +40,26 @@ def test_results_files_round_trip(tmp_path) -> None:
     (tmp_path / "bad.json").write_text(json.dumps({"results": []}))
     with pytest.raises(ValueError, match="not a lit_icl results file"):
         load_results(tmp_path / "bad.json")
+
+
+def test_a_tests_meta_says_which_command_commit_and_machine_made_it(tmp_path, monkeypatch) -> None:
+    """``meta`` named the versions only, and lit_icl's does not change between commits: a results.json could not
+    be traced to the code, command or machine that made it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from lit_icl.core.results import provenance
+
+    monkeypatch.setattr(sys, "argv", ["lit_icl", "test", "--config", "my config.yaml"])
+    meta = provenance()
+    assert meta["command"] == f"{Path(sys.executable).name} lit_icl test --config 'my config.yaml'"
+    monkeypatch.setattr(sys, "argv", ["/somewhere/lit_icl/__main__.py", "fit"])
+    assert provenance()["command"] == f"{Path(sys.executable).name} -m lit_icl fit"
+    assert meta["machine"]["cpus"] and meta["machine"]["host"] and isinstance(meta["machine"]["gpus"], list)
+    root = Path(__file__).resolve().parents[2]
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
+    if head.returncode == 0:  # a git checkout: the commit of the code that ran
+        assert meta["commit"] == head.stdout.strip() and isinstance(meta["dirty"], bool)
+    else:
+        assert meta["commit"] is None and meta["dirty"] is None
