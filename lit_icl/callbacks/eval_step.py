@@ -4,8 +4,9 @@ Such a run starts the trainer's step and epoch counters at 0, and Lightning writ
 counter, with the epoch beside them: TensorBoard showed every checkpoint's test at step 0 and epoch 0, away from the
 validation curve of the fit that trained it. For the round this callback sets the counters where the fit wrote its
 validation round of the same weights (Lightning writes a round after N optimizer steps at N - 1,
-:func:`lit_icl.core.results.trained_step_x`) and to the checkpoint's epoch, and puts them back after it. The rounds
-inside a fit are left alone. The CLI adds it to every run.
+:func:`lit_icl.core.results.trained_step_x`; with several optimizers, as in I2CL, after N batches that stepped,
+which the checkpoint records) and to the checkpoint's epoch, and puts them back after it. The rounds inside a fit
+are left alone. The CLI adds it to every run.
 """
 
 from __future__ import annotations
@@ -23,12 +24,18 @@ class EvaluationAtTrainedStep(Callback):
 
     def __init__(self) -> None:
         self._ckpt_epoch: int | None = None
+        self._ckpt_x: int | None = None  # the step of the fit's round of the checkpoint's weights, when it says
         #: ``(step counter, epoch counter)`` as they were before the round, while it runs.
         self._saved: tuple[int, int] | None = None
 
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         epoch = checkpoint.get("epoch")
         self._ckpt_epoch = epoch if isinstance(epoch, int) else None
+        # The fit wrote its scalars at its logging counter, which counts batches that stepped: the optimizer steps
+        # (global_step) of one optimizer, but a third of them for I2CL's three methods, each with its own AdamW.
+        loop = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.state_dict", {})
+        stepped = loop.get("_batches_that_stepped") if isinstance(loop, dict) else None
+        self._ckpt_x = max(stepped - 1, 0) if isinstance(stepped, int) else None
 
     def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._place(trainer, pl_module)
@@ -49,7 +56,7 @@ class EvaluationAtTrainedStep(Callback):
     def _place(self, trainer: Trainer, pl_module: LightningModule) -> None:
         loop, progress = trainer.fit_loop.epoch_loop, trainer.fit_loop.epoch_progress.current
         self._saved = (loop._batches_that_stepped, progress.completed)
-        loop._batches_that_stepped = trained_step_x(pl_module)
+        loop._batches_that_stepped = trained_step_x(pl_module) if self._ckpt_x is None else self._ckpt_x
         if self._ckpt_epoch is not None:
             progress.completed = self._ckpt_epoch
 
@@ -58,4 +65,4 @@ class EvaluationAtTrainedStep(Callback):
             trainer.fit_loop.epoch_loop._batches_that_stepped, trainer.fit_loop.epoch_progress.current.completed = (
                 self._saved)
             self._saved = None
-        self._ckpt_epoch = None
+        self._ckpt_epoch = self._ckpt_x = None

@@ -27,6 +27,20 @@ from lit_icl.i2cl.module import (
 from lit_icl.i2cl.nets import CausalLM
 
 
+def _scalar_steps(run_dir: Path, prefix: str) -> dict[str, list[int]]:
+    """``{tag: [steps]}`` of the TensorBoard scalars under ``prefix`` in ``run_dir``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    steps: dict[str, list[int]] = {}
+    for path in sorted(run_dir.glob("events.out.tfevents.*")):
+        events = EventAccumulator(str(path))
+        events.Reload()
+        for tag in events.Tags()["scalars"]:
+            if tag.startswith(prefix):
+                steps.setdefault(tag, []).extend(e.step for e in events.Scalars(tag))
+    return steps
+
+
 def test_tiny_cli_fit_then_test_writes_results(tmp_path: Path, llama_dir: str) -> None:
     main(["fit", *cli_args(tmp_path, llama_dir)])
     ckpt = tmp_path / "runs" / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
@@ -45,6 +59,10 @@ def test_tiny_cli_fit_then_test_writes_results(tmp_path: Path, llama_dir: str) -
     acc = {r["method"]: r["value"] for r in rows if r["metric"] == "accuracy"}
     assert sorted(acc) == sorted(methods) and all(0 <= v <= 1 for v in acc.values())
     assert all(r["task"] == "synthetic" and r["seed"] == 0 for r in rows)
+    # TensorBoard: the test's point sits at the fit's last logging step (6 batches), not at global_step - 1 (17:
+    # three methods, an AdamW step each per batch)
+    fit_steps, test_steps = _scalar_steps(ckpt.parents[1], "train/"), _scalar_steps(Path(results).parent, "test/")
+    assert max(max(v) for v in fit_steps.values()) == 5 and {s for v in test_steps.values() for s in v} == {5}
     lat = {r["method"] for r in rows if r["metric"] == "latency_ms_per_query"}
     assert lat == set(methods)
     f1 = {r["method"]: r["value"] for r in rows if r["metric"] == "macro_f1"}
