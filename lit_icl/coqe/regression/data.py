@@ -94,10 +94,10 @@ def parse_shift(name: str) -> Shift:
     if name == "orthant":
         return Shift(name, orthant=True)
     m = _SHIFT_RE.match(str(name))
-    if m is None or float(m.group(2)) <= 0:
+    if m is None or not 0 < float(m.group(2)) < math.inf:  # 1e400 parses, as inf
         raise ConfigError(
             f"shift {name!r} is not understood; use id, orthant, x_scale=<c>, query_std=<c> or w_scale=<c> "
-            "with c > 0 (App. C.1: x_scale=0.8, x_scale=1.2, query_std=3, orthant, w_scale=0.8, w_scale=1.2)"
+            "with a finite c > 0 (App. C.1: x_scale=0.8, x_scale=1.2, query_std=3, orthant, w_scale=0.8, w_scale=1.2)"
         )
     return Shift(name, **{m.group(1): float(m.group(2))})
 

@@ -85,6 +85,7 @@ def test_least_squares_curve_through_the_cli_equals_the_direct_computation(tmp_p
 BAD = [
     ([], "--data.init_args.function_class=cubic", "function_class: Expected a typing.Literal"),
     ([], "--data.init_args.shifts=[id, x_scale=-1]", "shift 'x_scale=-1'"),
+    ([], "--data.init_args.shifts=[id, x_scale=1e400]", "shift 'x_scale=1e400' is not understood"),  # inf
     ([], "--data.init_args.shifts=[orthant, id]", "must start with id"),
     ([], "--data.init_args.shifts=[id, id]", "repeats 'id'"),
     ([], "--data.init_args.n_points=1", "n_points=1"),
