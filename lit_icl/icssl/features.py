@@ -37,7 +37,7 @@ from lit_icl.core.validation import (
     check_fraction,
     check_int,
     check_literal,
-    check_nonnegative,
+    check_positive,
 )
 from lit_icl.icssl.data import EpisodeDataModule, PointBank
 
@@ -238,7 +238,7 @@ class FeatureEpisodeDataModule(StandinOnFirstUse, EpisodeDataModule):
         # An item is one episode (no chunk_size); the pool, too, is counted in episodes.
         self.check_loader_args("train_episodes", "val_episodes", "test_episodes")
         check_fraction("test_fraction", test_fraction)
-        check_nonnegative("feature_scale", feature_scale)
+        check_positive("feature_scale", feature_scale, hint="0 makes every point the origin; the config uses 0.1")
         check_literal("normalize", normalize, FeatureNormalization)
         self.init_episodes(2 * per_class)
         #: Sec. 4.2's "dataset size"; the IC-SSL module tags its result rows with it.

@@ -138,6 +138,7 @@ ICSSL_ROWS: list[tuple[list[str], list[str], str]] = [
     (IMAGES, [D + "pixel_scale", "0"], "pixel_scale=0.0 must be > 0"),
     (FEATURES, [D + "features", "no/such.pt"], "no feature file at no/such.pt"),
     (FEATURES, [D + "per_class", "0"], "per_class=0 must be >= 1"),
+    (FEATURES, [D + "feature_scale", "0"], "feature_scale=0.0 must be > 0; 0 makes every point the origin"),
     (IMAGES, [D + "eval_label_ratios", "[]"], "eval_label_ratios is empty"),
     (IMAGES, [D + "eval_label_ratios", "[0.1, 0.1]"], "repeats 0.1"),
     # --- ProjectedRepresentation (configs/icssl/features/projected.yaml), on the tiny 3-D manifold episodes
