@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -76,6 +76,23 @@ def check_eval_label_ratios(ratios: Sequence[float], n_points: int) -> list[floa
     check_unique("eval_label_ratios", ratios)
     check_label_ratios(ratios, n_points)
     return [float(r) for r in ratios]
+
+
+def check_manifold_lists(hp: Mapping[str, Any]) -> None:
+    """``train_manifolds`` / ``val_manifolds`` / ``test_manifolds`` (null: the training ones) are non-empty lists of
+    names; with ``test_per_manifold`` the test manifolds name one test set each, so none may repeat."""
+    for split in ("train", "val", "test"):
+        if hp[f"{split}_manifolds"] is not None:
+            for spec in check_nonempty(f"{split}_manifolds", hp[f"{split}_manifolds"], example="[cylinder]"):
+                if not isinstance(spec, str):
+                    raise ConfigError(f"{split}_manifolds entry {spec!r} must be a manifold name such as 'cylinder'")
+    tests = "train_manifolds" if hp["test_manifolds"] is None else "test_manifolds"
+    if hp["test_per_manifold"] and len(set(hp[tests])) < len(hp[tests]):
+        repeated = next(m for i, m in enumerate(hp[tests]) if m in hp[tests][:i])
+        raise ConfigError(
+            f"{tests}={list(hp[tests])} repeats {repeated!r}, which test_per_manifold: true would test twice under "
+            "one name; list each manifold once (or set test_per_manifold: false to test one mixed set)"
+        )
 
 
 def ratio_key(ratio: float) -> str:
@@ -403,11 +420,7 @@ class ManifoldDataModule(EpisodeDataModule):
         check_fraction("product_positive_fraction", hp.product_positive_fraction, closed_high=True)
         check_bool("test_per_manifold", hp.test_per_manifold)
         check_bool("product_permute_factors", hp.product_permute_factors)
-        for split in ("train", "val", "test"):
-            if hp[f"{split}_manifolds"] is not None:
-                for spec in check_nonempty(f"{split}_manifolds", hp[f"{split}_manifolds"], example="[cylinder]"):
-                    if not isinstance(spec, str):
-                        raise ConfigError(f"{split}_manifolds entry {spec!r} must be a manifold name such as 'cylinder'")
+        check_manifold_lists(hp)
 
     def dataset(self, split: Split, items: int | None = None, only: int | None = None) -> EpisodeChunks:
         """Episodes of ``split`` (``items`` chunks in training; ``val_episodes`` / ``test_episodes`` otherwise);

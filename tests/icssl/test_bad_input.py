@@ -65,6 +65,9 @@ ICSSL_ROWS: list[tuple[list[str], list[str], str]] = [
     (ID, [D + "train_manifolds", "[]"], "train_manifolds is empty"),
     (ID, [D + "val_manifolds", "[]"], "val_manifolds is empty"),
     (ID, [D + "test_manifolds", "[sphere*torus]"], "different ambient dimensions [3, 6]"),
+    # one test set per test manifold: a repeated one would be tested twice, its rows under one name
+    (ID, [D + "test_manifolds", "[cylinder, sphere, cylinder]"], "repeats 'cylinder', which test_per_manifold: true"),
+    (ID, [D + "train_manifolds", "[cone, cone]", D + "test_manifolds", "null"], "train_manifolds=['cone', 'cone'] repeats 'cone'"),
     (ID, [D + "n_points", "0", REP + ".init_args.n_points", "0"], "n_points=0 must be >= 2"),
     (ID, [D + "chunk_size", "0"], "chunk_size=0 must be >= 1"),
     (ID, [D + "chunk_size", "-8"], "chunk_size=-8 must be >= 1"),
