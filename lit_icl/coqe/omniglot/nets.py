@@ -102,6 +102,9 @@ class ResNetEmbedder(nn.Module):
         channels_last: bool = False,
     ):
         super().__init__()
+        # Checked even when resnet_channels overrides it, so a typo never waits for a later config change.
+        check_int("emb_dim", emb_dim, minimum=1, hint=f"one of {sorted(RESNET_CHANNELS)}, or any size >= 1 beside "
+                  "resnet_channels, which overrides it")
         if channels is None:
             if emb_dim not in RESNET_CHANNELS:
                 raise ConfigError(

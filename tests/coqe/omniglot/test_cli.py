@@ -165,6 +165,9 @@ COQE_ROWS: list[tuple[str | tuple[str, ...], list[str], str]] = [
                                           "{\"resnet_channels\": null}}'")),
     (C, [N + "heads", "3"], "not divisible by heads=3"),
     (C, [N + "depth", "0"], "depth=0"),
+    # resnet_channels (set by coqe_args) overrides emb_dim, which is still checked
+    (C, [N + "emb_dim", "0"], "emb_dim=0 must be >= 1; one of [64, 256, 512]"),
+    (T, [N + "emb_dim", "-64"], "emb_dim=-64 must be >= 1"),
     (C, [N + "noise_k", "50"], "noise_k=50 exceeds n_classes=20"),
     (C, [N + "noise_on", "context"], "noise_on"),
     (C, [N + "stem_channels", "0"], "stem_channels=0"),
