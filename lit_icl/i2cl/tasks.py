@@ -69,6 +69,18 @@ Source = Literal[SOURCES]  # type: ignore[valid-type]
 Example = tuple[str, int]
 
 
+def check_template_fields(template: str) -> None:
+    """``template`` fills in ``{text}`` only: another placeholder or a lone brace would fail at the first prompt."""
+    try:
+        extra = [name for _, name, _, _ in string.Formatter().parse(template) if name not in (None, "text")]
+    except ValueError as err:
+        raise ConfigError(f"template={template!r} is not a format string ({err}); write a literal brace as {{{{ or "
+                          "}}") from None
+    if extra:
+        raise ConfigError(f"template={template!r} has the placeholder {{{extra[0]}}}, but only {{text}} is filled in; "
+                          "remove it, or write a literal brace as {{ or }}")
+
+
 @dataclass(frozen=True)
 class TaskFormat:
     """How a run prompts its task: the ``template`` (with ``{text}``), one label word per class and the
@@ -86,15 +98,19 @@ class TaskFormat:
         spec = TASKS.get(task)
         if task in FILE_SOURCES and (template is None or label_words is None):
             raise ConfigError(f"task={task!r} needs template (with {{text}}) and label_words in the config")
-        template = template or (spec.template if spec else SYNTHETIC_TEMPLATE)
+        template = template if template is not None else (spec.template if spec else SYNTHETIC_TEMPLATE)
         if "{text}" not in template:
             raise ConfigError(f"template={template!r} must contain {{text}}, e.g. 'Review: {{text}}\\nSentiment:'")
+        check_template_fields(template)
         words = label_words if label_words is not None else list(spec.label_words if spec else SYNTHETIC_LABELS)
         words = [str(w) for w in check_nonempty("label_words", words, "[negative, positive]")]
         if len(words) < 2 or len(set(words)) != len(words):
             raise ConfigError(f"label_words={words} must name at least two distinct classes")
-        if spec is not None and label_words is not None and len(label_words) != len(spec.label_words):
-            raise ConfigError(f"task {task!r} has {len(spec.label_words)} classes; give {len(spec.label_words)} label_words")
+        if any(not w.strip() for w in words):
+            raise ConfigError(f"label_words={words} has an empty word; give every class a word, e.g. [negative, positive]")
+        classes = spec.label_words if spec else SYNTHETIC_LABELS if task == "synthetic" else words
+        if len(words) != len(classes):
+            raise ConfigError(f"task {task!r} has {len(classes)} classes; give {len(classes)} label_words")
         shots = shots_per_class if shots_per_class is not None else (spec.shots_per_class if spec else 5)
         return cls(template, words, check_positive("shots_per_class", shots, integer=True))
 

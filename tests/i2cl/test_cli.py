@@ -125,6 +125,11 @@ BAD_ROWS = [
     (["--data.init_args.label_words", "[zzzzzzq, zzzzzzr, C]"], "share their first token"),
     (["--data.init_args.task", "jsonl"], "needs train_file and test_file"),
     (["--data.init_args.shots_per_class", "500"], "fewer than shots_per_class=500"),
+    (["--data.init_args.template", "Input: {text} {label}"], "has the placeholder {label}, but only {text} is filled in"),
+    (["--data.init_args.template", "Input: {text} }"], "is not a format string (Single '}' encountered"),
+    (["--data.init_args.template", ""], "template='' must contain {text}"),
+    (["--data.init_args.label_words", "[A, B]"], "task 'synthetic' has 3 classes; give 3 label_words"),
+    (["--data.init_args.label_words", "['', B, C]"], "has an empty word; give every class a word"),
     # A local model path that is not there: what to do, not the hub's rules for repo ids.
     (["--model.init_args.net.init_args.model_name_or_path", "/no/such/model"],
      "no model folder at /no/such/model: give an existing HuggingFace model folder"),
