@@ -95,6 +95,9 @@ def sample_task_data(
     if not rest:
         raise ConfigError("the train split has no example left for the task vector's extra query; use a larger pool")
     extra = train[rest[int(torch.randint(len(rest), (1,), generator=g_hold))]]
+    if eval_samples > len(test):
+        raise ConfigError(f"eval_samples={eval_samples} exceeds the {len(test)} examples of {name}'s test split; use at "
+                          f"most {len(test)}")
     eval_idx = balanced_sample(test, eval_samples, C, make_generator(eval_seed, "i2cl_eval"))
     return TaskData(
         name=name,
@@ -201,11 +204,15 @@ def calibration_loader(demos: list[Example], seed: int, batch_size: int, how: Ca
         pin_memory=pin_memory, **extra)
 
 
-def check_draws_and_batches(hp: Mapping[str, Any]) -> None:
+def check_draws_and_batches(hp: Mapping[str, Any], fmt: TaskFormat) -> None:
     """The checks of the data module's options (``hp``, its hyper-parameters) that neither the source nor the format
-    checks."""
+    checks; a calibration batch is at most the ``fmt.shots`` demonstrations per class of all classes."""
     for name in ("eval_samples", "batch_size", "eval_batch_size"):
         check_positive(name, hp[name], integer=True)
+    demos = fmt.shots * len(fmt.label_words)
+    if hp["batch_size"] > demos:
+        raise ConfigError(f"batch_size={hp['batch_size']} exceeds the {demos} demonstrations a calibration batch is drawn "
+                          f"from (shots_per_class={fmt.shots} x {len(fmt.label_words)} classes); use at most {demos}")
     check_int("holdout_samples", hp["holdout_samples"], minimum=0)
     check_int("data_seed", hp["data_seed"])
     check_int("eval_seed", hp["eval_seed"])
@@ -287,7 +294,7 @@ class I2CLDataModule(LightningDataModule):
                                  text_field=text_field, label_field=label_field, synthetic_train=synthetic_train,
                                  synthetic_test=synthetic_test, max_chars=max_chars)
         self.format = TaskFormat.resolve(task, template, label_words, shots_per_class)
-        check_draws_and_batches(self.hparams)
+        check_draws_and_batches(self.hparams, self.format)
         # last: a missing offline task is written on first use, so only once every other option is valid
         self.source.ensure_files()
         self._data: TaskData | None = None

@@ -130,6 +130,8 @@ BAD_ROWS = [
     (["--data.init_args.template", ""], "template='' must contain {text}"),
     (["--data.init_args.label_words", "[A, B]"], "task 'synthetic' has 3 classes; give 3 label_words"),
     (["--data.init_args.label_words", "['', B, C]"], "has an empty word; give every class a word"),
+    (["--data.init_args.batch_size", "7"], "batch_size=7 exceeds the 6 demonstrations a calibration batch is drawn from"),
+    (["--data.init_args.eval_samples", "16"], "eval_samples=16 exceeds the 15 examples of synthetic's test split"),
     # A local model path that is not there: what to do, not the hub's rules for repo ids.
     (["--model.init_args.net.init_args.model_name_or_path", "/no/such/model"],
      "no model folder at /no/such/model: give an existing HuggingFace model folder"),

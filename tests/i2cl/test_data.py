@@ -98,17 +98,17 @@ def _batches(dm: I2CLDataModule, epochs: int) -> list[list[str]]:
 def test_replacement_draws_every_step_afresh_as_the_public_code() -> None:
     """Each step's batch holds distinct demonstrations, steps per epoch stay floor(N / 2), a demonstration can come
     back within an epoch, and the draws are a pure function of (seed, step)."""
-    dm = I2CLDataModule(task="synthetic", shots_per_class=2, synthetic_train=60, synthetic_test=30,
+    dm = I2CLDataModule(task="synthetic", shots_per_class=2, synthetic_train=60, synthetic_test=30, eval_samples=30,
                         calibration_batches="replacement")
     batches = _batches(dm, epochs=10)
     assert len(batches) == 10 * 3 and all(len(b) == 2 and b[0] != b[1] for b in batches)
     per_epoch = [[t for b in batches[3 * e: 3 * e + 3] for t in b] for e in range(10)]
     assert any(len(set(e)) < 6 for e in per_epoch)  # epochs are not permutations any more
     assert {t for e in per_epoch for t in e} == {t for t, _ in dm.task_data().demos}
-    again = I2CLDataModule(task="synthetic", shots_per_class=2, synthetic_train=60, synthetic_test=30,
+    again = I2CLDataModule(task="synthetic", shots_per_class=2, synthetic_train=60, synthetic_test=30, eval_samples=30,
                            calibration_batches="replacement")
     assert _batches(again, epochs=10) == batches
-    epoch_dm = I2CLDataModule(task="synthetic", shots_per_class=2, synthetic_train=60, synthetic_test=30,
+    epoch_dm = I2CLDataModule(task="synthetic", shots_per_class=2, synthetic_train=60, synthetic_test=30, eval_samples=30,
                               calibration_batches="epoch")
     shuffled = _batches(epoch_dm, 3)
     assert all(len({t for b in shuffled[3 * e: 3 * e + 3] for t in b}) == 6 for e in range(3))
@@ -124,14 +124,14 @@ def test_replacement_draws_split_one_global_batch_over_ddp_ranks() -> None:
 
 
 def test_few_shot_prompt_separates_demonstrations_by_one_newline() -> None:
-    dm = I2CLDataModule(task="synthetic", shots_per_class=2, synthetic_train=60, synthetic_test=30)
+    dm = I2CLDataModule(task="synthetic", shots_per_class=2, synthetic_train=60, synthetic_test=30, eval_samples=30)
     data = dm.task_data()
     (t0, y0), (t1, y1) = data.demos[:2]
     w = data.label_words
     assert data.prefix.startswith(f"Input: {t0}\nLabel: {w[y0]}\nInput: {t1}\nLabel: {w[y1]}\nInput: ")
     assert data.prefix.endswith("\n") and "\n\n" not in data.prefix
     assert data.demo_texts[0] == f"Input: {t0}\nLabel: {w[y0]}\n"  # vectorised alone, ending in the separator
-    blank = I2CLDataModule(task="synthetic", shots_per_class=2, synthetic_train=60, synthetic_test=30,
+    blank = I2CLDataModule(task="synthetic", shots_per_class=2, synthetic_train=60, synthetic_test=30, eval_samples=30,
                            example_separator="\n\n").task_data()
     assert blank.prefix == "".join(f"Input: {t}\nLabel: {w[y]}\n\n" for t, y in data.demos)
 
