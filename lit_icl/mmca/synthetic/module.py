@@ -30,7 +30,13 @@ from lit_icl.core.module import ICLModule
 from lit_icl.core.optim import fused_if_cuda
 from lit_icl.core.protocols import data_refusal, implements
 from lit_icl.core.results import result_row
-from lit_icl.core.validation import check_literal, check_nonempty, check_nonnegative, check_positive
+from lit_icl.core.validation import (
+    check_literal,
+    check_nonempty,
+    check_nonnegative,
+    check_positive,
+    check_range,
+)
 from lit_icl.metrics.mean import SyncFreeMean
 from lit_icl.mmca.contracts import CovariateNet, LatentFactorData, LayeredPromptNet, PromptNet
 from lit_icl.mmca.synthetic.nets import BayesOptimal, DeepCrossAttention, SampleMean
@@ -90,7 +96,9 @@ class LatentFactorICLModule(ICLModule):
         """Check the arguments against each other and the net; returns the depths ``test`` sweeps."""
         check_positive("lr", lr)
         check_literal("optimizer", optimizer, Optimizer)
-        check_nonnegative("momentum", momentum)
+        check_range("momentum", momentum, 0.0, 1.0, high_inclusive=False, hint="0 is plain gradient descent")
+        if optimizer == "adam" and momentum:
+            raise ConfigError(f"momentum={momentum} is SGD's; optimizer=adam ignores it: drop momentum or use optimizer sgd")
         check_nonnegative("weight_decay", weight_decay)
         layered = implements(self.net, LayeredPromptNet)
         if test_depths is None:

@@ -149,6 +149,8 @@ BAD_INPUT = [
         "optimizer: Expected a typing.Literal['sgd', 'adam']. Got value: rmsprop",
     ),
     (["--model.init_args.lr", "0"], "lr=0"),
+    (["--model.init_args.optimizer", "sgd", "--model.init_args.momentum", "1.5"], "momentum=1.5 must lie in [0, 1)"),
+    (["--model.init_args.momentum", "0.9"], "momentum=0.9 is SGD's; optimizer=adam ignores it"),
     (
         [
             "--model.init_args.net.init_args.parametrization",
