@@ -59,17 +59,16 @@ from lit_icl.cli.checkpoints import (
 from lit_icl.cli.checks import (
     check_config_files,
     check_eval_shards,
+    check_evaluation_loop,
     check_fit_trains,
     check_monitors,
     check_output_writable,
     check_precision_request,
-    check_predicts,
     check_run_folder_is_free,
     check_same_experiment,
     check_seed,
     check_trainer_counts,
     check_val_interval,
-    check_validates,
 )
 from lit_icl.cli.messages import (
     find_config_error,
@@ -371,10 +370,7 @@ class LitICLCLI(LightningCLI):
                 check_monitors(self.trainer, self.model)
         if self.subcommand in (None, "fit"):
             check_val_interval(self.trainer, self.datamodule)
-        if self.subcommand == "predict":
-            check_predicts(self.model, self.datamodule)
-        if self.subcommand == "validate":
-            check_validates(self.model, self.datamodule)
+        check_evaluation_loop(self.subcommand, self.model, self.datamodule)
         evaluated = vars(self).pop("_evaluated", None)
         if isinstance(self.model, ICLModule) and self.subcommand in ("test", "validate", "predict"):
             self.model.check_checkpoint_to_evaluate(evaluated)

@@ -101,31 +101,30 @@ def check_precision_request(trainer: Trainer, trainer_config: Any) -> None:
                           "bf16-mixed while the run's records said 16-mixed; give --trainer.precision bf16-mixed")
 
 
-def check_predicts(model: Any, datamodule: Any) -> None:
-    """Refuse ``predict`` for a module without a ``predict_step`` of its own or data without a predict loader:
-    Lightning would run the module's ``forward`` on the batches, or fail with a traceback after the run folder
-    exists."""
-    if not is_overridden("predict_step", model, LightningModule):
-        missing = f"{type(model).__name__} has no predict_step"
-    elif datamodule is None or not is_overridden("predict_dataloader", datamodule, LightningDataModule):
-        missing = f"{type(datamodule).__name__} has no predict_dataloader"
-    else:
-        return
-    raise ConfigError(f"predict: {missing}, so there is nothing to predict; use test, which writes results.json and "
-                      "figures into the run folder (predict serves IC-SSL's per-point probabilities)")
+#: What each evaluation subcommand needs (the module's step, the data's loader) and what to use instead.
+EVALUATION_LOOPS = {
+    "predict": ("predict_step", "predict_dataloader", "to predict",
+                ("use test, which writes results.json and figures into the run folder (predict serves IC-SSL's "
+                 "per-point probabilities)")),
+    "validate": ("validation_step", "val_dataloader", "to validate",
+                 "use test, which scores the model and writes results.json into the run folder"),
+}
 
 
-def check_validates(model: Any, datamodule: Any) -> None:
-    """Refuse ``validate`` for a module without a ``validation_step`` or data without a validation loader (I2CL,
-    whose calibration has no validation set): Lightning fails with a traceback after the run folder exists."""
-    if not is_overridden("validation_step", model, LightningModule):
-        missing = f"{type(model).__name__} has no validation_step"
-    elif datamodule is None or not is_overridden("val_dataloader", datamodule, LightningDataModule):
-        missing = f"{type(datamodule).__name__} has no val_dataloader"
+def check_evaluation_loop(subcommand: str | None, model: Any, datamodule: Any) -> None:
+    """Refuse ``predict`` or ``validate`` for a module without that step of its own or data without that loader:
+    Lightning would run the module's ``forward`` on the batches (predict), or fail with a traceback after the run
+    folder exists (``validate`` of I2CL, whose calibration has no validation set)."""
+    if subcommand not in EVALUATION_LOOPS:
+        return
+    step, loader, purpose, instead = EVALUATION_LOOPS[subcommand]
+    if not is_overridden(step, model, LightningModule):
+        missing = f"{type(model).__name__} has no {step}"
+    elif datamodule is None or not is_overridden(loader, datamodule, LightningDataModule):
+        missing = f"{type(datamodule).__name__} has no {loader}"
     else:
         return
-    raise ConfigError(f"validate: {missing}, so there is nothing to validate; use test, which scores the model and "
-                      "writes results.json into the run folder")
+    raise ConfigError(f"{subcommand}: {missing}, so there is nothing {purpose}; {instead}")
 
 
 #: The seeds ``seed_everything`` takes (numpy's range); Lightning raises a bare ``ValueError`` outside it.
