@@ -87,6 +87,20 @@ def tb_scalars(run_dir: Path) -> dict[str, list[float]]:
     return out
 
 
+def tb_scalar_steps(run_dir: Path, prefix: str) -> dict[str, list[int]]:
+    """``{tag: [steps]}`` of the TensorBoard scalars under ``prefix`` in ``run_dir``, and ``"images"`` for images."""
+    steps: dict[str, list[int]] = {}
+    for path in sorted(glob.glob(str(Path(run_dir) / "events.out.tfevents.*"))):
+        ea = EventAccumulator(path)
+        ea.Reload()
+        for tag in ea.Tags()["scalars"]:
+            if tag.startswith(prefix):
+                steps.setdefault(tag, []).extend(e.step for e in ea.Scalars(tag))
+        for tag in ea.Tags()["images"]:
+            steps.setdefault("images", []).extend(e.step for e in ea.Images(tag))
+    return steps
+
+
 def config_args(config: str | Sequence[str]) -> list[str]:
     """``--config`` once per file, base first, overlays after it in order (LightningCLI merges them)."""
     return [arg for path in ((config,) if isinstance(config, str) else config) for arg in ("--config", path)]

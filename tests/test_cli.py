@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from badinput import assert_rejected
-from conftest import tb_scalars
+from conftest import tb_scalar_steps, tb_scalars
 from icssl.helpers import tiny_args
 
 #: (extra args, needle), added to a tiny IC-SSL run (any config would do: these fail before the paper's code).
@@ -229,22 +229,6 @@ def test_a_test_without_a_checkpoint_warns_that_the_weights_are_untrained(tmp_pa
         warn_untrained(nn.Linear(2, 2), "some.ckpt")  # with a checkpoint: trained weights
 
 
-def _scalar_steps(run_dir: Path, prefix: str) -> dict[str, list[int]]:
-    """``{tag: [steps]}`` of the TensorBoard scalars under ``prefix`` in ``run_dir``, and ``"images"`` for images."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    steps: dict[str, list[int]] = {}
-    for path in sorted(run_dir.glob("events.out.tfevents.*")):
-        events = EventAccumulator(str(path))
-        events.Reload()
-        for tag in events.Tags()["scalars"]:
-            if tag.startswith(prefix):
-                steps.setdefault(tag, []).extend(e.step for e in events.Scalars(tag))
-        for tag in events.Tags()["images"]:
-            steps.setdefault("images", []).extend(e.step for e in events.Images(tag))
-    return steps
-
-
 def test_test_and_validate_of_a_checkpoint_log_at_its_step_beside_the_fits_curves(tmp_path, recwarn) -> None:
     """A `test` or `validate` of a checkpoint counts steps from 0, and Lightning wrote its scalars (and the test
     figures) at step 0, away from the fit's validation curve in TensorBoard; they sit where the fit wrote its round
@@ -254,7 +238,7 @@ def test_test_and_validate_of_a_checkpoint_log_at_its_step_beside_the_fits_curve
 
     main(["fit", *tiny_args(tmp_path)])  # 2 epochs of 3 steps
     ckpt = tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt"
-    fit_val = _scalar_steps(ckpt.parents[1], "val/")
+    fit_val = tb_scalar_steps(ckpt.parents[1], "val/")
     # The fit's two rounds, after steps 3 and 6: Lightning writes a round after step N at N - 1.
     assert fit_val and all(steps == [2, 5] for steps in fit_val.values())
     recwarn.clear()
@@ -263,8 +247,8 @@ def test_test_and_validate_of_a_checkpoint_log_at_its_step_beside_the_fits_curve
     assert not [w for w in recwarn if "dirpath has changed" in str(w.message)]
     main(["fit", *tiny_args(tmp_path), "--ckpt_path", str(ckpt), "--trainer.max_epochs", "3"])  # a new folder
     assert [w for w in recwarn if "dirpath has changed" in str(w.message)]
-    tested = _scalar_steps(tmp_path / "runs/tiny/version_1", "test/")
-    validated = _scalar_steps(tmp_path / "runs/tiny/version_2", "val/")
+    tested = tb_scalar_steps(tmp_path / "runs/tiny/version_1", "test/")
+    validated = tb_scalar_steps(tmp_path / "runs/tiny/version_2", "val/")
     assert tested["images"] and tested.keys() - {"images"}
     assert all(steps == [5] * len(steps) for steps in (*tested.values(), *validated.values())), (tested, validated)
     assert validated.keys() == fit_val.keys()
@@ -273,4 +257,4 @@ def test_test_and_validate_of_a_checkpoint_log_at_its_step_beside_the_fits_curve
     assert all(values[tag] == pytest.approx(fit_values[tag][-1:], rel=1e-6) for tag in fit_val)
     # Lightning writes the epoch beside a round's scalars: the checkpoint's (1, the second epoch), not a test's 0.
     assert fit_values["epoch"][-1] == 1 and tb_scalars(tmp_path / "runs/tiny/version_1")["epoch"] == [1]
-    assert values["epoch"] == [1] and _scalar_steps(tmp_path / "runs/tiny/version_2", "epoch")["epoch"] == [5]
+    assert values["epoch"] == [1] and tb_scalar_steps(tmp_path / "runs/tiny/version_2", "epoch")["epoch"] == [5]

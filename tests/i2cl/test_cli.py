@@ -18,6 +18,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from badinput import assert_rejected
+from conftest import tb_scalar_steps
 from i2cl.helpers import OFFLINE, cli_args
 
 from lit_icl.cli import main
@@ -25,20 +26,6 @@ from lit_icl.i2cl.module import (
     I2CLModule,
 )
 from lit_icl.i2cl.nets import CausalLM
-
-
-def _scalar_steps(run_dir: Path, prefix: str) -> dict[str, list[int]]:
-    """``{tag: [steps]}`` of the TensorBoard scalars under ``prefix`` in ``run_dir``."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    steps: dict[str, list[int]] = {}
-    for path in sorted(run_dir.glob("events.out.tfevents.*")):
-        events = EventAccumulator(str(path))
-        events.Reload()
-        for tag in events.Tags()["scalars"]:
-            if tag.startswith(prefix):
-                steps.setdefault(tag, []).extend(e.step for e in events.Scalars(tag))
-    return steps
 
 
 def test_tiny_cli_fit_then_test_writes_results(tmp_path: Path, llama_dir: str) -> None:
@@ -61,7 +48,7 @@ def test_tiny_cli_fit_then_test_writes_results(tmp_path: Path, llama_dir: str) -
     assert all(r["task"] == "synthetic" and r["seed"] == 0 for r in rows)
     # TensorBoard: the test's point sits at the fit's last logging step (6 batches), not at global_step - 1 (17:
     # three methods, an AdamW step each per batch)
-    fit_steps, test_steps = _scalar_steps(ckpt.parents[1], "train/"), _scalar_steps(Path(results).parent, "test/")
+    fit_steps, test_steps = tb_scalar_steps(ckpt.parents[1], "train/"), tb_scalar_steps(Path(results).parent, "test/")
     assert max(max(v) for v in fit_steps.values()) == 5 and {s for v in test_steps.values() for s in v} == {5}
     lat = {r["method"] for r in rows if r["metric"] == "latency_ms_per_query"}
     assert lat == set(methods)
