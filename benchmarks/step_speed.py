@@ -130,6 +130,20 @@ def _stub_trainer(module: LightningModule, steps: int) -> SimpleNamespace:
     )
 
 
+def bare_step(module: LightningModule, stub: Any, opt: torch.optim.Optimizer, sched: Any, batch: Any, i: int) -> None:
+    """One training step as Lightning's automatic optimization runs it: ``training_step`` (with the values it computes
+    on Lightning's logging steps, ``_LoggerConnector.should_update_logs``), ``zero_grad``, ``backward``, the
+    optimizer and the per-step LR schedule. ``stub`` is the module's :func:`_stub_trainer`."""
+    stub.global_step = i
+    stub._logger_connector.should_update_logs = (i + 1) % stub.log_every_n_steps == 0
+    loss = module.training_step(batch, i)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    if sched is not None:
+        sched.step()
+
+
 def bare_steps(module: LightningModule, batches: list[Any], mode: str, warmup: int, device: torch.device,
                deterministic: bool, backend: str = "inductor", profiler: Any = None) -> float:
     """The module's own step without Lightning: ``training_step``, ``backward``, the optimizer, the LR schedule.
@@ -158,14 +172,7 @@ def bare_steps(module: LightningModule, batches: list[Any], mode: str, warmup: i
             t0 = time.perf_counter()
         if mark:
             torch.compiler.cudagraph_mark_step_begin()
-        stub.global_step = i
-        stub._logger_connector.should_update_logs = (i + 1) % stub.log_every_n_steps == 0
-        loss = module.training_step(batch, i)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if sched is not None:
-            sched.step()
+        bare_step(module, stub, opt, sched, batch, i)
     _sync(device)
     elapsed = time.perf_counter() - t0
     if profiler is not None:

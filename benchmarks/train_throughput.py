@@ -28,7 +28,7 @@ import torch
 from bench_options import at_least
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.utilities import move_data_to_device
-from step_speed import _optimizer, _stub_trainer, _sync
+from step_speed import _optimizer, _stub_trainer, _sync, bare_step
 from torch.utils.data import DataLoader
 
 from lit_icl.cli import LitICLCLI, process_defaults
@@ -126,15 +126,7 @@ def bare_steps_per_s(
         except StopIteration:
             raise RuntimeError(f"the training loader ended after {step} of {steps} batches") from None
         batch = dm.on_after_batch_transfer(move_data_to_device(dm.on_before_batch_transfer(batch, 0), device), 0)
-        stub.global_step = step
-        # Lightning's _LoggerConnector.should_update_logs: training_step computes its logged values on these steps.
-        stub._logger_connector.should_update_logs = (step + 1) % stub.log_every_n_steps == 0
-        loss = module.training_step(batch, step)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if sched is not None:
-            sched.step()
+        bare_step(module, stub, opt, sched, batch, step)
         if step + 1 == warmup:
             _sync(device)
             t0 = time.perf_counter()
