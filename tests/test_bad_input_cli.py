@@ -60,6 +60,9 @@ ROWS: list[tuple[str, list[str], str]] = [
      "--trainer.precision 16-mixed: fp16 mixed precision needs a GPU, and on this CPU Lightning would run bf16-mixed"),
     # predict where nothing predicts (IC-SSL's module and data do; tests/icssl/test_cli.py)
     ("predict", [], "predict: CoQERegressionModule has no predict_step, so there is nothing to predict; use test"),
+    # a size no machine can hold: the allocator's failure came as 100 lines of jsonargparse's union errors
+    ("fit", ["--model.init_args.net.init_args.max_points", "1000000000000000"],
+     "GiB in one tensor): a size in the config is far too large for this machine; check the sizes"),
     # evaluation sets that DDP ranks cannot share evenly (reg_args: 8 prompts = 2 chunks of 4 per set)
     ("test", ["--trainer.strategy", "ddp", "--trainer.devices", "3", "--trainer.accelerator", "cpu"],
      ("--data.init_args.test_prompts=8 is 2 chunks of 4, which 3 ranks cannot share evenly (Lightning's "

@@ -74,6 +74,7 @@ from lit_icl.cli.messages import (
     find_config_error,
     find_error,
     one_line_parser_error,
+    out_of_memory_message,
     overlay_hint,
     trainer_error_message,
 )
@@ -340,6 +341,12 @@ class LitICLCLI(LightningCLI):
         except MisconfigurationException as err:
             # The checkpoint callback (--checkpoint.*) checks its arguments in __init__, before anything is written.
             raise ConfigError(trainer_error_message(err, "--checkpoint")) from err
+        except (ValueError, RuntimeError, MemoryError) as err:
+            # A net or data set sized beyond the machine fails in its constructor, as 100 lines of union errors.
+            memory = out_of_memory_message(err)
+            if memory is None:
+                raise
+            raise ConfigError(memory) from err
         # Checks between objects (net vs data sizes, callback vs data) run here, before the run writes anything.
         check_run_config(self.trainer, self.model, self.datamodule)
         resumed = vars(self).pop("_resumed", None)

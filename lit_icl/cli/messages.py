@@ -59,6 +59,33 @@ def find_error(err: BaseException, kind: type[E]) -> E | None:
     return None
 
 
+#: How torch says an allocation failed: the CPU allocator, CUDA's caching allocator, or Python itself.
+_NO_MEMORY = re.compile(r"can't allocate memory|CUDA out of memory|out of memory", re.IGNORECASE)
+
+
+def out_of_memory_message(err: BaseException) -> str | None:
+    """One line for a build of the model or the data that ran out of memory (a size option far too large), or
+    ``None`` when ``err`` is something else. jsonargparse re-raises a constructor's error as a union error of many
+    lines, with the allocator's message inside its text, so the text is searched as well as the chain."""
+    texts = []
+    current: BaseException | None = err
+    seen: set[int] = set()
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        texts.append(str(current))
+        if isinstance(current, MemoryError):
+            texts.append("out of memory")
+        current = current.__cause__ or current.__context__
+    text = " ".join(texts)
+    if not _NO_MEMORY.search(text):
+        return None
+    wanted = re.search(r"tried to allocate (\d+) bytes", text)
+    size = f" ({int(wanted.group(1)) / 2**30:.1f} GiB in one tensor)" if wanted else ""
+    return (f"building the model and data ran out of memory{size}: a size in the config is far too large for this "
+            "machine; check the sizes (widths, points, lengths) that python -m lit_icl fit --config ... "
+            "--print_config shows")
+
+
 #: Lines of a jsonargparse error that only describe the union machinery, not the user's mistake.
 _PARSER_NOISE = re.compile(
     r"^(- )?(Does not validate against any of the Union subtypes|Subtypes: |Errors:|Expected a <class 'NoneType'>"
