@@ -552,6 +552,20 @@ def test_last_without_a_logger_is_looked_for_in_the_default_root_dir(tmp_path, c
     main(["fit", *reg_args(tmp_path, CONFIG, *no_logger, "--trainer.max_steps", "6"), "--ckpt_path", "last"])
     ckpt = torch.load(tmp_path / "root/checkpoints/last.ckpt", map_location="cpu", weights_only=True)
     assert ckpt["global_step"] == 6  # resumed in place
+    # Every run without a logger writes into that one folder: a test there replaced the fit's config.yaml and put
+    # its results among the fit's files, and a fresh fit started over its last.ckpt.
+    fitted = (tmp_path / "root/config.yaml").read_text()
+    for sub, extra, needle in [("test", ["--ckpt_path", "last"], "this test would replace its config.yaml"),
+                               ("fit", [], "already holds a run (checkpoints/last.ckpt) that a fresh fit would")]:
+        line = assert_rejected(tmp_path, capsys, [sub, *reg_args(tmp_path, CONFIG, *no_logger), *extra], needle,
+                               runs_exist=True)
+        assert line.startswith(f"lit_icl: error: --trainer.logger false: {tmp_path / 'root'} ")
+        assert "a folder of its own with --trainer.default_root_dir" in line
+    assert (tmp_path / "root/config.yaml").read_text() == fitted
+    # in a folder of its own, the same checkpoint tests
+    main(["test", *reg_args(tmp_path, CONFIG, "--trainer.logger", "false", "--trainer.default_root_dir",
+                            str(tmp_path / "tested")), "--ckpt_path", str(tmp_path / "root/checkpoints/last.ckpt")])
+    assert (tmp_path / "tested/results.json").is_file()
 
 
 def test_last_and_best_resolve_to_the_newest_run_of_the_config(tmp_path) -> None:

@@ -214,21 +214,29 @@ def check_run_folder_is_free(subcommand: str, config: Any) -> None:
       holding ``checkpoints/`` is taken for a fit's (an earlier test's folder may be written again: a grid reruns
       its unfinished tests there);
     - a ``fit`` without ``--ckpt_path`` would start afresh over the fit's ``checkpoints/last.ckpt``.
+
+    Without a logger (``--trainer.logger false``) the folder is ``--trainer.default_root_dir``, shared by every run.
     """
     run = pinned_run_folder(config)
+    option, own = "", "--trainer.logger.init_args.version null (or a new name)"
+    if run is not None:
+        option = f"--trainer.logger.init_args.version {run.name}"
+    elif config.get("trainer") is not None and config.trainer.get("logger") in (False, []):
+        # Without a logger every run writes into default_root_dir (Lightning's: the working folder), one after the
+        # other: a test there replaced its fit's config.yaml and put its results beside the fit's checkpoints.
+        run = Path(config.trainer.get("default_root_dir") or ".")
+        option, own = "--trainer.logger false", "--trainer.default_root_dir (or keep the logger: a version each)"
     if run is None or "://" in str(run):
         return
-    option = f"--trainer.logger.init_args.version {run.name}"
     if subcommand in ("test", "validate", "predict") and (run / "checkpoints").is_dir():
         raise ConfigError(
             f"{option}: {run} is a training run's folder (it holds checkpoints/) and this {subcommand} would replace "
-            f"its config.yaml; give it a folder of its own with --trainer.logger.init_args.version null (or a new name)"
+            f"its config.yaml; give it a folder of its own with {own}"
         )
     if subcommand == "fit" and config.get("ckpt_path") is None and (run / "checkpoints" / "last.ckpt").is_file():
         raise ConfigError(
             f"{option}: {run} already holds a run (checkpoints/last.ckpt) that a fresh fit would overwrite; resume "
-            f"it with --ckpt_path last, or give a new run a folder of its own with --trainer.logger.init_args.version "
-            f"null (or a new name)"
+            f"it with --ckpt_path last, or give a new run a folder of its own with {own}"
         )
 
 
