@@ -32,6 +32,7 @@ import torch._functorch.config  # process_defaults sets one of its options
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
+from lightning.pytorch.trainer.states import TrainerFn, TrainerStatus
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
 
@@ -527,6 +528,18 @@ def main(args: ArgsType = None) -> None:
         if rank_zero_only.rank == 0:
             print(f"lit_icl: stopped by {name}; {_after_stop(_TRAINERS[-1] if _TRAINERS else None)}", file=sys.stderr)
         sys.exit(128 + signum)
+    except SystemExit as stop:
+        trainer = _TRAINERS[-1] if _TRAINERS else None
+        if (stop.code == 1 and trainer is not None and trainer.state.status == TrainerStatus.INTERRUPTED
+                and trainer.state.fn not in (None, TrainerFn.FITTING)):
+            # Ctrl-C in a test, validate or predict: Lightning ends it with status 1 after "Detected
+            # KeyboardInterrupt", as for a crash. A fit's Ctrl-C is StopOnCtrlC's (and a second one quits with 1).
+            # Lightning also leaves Ctrl-C ignored for the rest of the process: give it back to a caller in Python.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            if rank_zero_only.rank == 0:
+                print(f"lit_icl: interrupted by Ctrl-C; {_after_stop(trainer)}", file=sys.stderr)
+            sys.exit(128 + signal.SIGINT)
+        raise
     except KeyboardInterrupt:
         # Ctrl-C before training started (parsing, building the model or the data): nothing to save.
         _HELD.release()

@@ -202,3 +202,13 @@ def test_an_evaluation_stopped_by_sigterm_says_to_run_it_again_with_its_checkpoi
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"lit_icl: stopped by SIGTERM; a {sub} writes its results only when it ends, so run the same command again "
         "(with the same --ckpt_path)")
+    # Ctrl-C there: Lightning's "Detected KeyboardInterrupt" and status 1, as for a crash, and no word on what to do
+    stop["init_args"]["signum"] = "SIGINT"
+    with pytest.raises(SystemExit) as end:
+        main([sub, *tiny_args(tmp_path, "--seed_everything", "7", "--data.init_args.eval_batch_size", "8"),
+              "--ckpt_path", str(ckpt), "--trainer.callbacks", json.dumps([stop])])
+    assert end.value.code == 128 + signal.SIGINT
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Lightning had left Ctrl-C ignored
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"lit_icl: interrupted by Ctrl-C; a {sub} writes its results only when it ends, so run the same command "
+        "again (with the same --ckpt_path)")
