@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
@@ -131,6 +133,7 @@ class FinishRoundOnSigterm(Callback):
         self._trainer: Trainer | None = None
         self._in_round = False  # inside a fit's validation round (not the sanity check): SIGTERM waits
         self._held = False  # a SIGTERM came in the round
+        self._notify: Callable[[int, FrameType | None], Any] | None = None  # Lightning's notifier, handed the signal
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         # Lightning registers its SIGTERM handler after the setup hooks, with the connector's notifier as it is
@@ -159,7 +162,8 @@ class FinishRoundOnSigterm(Callback):
         if not self._in_round:
             return
         self._in_round = False
-        if self._held:  # Lightning's own notice (its log line, its flag): the loop stops before the next batch
+        if self._held and self._notify is not None:
+            # Lightning's own notice (its log line, its flag): the loop stops before the next batch.
             self._held = False
             self._notify(signal.SIGTERM, None)
 

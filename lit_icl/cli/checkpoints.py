@@ -16,6 +16,7 @@ import torch
 from lit_icl.core.checkpoint_io import complete_checkpoints, is_cut_short
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.legacy import current_class_path
+from lit_icl.core.resume import RANKS_KEY
 
 #: ``ckpt_path`` values that Lightning resolves itself (``last`` and ``best`` are resolved by :func:`resolve_ckpt_path`).
 SPECIAL_CKPT_PATHS = ("last", "best", "hpc")
@@ -240,6 +241,7 @@ def check_resume_settings(ckpt_path: Any, ckpt: dict[str, Any], config: Any) -> 
         "or start a new run without --ckpt_path"
     )
 
+
 def check_resume_length(ckpt_path: Any, ckpt: dict[str, Any], config: Any) -> None:
     """Refuse ``fit --ckpt_path`` with a ``trainer.max_steps`` (or ``max_epochs``) below what the checkpoint has
     already trained. Lightning restores it, trains nothing and exits 0, and the run's ``config.yaml``, rewritten on
@@ -302,8 +304,6 @@ def check_resumed_ranks(ckpt_path: Any, ckpt: dict[str, Any], trainer: Any) -> N
     knows its ranks, before anything is written; a checkpoint of older code, without the record
     (:data:`lit_icl.core.resume.RANKS_KEY`), is not checked. ``test`` and ``validate`` may use any number of ranks.
     """
-    from lit_icl.core.resume import RANKS_KEY
-
     trained, now = ckpt.get(RANKS_KEY), trainer.world_size
     if not isinstance(trained, int) or trained == now:
         return
@@ -410,6 +410,7 @@ def resolve_ckpt_path(subcommand: str, config: Any) -> Any:
             f"in {looked}); run fit first, or pass a .ckpt file"
         )
     return str(best)
+
 
 def _check_hpc_checkpoint(config: Any) -> None:
     """Refuse ``--ckpt_path hpc`` when there is no ``hpc_ckpt_N.ckpt`` (what Lightning saves on SLURM's requeue
