@@ -77,7 +77,6 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
 }
 #: Test-only recipes: the methods they score, with no calibration.
 REFERENCES = {"few_shot": "[zero_shot,few_shot]", "zero_shot": "[zero_shot]"}
-CALIBRATING = [r for r in RECIPES if r not in REFERENCES]
 
 
 def _model_args(model: str) -> list[str]:

