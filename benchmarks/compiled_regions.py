@@ -47,7 +47,7 @@ TINY = [
 
 def forward_backward_us(module: torch.nn.Module, batches: list, warmup: int) -> float:
     """Microseconds per ``training_step`` and ``backward`` (the compiled regions' calls; no optimizer)."""
-    stub = _stub_trainer(module, len(batches))
+    stub = _stub_trainer(len(batches))
     module._trainer = stub  # type: ignore[assignment]  # attribute reads only
     module.log = lambda *args, **kwargs: None  # type: ignore[method-assign]
     t0 = 0.0

@@ -120,7 +120,7 @@ def count_step(module: torch.nn.Module, batches: list, precision: str) -> tuple[
     """One unmeasured step, then one counted: the module's ``training_step`` and backward. Returns the counter
     and the parameters' element count (for the optimizer's pass)."""
     module.train()
-    module._trainer = _stub_trainer(module, len(batches))  # attribute reads only, as step_speed.py's bare loop
+    module._trainer = _stub_trainer(len(batches))  # attribute reads only, as step_speed.py's bare loop
     module.log = lambda *a, **k: None  # type: ignore[method-assign]  # logging is host work, not device work
     counter = WorkCounter()
     for i, batch in enumerate(batches[:2]):

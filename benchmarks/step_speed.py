@@ -120,7 +120,7 @@ def lightning_steps(module: LightningModule, batches: list[Any], mode: str, warm
     return (len(batches) - warmup) / (timer.t1 - timer.t0)
 
 
-def _stub_trainer(module: LightningModule, steps: int) -> SimpleNamespace:
+def _stub_trainer(steps: int) -> SimpleNamespace:
     """What a module's ``training_step`` and ``configure_optimizers`` read from ``self.trainer``."""
     return SimpleNamespace(
         global_step=0, global_rank=0, local_rank=0, world_size=1, log_every_n_steps=50, current_epoch=0,
@@ -152,7 +152,7 @@ def bare_steps(module: LightningModule, batches: list[Any], mode: str, warmup: i
     """
     torch.use_deterministic_algorithms(deterministic, warn_only=True)
     module = module.to(device).train()
-    stub = _stub_trainer(module, len(batches))
+    stub = _stub_trainer(len(batches))
     module._trainer = stub  # type: ignore[assignment]  # attribute reads only
     module.log = lambda *args, **kwargs: None  # type: ignore[method-assign]  # logging is Lightning's part
     opt_conf = module.configure_optimizers()

@@ -113,7 +113,7 @@ def bare_steps_per_s(
     """
     loader = training_loader(dm, device, deterministic)
     module = module.to(device).train()
-    stub = _stub_trainer(module, steps)  # configure_optimizers reads estimated_stepping_batches: Lightning's max_steps
+    stub = _stub_trainer(steps)  # configure_optimizers reads estimated_stepping_batches: Lightning's max_steps
     module._trainer = stub  # type: ignore[assignment]  # attribute reads only
     module.log = lambda *args, **kwargs: None  # type: ignore[method-assign]  # logging is Lightning's part
     opt, sched = _optimizer(module.configure_optimizers())
