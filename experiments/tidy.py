@@ -2,11 +2,11 @@
 
 A driver's ``report`` reads its grid through :func:`load`, which takes either the grid's run folder (``--out
 runs/<grid>``: every run folder under it with a ``done`` marker) or a CSV this module wrote (``--out
-experiments/results/<grid>.csv``), so a committed table is regenerated from the committed CSV alone, with no run
+experiments/results/grids/<grid>.csv``), so a committed table is regenerated from the committed CSV alone, with no run
 folders and no machine paths:
 
-    python experiments/icssl_paper_tables.py report --out runs/icssl_converged --csv experiments/results/icssl_converged.csv
-    python experiments/icssl_paper_tables.py report --out experiments/results/icssl_converged.csv   # the same tables
+    python experiments/icssl_paper_tables.py report --out runs/icssl_converged --csv experiments/results/grids/icssl_converged.csv
+    python experiments/icssl_paper_tables.py report --out experiments/results/grids/icssl_converged.csv   # the same tables
 
 The CSV has one row per run and metric. Its columns:
 

@@ -236,7 +236,7 @@ class CompileNets(Callback):
         backend: a ``torch.compile`` backend (``inductor``; ``aot_eager`` and ``eager`` compile nothing and
             serve to check tracing quickly). Modes only apply to ``inductor``.
         fullgraph: fail on a graph break instead of splitting the net into several graphs (our nets have none;
-            ``tests/core/test_compile.py`` checks every paper's).
+            ``tests/test_compile.py`` checks every paper's).
         dynamic: let one compiled graph serve several input shapes; ``False`` compiles one graph per shape,
             which is what CUDA graphs need (a step's shapes are fixed by the config; the last, smaller batch of
             an evaluation set costs one more compilation). ``"module"`` (default): the module's
