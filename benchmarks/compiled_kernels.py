@@ -74,7 +74,8 @@ class StepProfile(Callback):
             with record_function(UPDATE):
                 pass
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
         if self.prof is not None:
             self.prof.__exit__(None, None, None)
             self.events = list(self.prof.events())

@@ -109,7 +109,8 @@ class LaunchCounter(TorchDispatchMode):
         self.counts = {"launches": 0, "optimizer": 0, "metadata": 0, "log_calls": 0}
         self.ops: dict[str, int] = {}
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         name = func.__name__.split(".")[0]
         if is_metadata_op(name):
             self.counts["metadata"] += 1
@@ -133,26 +134,27 @@ class StepCounter(Callback):
         self.top: dict[str, int] = {}
         self._mode: LaunchCounter | None = None
 
-    def on_fit_start(self, trainer, pl_module) -> None:
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         log = pl_module.log
 
-        def counted_log(*args, **kwargs) -> None:
+        def counted_log(*args: Any, **kwargs: Any) -> None:
             if self._mode is not None:
                 self._mode.counts["log_calls"] += 1
             log(*args, **kwargs)
 
         pl_module.log = counted_log
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if self.warmup <= trainer.global_step < self.warmup + self.steps:
             self._mode = LaunchCounter()
             self._mode.__enter__()
 
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         if self._mode is not None:
             self._mode.phase = "optimizer"
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
         if self._mode is None:
             return
         self._mode.__exit__(None, None, None)

@@ -40,6 +40,7 @@ import contextlib
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from bench_options import more_than
@@ -98,7 +99,8 @@ class WorkCounter(TorchDispatchMode):
         super().__init__()
         self.ops: dict[str, OpRecord] = defaultdict(OpRecord)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         name = func.__name__.split(".")[0]

@@ -78,7 +78,7 @@ def phase_transition(points: Sequence[tuple[int, float, float, int]]) -> tuple[i
     return (size, rise) if rise > 0 else None
 
 
-def sweep_figure(table: dict[str, dict[str, list[tuple[int, float, float, int]]]], label_ratio: float):
+def sweep_figure(table: dict[str, dict[str, list[tuple[int, float, float, int]]]], label_ratio: float) -> Figure:
     """Fig. 3's left and middle panels: accuracy and separation vs dataset size (log x), ± 1 sd bands."""
     fig = Figure(figsize=(10.0, 4.0), layout="constrained")
     panels = fig.subplots(1, 2)

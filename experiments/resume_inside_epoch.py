@@ -21,9 +21,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
-from lightning.pytorch import Callback
+from lightning.pytorch import Callback, LightningModule, Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = [
@@ -45,7 +46,8 @@ class CutAtStep(Callback):
     def __init__(self, step: int, kill: bool = False):
         self.step, self.kill = step, kill
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
         if trainer.global_step == self.step:
             if self.kill:
                 os.kill(os.getpid(), signal.SIGKILL)

@@ -87,7 +87,8 @@ class HostReads(TorchDispatchMode):
     def total(self) -> int:
         return sum(self.counts.values())
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         name = func.__name__.split(".")[0]
         if name in SYNC_OPS:

@@ -379,7 +379,7 @@ class ManifoldDataModule(EpisodeDataModule):
         torus_tau: float = TORUS_TAU,
         product_positive_fraction: float = 0.5,
         product_permute_factors: bool = False,
-        **kwargs,
+        **kwargs: Any,
     ):
         super().__init__(**kwargs)
         # Everything is checked before anything is built, each message naming the option as the user wrote it.

@@ -24,7 +24,7 @@ from __future__ import annotations
 import pickle
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -231,7 +231,7 @@ class FeatureEpisodeDataModule(StandinOnFirstUse, EpisodeDataModule):
         train_batches_per_epoch: int = 100,
         eval_label_ratios: list[float] = (0.03, 0.39),
         build_standin: bool = True,
-        **kwargs,
+        **kwargs: Any,
     ):
         super().__init__(**kwargs)
         check_int("per_class", per_class, minimum=1)

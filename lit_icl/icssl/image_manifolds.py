@@ -35,6 +35,7 @@ import pickle
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
@@ -281,7 +282,7 @@ class ImageManifoldDataModule(StandinOnFirstUse, EpisodeDataModule):
         train_batches_per_epoch: int = 100,
         eval_label_ratios: Sequence[float] = DEFAULT_LABEL_RATIOS,
         build_standin: bool = True,
-        **kwargs,
+        **kwargs: Any,
     ):
         super().__init__(**kwargs)
         check_int("n_points", n_points, minimum=2, hint="an episode needs at least 2 points")

@@ -5,7 +5,7 @@ applied through an autograd Function with a hand-written backward.
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -87,7 +87,8 @@ class _EigenmapIterations(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, phi, gram, base, value_t, kron, repeats):
+    def forward(ctx: Any, phi: Tensor, gram: Tensor, base: Tensor, value_t: Tensor, kron: Tensor,
+                repeats: tuple[int, int]) -> Tensor:
         b, _, k = phi.shape
         stack_repeats, layer_repeats = repeats
         phis, g_phis, ps, ws, norms = [phi], [], [], [], []
@@ -114,7 +115,7 @@ class _EigenmapIterations(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     @float32_region
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         gram, _base, value_t, kron, *saved = ctx.saved_tensors
         steps = ctx.steps
         phis = saved[: steps + 1]  # phis[t] is step t's input, phis[t + 1] its output
