@@ -25,22 +25,17 @@ import argparse
 import itertools
 import statistics
 import time
-import warnings
 
 import torch
 from bench_options import at_least
-from lightning.pytorch import LightningDataModule, LightningModule
+from step_speed import build
 
-from lit_icl.cli import LitICLCLI, process_defaults
+from lit_icl.cli import process_defaults
 
 
 def ms_per_batch(configs: list[str], batches: int) -> tuple[float, float]:
     """``(loader ms, on_after_batch_transfer ms)`` per training batch, on the CPU."""
-    args = [a for c in configs for a in ("--config", c)] + ["--trainer.logger", "false"]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cli = LitICLCLI(LightningModule, LightningDataModule, run=False, args=args)
-    dm = cli.datamodule
+    _, dm = build(configs, [])
     dm.setup("fit")
     loader = dm.train_dataloader()
     it = iter(loader)
@@ -63,12 +58,7 @@ def ms_per_batch(configs: list[str], batches: int) -> tuple[float, float]:
 def ms_in_next(configs: list[str], batches: int, workers: int, step_ms: float) -> tuple[float, float]:
     """``(mean, median)`` milliseconds the training process spends in ``next()`` per training batch, with
     ``workers`` workers and a step of ``step_ms`` between batches (the first ten batches are not timed)."""
-    args = [a for c in configs for a in ("--config", c)] + ["--trainer.logger", "false",
-                                                            "--data.init_args.num_workers", str(workers)]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cli = LitICLCLI(LightningModule, LightningDataModule, run=False, args=args)
-    dm = cli.datamodule
+    _, dm = build(configs, ["--data.init_args.num_workers", str(workers)])
     dm.setup("fit")
     it = iter(dm.train_dataloader())
     for _ in range(10):  # the workers start and fill their queue
