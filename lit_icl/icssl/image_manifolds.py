@@ -178,20 +178,6 @@ def write_cache(root: str | Path, image_size: int, frames: Tensor) -> Path | Non
     return cache
 
 
-def load_sequences(root: str | Path, image_size: int = 32) -> Tensor:
-    """All sequences as ``(S, F, image_size^2)`` float32 in [0, 1], cached in ``root/.frames_<size>px.pt``
-    (when ``root`` is writable). The data module uses :func:`read_sequences` and :func:`write_cache` instead, so
-    it can check the sizes before anything is written.
-
-    Raises:
-        ConfigError: no sequence folder, sequences of different lengths, or a frame that cannot be decoded.
-    """
-    frames, from_cache = read_sequences(root, image_size)
-    if not from_cache:
-        write_cache(root, image_size, frames)
-    return frames
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Episodes
 # ----------------------------------------------------------------------------------------------------------

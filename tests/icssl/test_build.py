@@ -19,19 +19,19 @@ from lit_icl.icssl.build import (
     slerp,
     standin_missing,
 )
-from lit_icl.icssl.image_manifolds import load_sequences
+from lit_icl.icssl.image_manifolds import read_sequences
 
 
 def test_standin_builder_writes_smooth_sequences_in_the_layout(tmp_path) -> None:
     out = build_image_standin(tmp_path / "standin", sequences=2, frames=12, size=8, latent_dim=4, seed=0)
     assert sorted(p.name for p in out.iterdir()) == ["seq_0001", "seq_0002"]
-    frames = load_sequences(out, image_size=8)
+    frames, _ = read_sequences(out, image_size=8)
     assert frames.shape == (2, 12, 64)
     steps = (frames[:, 1:] - frames[:, :-1]).norm(dim=-1)
     ends = (frames[:, -1] - frames[:, 0]).norm(dim=-1)
     assert (steps.max(-1).values < ends).all(), "consecutive frames are closer than the endpoints"
     again = build_image_standin(tmp_path / "again", sequences=2, frames=12, size=8, latent_dim=4, seed=0)
-    torch.testing.assert_close(load_sequences(again, image_size=8), frames)
+    torch.testing.assert_close(read_sequences(again, image_size=8)[0], frames)
 
 
 def test_slerp_keeps_the_norm_between_equal_norm_endpoints() -> None:
@@ -78,7 +78,7 @@ def test_image_standin_command_writes_what_the_function_writes(tmp_path, capsys)
     assert main(["image-standin", "--out", str(tmp_path / "cli"), *small]) == 0
     assert capsys.readouterr().out.strip() == f"wrote {tmp_path / 'cli'}"
     build_image_standin(tmp_path / "fn", sequences=2, frames=4, size=8, latent_dim=3, seed=1)
-    assert torch.equal(load_sequences(tmp_path / "cli", 8), load_sequences(tmp_path / "fn", 8))
+    assert torch.equal(read_sequences(tmp_path / "cli", 8)[0], read_sequences(tmp_path / "fn", 8)[0])
 
 
 def test_build_commands_refuse_with_one_line(tmp_path, capsys) -> None:

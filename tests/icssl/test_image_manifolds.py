@@ -14,7 +14,7 @@ from PIL import Image
 from lit_icl.cli import main
 from lit_icl.core.errors import ConfigError
 from lit_icl.icssl.build import build_image_standin
-from lit_icl.icssl.image_manifolds import ImageManifoldDataModule, load_sequences
+from lit_icl.icssl.image_manifolds import ImageManifoldDataModule, read_sequences, write_cache
 
 
 def _write_fixture(root: Path, sequences: int = 4, frames: int = 6, size: int = 8) -> list[torch.Tensor]:
@@ -37,22 +37,24 @@ def _write_fixture(root: Path, sequences: int = 4, frames: int = 6, size: int = 
 
 def test_reader_follows_app_e3_processing(tmp_path) -> None:
     truth = _write_fixture(tmp_path)
-    frames = load_sequences(tmp_path, image_size=4)
-    assert frames.shape == (4, 6, 16)
+    frames, from_cache = read_sequences(tmp_path, image_size=4)
+    assert frames.shape == (4, 6, 16) and not from_cache
     # Grayscale (ITU-R 601 weights, as PIL) of a constant image stays constant after resizing.
     for s in range(4):
         gray = (0.299 * truth[s][:, 0, 0, 0] + 0.587 * truth[s][:, 1, 0, 0] + 0.114 * truth[s][:, 2, 0, 0]) / 255
         torch.testing.assert_close(frames[s].mean(-1), gray, atol=1.5 / 255, rtol=0)
         assert frames[s].std(-1).max() < 1e-6
-    assert (tmp_path / ".frames_4px.pt").exists()
-    torch.testing.assert_close(load_sequences(tmp_path, image_size=4), frames)  # from the cache
+    assert write_cache(tmp_path, 4, frames) == tmp_path / ".frames_4px.pt"
+    again, from_cache = read_sequences(tmp_path, image_size=4)
+    assert from_cache
+    torch.testing.assert_close(again, frames)
 
 
 def test_missing_data_says_where_it_goes_and_how_to_build_the_standin(tmp_path) -> None:
     # The stand-in is offered where runs build it, not at the missing path (one's own sequences go there).
     with pytest.raises(ConfigError, match="python -m lit_icl.icssl.build image-standin --out "
                                           "data/image_manifolds_standin"):
-        load_sequences(tmp_path / "nothing")
+        read_sequences(tmp_path / "nothing")
 
 
 def test_episodes_label_halves_split_sequences_and_fix_the_test_set(tmp_path) -> None:
@@ -61,7 +63,7 @@ def test_episodes_label_halves_split_sequences_and_fix_the_test_set(tmp_path) ->
                                  train_sequences=3, val_sequences=1, batch_size=2, eval_batch_size=2,
                                  train_batches_per_epoch=2, train_label_ratio=(0.2, 0.5),
                                  eval_label_ratios=[0.34])
-    frames = load_sequences(tmp_path, image_size=4)
+    frames, _ = read_sequences(tmp_path, image_size=4)
     test = dm.on_after_batch_transfer(next(iter(dm.test_dataloader())), 0)  # frames gathered after the transfer
     assert test["x"].shape == (2, 6, 16) and test["y"].shape == (2, 6)
     for e in range(2):  # test = sequences 4 and 5, each frame once, label = second half of the sequence
@@ -145,15 +147,18 @@ def test_a_model_trained_on_synthetic_manifolds_is_tested_zero_shot_on_image_man
 
 def test_stale_or_broken_cache_is_rebuilt(tmp_path) -> None:
     _write_fixture(tmp_path, sequences=2, frames=4)
-    first = load_sequences(tmp_path, image_size=4)
-    cache = tmp_path / ".frames_4px.pt"
+    first, _ = read_sequences(tmp_path, image_size=4)
+    cache = write_cache(tmp_path, 4, first)
     cache.write_bytes(b"not a tensor file")
-    torch.testing.assert_close(load_sequences(tmp_path, image_size=4), first)
+    again, from_cache = read_sequences(tmp_path, image_size=4)
+    assert not from_cache  # the broken cache is decoded again
+    torch.testing.assert_close(again, first)
+    write_cache(tmp_path, 4, again)  # a good cache, but of the folder list before the change below
     _write_fixture(tmp_path / "more", sequences=1, frames=4)  # not a sequence folder of ROOT itself
     (tmp_path / "seq_0003").mkdir()
     Image.new("RGB", (8, 8), (9, 9, 9)).save(tmp_path / "seq_0003" / "frame_000.png")
     with pytest.raises(ConfigError, match="different frame counts"):
-        load_sequences(tmp_path, image_size=4)  # the folder list changed, so the cache is not reused
+        read_sequences(tmp_path, image_size=4)  # the folder list changed, so the cache is not reused
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -312,5 +317,5 @@ def test_the_stand_in_is_checked_by_its_shape_then_built_whole_on_first_use(tmp_
     dm.setup("fit")
     # The same frames as the stand-in command writes (it is a pure function of its seed).
     build_image_standin(tmp_path / "by_hand", 12, 10)
-    assert torch.equal(dm.frames(), load_sequences(tmp_path / "by_hand"))
+    assert torch.equal(dm.frames(), read_sequences(tmp_path / "by_hand")[0])
     assert not ImageManifoldDataModule(**small_standin).builds_standin(), "built once"
