@@ -145,14 +145,10 @@ def _read(records: dict[str, RunRecord], run: str) -> dict | None:
             "params": next((r["value"] for r in rows if r["metric"] == "params"), None)}
 
 
-def measurements(args: argparse.Namespace) -> dict[str, dict[int, dict]]:
-    """``{model: {seed: {...}}}``: best test accuracy over epochs, test accuracy at the best validation epoch,
-    epochs trained, the epoch that left chance, parameters."""
-    return _measured(args)[0]
-
-
 def _measured(args: argparse.Namespace) -> tuple[dict[str, dict[int, dict]], list[int], str, dict[str, RunRecord]]:
-    """:func:`measurements`, the seeds they cover and how the header names them, and the grid's records.
+    """The measurements ``{model: {seed: {...}}}`` (best test accuracy over epochs, test accuracy at the best
+    validation epoch, epochs trained, the epoch that left chance, parameters), the seeds they cover and how the
+    header names them, and the grid's records.
 
     The seeds are those with a finished test (every seed of a CSV, whatever ``--seeds`` defaults to), or, with
     ``--seeds``, those of them that have one (:func:`runner.chosen_seeds`)."""

@@ -140,7 +140,7 @@ def test_runs_longer_than_the_paper_are_also_read_at_its_100_epochs(table1, tmp_
     args = table1.parse_args(["report", "--out", str(tmp_path), "--seeds", "0", "--patience", "20"])
     _write(tmp_path / "full" / "s0_test_last", 0.80, full, stopped_early=True)
     _write(tmp_path / "no_injection" / "s0_test_last", 0.75, other, stopped_early=True)
-    found = table1.measurements(args)
+    found = table1._measured(args)[0]
     assert (found["full"][0]["best_test"], found["full"][0]["best_test_paper"]) == pytest.approx((80.0, 70.0))
     assert found["no_injection"][0]["best_test_paper"] == pytest.approx(75.0)
     text = table1.report(args)
