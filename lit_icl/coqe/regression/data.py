@@ -96,7 +96,7 @@ def parse_shift(name: str) -> Shift:
     if m is None or not 0 < float(m.group(2)) < math.inf:  # 1e400 parses, as inf
         raise ConfigError(
             f"shift {name!r} is not understood; use id, orthant, x_scale=<c>, query_std=<c> or w_scale=<c> "
-            "with a finite c > 0 (App. C.1: x_scale=0.8, x_scale=1.2, query_std=3, orthant, w_scale=0.8, w_scale=1.2)"
+            f"with a finite c > 0 (App. C.1: {', '.join(PAPER_SHIFTS)})"
         )
     return Shift(name, **{m.group(1): float(m.group(2))})
 
