@@ -1,15 +1,22 @@
 """The documentation holds together: every relative link in the README, data/README.md, docs/ and
 experiments/results/ points at a file that exists, and every ``#anchor`` into a Markdown file at one of its
-headings; every dotted code name they cite (``coqe.omniglot.nets.CoQEClassifier``) exists; the README stays short
-and keeps the set-up commands CI runs."""
+headings; every dotted code name they cite (``coqe.omniglot.nets.CoQEClassifier``) exists; every
+``python -m lit_icl <subcommand> ...`` command the pages give parses, and every ``python experiments|benchmarks/...``
+command names a script that exists and options that script defines; the README stays short and keeps the set-up
+commands CI runs."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 import re
+import shlex
 from pathlib import Path
 
 import pytest
+
+from lit_icl.cli import main
 
 ROOT = Path(__file__).parents[1]
 PAGES = sorted(
@@ -71,3 +78,106 @@ def test_readme_is_short_and_keeps_the_set_up_commands() -> None:
     assert "## Set up" in text
     assert "pip install -e '.[test]' && python -m pytest" in text  # the command .ci/run executes
     assert "python -m lit_icl fit --config configs/coqe_omniglot.yaml" in text  # the main job, offline default
+
+
+#: The pages a user copies commands from (the results pages record commands that were run, not instructions).
+COMMAND_PAGES = sorted([ROOT / "README.md", ROOT / "data/README.md", *ROOT.glob("docs/*.md")])
+FENCED_BLOCK = re.compile(r"```(\w*)\n(.*?)```", flags=re.DOTALL)  # (language, text)
+INLINE_CODE = re.compile(r"`([^`]+)`")
+SHELL_LOOP = re.compile(r"^\s*for (\w+) in ([^;]+); do", flags=re.MULTILINE)
+SHELL_ASSIGNMENT = re.compile(r"^\s*(\w+)=\"([^\"]*)\"\s*$", flags=re.MULTILINE)
+COMMAND_START = re.compile(r"python (?:-m lit_icl |(?:experiments|benchmarks)/\w+\.py)")
+#: What the pages write for a value the user fills in, and a value that parses in its place.
+PLACEHOLDERS = {"<run>": "runs/tiny/version_0", "<ckpt>": "runs/tiny/version_0/checkpoints/last.ckpt"}
+#: A fit's own ``config.yaml`` that a command passes as ``--config``, and the shipped config it is the resolved form of.
+RUN_CONFIGS = {"runs/icssl_manifolds/version_0/config.yaml": "configs/icssl/manifolds.yaml"}
+
+
+def documented_commands() -> dict[str, list[str]]:
+    """Every ``python -m lit_icl ...`` / ``python experiments|benchmarks/<script>.py ...`` command the pages give,
+    with the pages that give it: the lines of their shell blocks (continuation lines joined, ``# comments`` dropped,
+    each value of a ``for`` loop's variable and a ``NAME="..."`` assignment's value substituted) and their inline
+    code spans that are a whole command. A command with ``...`` in it elides arguments and is left out."""
+    found: dict[str, list[str]] = {}
+    for page in COMMAND_PAGES:
+        text = page.read_text()
+        lines: list[str] = []
+        for block in (body for language, body in FENCED_BLOCK.findall(text) if language in ("", "bash", "sh")):
+            loops = {var: values.split() for var, values in SHELL_LOOP.findall(block)}
+            loops |= {var: [value] for var, value in SHELL_ASSIGNMENT.findall(block)}
+            for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+                start = COMMAND_START.search(line)
+                if start is None:
+                    continue
+                line = " ".join(re.split(r"\s#", line[start.start():])[0].split())
+                expanded = [line]
+                for var, values in loops.items():
+                    if f"${var}" in line:
+                        expanded = [c.replace(f"${var}", value) for c in expanded for value in values]
+                lines += expanded
+        prose = CODE_BLOCK.sub("", text).replace("\n", " ")
+        lines += [" ".join(span.split()) for span in INLINE_CODE.findall(prose) if COMMAND_START.match(span)]
+        for line in lines:
+            if "..." not in line:
+                found.setdefault(line, []).append(str(page.relative_to(ROOT)))
+    return found
+
+
+COMMANDS = documented_commands()
+CLI_COMMANDS = sorted(c for c in COMMANDS if c.startswith("python -m lit_icl ") and "--help" not in c)
+SCRIPT_COMMANDS = sorted(c for c in COMMANDS if not c.startswith("python -m lit_icl "))
+
+
+def test_the_pages_give_commands_of_every_kind() -> None:
+    """The extraction finds what the pages hold, so the tests below cannot pass by finding nothing."""
+    assert len(CLI_COMMANDS) >= 30 and len(SCRIPT_COMMANDS) >= 30
+    assert any(" test " in c for c in CLI_COMMANDS) and any(" predict " in c for c in CLI_COMMANDS)
+    assert "python -m lit_icl fit --config configs/i2cl/offline.yaml --config configs/i2cl/offline/tweets.yaml" in (
+        CLI_COMMANDS), "a for loop's values are substituted"
+
+
+@pytest.mark.parametrize("command", CLI_COMMANDS)
+def test_every_documented_cli_command_parses(command: str) -> None:
+    """The command, as a page gives it, parses (``--print_config``: every config file read, every option and value
+    known to the CLI, the configs' classes and their arguments), so a renamed option or config shows up here."""
+    filled = command
+    for placeholder, value in PLACEHOLDERS.items():
+        filled = filled.replace(placeholder, value)
+    argv = shlex.split(filled)[3:]  # after "python -m lit_icl"
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "--config" and argv[i + 1].startswith("runs/"):
+            assert argv[i + 1] in RUN_CONFIGS, f"add {argv[i + 1]} to RUN_CONFIGS with the config it comes from"
+            argv[i + 1] = RUN_CONFIGS[argv[i + 1]]
+    if "--print_config" not in argv:
+        argv.append("--print_config")
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code in (0, None), f"{COMMANDS[command]}: {command}\n{err.getvalue().strip()}"
+
+
+def script_sources(script: Path) -> str:
+    """A script's source with that of the modules of its own folder it imports (a driver's options are partly
+    ``experiments/runner.py``'s and ``experiments/cluster.py``'s, a benchmark's partly ``bench_options.py``'s)."""
+    sources, todo, seen = [], [script], set()
+    while todo:
+        path = todo.pop()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        text = path.read_text()
+        sources.append(text)
+        todo += [script.parent / f"{name}.py" for name in re.findall(r"^\s*(?:from|import) (\w+)", text, re.MULTILINE)]
+    return "\n".join(sources)
+
+
+@pytest.mark.parametrize("command", SCRIPT_COMMANDS)
+def test_every_documented_script_exists_with_its_options(command: str) -> None:
+    """The script a page names exists, and each ``--option`` the command passes is one its parser defines (its name
+    as a string literal in the script's sources), so a renamed driver or option shows up here."""
+    words = shlex.split(command.replace("|", " "))
+    script = ROOT / words[1]
+    assert script.is_file(), f"{COMMANDS[command]}: {command}: no script {words[1]}"
+    source = script_sources(script)
+    unknown = sorted({w for w in words[2:] if re.fullmatch(r"--[a-z][\w-]*", w) and f'"{w}"' not in source})
+    assert not unknown, f"{COMMANDS[command]}: {command}: {words[1]} defines no option {unknown}"
