@@ -119,6 +119,24 @@ TRAINER_DEFAULTS: dict[str, Any] = {
 }
 
 
+#: What ``--ckpt_path`` means per subcommand, for ``--help`` (resolved by :func:`~lit_icl.cli.checkpoints.resolve_ckpt_path`).
+CKPT_PATH_HELP = {
+    "fit": "the checkpoint to resume from: last (the newest run of this config, continued in its own folder), best "
+           "(the best checkpoint that run recorded), hpc (Lightning's SLURM requeue checkpoint) or a .ckpt file; the "
+           "model and data settings must be the ones it was trained with",
+    **dict.fromkeys(
+        ("validate", "test", "predict"),
+        "the checkpoint to evaluate: a .ckpt file, last (the last.ckpt of this config's newest run) or best (the "
+        "best checkpoint that run recorded); the model is rebuilt from its settings and the results go to a new "
+        "run folder",
+    ),
+}
+
+#: The top of ``python -m lit_icl --help``.
+DESCRIPTION = ("Train and evaluate the in-context learning experiments of lit_icl, each a config under configs/: "
+               "python -m lit_icl fit --config configs/<paper>/<experiment>.yaml [--config <overlay>.yaml]")
+
+
 class HeldOutput:
     """Lightning's log lines and Python warnings, held while the CLI parses the configs and builds the run.
 
@@ -224,6 +242,15 @@ class LitICLCLI(LightningCLI):
         finally:
             del self.subcommands
 
+    def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs: Any) -> LightningArgumentParser:
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        # Lightning's help for --ckpt_path describes its own keywords ("last" of the running trainer, the model
+        # registry), which is not what this CLI does with them (resolve_ckpt_path).
+        for action in parser._actions:
+            if action.dest == "ckpt_path":
+                action.help = CKPT_PATH_HELP.get(subcommand, action.help)
+        return parser
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # RunCheckpoint: ModelCheckpoint that still knows its last.ckpt after the run folder is moved.
         parser.add_lightning_class_args(RunCheckpoint, "checkpoint")
@@ -240,6 +267,9 @@ class LitICLCLI(LightningCLI):
                             help="max or min (default: the mode of the ModelCheckpoint on the same metric)")
         parser.add_argument("--early_stopping.min_delta", type=float, default=0.0,
                             help="the smallest change of the metric that counts as an improvement")
+        parser.add_argument("--early_stopping.wait_for_score", type=float | None, default=None,
+                            help="never stop before the best score has passed this value (above it for max, "
+                                 "below for min), e.g. 0.2 for a 10-class accuracy stuck at chance; default: off")
         # torch.compile of the module's nets (lit_icl.callbacks.compile); a run setting, not a model one, so a
         # checkpoint trained with it loads without it and the other way round.
         # auto by default: on a CPU the run is eager (bit-identical to off), on a GPU CUDA graphs make the step
@@ -252,9 +282,6 @@ class LitICLCLI(LightningCLI):
                             help="the torch.compile backend (inductor; aot_eager or eager only trace)")
         parser.add_argument("--compile.fullgraph", type=bool, default=False,
                             help="fail on a graph break instead of splitting the net into several graphs")
-        parser.add_argument("--early_stopping.wait_for_score", type=float | None, default=None,
-                            help="never stop before the best score has passed this value (above it for max, "
-                                 "below for min), e.g. 0.2 for a 10-class accuracy stuck at chance; default: off")
 
     def _dump_config(self) -> None:
         """The config as the modules' hyper-parameters record it: Lightning's dump, without checking the config a
@@ -515,6 +542,7 @@ def main(args: ArgsType = None) -> None:
             # Parse errors are raised (not printed with the full usage) so they become one line below.
             parser_kwargs={
                 "prog": program_name(),
+                "description": DESCRIPTION,
                 "exit_on_error": False,
                 **{sub: {"exit_on_error": False} for sub in LitICLCLI.subcommands()},
             },
