@@ -239,14 +239,14 @@ def _fmt_cell(mean: float, sd: float, n: int) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m lit_icl.report", description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", help="run folders or results.json files")
     parser.add_argument("--labels", nargs="*", help="one experiment label per run (default: the logger name)")
     parser.add_argument("--metric", nargs="*", help="metrics to report (default: all)")
     parser.add_argument("--x", help="coordinate for the columns and the figure's x axis (default: automatic)")
     parser.add_argument("--split", default=None, help="only rows of this split")
     parser.add_argument("--out", help="write a figure of the first metric to this PNG file")
-    parser.add_argument("--title", default="")
+    parser.add_argument("--title", default="", help="title of the --out figure")
 
     def one_line(message: str) -> NoReturn:  # as the report's other refusals: one line, status 2, no usage block
         print(f"lit_icl.report: error: {message}", file=sys.stderr)

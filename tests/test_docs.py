@@ -181,3 +181,23 @@ def test_every_documented_script_exists_with_its_options(command: str) -> None:
     source = script_sources(script)
     unknown = sorted({w for w in words[2:] if re.fullmatch(r"--[a-z][\w-]*", w) and f'"{w}"' not in source})
     assert not unknown, f"{COMMANDS[command]}: {command}: {words[1]} defines no option {unknown}"
+
+
+#: The ``python -m lit_icl.<module>`` entry points the pages name (the CLI itself, ``python -m lit_icl``, apart).
+MODULE_ENTRY_POINTS = sorted({
+    name for page in COMMAND_PAGES for name in re.findall(r"python -m (lit_icl\.[\w.]+)", page.read_text())
+})
+
+
+def test_the_pages_name_the_module_entry_points() -> None:
+    assert {"lit_icl.report", "lit_icl.mmca.avmnist.build", "lit_icl.coqe.omniglot.glyphs"} <= set(MODULE_ENTRY_POINTS)
+
+
+@pytest.mark.parametrize("module", MODULE_ENTRY_POINTS)
+def test_each_documented_entry_point_names_itself_in_its_help(capsys, module: str) -> None:
+    """``python -m lit_icl.report --help`` printed ``usage: report.py ...``: a name the pages never give and no one can
+    run from the repository root. Each entry point's usage line names the command the pages give."""
+    with pytest.raises(SystemExit) as info:
+        importlib.import_module(module).main(["--help"])
+    assert info.value.code in (0, None)
+    assert capsys.readouterr().out.startswith(f"usage: python -m {module} ")

@@ -247,7 +247,7 @@ def _build_into(tmp: Path, n_classes: int, n_drawers: int, seed: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m lit_icl.coqe.omniglot.glyphs", description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="data/glyphs", help="target folder (default data/glyphs)")
     parser.add_argument("--classes", type=int, default=DEFAULT_CLASSES)
     parser.add_argument("--drawers", type=int, default=DEFAULT_DRAWERS)

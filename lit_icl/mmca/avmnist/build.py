@@ -361,7 +361,8 @@ def build_standin(out: str | Path, engines: tuple[str, ...] = STANDIN_ENGINES, l
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Build avmnist_lite, the offline avMNIST stand-in.")
+    parser = argparse.ArgumentParser(prog="python -m lit_icl.mmca.avmnist.build",
+                                     description="Build avmnist_lite, the offline avMNIST stand-in.")
     parser.add_argument("--out", default="data/avmnist_lite")
     parser.add_argument("--engines", nargs="+", default=["espeak-ng", "flite"])
     parser.add_argument(
