@@ -5,6 +5,7 @@ tests/test_bad_input_cli.py; a paper's own CLI tests are in tests/<paper>/."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -258,3 +259,33 @@ def test_test_and_validate_of_a_checkpoint_log_at_its_step_beside_the_fits_curve
     # Lightning writes the epoch beside a round's scalars: the checkpoint's (1, the second epoch), not a test's 0.
     assert fit_values["epoch"][-1] == 1 and tb_scalars(tmp_path / "runs/tiny/version_1")["epoch"] == [1]
     assert values["epoch"] == [1] and tb_scalar_steps(tmp_path / "runs/tiny/version_2", "epoch")["epoch"] == [5]
+
+
+def test_paths_given_with_a_tilde_name_the_home_folder_for_every_part_of_the_run(tmp_path, monkeypatch,
+                                                                                  repo_root) -> None:
+    """``~`` reaches the program from YAML, ``--ckpt_path=~/...`` and quotes. Lightning's logger wrote its events
+    under the home folder while the checkpoints went to a folder named ``~`` in the working folder, every run was
+    ``version_0`` (a second test wrote over the first's results), and ``--ckpt_path ~/...`` was "does not exist"."""
+    from coqe.regression.helpers import reg_args
+
+    from lit_icl.cli import main
+
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    args = reg_args(tmp_path, str(Path(repo_root) / "configs/coqe/regression.yaml"), "--trainer.max_steps", "2",
+                    "--data.init_args.train_batches_per_epoch", "1", "--data.init_args.shifts", "[id]",
+                    "--model.init_args.baselines", "[]", "--trainer.logger.init_args.save_dir", "~/runs")
+    main(["fit", *args])
+    run = home / "runs/tiny/version_0"
+    assert (run / "checkpoints/last.ckpt").is_file()
+    main(["test", *args, "--ckpt_path=~/runs/tiny/version_0/checkpoints/last.ckpt"])
+    main(["test", *args, "--ckpt_path", "last"])
+    tests = sorted(home.glob("runs/tiny/version_*/results.json"))
+    assert [p.parent.name for p in tests] == ["version_1", "version_2"]
+    assert {json.loads(p.read_text())["meta"]["checkpoint"] for p in tests} == {str(run / "checkpoints/last.ckpt")}
+    main(["fit", *args, "--ckpt_path", "last", "--trainer.max_steps", "3"])  # resumed in place
+    assert torch.load(run / "checkpoints/last.ckpt", weights_only=True)["global_step"] == 3
+    assert list(work.iterdir()) == []  # nothing in a folder named ~ (or anywhere) under the working folder

@@ -4,6 +4,7 @@
   turns every refusal into one line ``lit_icl: error: ...`` and exit status 2, and :func:`process_defaults`;
 - :mod:`~lit_icl.cli.checkpoints`: ``--ckpt_path last|best`` resolution and the checkpoint checks;
 - :mod:`~lit_icl.cli.naming`: run folders named after their config files;
+- :mod:`~lit_icl.cli.paths`: ``~`` in the paths a run reads or writes, expanded once;
 - :mod:`~lit_icl.cli.checks`: the input checks made before anything is written;
 - :mod:`~lit_icl.cli.messages`: errors condensed to one line;
 - :mod:`~lit_icl.cli.trainer_setup`: early stopping, compiled nets and the progress bar added to the trainer.

@@ -80,6 +80,7 @@ from lit_icl.cli.messages import (
     trainer_error_message,
 )
 from lit_icl.cli.naming import DEFAULT_RUN_NAME, name_run_from_configs
+from lit_icl.cli.paths import expand_home
 from lit_icl.cli.runlock import lock_run_folder, release_run_folders
 from lit_icl.cli.trainer_setup import (
     add_compile,
@@ -309,6 +310,7 @@ class LitICLCLI(LightningCLI):
         super().parse_arguments(parser, args)
         sub = self.config.get("subcommand")
         config = self.config[sub] if sub else self.config
+        expand_home(config)  # before anything reads a path (the checks below, the logger, the checkpoint callback)
         for key in BUILT_KEYS:
             if config.get(key) is not None:
                 check_finite_tree(config[key], key)
