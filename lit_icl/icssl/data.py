@@ -304,9 +304,11 @@ class EpisodeDataModule(ChunkedDataModule, ABC):
             return self.eval_loader(self.dataset("test"))
         return [self.eval_loader(self.dataset("test", only=k)) for k in range(len(self.test_set_names))]
 
-    def predict_dataloader(self) -> DataLoader:
-        """All test episodes in one set (``predict`` returns per-point probabilities at every evaluation ratio)."""
-        return self.eval_loader(self.dataset("test"))
+    def predict_dataloader(self) -> DataLoader | list[DataLoader]:
+        """The test episodes, as ``test`` scores them (``predict`` returns per-point probabilities at every
+        evaluation ratio): one loader, or one per named test set, in the order of ``test_set_names``. One mixed set
+        of several test manifolds would hold other episodes than the per-manifold sets that ``test`` scores."""
+        return self.test_dataloader()
 
     def on_after_batch_transfer(self, batch: dict[str, Tensor], dataloader_idx: int) -> dict[str, Tensor]:
         """A batch shipped as row ids becomes its points on the device (:attr:`point_bank`)."""

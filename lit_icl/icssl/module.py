@@ -453,24 +453,34 @@ class ICSSLModule(ICLModule):
         )
         return {"accuracy_vs_label_ratio": fig, "balanced_accuracy_vs_label_ratio": balanced}
 
-    def predict_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        """Class probabilities of every point at every label ratio: ``probs (R, B, n, C)``, plus the inputs.
+    def predict_step(self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> dict[str, Any]:
+        """Every point's class at every label ratio, as ``test`` scores it: ``pred (R, B, n)``, the ``logits`` and
+        ``probs (R, B, n, C)``, plus the inputs.
 
         ``labels`` are the episodes' labels; at ratio ``label_ratios[r]`` only those where ``labeled[r]`` is
-        True (``round(r * n)`` per episode) were shown to the model.
+        True (``round(r * n)`` per episode) were shown to the model. ``pred`` is the logits' argmax, the class that
+        ``test``'s accuracies count: the probabilities round a margin below float32's resolution near 0.5 to an
+        exact tie (a point far from every labeled one has logits of about 1e-17), whose argmax is class 0 whatever
+        the logits said. With one test set per test manifold, ``test_set`` names the batch's manifold.
         """
         features, sweep = self._sweep(batch)
-        probs = torch.stack([logits.float().softmax(-1) for _, logits, _, _ in sweep])
-        return {
+        per_ratio = [logits.float() for _, logits, _, _ in sweep]
+        logits = torch.stack(per_ratio)  # a copy: under CUDA graphs the head's output memory is reused, as below
+        out: dict[str, Any] = {
             "x": batch["x"],
             "labels": batch["y"],
             # A copy: predict keeps every batch's output, and under CUDA graphs (--compile.mode reduce-overhead)
             # the representation's output memory is reused by the next batch's replay.
             "features": features.clone(),
             "label_ratios": torch.tensor(self.label_ratios),
-            "probs": probs,
+            "pred": logits.argmax(-1),
+            "logits": logits,
+            "probs": torch.stack([ratio.softmax(-1) for ratio in per_ratio]),
             "labeled": torch.stack([labeled for _, _, labeled, _ in sweep]),
         }
+        if self.test_sets[dataloader_idx] is not None:
+            out["test_set"] = self.test_sets[dataloader_idx]
+        return out
 
     # ---------------------------------------------------------------- optimisation
     def configure_optimizers(self) -> Any:

@@ -85,6 +85,35 @@ def test_test_writes_tidy_results_with_provenance_and_figure(tmp_path) -> None:
     torch.testing.assert_close(torch.cat([o["probs"] for o in saved["predictions"]], dim=1), probs, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("manifolds", ["[cylinder]", "[cylinder, sphere]"], ids=["one", "per_manifold"])
+def test_predictions_score_what_test_scores_on_the_same_episodes(tmp_path, manifolds) -> None:
+    """Accuracy counted from ``predictions.pt`` is the accuracy ``test`` writes, per test manifold and ratio.
+
+    ``predict`` had scored one mixed set of the test manifolds, other episodes than the per-manifold sets of
+    ``test``, and its ``probs`` round margins below float32's resolution (the GD head's logits of a point far from
+    every labeled one) to a tie whose argmax is class 0: counted from them, the untrained model here scored 0.767
+    at 25 % labels where ``test`` said 0.717."""
+    args = [*tiny_args(tmp_path), "--data.init_args.test_manifolds", manifolds]
+    _run(["test", *args])
+    _run(["predict", *args])
+    rows = json.loads((tmp_path / "runs/tiny/version_0/results.json").read_text())["rows"]
+    expected = {(r.get("manifold"), r["label_ratio"]): r["value"] for r in rows
+                if r["metric"] == "accuracy" and r["method"] == "ORIG+E2E-ICL"}
+    saved = torch.load(tmp_path / "runs/tiny/version_1/predictions.pt", weights_only=True)["predictions"]
+    per_set = saved if isinstance(saved[0], list) else [saved]  # one list of batches per test set when several
+    assert len(per_set) == len(expected) // 3
+    scored = {}
+    for batches in per_set:
+        for i, ratio in enumerate(batches[0]["label_ratios"].tolist()):
+            hit = torch.cat([((b["pred"][i] == b["labels"]) & ~b["labeled"][i]).float().sum(-1) for b in batches])
+            shown = torch.cat([(~b["labeled"][i]).float().sum(-1) for b in batches])
+            scored[(batches[0].get("test_set"), round(ratio, 6))] = (hit / shown).mean().item()  # per episode, as test
+            assert torch.equal(batches[0]["pred"][i], batches[0]["logits"][i].argmax(-1))
+    assert scored.keys() == expected.keys()
+    for key, value in expected.items():
+        assert scored[key] == pytest.approx(value, rel=1e-6), key
+
+
 def test_several_test_manifolds_write_per_manifold_rows_and_figure(tmp_path) -> None:
     """`test` on two manifolds: rows (and logged metrics) per manifold through the shared results writer,
     and the checkpoint reloads into the exact trained model."""
