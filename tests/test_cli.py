@@ -289,3 +289,25 @@ def test_paths_given_with_a_tilde_name_the_home_folder_for_every_part_of_the_run
     main(["fit", *args, "--ckpt_path", "last", "--trainer.max_steps", "3"])  # resumed in place
     assert torch.load(run / "checkpoints/last.ckpt", weights_only=True)["global_step"] == 3
     assert list(work.iterdir()) == []  # nothing in a folder named ~ (or anywhere) under the working folder
+
+
+@pytest.mark.parametrize(("sub", "option", "fit_config", "fix"), [
+    ("fit", "verbose", True, "give fit the config of the fit that wrote its checkpoint, --config {fit}"),
+    ("test", "return_predictions", False, "remove the line 'return_predictions: ...' from it"),
+], ids=["fit_of_a_tests_config", "test_of_a_predicts_config_without_its_fit"])
+def test_the_saved_config_of_a_test_or_predict_given_to_another_subcommand_names_the_fix(
+        tmp_path, capsys, sub, option, fit_config, fix) -> None:
+    """A run folder's ``config.yaml`` holds the options of the subcommand that wrote it; given to another one it was
+    refused as "Subcommand 'fit' does not accept option 'verbose'", with no word on what to do."""
+    fit_run = tmp_path / "runs/tiny/version_0"
+    saved = Path("configs/coqe/regression.yaml").read_text()
+    if fit_config:
+        fit_run.mkdir(parents=True)
+        (fit_run / "config.yaml").write_text(saved)
+    tested = tmp_path / "saved" / "config.yaml"
+    tested.parent.mkdir()
+    tested.write_text(f"{saved}\nckpt_path: {fit_run / 'checkpoints/last.ckpt'}\n{option}: true\n")
+    line = assert_rejected(tmp_path, capsys, [sub, "--config", str(tested)], f"does not accept option '{option}'",
+                           runs_exist=fit_config)
+    assert line.endswith(f"{tested} was saved by a {'test or validate' if fit_config else 'predict'} run, whose "
+                         f"options {sub} does not take; {fix.format(fit=fit_run / 'config.yaml')}")

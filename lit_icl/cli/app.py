@@ -77,6 +77,7 @@ from lit_icl.cli.messages import (
     one_line_parser_error,
     out_of_memory_message,
     overlay_hint,
+    saved_config_hint,
     trainer_error_message,
 )
 from lit_icl.cli.naming import DEFAULT_RUN_NAME, name_run_from_configs
@@ -577,7 +578,8 @@ def main(args: ArgsType = None) -> None:
         sys.exit(128 + signal.SIGINT)
     except ArgumentError as err:
         _HELD.drop()
-        line = overlay_hint(one_line_parser_error(str(err)), sys.argv[1:] if args is None else list(args))
+        argv = sys.argv[1:] if args is None else list(args)
+        line = saved_config_hint(overlay_hint(one_line_parser_error(str(err)), argv), argv)
         print(f"lit_icl: error: {line}", file=sys.stderr)
         sys.exit(2)
     except Exception as err:

@@ -129,6 +129,37 @@ def overlay_hint(message: str, args: Sequence[Any]) -> str:
             f"base config (configs/<paper>/<experiment>.yaml), then its overlays")
 
 
+#: The options LightningCLI gives a subcommand other than ``fit``, which a run's saved ``config.yaml`` then holds.
+_SUBCOMMAND_ONLY = {"verbose": "test or validate", "return_predictions": "predict"}
+_NOT_ACCEPTED = re.compile(r"Subcommand '(\w+)' does not accept option '(\w+)'")
+
+
+def saved_config_hint(message: str, args: Sequence[Any]) -> str:
+    """``message`` and what to do, when it refuses an option that a ``test``, ``validate`` or ``predict`` run wrote
+    into the ``config.yaml`` of its folder, and that ``--config`` file was given to another subcommand (``fit
+    --config runs/<name>/version_1/config.yaml`` of a test's folder). The fix names the config of the fit that
+    wrote the tested checkpoint, which the saved file's ``ckpt_path`` points to."""
+    match = _NOT_ACCEPTED.search(message)
+    if match is None or match.group(2) not in _SUBCOMMAND_ONLY:
+        return message
+    import yaml
+
+    sub, option = match.groups()
+    for raw in config_paths(args):
+        try:
+            saved = yaml.safe_load(Path(raw).read_text())
+        except (OSError, yaml.YAMLError):
+            continue
+        if not isinstance(saved, dict) or option not in saved:
+            continue
+        ckpt = saved.get("ckpt_path")
+        fit_config = Path(ckpt).parent.parent / "config.yaml" if isinstance(ckpt, str) else None
+        fix = (f"give {sub} the config of the fit that wrote its checkpoint, --config {fit_config}"
+               if fit_config is not None and fit_config.is_file() else f"remove the line '{option}: ...' from it")
+        return f"{message}: {raw} was saved by a {_SUBCOMMAND_ONLY[option]} run, whose options {sub} does not take; {fix}"
+    return message
+
+
 def one_line_parser_error(message: str) -> str:
     """Condense a (nested, multi-line) jsonargparse error into ``<option path>: <innermost problem>``.
 
