@@ -48,6 +48,7 @@ from lit_icl.cli.checkpoints import (
     check_ckpt_classes,
     check_ckpt_hparams,
     check_ckpt_path,
+    check_evaluated_shapes,
     check_resume_length,
     check_resume_settings,
     check_resumed_data,
@@ -338,6 +339,7 @@ class LitICLCLI(LightningCLI):
                     self._resumed = (path, ckpt)  # what the data resolved to is checked once it is built
             if sub in ("test", "validate", "predict"):
                 self._evaluated = ckpt  # what the module will score, checked once it is built
+                self._evaluated_path = path
 
     def _parse_ckpt_path(self) -> None:
         """The checkpoint's module settings into the config, as LightningCLI does, with the class paths of moved
@@ -411,6 +413,9 @@ class LitICLCLI(LightningCLI):
         check_evaluation_loop(self.subcommand, self.model, self.datamodule)
         evaluated = vars(self).pop("_evaluated", None)
         if isinstance(self.model, ICLModule) and self.subcommand in ("test", "validate", "predict"):
+            if evaluated is not None:  # the model is bound to its data now, which may have set some of its sizes
+                check_evaluated_shapes(vars(self).pop("_evaluated_path", None), evaluated, self.model,
+                                       self.config[self.subcommand])
             self.model.check_checkpoint_to_evaluate(evaluated)
         check_eval_shards(self.trainer, self.datamodule, self.subcommand)
 

@@ -315,6 +315,51 @@ def check_resumed_ranks(ckpt_path: Any, ckpt: dict[str, Any], trainer: Any) -> N
     )
 
 
+def check_evaluated_shapes(ckpt_path: Any, ckpt: dict[str, Any], model: Any, config: Any) -> None:
+    """Refuse ``test`` / ``validate`` / ``predict`` of a checkpoint whose weights do not fit the model this config
+    builds.
+
+    The model settings are the checkpoint's (:func:`check_ckpt_hparams`), but a module takes some sizes from its data
+    module once bound to it (CoQE Omniglot's class count from the data's training classes), so other data settings
+    at test time build other shapes; Lightning then failed to load the weights with a ``state_dict`` traceback,
+    after the run folder existed. Checked once the model is bound to its data, before anything is written. The data
+    settings that differ from the checkpoint's are named as the likely cause. Weights the checkpoint leaves out
+    (I2CL's frozen language model) are not compared.
+    """
+    saved = ckpt.get("state_dict")
+    if not isinstance(saved, dict) or not hasattr(model, "state_dict"):
+        return
+    wrong = [(key, tuple(saved[key].shape), tuple(value.shape)) for key, value in model.state_dict().items()
+             if isinstance(saved.get(key), torch.Tensor) and saved[key].shape != value.shape]
+    if not wrong:
+        return
+    key, old, new = wrong[0]
+    more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+    cause = ""
+    data_saved, data = ckpt.get("datamodule_hyper_parameters"), config.get("data")
+    if isinstance(data_saved, dict) and data is not None and hasattr(data, "init_args"):
+        if not _same_class(str(data_saved.get("_class_path")), str(getattr(data, "class_path", ""))):
+            cause = f" (this config's data module is {data.class_path}, not {data_saved.get('_class_path')})"
+        else:
+            from lit_icl.core.data import args_free_on_resume
+
+            # Where the data lives, the loaders and the test-only sets set no size of a model: not named.
+            free = args_free_on_resume(import_class(getattr(data, "class_path", None)))
+            init_args = data.init_args.as_dict() if hasattr(data.init_args, "as_dict") else dict(data.init_args or {})
+            found = _differences({k: v for k, v in data_saved.items() if k not in free},
+                                 {k: v for k, v in init_args.items() if k not in free}, "data.init_args")
+            if found:
+                cause = " ({})".format("; ".join(f"--{k} is {v!r} here but {o!r} in the checkpoint"
+                                                 for k, o, v in found[:3]))
+    run_config = _run_config(ckpt_path)
+    fix = f" (--config {quote(run_config)})" if run_config else ""
+    raise ConfigError(
+        f"--ckpt_path {ckpt_path} does not fit the model this config builds: {key} is {old} in the checkpoint but "
+        f"{new} here{more}; the model takes that size from its data settings{cause}; use the data settings it was "
+        f"trained with{fix}, or a checkpoint trained on this data"
+    )
+
+
 def quote(path: Any) -> str:
     """A path as it can be pasted into a shell."""
     import shlex

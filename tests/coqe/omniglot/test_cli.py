@@ -314,3 +314,19 @@ def test_a_resume_whose_root_holds_the_other_source_is_refused_and_a_moved_root_
     first.rename(moved)
     main([*resume, "--data.init_args.root", str(moved)])
     assert torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"] == 6
+
+
+def test_a_test_on_data_with_another_class_count_is_one_line_and_writes_nothing(tmp_path, capsys) -> None:
+    """The net takes its class count from the data's training classes, not from a setting the checkpoint records:
+    a test with 2 more holdout classes built a net of 18 classes for 20-class weights, and Lightning failed to load
+    them with a state_dict traceback (status 1) after the test's run folder existed."""
+    main(["fit", *coqe_args(tmp_path, "--trainer.max_steps", "1")])
+    ckpt = tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt"
+    line = assert_rejected(tmp_path, capsys, ["test", *coqe_args(tmp_path, "--data.init_args.n_holdout", "6"),
+                                              "--ckpt_path", str(ckpt)], "does not fit", runs_exist=True)
+    assert line == (
+        f"lit_icl: error: --ckpt_path {ckpt} does not fit the model this config builds: "
+        "net.embed.label_embedding.weight is (20, 64) in the checkpoint but (18, 64) here (and 2 more); the model "
+        "takes that size from its data settings (--data.init_args.n_holdout is 6 here but 4 in the checkpoint); use "
+        f"the data settings it was trained with (--config {ckpt.parents[1] / 'config.yaml'}), or a checkpoint "
+        "trained on this data")
