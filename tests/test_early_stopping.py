@@ -62,6 +62,22 @@ def test_stops_after_patience_rounds_without_improvement_and_records_where(tmp_p
         k for k in last["callbacks"] if k.startswith("StopWhenConverged"))]["best_score"]))
 
 
+def test_resuming_a_run_the_rule_has_ended_trains_nothing(tmp_path: Path) -> None:
+    """``fit --ckpt_path last`` of a finished run does nothing, as for a run at its ``max_steps``. The stopping
+    round's checkpoint does not hold Lightning's stop flag: the resumed run trained one round more (step 6 to 9)
+    and replaced the run's ``last.ckpt`` and ``stopping.json``."""
+    rule = ("--early_stopping.patience", "1", "--early_stopping.min_delta", "1.0")
+    main(fit_args(tmp_path, *rule))
+    last = run_dir(tmp_path) / "checkpoints" / "last.ckpt"
+    record, before = (run_dir(tmp_path) / "stopping.json").read_text(), torch.load(last, weights_only=True)
+    assert json.loads(record)["stopped_step"] == before["global_step"] == 2 * STEPS_PER_ROUND
+    main(fit_args(tmp_path, *rule, "--ckpt_path", "last"))
+    after = torch.load(last, weights_only=True)
+    assert after["global_step"] == before["global_step"]
+    assert all(torch.equal(after["state_dict"][k], v) for k, v in before["state_dict"].items())
+    assert (run_dir(tmp_path) / "stopping.json").read_text() == record
+
+
 def test_the_step_cap_ends_a_run_that_keeps_improving(tmp_path: Path) -> None:
     main(fit_args(tmp_path, "--early_stopping.patience", "50", epochs=3))
     record = json.loads((run_dir(tmp_path) / "stopping.json").read_text())

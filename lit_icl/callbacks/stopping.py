@@ -92,6 +92,19 @@ class StopWhenConverged(EarlyStopping):
         best = float(self.best_score)
         return best > self.wait_for_score if self.mode == "max" else best < self.wait_for_score
 
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """A run this rule has already ended stops again before its first step: ``fit --ckpt_path last`` of a
+        finished run does nothing, as it does for one that reached ``trainer.max_steps``.
+
+        The checkpoint of the stopping round holds the rule's state (the stop reason included) but not Lightning's
+        stop flag, so the resumed run trained one more validation round and then stopped again, replacing the
+        run's ``last.ckpt`` and ``stopping.json`` with one round more. Run without ``--early_stopping.patience``
+        to go on to the cap instead.
+        """
+        super().on_train_start(trainer, pl_module)
+        if self.stopping_reason != EarlyStoppingReason.NOT_STOPPED:
+            trainer.should_stop = True
+
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "best_step": self.best_step}
 
