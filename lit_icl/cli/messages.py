@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from lit_icl.cli.checkpoints import import_class
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.memory import TOO_LARGE, gib
 
 E = TypeVar("E", bound=BaseException)
 
@@ -80,10 +81,9 @@ def out_of_memory_message(err: BaseException) -> str | None:
     if not _NO_MEMORY.search(text):
         return None
     wanted = re.search(r"tried to allocate (\d+) bytes", text)
-    size = f" ({int(wanted.group(1)) / 2**30:.1f} GiB in one tensor)" if wanted else ""
-    return (f"building the model and data ran out of memory{size}: a size in the config is far too large for this "
-            "machine; check the sizes (widths, points, lengths) that python -m lit_icl fit --config ... "
-            "--print_config shows")
+    size = f" ({gib(int(wanted.group(1)))} in one tensor)" if wanted else ""
+    return (f"building the model and data ran out of memory{size}: {TOO_LARGE}; check the sizes (widths, points, "
+            "lengths) that python -m lit_icl fit --config ... --print_config shows")
 
 
 #: Lines of a jsonargparse error that only describe the union machinery, not the user's mistake.

@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.memory import DataPiece, check_data_fits
 from lit_icl.core.resume import training_position
 from lit_icl.core.seeding import derive_seed, make_generator
 from lit_icl.core.transfer import pins_memory
@@ -348,6 +349,24 @@ class ChunkedDataModule(LightningDataModule):
         check_int("train_batches_per_epoch", hp.train_batches_per_epoch, minimum=1)
         check_int("data_seed", hp.data_seed)
         check_int("num_workers", hp.num_workers, minimum=0, hint="0 generates the data in the training process")
+
+    def check_batches_fit(self, unit: str, examples: Mapping[str, tuple[int, str]], *held: DataPiece) -> None:
+        """Refuse sizes whose data would not fit in this machine's memory (:mod:`lit_icl.core.memory`), before a
+        run writes anything: one batch of each split and the sets ``held`` in memory (a fixed training set).
+
+        Args:
+            unit: what an example is, plural (``"prompts"``).
+            examples: ``{split: (bytes of one example, what it holds)}`` for ``"training"`` (``batch_size``
+                examples a batch) and the evaluation splits (``eval_batch_size``), e.g.
+                ``{"training": (13332, "101 tokens x 33 values")}``.
+            held: other data held at once.
+        """
+        hp = self.hparams
+        pieces = list(held)
+        for split, (nbytes, holds) in examples.items():
+            option = "batch_size" if split == "training" else "eval_batch_size"
+            pieces.append(DataPiece(f"one {split} batch", hp[option] * nbytes, f"{option}={hp[option]} {unit} of {holds}"))
+        check_data_fits(pieces)
 
     def train_items(self) -> tuple[int, EpochSampler]:
         """``(items per epoch over all ranks, this rank's sampler)``: ``train_batches_per_epoch`` steps of

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 from lit_icl.core.data import ChunkedDataModule, DeviceBank, SeededChunks
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.hparams import save_init_hparams
+from lit_icl.core.memory import DataPiece
 from lit_icl.core.validation import (
     check_bool,
     check_fraction,
@@ -287,6 +288,13 @@ class EpisodeDataModule(ChunkedDataModule, ABC):
         #: ``(low, high)`` labeled points of a training episode (drawn uniformly between them).
         self.labeled_range = (labeled_count(lo, n_points), labeled_count(hi, n_points))
 
+    def check_episodes_fit(self, ambient_dim: int, *held: DataPiece) -> None:
+        """Refuse sizes (``n_points``, the points' dimension, episode counts) whose episodes would not fit in memory:
+        a batch of each split (float32 points, int64 labels), and the data ``held`` whole (a bank of points)."""
+        n = self.n_points
+        episode = (n * (4 * ambient_dim + 8), f"{n} points x {ambient_dim} values")
+        self.check_batches_fit("episodes", {"training": episode, "validation": episode, "test": episode}, *held)
+
     @abstractmethod
     def dataset(self, split: Split, items: int | None = None, only: int | None = None) -> Dataset:
         """The episodes of ``split``. ``items``: the training epoch's item count (``None`` for an evaluation set,
@@ -405,6 +413,7 @@ class ManifoldDataModule(EpisodeDataModule):
                 "a model's input size is fixed, so use manifolds of one dimension (e.g. all single manifolds)"
             )
         self.ambient_dim = dims.pop()
+        self.check_episodes_fit(self.ambient_dim)
 
     def _validate(self) -> None:
         """The constructor's argument checks (the manifold names themselves are checked when built)."""

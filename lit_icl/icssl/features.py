@@ -254,6 +254,7 @@ class FeatureEpisodeDataModule(StandinOnFirstUse, EpisodeDataModule):
         still to be built is checked by the shape it will have, and by what building it needs."""
         if not self.builds_standin():
             self.splits()
+            self.check_episodes_fit(self.ambient_dim)  # the file's features are read (and held) by now
             return
         from lit_icl.icssl import build  # not at the top: lit_icl.icssl must not import build
 
@@ -266,6 +267,7 @@ class FeatureEpisodeDataModule(StandinOnFirstUse, EpisodeDataModule):
             )
         n_test = round(self.hparams.test_fraction * STANDIN_PER_CLASS)
         self._check_split_sizes(min(n_test, STANDIN_PER_CLASS - n_test))
+        self.check_episodes_fit(STANDIN_DIM)
 
     def standin_notice(self) -> str:
         return (f"Building the IC-SSL feature stand-in at {self.hparams.features} (first use; Fashion-MNIST "

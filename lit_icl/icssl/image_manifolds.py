@@ -43,6 +43,7 @@ from torch import Tensor
 
 from lit_icl.core.data import SeededChunks, StandinOnFirstUse
 from lit_icl.core.errors import ConfigError
+from lit_icl.core.memory import DataPiece
 from lit_icl.core.validation import (
     check_int,
     check_positive,
@@ -321,6 +322,8 @@ class ImageManifoldDataModule(StandinOnFirstUse, EpisodeDataModule):
         return self._frames
 
     def _check_shape(self, sequences: int, n_frames: int) -> None:
+        """The run against a folder of ``sequences`` sequences of ``n_frames`` frames: enough of each, and memory
+        for them all."""
         if n_frames < self.n_points:
             raise ConfigError(
                 f"sequences under {self.root} have {n_frames} frames, fewer than n_points={self.n_points}"
@@ -330,6 +333,11 @@ class ImageManifoldDataModule(StandinOnFirstUse, EpisodeDataModule):
                 f"{self.root} holds {sequences} sequences but train_sequences={self.hparams.train_sequences}"
                 " leaves none to test on; lower train_sequences or add sequences"
             )
+        # The folder fits the run; now its size: read_sequences holds every frame, resized, as float32.
+        side = self.hparams.image_size
+        self.check_episodes_fit(self.ambient_dim, DataPiece(
+            "the frames", 4 * sequences * n_frames * self.ambient_dim,
+            f"{sequences} sequences x {n_frames} frames of image_size={side}"))
 
     def _split(self, split: str) -> tuple[Tensor, int]:
         """The sequences of ``split`` and the index of its first one among all sequences."""

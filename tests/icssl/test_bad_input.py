@@ -58,6 +58,10 @@ ICSSL_ROWS: list[tuple[list[str], list[str], str]] = [
     (ID, [M + "label_ratios", "[0.1, 0.3]"], "label_ratios"),
     # --- ManifoldDataModule
     (ID, [D + "eval_label_ratios", "[0.25, 1.2]"], "label ratio 1.2 is outside (0, 1)"),
+    # sizes no machine holds: failed at the first batch, after the run folder existed, with a traceback
+    (ID, [D + "batch_size", "1000000000000"], ("far too large for this machine: one training batch would need "
+     "372529.0 GiB (batch_size=1000000000000 episodes of 20 points x 3 values)")),
+    (IMAGES, [D + "image_size", "1000000"], "the frames would need"),
     (ID, [D + "eval_label_ratios", "[0.01]"], "leaves no labeled point"),
     (ID, [D + "eval_label_ratios", "[]"], "is empty"),
     (ID, [D + "eval_label_ratios", "[0.25, 0.25]"], "repeats 0.25"),
@@ -233,3 +237,17 @@ def test_a_broken_feature_file_is_one_line_naming_it(tmp_path, capsys, write, ne
     line = assert_rejected(tmp_path, capsys, _fit_args(tmp_path, FEATURES, [D + "features", str(path)]), needle)
     assert str(path) in line
     assert _files(tmp_path) == before, "nothing written anywhere"
+
+
+def test_a_feature_batch_beyond_memory_is_refused_before_the_run(tmp_path, capsys) -> None:
+    """The points' dimension comes from the feature file, so the size is checked once the file is read (before the
+    run): 1e12 episodes of 6 points x 6 features are 1e12 x 6 x (6 x 4 + 8) bytes."""
+    (tmp_path / "data").mkdir()
+    path = tmp_path / "data" / "features.pt"
+    torch.save(_features(), path)
+    extra = [D + "features", str(path), D + "per_class", "3", REP + ".init_args.n_points", "6",
+             D + "eval_label_ratios", "[0.25, 0.5]", D + "train_label_ratio", "[0.25, 0.5]",
+             D + "batch_size", "1000000000000"]
+    assert_rejected(tmp_path, capsys, _fit_args(tmp_path, FEATURES, extra),
+                    ("far too large for this machine: one training batch would need 178813.9 GiB "
+                     "(batch_size=1000000000000 episodes of 6 points x 6 values)"))

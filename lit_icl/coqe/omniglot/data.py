@@ -45,6 +45,7 @@ from lit_icl.coqe.omniglot.images import OMNIGLOT_HELP, SPLIT_FOLDERS, index_fol
 from lit_icl.core.data import ChunkedDataModule, SeededChunks
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.hparams import save_init_hparams
+from lit_icl.core.memory import DataPiece
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import check_literal, check_range
 
@@ -438,11 +439,22 @@ class OmniglotSequenceDataModule(ChunkedDataModule):
         check_max_classes(max_classes)
         self.source, self.folder = find_images(source, root, folder, download, build_glyphs)
         n_classes, self._n_exemplars = folder_sizes(self.source, self.folder)
+        self._check_memory(n_classes)
         self.n_base = use_classes(max_classes, n_classes, self.folder)
         self.split = make_class_split(self.n_base, n_holdout, n_common, zipf_alpha, augment, class_seed)
         #: Output classes of the nets: the training classes (labels 0 .. n_labels - 1).
         self.n_labels = len(self.split.train)
         self.bank: Tensor | None = None
+
+    def _check_memory(self, n_classes: int) -> None:
+        """Refuse sizes (``image_size``, sequence counts) whose data would not fit in memory: a batch of each split,
+        as float32 images, and the bank of every drawing of the folder's ``n_classes`` characters (uint8), which
+        :meth:`prepare_data` loads whole."""
+        side = self.hparams.image_size
+        sequence = (4 * SEQ_LEN * side * side, f"{SEQ_LEN} images of {side}x{side} pixels")
+        bank = DataPiece("the image bank", n_classes * self._n_exemplars * side * side,
+                         f"{n_classes} characters x {self._n_exemplars} drawings of image_size={side}")
+        self.check_batches_fit("sequences", {"training": sequence, "validation": sequence, "test": sequence}, bank)
 
     def state_dict(self) -> dict[str, Any]:
         """What ``source`` resolved to (``auto`` picks Omniglot or the glyphs stand-in by what ``root`` holds),

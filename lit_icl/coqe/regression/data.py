@@ -47,6 +47,7 @@ from torch.utils.data import DataLoader
 from lit_icl.core.data import ChunkedDataModule, SeededChunks, collate_chunks
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.hparams import save_init_hparams
+from lit_icl.core.memory import DataPiece
 from lit_icl.core.seeding import make_generator
 from lit_icl.core.validation import (
     check_int,
@@ -382,10 +383,24 @@ class RegressionDataModule(ChunkedDataModule):
             data_seed, generate_on_device,
         )
         self.check_loader_args("val_prompts", "test_prompts")
+        self._check_memory()
         #: What the nets, the module and the RepresentationMetrics callback read: the function class, the input
         #: dimension, the points per evaluation prompt and the ReLU class's shared first layer (None otherwise).
         self.function_class, self.n_dims, self.n_points = self.spec.function_class, self.spec.n_dims, n_points
         self.first_layer = self.spec.first_layer
+
+    def _check_memory(self) -> None:
+        """Refuse sizes (``n_dims``, ``n_points``, ``hidden``, prompt counts) whose data would not fit in memory: a
+        batch of each split (the curriculum's longest prompts are ``n_points`` long), and the ReLU class's shared
+        first layer, which is built here."""
+        spec = self.spec
+        # xs and ys: n_points points of n_dims + 1 float32 values (the task weights not counted)
+        prompt = (4 * spec.n_points * (spec.n_dims + 1), f"{spec.n_points} points x {spec.n_dims + 1} values")
+        held = []
+        if spec.function_class == "relu":
+            held.append(DataPiece("the ReLU class's first layer", 4 * spec.n_dims * spec.hidden,
+                                  f"n_dims={spec.n_dims} x hidden={spec.hidden} values"))
+        self.check_batches_fit("prompts", {"training": prompt, "validation": prompt, "test": prompt}, *held)
 
     # -------------------------------------------------------------- generation
     @property

@@ -43,6 +43,7 @@ from torch.utils.data import DataLoader, Dataset
 from lit_icl.core.data import ChunkedDataModule, DeviceBank, SeededChunks, collate_chunks
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.hparams import save_init_hparams
+from lit_icl.core.memory import DataPiece
 from lit_icl.core.validation import check_nonempty, check_positive, check_unique
 from lit_icl.mmca.theory import alpha_star, check_norm_range
 
@@ -208,6 +209,7 @@ class LatentFactorDataModule(ChunkedDataModule):
         self.test_context_lengths = sorted(lengths)
         self.test_prompts = test_prompts
         self.data_seed = data_seed
+        self._check_memory()
 
     def _validate(self) -> tuple[tuple[float, float], list[int]]:
         """Check every argument; returns the normalised ``norm_range`` and ``test_context_lengths``."""
@@ -227,6 +229,22 @@ class LatentFactorDataModule(ChunkedDataModule):
             check_positive("test_context_lengths entry", value, integer=True, hint="e.g. [10, 100, 800]")
         check_unique("test_context_lengths", lengths)
         return norm_range, lengths
+
+    def _check_memory(self) -> None:
+        """Refuse sizes (``d1``, ``d2``, context lengths, prompt counts) whose prompts would not fit in memory: a
+        batch of each split, and the fixed training set, which is held whole."""
+        def prompt(length: int) -> tuple[int, str]:
+            # x and y of the context and the query: (L + 1) tokens of d + 1 float32 values (m and zeta not counted)
+            return 4 * (length + 1) * (self.d + 1), f"{length + 1} tokens x {self.d + 1} values"
+
+        held = []
+        if self.train_prompts is not None:
+            nbytes, holds = prompt(self.train_context_length)
+            held.append(DataPiece("the fixed training set", self.train_prompts * nbytes,
+                                  f"train_prompts={self.train_prompts} prompts of {holds}"))
+        self.check_batches_fit("prompts", {"training": prompt(self.train_context_length),
+                                           "validation": prompt(self.train_context_length),
+                                           "test": prompt(max(self.test_context_lengths))}, *held)
 
     @property
     def alpha_star(self) -> float:

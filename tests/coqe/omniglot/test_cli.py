@@ -138,6 +138,9 @@ COQE_ROWS: list[tuple[str | tuple[str, ...], list[str], str]] = [
     (C, [D + "source", "auto", D + "folder", "/no/such/omniglot"], "no images_background/ or images_evaluation/ there"),
     (C, [D + "batch_size", "6"], "batch_size=6 must be a positive multiple of chunk_size=4"),
     (C, [D + "test_sequences", "0"], "test_sequences=0"),
+    # a size no machine holds: failed at the first batch, after the run folder existed, with a traceback
+    (C, [D + "batch_size", "1000000000000"], ("far too large for this machine: one training batch would need "
+     "8583068.8 GiB (batch_size=1000000000000 sequences of 9 images of 16x16 pixels)")),
     (C, [D + "image_size", "4"], "image_size=4"),
     (C, [D + "n_holdout", "1"], "at least 2 holdout classes"),
     (C, [D + "augment", "true"], ("n_holdout=4 must be a multiple of 8 with augment: true (a character's 8 "

@@ -101,6 +101,11 @@ BAD = [
     ([], "--model.init_args.net.init_args.output_scale=-1", "output_scale=-1"),
     ([], "--model.init_args.net.init_args.output_scale=nan", "output_scale: nan is not a finite number"),
     ([], "--model.init_args.lr=-1", "lr=-1"),
+    # sizes no machine holds: failed at the first batch, after the run folder existed, with a traceback
+    ([], "--data.init_args.batch_size=1000000000000", ("far too large for this machine: one training batch would "
+     "need 1680105.9 GiB (batch_size=1000000000000 prompts of 41 points x 11 values)")),
+    (["--data.init_args.function_class=relu"], "--data.init_args.hidden=100000000000000",
+     "the ReLU class's first layer would need 3725290.3 GiB (n_dims=10 x hidden=100000000000000 values)"),
     # Another experiment's parts: named as such first, before their own checks read this config's values.
     ([], "--data=lit_icl.mmca.LatentFactorDataModule", ("is a data module of lit_icl.mmca.synthetic, but --model "
      "CoQERegressionModule is lit_icl.coqe.regression's module")),

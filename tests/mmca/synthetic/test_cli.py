@@ -168,6 +168,15 @@ BAD_INPUT = [
         "context_length=0 must be >= 1",
     ),
     (["--data.init_args.generate_on_device", "sometimes"], "generate_on_device: Expected a <class 'bool'>"),
+    # sizes no machine holds: failed at the first batch, after the run folder existed, with a traceback
+    # (64 prompts x 13 tokens x (1e12 + 3) values x 4 bytes = 3099441.5 GiB)
+    (["--data.init_args.d1", "1000000000000"], ("the fixed training set would need 3099441.5 GiB (train_prompts=64 "
+     "prompts of 13 tokens x 1000000000003 values), and it has")),
+    (["--data.init_args.train_context_length", "1000000000000"], "the fixed training set would need"),
+    (["--data.init_args.test_context_lengths", "[5, 1000000000000]"],
+     "a size in the config is far too large for this machine: one test batch would need 596046.4 GiB"),
+    (["--data.init_args.train_prompts", "null", "--data.init_args.batch_size", "1000000000000"],
+     "one training batch would need 242143.9 GiB (batch_size=1000000000000 prompts of 13 tokens x 5 values)"),
 ]
 
 
