@@ -22,7 +22,7 @@ import logging
 import signal
 import sys
 import warnings
-from argparse import ArgumentError
+from argparse import SUPPRESS, ArgumentError
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -257,6 +257,11 @@ class LitICLCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # RunCheckpoint: ModelCheckpoint that still knows its last.ckpt after the run folder is moved.
         parser.add_lightning_class_args(RunCheckpoint, "checkpoint")
+        # Refused by RunCheckpoint (its __init__ says why and what to use), so not offered in --help; still parsed,
+        # so that a user who passes it gets that one line rather than "unrecognized arguments".
+        hidden = parser._option_string_actions.get("--checkpoint.save_on_exception")
+        if hidden is not None:  # a Lightning without the option has nothing to hide
+            hidden.help = SUPPRESS
         # No monitor: Lightning refreshes last.ckpt only when this callback saves, which an unmonitored one
         # does every epoch; a monitored one would leave last.ckpt behind after the best epoch.
         parser.set_defaults({"checkpoint.save_last": True, "checkpoint.save_top_k": 1})

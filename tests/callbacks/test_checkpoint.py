@@ -241,3 +241,16 @@ def test_save_on_exception_is_refused_not_silently_ignored(tmp_path, capsys, whe
     line = assert_rejected(tmp_path, capsys, ["fit", *reg_args(tmp_path), *extra],
                            "--checkpoint.save_on_exception true is not supported")
     assert "--checkpoint.every_n_train_steps" in line
+
+
+def test_save_on_exception_is_not_offered_in_help(capsys) -> None:
+    """The refused option is left out of ``fit --help`` (usage line and option list), while the other
+    ``--checkpoint.*`` options stay; passing it is still parsed and refused (the test above)."""
+    from lit_icl.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--config", "configs/coqe_omniglot.yaml", "--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    assert "--checkpoint.save_top_k" in text and "--checkpoint.every_n_train_steps" in text
+    assert "save_on_exception" not in text
