@@ -11,7 +11,8 @@ it ends with other weights than a run that was not stopped. This callback, which
   RNG state in its checkpoints, and I2CL draws each step's noise from a seed of its own); other runs keep
   Lightning's rule;
 - records the number of DDP ranks the fit trains on (:data:`lit_icl.core.resume.RANKS_KEY`), which a resume
-  must keep: the position and the data of an epoch are counted per rank;
+  must keep: the position and the data of an epoch are counted per rank (a resume on another number is refused
+  where the checkpoint is loaded, :func:`lit_icl.core.resume.check_resumed_ranks_at_load`);
 - resumes a checkpoint written at an epoch's end at the next epoch, which Lightning gets wrong in runs bounded by
   ``max_steps`` (:func:`lit_icl.core.resume.finish_restored_epoch`);
 - hands the training loader its saved data position (:class:`lit_icl.core.data.ResumableLoader`) where Lightning
@@ -32,7 +33,12 @@ from typing import Any
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from lit_icl.core.data import ResumableLoader
-from lit_icl.core.resume import RANKS_KEY, finish_restored_epoch, record_cut_epoch_unfinished
+from lit_icl.core.resume import (
+    RANKS_KEY,
+    check_resumed_ranks_at_load,
+    finish_restored_epoch,
+    record_cut_epoch_unfinished,
+)
 
 
 def resumes_inside_epoch(trainer: Trainer) -> bool:
@@ -51,6 +57,10 @@ class ResumeInsideEpoch(Callback):
             checkpoint[RANKS_KEY] = trainer.world_size
         if resumes_inside_epoch(trainer):
             record_cut_epoch_unfinished(trainer, checkpoint)
+
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        # The record is refused on other ranks by every ICLModule; this covers other modules run with the callback.
+        check_resumed_ranks_at_load(trainer, checkpoint)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         finish_restored_epoch(trainer)  # a finished epoch's checkpoint resumes at the next epoch (max_steps runs)

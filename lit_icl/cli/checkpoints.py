@@ -16,7 +16,7 @@ import torch
 from lit_icl.core.checkpoint_io import complete_checkpoints, is_cut_short
 from lit_icl.core.errors import ConfigError
 from lit_icl.core.legacy import current_class_path
-from lit_icl.core.resume import RANKS_KEY
+from lit_icl.core.resume import check_resumed_ranks as check_ranks
 
 #: ``ckpt_path`` values that Lightning resolves itself (``last`` and ``best`` are resolved by :func:`resolve_ckpt_path`).
 SPECIAL_CKPT_PATHS = ("last", "best", "hpc")
@@ -294,25 +294,10 @@ def check_resumed_data(ckpt_path: Any, ckpt: dict[str, Any], datamodule: Any) ->
 
 
 def check_resumed_ranks(ckpt_path: Any, ckpt: dict[str, Any], trainer: Any) -> None:
-    """Refuse ``fit --ckpt_path`` on another number of DDP ranks (devices x nodes) than the run it resumes.
-
-    ``batch_size`` and ``train_batches_per_epoch`` are per rank and the saved data position counts batches per rank,
-    so ``k`` ranks train on ``k`` times the batch of one, and on another number the rest of the run would train on
-    other batches than an uninterrupted run (the generated data modules' epochs are ``k`` times as long: a resume on
-    fewer ranks trains again on episodes it has seen, one on more skips some) while its rewritten ``config.yaml``
-    said the whole run had, as with another ``batch_size`` (:func:`check_resume_settings`). Checked once the trainer
-    knows its ranks, before anything is written; a checkpoint of older code, without the record
-    (:data:`lit_icl.core.resume.RANKS_KEY`), is not checked. ``test`` and ``validate`` may use any number of ranks.
-    """
-    trained, now = ckpt.get(RANKS_KEY), trainer.world_size
-    if not isinstance(trained, int) or trained == now:
-        return
-    raise ConfigError(
-        f"--ckpt_path {ckpt_path} was trained on {trained} DDP rank{'s' * (trained != 1)} and this run has {now}, "
-        "which a resumed run cannot change (batch_size and the data position are per rank, so it would train on "
-        "other batches while its config.yaml says the whole run did); resume with --trainer.devices x "
-        f"--trainer.num_nodes = {trained}, or start a new run without --ckpt_path"
-    )
+    """Refuse ``fit --ckpt_path`` on another number of DDP ranks than the run it resumes
+    (:func:`lit_icl.core.resume.check_resumed_ranks`), checked once the trainer knows its ranks and before anything is
+    written; a fit started from Python is checked where the checkpoint is loaded, with the same message."""
+    check_ranks(ckpt_path, ckpt, trainer.world_size)
 
 
 def check_evaluated_shapes(ckpt_path: Any, ckpt: dict[str, Any], model: Any, config: Any) -> None:

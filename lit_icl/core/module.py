@@ -40,6 +40,7 @@ from lit_icl.core.errors import ConfigError
 from lit_icl.core.hparams import save_init_hparams
 from lit_icl.core.legacy import upgrade_checkpoint
 from lit_icl.core.nets import UNWRITABLE, config_value, holds_net, public_path
+from lit_icl.core.resume import check_resumed_ranks_at_load
 
 
 def plain_grouped_hparams(obj: LightningModule | LightningDataModule) -> None:
@@ -352,6 +353,9 @@ class ICLModule(LightningModule):
         return max(int(self.global_step), int(self._trained_steps or 0))
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # A fit resumed on another number of DDP ranks is refused here too, for a Trainer driven from Python (the CLI
+        # refused it before anything was written); subclasses call this first, before they read the checkpoint.
+        check_resumed_ranks_at_load(self._trainer, checkpoint)
         self._trained_steps = checkpoint.get("global_step")
 
     def check_checkpoint_to_evaluate(self, checkpoint: Mapping[str, Any] | None) -> None:

@@ -30,15 +30,55 @@ them to every CLI run.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["RANKS_KEY", "finish_restored_epoch", "record_cut_epoch_unfinished", "training_position"]
+from lit_icl.core.errors import ConfigError
+
+__all__ = ["RANKS_KEY", "check_resumed_ranks", "check_resumed_ranks_at_load", "finish_restored_epoch",
+           "record_cut_epoch_unfinished", "training_position"]
 
 #: The checkpoint key holding the number of DDP ranks (devices x nodes) a fit trained on. The data position counts
 #: batches per rank, and ``batch_size`` and an epoch's items are per rank, so a run resumed on another number of
 #: ranks would train on other batches than an uninterrupted run (it repeats or skips data) while its rewritten
-#: ``config.yaml`` said the whole run had: the CLI refuses it (:func:`lit_icl.cli.checkpoints.check_resumed_ranks`).
+#: ``config.yaml`` said the whole run had: :func:`check_resumed_ranks` refuses it.
 RANKS_KEY = "training_ranks"
+
+
+def check_resumed_ranks(ckpt_path: Any, checkpoint: Mapping[str, Any], world_size: int) -> None:
+    """Refuse a fit resumed from ``checkpoint`` on another number of DDP ranks (devices x nodes), ``world_size``,
+    than the run that wrote it.
+
+    ``batch_size`` and ``train_batches_per_epoch`` are per rank and the saved data position counts batches per rank,
+    so ``k`` ranks train on ``k`` times the batch of one, and on another number the rest of the run would train on
+    other batches than an uninterrupted run (the generated data modules' epochs are ``k`` times as long: a resume on
+    fewer ranks trains again on episodes it has seen, one on more skips some) while its rewritten ``config.yaml``
+    said the whole run had, as with another ``batch_size``. A checkpoint of older code, without the record
+    (:data:`RANKS_KEY`), is not checked. ``test`` and ``validate`` may use any number of ranks.
+
+    The CLI calls it once the trainer knows its ranks, before anything is written
+    (:func:`lit_icl.cli.checkpoints.check_resumed_ranks`); :func:`check_resumed_ranks_at_load` calls it for a fit
+    started from Python.
+    """
+    trained = checkpoint.get(RANKS_KEY)
+    if not isinstance(trained, int) or trained == world_size:
+        return
+    raise ConfigError(
+        f"--ckpt_path {ckpt_path} was trained on {trained} DDP rank{'s' * (trained != 1)} and this run has "
+        f"{world_size}, which a resumed run cannot change (batch_size and the data position are per rank, so it would "
+        "train on other batches while its config.yaml says the whole run did); resume with --trainer.devices x "
+        f"--trainer.num_nodes = {trained}, or start a new run without --ckpt_path"
+    )
+
+
+def check_resumed_ranks_at_load(trainer: Any, checkpoint: Mapping[str, Any]) -> None:
+    """:func:`check_resumed_ranks` where Lightning loads a checkpoint into a fit (``on_load_checkpoint`` of
+    :class:`~lit_icl.core.module.ICLModule` and of :class:`~lit_icl.callbacks.ResumeInsideEpoch`), so that
+    ``Trainer(...).fit(module, datamodule, ckpt_path=...)`` from Python is refused as the CLI is. Nothing is
+    checked outside a fit (``load_from_checkpoint``: no trainer; ``test``, ``validate``: any number of ranks)."""
+    if trainer is None or trainer.state.fn != "fit":
+        return
+    check_resumed_ranks(trainer.ckpt_path, checkpoint, trainer.world_size)
 
 
 def training_position(trainer: Any) -> tuple[int, int]:

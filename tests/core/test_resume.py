@@ -173,3 +173,65 @@ def test_a_run_resumed_from_a_finished_epochs_checkpoint_ends_bit_identical(tmp_
     assert want["state_dict"].keys() == got["state_dict"].keys()
     assert all(torch.equal(want["state_dict"][k], got["state_dict"][k]) for k in want["state_dict"])
     assert got["loops"]["fit_loop"]["epoch_progress"] == want["loops"]["fit_loop"]["epoch_progress"]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The DDP rank count on resume, for a Trainer driven from Python (the CLI's refusal: tests/test_bad_input_cli.py)
+# ----------------------------------------------------------------------------------------------------------
+def _fit_parts(tmp_path, kind: str, steps: int = 4) -> tuple:
+    """A quiet trainer of ``steps`` steps that writes nothing itself, a module and its data: a tiny CoQE regression
+    module (``kind="icl_module"``), or Lightning's BoringModel run with ResumeInsideEpoch (``"callback"``), as a user's
+    own module under the CLI's callback."""
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel
+
+    from lit_icl.callbacks import ResumeInsideEpoch
+    from lit_icl.coqe import CoQERegressionModule, CoQERegressor, RegressionDataModule
+
+    torch.manual_seed(0)
+    if kind == "icl_module":
+        module = CoQERegressionModule(CoQERegressor(4, width=16, depth=1, heads=2, max_points=8))
+        data = RegressionDataModule("linear", n_dims=4, n_points=8, batch_size=4, chunk_size=4,
+                                    train_batches_per_epoch=2, val_prompts=4, test_prompts=4, eval_batch_size=4,
+                                    shifts=["id"])
+    else:
+        module, data = BoringModel(), BoringDataModule()
+    trainer = Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                      default_root_dir=tmp_path, callbacks=[ResumeInsideEpoch()] if kind == "callback" else [])
+    return trainer, module, data
+
+
+@pytest.mark.parametrize("kind", ["icl_module", "callback"])
+def test_a_python_fit_resumed_on_another_number_of_ranks_is_refused_at_load(tmp_path, kind: str) -> None:
+    """A 1-rank checkpoint whose record says 2 ranks: ``Trainer.fit(..., ckpt_path=...)`` from Python is refused with
+    the CLI's message when Lightning loads it (by every ICLModule, and by ResumeInsideEpoch for other modules), before
+    a step; the checkpoint as recorded resumes, and a ``validate`` of the edited one is no resume and is not refused."""
+    from lit_icl.core.errors import ConfigError
+    from lit_icl.core.resume import RANKS_KEY
+
+    trainer, module, data = _fit_parts(tmp_path, kind)
+    trainer.fit(module, data)
+    path = tmp_path / "two_ranks.ckpt"
+    trainer.save_checkpoint(path)
+    saved = torch.load(path, map_location="cpu", weights_only=False)
+    saved[RANKS_KEY] = 2
+    torch.save(saved, path)
+
+    trainer, module, data = _fit_parts(tmp_path, kind, steps=6)
+    with pytest.raises(ConfigError) as info:
+        trainer.fit(module, data, ckpt_path=path)
+    assert str(info.value) == (
+        f"--ckpt_path {path} was trained on 2 DDP ranks and this run has 1, which a resumed run cannot change "
+        "(batch_size and the data position are per rank, so it would train on other batches while its config.yaml "
+        "says the whole run did); resume with --trainer.devices x --trainer.num_nodes = 2, or start a new run without "
+        "--ckpt_path")
+    assert trainer.global_step == 0
+
+    trainer, module, data = _fit_parts(tmp_path, kind)
+    trainer.validate(module, data, ckpt_path=path, verbose=False)
+    saved[RANKS_KEY] = 1
+    torch.save(saved, path)
+    trainer, module, data = _fit_parts(tmp_path, kind, steps=6)
+    trainer.fit(module, data, ckpt_path=path)
+    assert trainer.global_step == 6
