@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import string
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -143,10 +143,28 @@ class TaskSource:
         if self.task in FILE_SOURCES and not (self.train_file and self.test_file):
             raise ConfigError(f"task={self.task!r} needs train_file and test_file (local .{self.task} files of "
                               "text, label)")
+        self._check_options_apply()
         check_positive("synthetic_train", self.synthetic_train, integer=True)
         check_positive("synthetic_test", self.synthetic_test, integer=True)
         if self.max_chars is not None:
             check_positive("max_chars", self.max_chars, integer=True)
+
+    def _check_options_apply(self) -> None:
+        """Refuse an option that this ``task`` never reads, given another value than its default: it was ignored
+        without a word (a ``path`` with the synthetic task trained on the synthetic task). ``path`` is read by the hub
+        tasks alone, ``train_file``, ``test_file``, ``text_field`` and ``label_field`` by ``jsonl`` / ``csv`` alone, and
+        ``synthetic_train`` and ``synthetic_test`` by ``synthetic`` alone; the others apply to every task."""
+        hub = f"the hub tasks ({', '.join(TASKS)})"
+        readers = {"path": (tuple(TASKS), hub), "synthetic_train": (("synthetic",), "task synthetic"),
+                   "synthetic_test": (("synthetic",), "task synthetic"),
+                   **{name: (FILE_SOURCES, "task jsonl or csv")
+                      for name in ("train_file", "test_file", "text_field", "label_field")}}
+        defaults = {f.name: f.default for f in fields(self)}
+        for name, (tasks, which) in readers.items():
+            value = getattr(self, name)
+            if self.task not in tasks and value != defaults[name]:
+                raise ConfigError(f"{name}={value!r} applies only to {which}, and task={self.task!r} never reads it; "
+                                  f"remove {name}, or choose such a task")
 
     @property
     def name(self) -> str:

@@ -96,6 +96,11 @@ def synthetic_dm(**kw) -> I2CLDataModule:
 
 
 # ---------------------------------------------------------------------- CLI
+#: What a run that switches :func:`cli_args` to a file task (``jsonl`` / ``csv``) adds: the synthetic task's pool sizes
+#: back at their defaults, since a file task never reads them and refuses them otherwise.
+SYNTHETIC_SIZES_OFF = ("--data.init_args.synthetic_train", "300", "--data.init_args.synthetic_test", "600")
+
+
 def cli_args(tmp_path: Path, llama_dir: str, *extra: str) -> list[str]:
     return [
         "--config", OFFLINE,

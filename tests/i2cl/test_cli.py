@@ -19,7 +19,7 @@ pytest.importorskip("tokenizers")
 
 from badinput import assert_rejected
 from conftest import tb_scalar_steps
-from i2cl.helpers import OFFLINE, cli_args
+from i2cl.helpers import OFFLINE, SYNTHETIC_SIZES_OFF, cli_args
 
 from lit_icl.cli import main
 from lit_icl.i2cl.module import (
@@ -111,6 +111,11 @@ BAD_ROWS = [
     (["--data.init_args.label_words", "[A, A, C]"], "distinct"),
     (["--data.init_args.label_words", "[zzzzzzq, zzzzzzr, C]"], "share their first token"),
     (["--data.init_args.task", "jsonl"], "needs train_file and test_file"),
+    # options the chosen task never reads: they were ignored without a word
+    (["--data.init_args.path", "data/sst2_copy"], ("path='data/sst2_copy' applies only to the hub tasks (sst2, sst5, "
+     "mr, subj, trec, agnews, dbpedia, hate_speech18, emoc), and task='synthetic' never reads it; remove path")),
+    (["--data.init_args.train_file", "data/i2cl/movie_reviews/train.jsonl"],
+     "train_file='data/i2cl/movie_reviews/train.jsonl' applies only to task jsonl or csv, and task='synthetic' never"),
     (["--data.init_args.shots_per_class", "500"], "fewer than shots_per_class=500"),
     (["--data.init_args.template", "Input: {text} {label}"], "has the placeholder {label}, but only {text} is filled in"),
     (["--data.init_args.template", "Input: {text} }"], "is not a format string (Single '}' encountered"),
@@ -186,7 +191,7 @@ def test_a_broken_data_file_is_one_line_naming_file_and_line(tmp_path, capsys, l
         else _jsonl(GOOD_ROWS)
     (data / f"test{suffix}").write_text(test_rows, encoding="utf-8")
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-    args = cli_args(tmp_path, llama_dir, "--data.init_args.task", suffix[1:],
+    args = cli_args(tmp_path, llama_dir, "--data.init_args.task", suffix[1:], *SYNTHETIC_SIZES_OFF,
                     "--data.init_args.train_file", str(data / name),
                     "--data.init_args.test_file", str(data / f"test{suffix}"),
                     "--data.init_args.template", TEMPLATE, "--data.init_args.label_words", "[A, B, C]")
@@ -201,7 +206,7 @@ def test_the_same_files_mended_run(tmp_path, llama_dir) -> None:
     data.mkdir()
     for split in ("train", "test"):
         (data / f"{split}.jsonl").write_text(_jsonl(GOOD_ROWS), encoding="utf-8")
-    args = cli_args(tmp_path, llama_dir, "--data.init_args.task", "jsonl",
+    args = cli_args(tmp_path, llama_dir, "--data.init_args.task", "jsonl", *SYNTHETIC_SIZES_OFF,
                     "--data.init_args.train_file", str(data / "train.jsonl"),
                     "--data.init_args.test_file", str(data / "test.jsonl"),
                     "--data.init_args.template", TEMPLATE, "--data.init_args.label_words", "[A, B, C]",

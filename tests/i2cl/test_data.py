@@ -146,6 +146,36 @@ def test_bad_batch_draws_and_separators_are_refused(key: str, value: str, match:
     assert "\n" not in str(info.value)
 
 
+#: (the task's options, one it never reads): each was ignored without a word.
+UNREAD = [
+    ({"task": "synthetic"}, {"path": "data/sst2"}, "path='data/sst2' applies only to the hub tasks (sst2, "),
+    ({"task": "synthetic"}, {"text_field": "sentence"}, "text_field='sentence' applies only to task jsonl or csv"),
+    ({"task": "sst2"}, {"train_file": "x.jsonl"}, ("train_file='x.jsonl' applies only to task jsonl or csv, and "
+     "task='sst2' never reads it; remove train_file, or choose such a task")),
+    ({"task": "sst2"}, {"label_field": "y"}, "label_field='y' applies only to task jsonl or csv"),
+    ({"task": "sst2"}, {"synthetic_train": 60}, "synthetic_train=60 applies only to task synthetic"),
+    ({"task": "jsonl", "train_file": "a.jsonl", "test_file": "b.jsonl", "template": "{text}", "label_words": ["a", "b"]},
+     {"path": "data/sst2"}, "and task='jsonl' never reads it"),
+    ({"task": "csv", "train_file": "a.csv", "test_file": "b.csv", "template": "{text}", "label_words": ["a", "b"]},
+     {"synthetic_test": 30}, "synthetic_test=30 applies only to task synthetic, and task='csv' never reads it"),
+]
+
+
+@pytest.mark.parametrize(("task", "unread", "needle"), UNREAD, ids=[next(iter(r[1])) + "-" + r[0]["task"] for r in UNREAD])
+def test_an_option_the_task_never_reads_is_refused(task: dict, unread: dict, needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        I2CLDataModule(**task, **unread)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_options_at_their_defaults_pass_for_every_task() -> None:
+    """A config need not know which task an overlay picks: the defaults of the other tasks' options are no error."""
+    defaults = {"path": None, "train_file": None, "test_file": None, "text_field": "text", "label_field": "label",
+                "synthetic_train": 300, "synthetic_test": 600}
+    assert I2CLDataModule(task="synthetic", **defaults).source.synthetic_train == 300
+    assert I2CLDataModule(task="sst2", **defaults).source.path is None
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_ddp_ranks_score_every_test_query_once(world: int) -> None:
     """Under DDP each rank's test loader holds its own queries: over the ranks, every query of the evaluation set
