@@ -305,7 +305,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="the smallest rise of val/acc that counts as an improvement (--patience); one of the "
                              "stand-in's 500 validation pairs is 0.002")
     parser.add_argument("--min-epochs", type=int, default=None,
-                        help="train at least this many epochs before the early-stopping rule may end a run")
+                        help="train at least this many epochs before the early-stopping rule may end a run "
+                             "(--patience)")
     parser.add_argument("--wait-for-score", type=float, default=None,
                         help="never stop a run before its best val/acc has passed this value (--patience), e.g. 0.2, "
                              "twice chance: at noise sd 1.0 a model without cross-attention can sit at chance past "
@@ -324,9 +325,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parse_driver_args(parser, argv, __file__)
     if args.noise_std < 0:
         parser.error(f"--noise-std {args.noise_std}: a noise sd is 0 or more (default 1.0)")
-    # fit_jobs passes --min-delta and --wait-for-score only with the early-stopping rule
+    if args.min_epochs is not None and not 1 <= args.min_epochs <= args.max_epochs:
+        parser.error(f"--min-epochs {args.min_epochs} must lie in [1, --max-epochs {args.max_epochs}]")
+    # fit_jobs passes --min-delta and --wait-for-score only with the early-stopping rule; --min-epochs it passes
+    # always, but without that rule every run trains all its --max-epochs, so the floor would do nothing
     check_early_stopping_args(parser, args, rounds="epochs without a rise of val/acc", rise="rise of val/acc",
-                              length="--max-epochs", needs_patience={"wait_for_score": "holds off early stopping"})
+                              length="--max-epochs", needs_patience={"wait_for_score": "holds off early stopping",
+                                                                     "min_epochs": "is a floor under early stopping"})
     if args.wait_for_score is not None and not 0 <= args.wait_for_score <= 1:
         parser.error(f"--wait-for-score {args.wait_for_score}: val/acc is a fraction, so a run could never pass "
                      "it; give a value in [0, 1] (e.g. 0.2, twice chance)")
@@ -337,8 +342,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if args.stage != "report" and args.root != standin and not args.root.is_dir():
             parser.error(f"--root {args.root}: no such folder; point it at an avMNIST folder in MultiBench's layout, "
                          f"or drop it to use the offline stand-in, built on first use at {STANDIN_ROOT}")
-    if args.min_epochs is not None and not 1 <= args.min_epochs <= args.max_epochs:
-        parser.error(f"--min-epochs {args.min_epochs} must lie in [1, --max-epochs {args.max_epochs}]")
     args.out = args.out.resolve()
     check_out(parser, args)
     return args

@@ -163,6 +163,9 @@ def test_runs_longer_than_the_paper_are_also_read_at_its_100_epochs(table1, tmp_
     # Without --patience fit_jobs passes no --min-delta, so it was silently ignored (as the step drivers refuse it).
     (["--min-delta", "0.002"], ("--min-delta 0.002 is the smallest rise early stopping counts, which only --patience "
                                 "turns on (a fixed-length run trains all its --max-epochs)")),
+    # Likewise --min-epochs: without the rule every run trains all its --max-epochs, so the floor did nothing.
+    (["--min-epochs", "1"], ("--min-epochs 1 is a floor under early stopping, which only --patience turns on (a "
+                             "fixed-length run trains all its --max-epochs); add --patience P or drop --min-epochs")),
 ])
 @pytest.mark.parametrize("dry", [True, False])
 def test_a_grid_that_cannot_run_as_meant_is_refused_in_one_line_before_anything_is_written(
