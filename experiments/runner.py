@@ -276,15 +276,18 @@ def check_convergence_args(parser: argparse.ArgumentParser, args: argparse.Names
     mean what they say (the options of :func:`add_convergence_args`).
 
     ``--val-every 0`` divides by zero; the rest is :func:`check_early_stopping_args` in steps and validation rounds,
-    with ``--min-steps`` a floor under the early-stopping rule."""
+    with ``--min-steps`` a floor under the early-stopping rule and ``--val-every`` its rounds' interval (a fixed-length
+    run validates once an epoch, ``--epochs``)."""
     if args.val_every < 1:
         parser.error(f"--val-every {args.val_every}: validate every 1 or more steps (default 100)")
     check_early_stopping_args(parser, args, rounds="validation rounds without improvement", rise="rise",
-                              length="--steps", needs_patience={"min_steps": "is a floor under early stopping"})
+                              length="--steps", needs_patience={"min_steps": "is a floor under early stopping"},
+                              given_needs_patience={"val_every": "is the interval of early stopping's validation rounds"})
 
 
 def check_early_stopping_args(parser: argparse.ArgumentParser, args: argparse.Namespace, *, rounds: str, rise: str,
-                              length: str, needs_patience: dict[str, str]) -> None:
+                              length: str, needs_patience: dict[str, str],
+                              given_needs_patience: dict[str, str] | None = None) -> None:
     """Refuse (``parser.error``) ``--patience`` / ``--min-delta`` values that cannot mean what they say, in a
     driver's own units: ``rounds``, what ``--patience`` counts (e.g. ``"epochs without a rise of val/acc"``);
     ``rise``, what ``--min-delta`` measures; ``length``, the option a run without ``--patience`` trains all of.
@@ -292,8 +295,9 @@ def check_early_stopping_args(parser: argparse.ArgumentParser, args: argparse.Na
     ``--patience 0`` would stop a run at its first round; a negative ``--min-delta`` counts a fall as an
     improvement; the options in ``needs_patience`` (dest, default ``None``: what the option does) and ``--min-delta``
     only act through the early-stopping rule, so without ``--patience`` (fixed-length runs, which train all their
-    ``length`` anyway) they would be silently ignored. ``--min-delta`` has a default, so only the command line
-    (``args.argv``) tells whether it was given."""
+    ``length`` anyway) they would be silently ignored. ``--min-delta`` and the options in ``given_needs_patience``
+    (dest: what the option does) have defaults, so only the command line (``args.argv``) tells whether they were
+    given."""
     if args.patience is not None and args.patience < 1:
         parser.error(f"--patience {args.patience}: give 1 or more {rounds} before a run stops (or drop --patience to "
                      f"train each run its fixed {length})")
@@ -303,9 +307,9 @@ def check_early_stopping_args(parser: argparse.ArgumentParser, args: argparse.Na
     if args.patience is not None:
         return
     given = {dest for dest in needs_patience if getattr(args, dest) is not None}
-    if "min_delta" in given_options(parser, getattr(args, "argv", [])):
-        given.add("min_delta")
-    for dest, what in {**needs_patience, "min_delta": "is the smallest rise early stopping counts"}.items():
+    defaulted = {"min_delta": "is the smallest rise early stopping counts", **(given_needs_patience or {})}
+    given |= given_options(parser, getattr(args, "argv", [])) & defaulted.keys()
+    for dest, what in {**needs_patience, **defaulted}.items():
         if dest in given:
             option = "--" + dest.replace("_", "-")
             parser.error(f"{option} {getattr(args, dest)} {what}, which only --patience turns on (a fixed-length run "

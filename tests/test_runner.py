@@ -1089,3 +1089,25 @@ def test_every_driver_with_the_shared_early_stopping_options_checks_them_in_one_
     err = [line for line in capsys.readouterr().err.splitlines() if line]
     assert len(err) == 1 and f": error: {problem}" in err[0], err
     assert not (tmp_path / "grid").exists()
+
+
+@pytest.mark.parametrize("name", CONVERGENCE_DRIVERS)
+def test_val_every_without_patience_is_refused_where_patience_is_off_by_default(name, tmp_path, capsys) -> None:
+    """``--val-every`` spaces the early-stopping rule's validation rounds; a fixed-length run validates once an
+    epoch (``--epochs``), so without ``--patience`` it was accepted and did nothing. The Swiss-roll ablation always
+    stops early (``--patience`` 5 by default), so there it is taken."""
+    from conftest import load_script
+
+    driver = load_script(Path(__file__).resolve().parents[1] / "experiments" / f"{name}.py")
+    argv = ["fit", "--out", str(tmp_path / "grid"), "--val-every", "50"]
+    if name == "icssl_swiss_roll_ablation":
+        assert driver.parse_args(argv).val_every == 50
+        return
+    with pytest.raises(SystemExit) as refused:
+        driver.parse_args(argv)
+    assert refused.value.code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert len(err) == 1 and err[0].endswith(
+        ": error: --val-every 50 is the interval of early stopping's validation rounds, which only --patience turns "
+        "on (a fixed-length run trains all its --steps); add --patience P or drop --val-every"), err
+    assert not (tmp_path / "grid").exists()
