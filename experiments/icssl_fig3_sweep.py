@@ -231,7 +231,17 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(2)
     if args.stage in ("test", "all"):
         check_finished_tests(args, select(test_jobs(args), args.only))
-    drive(args, fit_jobs, test_jobs, report, parse_args)
+
+    def parse_grid(grid_argv: list[str]) -> argparse.Namespace:
+        """The grid's recorded command, parsed, with the feature dimension this command read: ``input_dim`` is not
+        an option but a value read from ``--features`` (which the comparison of settings covers), so the grid's
+        record, parsed without reading the file, would otherwise differ from every rerun in it and each ``fit`` or
+        ``all`` into the grid would be refused as a change of settings."""
+        ran = parse_args(grid_argv)
+        ran.input_dim = args.input_dim
+        return ran
+
+    drive(args, fit_jobs, test_jobs, report, parse_grid)
 
 
 if __name__ == "__main__":

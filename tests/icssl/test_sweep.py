@@ -313,6 +313,32 @@ def test_sweep_names_the_stand_in_when_the_feature_file_is_missing(sweep, tmp_pa
     assert not (tmp_path / "grid").exists()
 
 
+def test_a_sweep_rerun_with_its_own_command_is_not_refused_as_a_change_of_settings(sweep, tmp_path, capsys) -> None:
+    """The feature dimension is read from ``--features`` after parsing, so the grid's record, parsed without
+    reading the file, had none: every ``fit`` or ``all`` into a grid with a started run, the very command that
+    started it included, was refused as "--input-dim 6, but the grid ... has runs made with --input-dim None"."""
+    import runner
+    import torch
+
+    features = tmp_path / "features.pt"
+    torch.save({"features": torch.zeros(8, 6), "labels": torch.arange(2).repeat_interleave(4)}, features)
+    out = tmp_path / "grid"
+    argv = ["fit", "--features", str(features), "--sizes", "10", "--seeds", "0", "--steps", "2", "--epochs", "1",
+            "--out", str(out)]
+    runner.record_grid(sweep.parse_args(argv))  # what the first sitting recorded, with one run started
+    (out / "e2e_size10" / "s0").mkdir(parents=True)
+    with pytest.raises(SystemExit) as stop:
+        sweep.main([*argv, "--dry-run"])
+    printed, err = capsys.readouterr()
+    assert stop.value.code == 0 and "error" not in err, err
+    assert "--model.init_args.net.init_args.input_dim 6" in printed  # the transformer still gets the file's
+    # A real change of settings is still refused, naming it alone.
+    with pytest.raises(SystemExit) as stop:
+        sweep.main([*argv, "--steps", "4", "--dry-run"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "this fit takes --steps 4, but the grid" in err and "input-dim" not in err, err
+
+
 @pytest.mark.parametrize("argv, problem", [
     (["--epochs", "0"], "argument --epochs: 0 must be at least 1"),  # was a ZeroDivisionError
     (["--patience", "2", "--val-every", "0"], "--val-every 0: validate every 1 or more steps"),
