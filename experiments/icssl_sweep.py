@@ -15,6 +15,7 @@ writes ``sweep.png`` (accuracy and separation vs dataset size, mean ± sd over s
 from __future__ import annotations
 
 import argparse
+import datetime
 import itertools
 import math
 import sys
@@ -25,7 +26,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from lit_icl.core.figures import aggregate
-from lit_icl.core.results import load_results, result_row, write_results
+from lit_icl.core.results import load_results, provenance, result_row, versions, write_results
 
 Row = dict[str, Any]
 
@@ -101,7 +102,7 @@ def sweep_figure(table: dict[str, dict[str, list[tuple[int, float, float, int]]]
 def sweep_report(rows: Sequence[Row], label_ratio: float, out: str | Path | None = None,
                  runs: Sequence[str] = ()) -> str | None:
     """The sweep's Markdown table (accuracy and separation per method and dataset size, with each accuracy
-    curve's phase transition), writing ``sweep.png`` and ``results.json`` / ``.csv`` to ``out`` if given;
+    curve's phase transition), writing ``sweep.png`` and ``results.json`` / ``.csv`` to ``out`` if given (its ``meta.summary_of``: the runs);
     ``None`` when no run has accuracy rows at ``label_ratio``."""
     table = curves(rows, label_ratio)
     if not table["accuracy"]:
@@ -120,7 +121,11 @@ def sweep_report(rows: Sequence[Row], label_ratio: float, out: str | Path | None
             where = f"{found[0]} (+{found[1]:.3f})" if found is not None else "-"
             lines.append(f"| {method} | {metric} | {cells} | {where} |")
     if out:
-        meta = {"runs": list(runs), "label_ratio": label_ratio}
+        # ``summary_of`` marks the folder as a summary of other runs, not a run: a grid's tidy table
+        # (experiments/tidy.py) leaves it out, though the driver writes it inside the grid's folder. The rest is
+        # what a test's results.json records of where its numbers came from: versions, command, commit, machine, date.
+        meta = {"summary_of": list(runs), "label_ratio": label_ratio, "versions": versions(), **provenance(),
+                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         write_results(out, result_rows, meta, {"sweep": sweep_figure(table, label_ratio)})
     return "\n".join(lines)
 

@@ -126,10 +126,23 @@ def read_run(folder: Path, scalars: Scalars | None = None) -> RunRecord:
 FINISHED = ("done", "results.json", "stopping.json")
 
 
+def is_summary(folder: Path) -> bool:
+    """Whether ``folder`` holds a summary of other runs rather than a run: a ``results.json`` whose ``meta`` has
+    ``summary_of`` (the runs it pools), as the IC-SSL sweep's report writes into ``<grid>/sweep``. Its rows are
+    means over the grid's runs, which a table of the runs would otherwise list again as one more run."""
+    try:
+        meta = json.loads((folder / "results.json").read_text()).get("meta")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(meta, dict) and "summary_of" in meta
+
+
 def read_folders(root: Path, scalars: Scalars | None = None) -> dict[str, RunRecord]:
-    """Every finished run under ``root`` (a folder with one of :data:`FINISHED`), by its path relative to ``root``."""
+    """Every finished run under ``root`` (a folder with one of :data:`FINISHED`, and no summary of other runs:
+    :func:`is_summary`), by its path relative to ``root``."""
     folders = sorted({path.parent for name in FINISHED for path in root.rglob(name) if path.is_file()})
-    return {folder.relative_to(root).as_posix(): read_run(folder, scalars) for folder in folders}
+    return {folder.relative_to(root).as_posix(): read_run(folder, scalars) for folder in folders
+            if not is_summary(folder)}
 
 
 def _encode(value: Any) -> str:

@@ -389,6 +389,30 @@ def test_dataset_size_sweep_finds_the_largest_rise(sweep_script, tmp_path, capsy
     assert phase_transition([(5, 0.6, 0.0, 1), (50, 0.6, 0.0, 1), (500, 0.5, 0.0, 1)]) is None  # never rises
 
 
+def test_the_sweep_a_report_writes_into_its_grid_is_no_run_of_the_grids_table(sweep, sweep_script, tmp_path) -> None:
+    """The Fig. 3 driver's report writes the pooled sweep into ``<grid>/sweep``; its results.json made it a run
+    named ``sweep`` in the grid's tidy table (``report --csv``, ``runner.py tidy``), its means beside the runs they
+    pool, and it recorded neither the command, the commit, the machine nor the date, as a test's results.json does."""
+    # (the sweep fixture puts the drivers' modules, tidy among them, on the import path)
+    import tidy
+
+    from lit_icl.core.results import result_row
+
+    grid = tmp_path / "grid"
+    runs = []
+    for method, value in (("ORIG+E2E-ICL", 0.7), ("ORIG+ICL", 0.6)):
+        run = grid / method / "s0_test"
+        _results(run, [result_row("accuracy", value, method=method, label_ratio=0.03, dataset_size=10),
+                       result_row("separation", value - 0.5, method=method, embeddings="model", dataset_size=10)])
+        runs.append(run)
+    rows = sweep_script.pooled_rows(runs)
+    assert sweep_script.sweep_report(rows, 0.03, grid / "sweep", [str(r) for r in runs]) is not None
+    meta = json.loads((grid / "sweep" / "results.json").read_text())["meta"]
+    assert meta["summary_of"] == [str(r) for r in runs]
+    assert {"command", "commit", "machine", "created", "versions"} <= set(meta)
+    assert sorted(tidy.read_folders(grid)) == ["ORIG+E2E-ICL/s0_test", "ORIG+ICL/s0_test"]
+
+
 @pytest.mark.parametrize("argv, problem", [
     (["fit", "--seeds", "0", "0"], "--seeds 0 0: give each seed once, as an integer >= 0"),
     (["all", "--seeds", "-1"], "--seeds -1: give each seed once, as an integer >= 0"),
