@@ -583,6 +583,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_episodes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse (``parser.error``: one line, exit 2, before anything is written) ``--val-episodes`` or
+    ``--test-episodes`` that the synthetic manifolds' data module cannot make: else every job fails alike, each
+    after writing its folder."""
+    for name, episodes in (("--val-episodes", args.val_episodes), ("--test-episodes", args.test_episodes)):
+        if episodes < 1 or episodes % CHUNK_SIZE:
+            parser.error(f"{name} {episodes}: the episodes come in chunks of {CHUNK_SIZE} (the configs' chunk_size); "
+                         f"give a positive multiple of {CHUNK_SIZE} (e.g. {max(CHUNK_SIZE, episodes - episodes % CHUNK_SIZE)})")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = _parser()
     args = parse_driver_args(parser, argv, __file__)
@@ -591,10 +601,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.eig_steps is None:
         # The unnormalised Eq. 6 head needs more than 100 steps to leave the constant answer it starts in.
         args.eig_steps = args.steps
-    for name, episodes in (("--val-episodes", args.val_episodes), ("--test-episodes", args.test_episodes)):
-        if episodes < 1 or episodes % CHUNK_SIZE:  # else every job fails alike, after writing its folder
-            parser.error(f"{name} {episodes}: the episodes come in chunks of {CHUNK_SIZE} (the configs' chunk_size); "
-                         f"give a positive multiple of {CHUNK_SIZE} (e.g. {max(CHUNK_SIZE, episodes - episodes % CHUNK_SIZE)})")
+    check_episodes(parser, args)
     if args.stage != "report" and args.image_root.resolve() != DEFAULT_IMAGE_ROOT and not args.image_root.is_dir():
         parser.error(f"--image-root {args.image_root}: no such folder; point it at the image-manifold sequences "
                      f"(one folder of frames per sequence), or drop it to use the stand-in, built on first use at "

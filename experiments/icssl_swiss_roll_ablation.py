@@ -32,7 +32,18 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared runner beside this file
-from icssl_paper_tables import CONFIGS, EIG, HEAD, REP, TABLE_RATIOS, _accuracies, _budget, tested_checkpoint
+from icssl_paper_tables import (
+    CONFIGS,
+    EIG,
+    HEAD,
+    REP,
+    TABLE_RATIOS,
+    _accuracies,
+    _budget,
+    check_episodes,
+    check_finished_tests,
+    tested_checkpoint,
+)
 from runner import (
     REPO,
     Job,
@@ -47,6 +58,7 @@ from runner import (
     parse_driver_args,
     positive_int,
     refuse_empty_report,
+    select,
 )
 from tidy import add_report_args, check_out, grid_records, load
 
@@ -134,12 +146,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parse_driver_args(parser, argv, __file__)
     args.out, args.tables_out = args.out.resolve(), args.tables_out.resolve()
     check_out(parser, args)
+    check_episodes(parser, args)
     check_convergence_args(parser, args)
     return args
 
 
 def main(argv: list[str] | None = None) -> None:
-    drive(parse_args(argv), fit_jobs, test_jobs, report, parse_args)
+    args = parse_args(argv)
+    if args.stage in ("test", "all"):  # a finished test is skipped: refuse other test settings than it ran with
+        check_finished_tests(args, select(test_jobs(args), args.only))
+    drive(args, fit_jobs, test_jobs, report, parse_args)
 
 
 if __name__ == "__main__":

@@ -569,3 +569,41 @@ def test_a_test_with_other_settings_than_the_finished_tests_is_refused(tables, t
     with pytest.raises(SystemExit) as stop:  # the finished tests' own value: skipped as done, as before
         tables.main([*argv, "--test-episodes", "64", "--dry-run"])
     assert stop.value.code == 0 and "1 done, 0 to run" in capsys.readouterr().out
+
+
+# The Swiss-roll ablation (experiments/icssl_swiss_roll_ablation.py), which trains and tests as the tables do.
+@pytest.fixture(scope="module")
+def swiss_roll(tables):  # imports the tables script, loaded above under its own name
+    return load_script(SCRIPT.with_name("icssl_swiss_roll_ablation.py"))
+
+
+def test_swiss_roll_refuses_test_settings_other_than_its_finished_tests_ran_with(swiss_roll, tmp_path, capsys) -> None:
+    """A finished test is skipped, so `test --test-episodes 32` over tests run with 16 reported "0 to run", left the
+    16-episode numbers and recorded 32; with `--seeds` for a part of the grid, the report mixed both. The tables
+    driver refused this; the ablation, which shares its runs, now does too, in one line, writing nothing."""
+    out = tmp_path / "grid"
+    finished = out / "e2e_deeper" / "s0_test_manifolds"
+    finished.mkdir(parents=True)
+    (finished / "config.yaml").write_text(yaml.safe_dump({"data": {"init_args": {"test_episodes": 16}}}))
+    (finished / "done").write_text("1.0 s\n")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(SystemExit) as stop:
+        swiss_roll.main(["test", "--out", str(out), "--seeds", "0", "--test-episodes", "32", "--dry-run"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1, err
+    assert "error: --test-episodes 32: the finished test e2e_deeper/s0_test_manifolds ran with 16" in err[0]
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["all", "--val-episodes", "8"], "--val-episodes 8: the episodes come in chunks of 16"),
+    (["test", "--test-episodes", "100"], "--test-episodes 100: the episodes come in chunks of 16"),
+])
+def test_swiss_roll_refuses_episodes_no_run_could_make_before_anything_is_written(swiss_roll, tmp_path, capsys, argv,
+                                                                                 problem) -> None:
+    """Every fit (or test) of the ablation failed alike, each after writing its folder."""
+    with pytest.raises(SystemExit) as stop:
+        swiss_roll.main([*argv, "--out", str(tmp_path / "grid"), "--dry-run"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and problem in err[0], err
+    assert not (tmp_path / "grid").exists()
