@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import io
 import json
 import os
@@ -473,9 +474,13 @@ NOT_GRID_SETTINGS = {"stage", "out", "script", "argv", "check_executor", "execut
 GRID_CELLS = {"seeds", "arms", "models", "recipes", "sizes"}
 
 
-def grid_of(out: Path, parse_args: Callable[[list[str]], argparse.Namespace]) -> argparse.Namespace | str | None:
+def grid_of(out: Path, parse_args: Callable[[list[str]], argparse.Namespace],
+            record: str = "argv") -> argparse.Namespace | str | None:
     """The settings of the grid recorded in ``<out>/grid.json`` (its command line, parsed by the driver), ``None``
-    when there is no record, or why the record no longer parses (an overlay it names was moved, say)."""
+    when there is no record, or why the record no longer parses (an overlay it names was moved, say).
+
+    ``record="fit_argv"``: the command of the grid's fits alone, without the options of a later ``test`` stage
+    (the whole record where it holds none)."""
     try:
         grid = json.loads((out / "grid.json").read_text())
     except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
@@ -483,12 +488,40 @@ def grid_of(out: Path, parse_args: Callable[[list[str]], argparse.Namespace]) ->
     problem = io.StringIO()
     try:
         with contextlib.redirect_stderr(problem):
-            ran = parse_args(grid["argv"])
+            ran = parse_args(grid.get(record, grid["argv"]))
     except SystemExit:
         lines = problem.getvalue().strip().splitlines()
         return lines[-1] if lines else "it does not parse"
     ran.out = out  # the grid as it was run, wherever its folder is now
     return ran
+
+
+def _fit_cells(jobs: list[Job]) -> set[tuple[Path, tuple[str, ...]]]:
+    """What a list of fits trains: each run folder with its command line."""
+    return {(job.folder, tuple(job.argv)) for job in jobs}
+
+
+def settings_made(out: Path, parse_args: Callable[[list[str]], argparse.Namespace],
+                  fit_jobs: Callable[[argparse.Namespace], list[Job]]) -> argparse.Namespace | str | None:
+    """The settings the grid's runs were made with, as :func:`grid_of` gives them (``None`` or a string when there
+    are none to read), with one correction.
+
+    A ``test`` stage adds its options to the record after the fits' (:func:`record_grid`), so one that was given
+    another value of an option that changes what the fits train (``--steps``, an ``--overlay`` naming the CPU for
+    a grid trained on a GPU) replaced the fits' value there, though it trained nothing: the fits ran with theirs.
+    Such an option keeps the fits' value (``fit_argv``); an option that only changes the tests keeps the test's."""
+    ran = grid_of(out, parse_args)
+    fitted = grid_of(out, parse_args, "fit_argv")
+    if not isinstance(ran, argparse.Namespace) or not isinstance(fitted, argparse.Namespace):
+        return ran
+    made = copy.copy(ran)
+    trained = _fit_cells(fit_jobs(fitted))
+    for key in _settings_differ(ran, fitted, GRID_CELLS):
+        probe = copy.copy(fitted)
+        setattr(probe, key, getattr(ran, key))
+        if _fit_cells(fit_jobs(probe)) != trained:  # the test's value would train other runs: the fits' holds
+            setattr(made, key, getattr(fitted, key))
+    return made
 
 
 def note_grid_difference(args: argparse.Namespace, parse_args: Callable[[list[str]], argparse.Namespace],
@@ -498,11 +531,10 @@ def note_grid_difference(args: argparse.Namespace, parse_args: Callable[[list[st
     what the tables hold and the header says), any difference; for ``test`` (``fit_jobs`` given), one that makes it
     expect other fits than the grid's, whose tests would wait for fits that never ran. (A grid run in parts, a seed
     at a time, differs from its last part in the seeds: that is expected.)"""
-    ran = grid_of(args.out, parse_args)
+    ran = grid_of(args.out, parse_args) if fit_jobs is None else settings_made(args.out, parse_args, fit_jobs)
     if not isinstance(ran, argparse.Namespace):
         return
-    if fit_jobs is not None and {(j.folder, tuple(j.argv)) for j in fit_jobs(args)} == {
-            (j.folder, tuple(j.argv)) for j in fit_jobs(ran)}:
+    if fit_jobs is not None and _fit_cells(fit_jobs(args)) == _fit_cells(fit_jobs(ran)):
         return
     differ = _settings_differ(args, ran)
     if not differ:
@@ -532,8 +564,9 @@ def refuse_changed_grid(args: argparse.Namespace, parse_args: Callable[[list[str
     A finished run is never run again and an interrupted one resumes, so a rerun with another ``--steps`` (say)
     reported the old runs under the new command's record, and a seed added with it was averaged with the old seeds
     in one cell. The options that only choose cells may differ (:data:`GRID_CELLS`: a grid run in parts, a seed or
-    an arm at a time), and so may how and where it runs (:data:`NOT_GRID_SETTINGS`)."""
-    ran = grid_of(args.out, parse_args)
+    an arm at a time), and so may how and where it runs (:data:`NOT_GRID_SETTINGS`). A fit setting is compared
+    with the fits' own, not with one a later ``test`` stage was given (:func:`settings_made`)."""
+    ran = settings_made(args.out, parse_args, fit_jobs)
     if not isinstance(ran, argparse.Namespace):
         return
     differ = _settings_differ(args, ran, GRID_CELLS)

@@ -961,6 +961,43 @@ def test_a_fit_or_all_with_other_settings_than_the_grids_started_runs_is_refused
     assert json.loads((out / "grid.json").read_text())["argv"][-4:] == ["--steps", "6", "--seeds", "1"]
 
 
+def test_a_test_stage_given_other_fit_settings_does_not_change_what_the_grids_fits_were_made_with(
+        runner, quick_cli, tmp_path, capsys) -> None:
+    """``test --steps 8`` over fits trained with ``--steps 6`` (a note, and it tests those fits) added its options
+    to grid.json after the fits', so the record said 8: the grid's own ``all --steps 6 --seeds 1`` was then refused
+    as a change of settings, and ``all --steps 8 --seeds 1`` trained seed 1 with 8 steps beside seed 0's 6 in one
+    cell. A fit setting is now compared with the fits' own value; a test's own option (``--test-episodes``), with the
+    test's."""
+    parser = _driver_parser(runner)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--test-episodes", type=int, default=512)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parse = lambda argv: runner.parse_driver_args(parser, argv, "experiments/driver.py")
+    out = (tmp_path / "grid").resolve()
+
+    def fits(args):  # the test episodes do not reach a fit
+        return [runner.Job(f"fit s{s}", ["fit", "--help", str(args.steps)], out / f"s{s}") for s in args.seeds]
+
+    def run(*argv: str) -> int:
+        args = parse([*argv, "--out", str(out)])
+        args.out = args.out.resolve()
+        with pytest.raises(SystemExit) as stop:
+            runner.drive(args, fits, lambda a: [], lambda a: "THE REPORT", parse)
+        return stop.value.code
+
+    assert run("all", "--steps", "6", "--seeds", "0") == 0
+    assert run("test", "--steps", "8", "--test-episodes", "16") == 0
+    assert "note: this test takes --steps 8 " in capsys.readouterr().err
+    assert run("all", "--steps", "6", "--test-episodes", "16", "--seeds", "1") == 0 and (out / "s1" / "done").is_file()
+    capsys.readouterr()
+    for changed, was in ((["--steps", "8", "--test-episodes", "16"], "--steps 6"),
+                         (["--steps", "6", "--test-episodes", "32"], "--test-episodes 16")):
+        assert run("all", *changed, "--seeds", "2") == 2
+        err = capsys.readouterr().err
+        assert f"but the grid in {out} has runs made with {was} (" in err, err
+    assert not (out / "s2").exists()
+
+
 _RUN_JOB = '''import importlib.util, sys
 spec = importlib.util.spec_from_file_location("runner", sys.argv[1])
 runner = importlib.util.module_from_spec(spec)
