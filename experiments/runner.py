@@ -431,6 +431,7 @@ def drive(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace], lis
           parse_args: Callable[[list[str]], argparse.Namespace]) -> None:
     """A driver's ``main``: ``report`` prints the tables (and, on stderr, the jobs of the grid that did not finish,
     with the command that reruns them); ``fit``, ``test`` and ``all`` run on the chosen executor."""
+    refuse_other_drivers_grid(args)
     if args.stage == "test":
         note_grid_difference(args, parse_args, fit_jobs)
     if args.stage in ("fit", "all"):
@@ -677,13 +678,7 @@ def claim_grid(args: argparse.Namespace) -> None:
                 f"{'are' if len(ids) > 1 else 'is'} still in the queue ({shown}); running the grid again now would "
                 "start them a second time beside the first: wait for them to end (`report` reads the grid any time), "
                 f"or cancel them (scancel {arrays}), then rerun")
-    try:
-        other = Path(json.loads((args.out / "grid.json").read_text())["script"]).name
-    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError, KeyError, TypeError):
-        other = prog
-    if other != prog:
-        _refuse(f"{prog}: error: --out {args.out} holds the grid of {other} (its grid.json), and a report reads "
-                "every run under its folder: give this driver an --out of its own")
+    refuse_other_drivers_grid(args)
     args.out.mkdir(parents=True, exist_ok=True)
     lock = open(args.out / "grid.lock", "a+")  # noqa: SIM115 - held open until the driver exits
     try:
@@ -699,6 +694,31 @@ def claim_grid(args: argparse.Namespace) -> None:
     lock.flush()
     _GRID_LOCK.append(lock)
     args.grid_claimed = True  # the checks have passed: a driver may write what its jobs read (fit_jobs)
+
+
+def _grid_script(out: Path) -> str | None:
+    """The file name of the driver whose grid ``out`` holds (its ``grid.json``), or ``None`` when it holds none."""
+    try:
+        return Path(json.loads((out / "grid.json").read_text())["script"]).name
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError, KeyError, TypeError):
+        return None
+
+
+def refuse_other_drivers_grid(args: argparse.Namespace) -> None:
+    """Refuse (one line, exit 2, nothing written) any stage of this driver, a dry run or a report included, on a
+    folder that holds another driver's grid (its ``grid.json`` names that driver).
+
+    A stage would add this driver's runs to the other grid, and the reports of both read every run under the
+    folder. A report of another driver's grid printed this driver's tables with every cell empty, and said that
+    the grid's command "no longer parses", rather than that it is another driver's."""
+    prog, other = Path(args.script).name, _grid_script(args.out)
+    if other is None or other == prog:
+        return
+    if args.stage == "report":
+        _refuse(f"{prog}: error: --out {args.out} holds the grid of {other} (its grid.json), whose runs this "
+                f"driver's report does not read: report it with `python experiments/{other} report --out {args.out}`")
+    _refuse(f"{prog}: error: --out {args.out} holds the grid of {other} (its grid.json), and a report reads "
+            "every run under its folder: give this driver an --out of its own")
 
 
 def release_grid() -> None:

@@ -1103,6 +1103,41 @@ def test_every_drivers_report_of_an_empty_grid_is_one_line_and_status_2(name: st
 
 
 
+def test_a_driver_pointed_at_another_drivers_grid_is_refused_in_every_stage_report_and_dry_run_included(
+        tmp_path, capsys) -> None:
+    """Only a stage that ran jobs checked whose grid a folder holds: the Swiss-roll ablation's report of the tables'
+    grid printed its table with every cell empty and said the grid's command "no longer parses", and a dry run
+    printed the commands that the real run would refuse."""
+    from conftest import load_script
+
+    experiments = Path(__file__).resolve().parents[1] / "experiments"
+    tables = load_script(experiments / "icssl_paper_tables.py")
+    out = (tmp_path / "grid").resolve()
+    import runner  # the drivers' runner, on the import path once a driver is loaded
+
+    # The tables' grid, one of its tests finished.
+    runner.record_grid(tables.parse_args(["all", "--out", str(out), "--seeds", "0", "--steps", "2", "--epochs", "1"]))
+    finished = out / "tuned_rbf_only_spiral" / "s0_test_manifolds"
+    finished.mkdir(parents=True)
+    (finished / "results.json").write_text(json.dumps({"meta": {}, "rows": [
+        {"metric": "accuracy", "value": 0.5, "split": "test", "method": "m", "n_labeled": 3}]}))
+    (finished / "done").write_text("1.0 s\n")
+    before = sorted(out.rglob("*"))
+    ablation = load_script(experiments / "icssl_swiss_roll_ablation.py")
+    for argv, line in (
+            (["report"], (f"icssl_swiss_roll_ablation.py: error: --out {out} holds the grid of icssl_paper_tables.py "
+                          "(its grid.json), whose runs this driver's report does not read: report it with `python "
+                          f"experiments/icssl_paper_tables.py report --out {out}`")),
+            (["fit", "--seeds", "0", "--dry-run"],
+             (f"icssl_swiss_roll_ablation.py: error: --out {out} holds the grid of icssl_paper_tables.py (its "
+              "grid.json), and a report reads every run under its folder: give this driver an --out of its own"))):
+        with pytest.raises(SystemExit) as refused:
+            ablation.main([*argv, "--out", str(out)])
+        printed, err = capsys.readouterr()
+        assert refused.value.code == 2 and err.strip().splitlines() == [line] and printed == "", (printed, err)
+    assert sorted(out.rglob("*")) == before
+
+
 CONVERGENCE_DRIVERS = ["icssl_fig3_sweep", "icssl_paper_tables", "icssl_swiss_roll_ablation"]
 
 
