@@ -432,10 +432,10 @@ def drive(args: argparse.Namespace, fit_jobs: Callable[[argparse.Namespace], lis
     """A driver's ``main``: ``report`` prints the tables (and, on stderr, the jobs of the grid that did not finish,
     with the command that reruns them); ``fit``, ``test`` and ``all`` run on the chosen executor."""
     refuse_other_drivers_grid(args)
+    if args.stage in ("fit", "test", "all"):
+        refuse_changed_grid(args, parse_args, fit_jobs, test_jobs)
     if args.stage == "test":
         note_grid_difference(args, parse_args, fit_jobs)
-    if args.stage in ("fit", "all"):
-        refuse_changed_grid(args, parse_args, fit_jobs)
     if args.stage != "report":
         run_stage(args, fit_jobs, test_jobs, report)
     if not args.out.exists():
@@ -558,25 +558,65 @@ def _shown(namespace: argparse.Namespace, keys: list[str]) -> str:
 
 
 def refuse_changed_grid(args: argparse.Namespace, parse_args: Callable[[list[str]], argparse.Namespace],
-                        fit_jobs: Callable[[argparse.Namespace], list[Job]]) -> None:
-    """Refuse (one line, exit 2, nothing written) a ``fit`` or ``all`` into a folder whose grid (``grid.json``) has
-    started runs with other settings than this command's.
+                        fit_jobs: Callable[[argparse.Namespace], list[Job]],
+                        test_jobs: Callable[[argparse.Namespace], list[Job]] = lambda args: []) -> None:
+    """Refuse (one line, exit 2, nothing written) a stage into a folder whose grid has runs made with other
+    settings than this command's: a run that is finished, or a fit with a ``last.ckpt`` to resume, that this
+    command would run with another command line (a ``test`` stage: a finished test).
 
     A finished run is never run again and an interrupted one resumes, so a rerun with another ``--steps`` (say)
     reported the old runs under the new command's record, and a seed added with it was averaged with the old seeds
-    in one cell. The options that only choose cells may differ (:data:`GRID_CELLS`: a grid run in parts, a seed or
-    an arm at a time), and so may how and where it runs (:data:`NOT_GRID_SETTINGS`). A fit setting is compared
-    with the fits' own, not with one a later ``test`` stage was given (:func:`settings_made`)."""
+    in one cell. What a run was made with is its own ``job.json`` (the command line it ran, :meth:`Job.write_spec`;
+    in a run folder that has since moved, or one written before runs recorded it, the command the grid's record
+    ``grid.json`` gives it, :func:`settings_made`). The options that only choose cells may differ (:data:`GRID_CELLS`:
+    a grid run in parts, a seed or an arm at a time), and so may how and where it runs (:data:`NOT_GRID_SETTINGS`),
+    or a setting that changes no run that has got anywhere: the data of a fit that failed before its first
+    checkpoint (which starts afresh), fixed after the rest of the grid had finished. A ``test`` stage may test the
+    grid's fits with another fit setting (an ``--overlay`` naming the CPU for a grid trained on a GPU):
+    :func:`note_grid_difference` names it."""
     ran = settings_made(args.out, parse_args, fit_jobs)
-    if not isinstance(ran, argparse.Namespace):
-        return
-    differ = _settings_differ(args, ran, GRID_CELLS)
-    if not differ or not any(job.folder.exists() for job in select(fit_jobs(ran), ran.only)):
-        return
-    _refuse(f"{Path(args.script).name}: error: this {args.stage} takes {_shown(args, differ)}, but the grid in "
-            f"{args.out} has runs made with {_shown(ran, differ)} ({args.out / 'grid.json'}); its finished runs would "
-            "not be run again and a report would mix both: give the grid's options, or give the new settings an --out "
-            "of their own")
+    jobs = (lambda a: test_jobs(a)) if args.stage == "test" else (lambda a: fit_jobs(a) + test_jobs(a))
+    this, made = copy.copy(args), {}
+    if isinstance(ran, argparse.Namespace):
+        # Both commands over the cells of both (a seed added with other settings sits beside the grid's seeds).
+        grid = copy.copy(ran)
+        for cell in GRID_CELLS & vars(ran).keys() & vars(args).keys():
+            if isinstance(getattr(ran, cell), list) and isinstance(getattr(args, cell), list):
+                both = list(dict.fromkeys([*getattr(ran, cell), *getattr(args, cell)]))
+                setattr(grid, cell, both)
+                setattr(this, cell, both)
+        made = {job.folder: job.argv for job in jobs(grid)}
+
+    def progressed(job: Job) -> bool:  # would be skipped (done) or resumed, not started afresh
+        return job.done or (job.stage == "fit" and (job.folder / "checkpoints" / "last.ckpt").is_file())
+
+    for job in jobs(this):
+        before = _recorded_argv(job) or made.get(job.folder)
+        if before is None or before == job.argv or not progressed(job):
+            continue
+        prog = Path(args.script).name
+        differ = _settings_differ(args, ran, GRID_CELLS) if isinstance(ran, argparse.Namespace) else []
+        if differ:
+            _refuse(f"{prog}: error: this {args.stage} takes {_shown(args, differ)}, but the grid in {args.out} has "
+                    f"runs made with {_shown(ran, differ)} ({args.out / 'grid.json'}); its finished runs would not be "
+                    "run again and a report would mix both: give the grid's options, or give the new settings an "
+                    "--out of their own")
+        options = [word for word in job.argv if word.startswith("--") and word not in before]
+        options += [word for word in before if word.startswith("--") and word not in job.argv]
+        _refuse(f"{prog}: error: this {args.stage} would run {job.name} with another command line than its "
+                f"{'finished run' if job.done else 'last.ckpt'} in {job.folder} ran with (see its job.json"
+                + (f"; they differ in {', '.join(options)}" if options else "") + "), and a finished run is not run "
+                "again: give the options that run was made with, or give the new settings an --out of their own")
+
+
+def _recorded_argv(job: Job) -> list[str] | None:
+    """The command line ``job``'s run folder ran (its ``job.json``), or ``None`` when it recorded none or the folder
+    has moved since (its paths then name the old place)."""
+    try:
+        spec = json.loads((job.folder / "job.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return spec.get("argv") if isinstance(spec, dict) and spec.get("folder") == str(job.folder) else None
 
 
 def _stage_index(argv: list[str], stages: tuple[str, ...] = STAGES) -> int | None:
@@ -935,7 +975,7 @@ def run_job(job: Job, threads: int, dry: bool) -> tuple[Job, int, float]:
         return job, 0, 0.0
     if _STOPPING.is_set():  # the driver got SIGTERM or Ctrl-C before this job started: leave it for the rerun
         return job, _stopped_by()[0], 0.0
-    job.folder.mkdir(parents=True, exist_ok=True)
+    job.write_spec(threads)  # the command it runs, which a rerun with other settings is compared with
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     log_path = job.folder / f"{job.stage}.log"
     write_state(job.folder, "running", **{"executor": "local", "job_id": None, **slurm_fields(), "log": str(log_path)})
@@ -984,7 +1024,7 @@ def run_job_in_process(job: Job, threads: int) -> tuple[Job, int, float]:
     from lit_icl.cli import main as cli_main
 
     torch.set_num_threads(threads)
-    job.folder.mkdir(parents=True, exist_ok=True)
+    job.write_spec(threads)  # the command it runs, which a rerun with other settings is compared with
     log_path = job.folder / f"{job.stage}.log"
     write_state(job.folder, "running", executor="local", job_id=None, log=str(log_path))
     start = time.perf_counter()

@@ -966,8 +966,8 @@ def test_a_test_stage_given_other_fit_settings_does_not_change_what_the_grids_fi
     """``test --steps 8`` over fits trained with ``--steps 6`` (a note, and it tests those fits) added its options
     to grid.json after the fits', so the record said 8: the grid's own ``all --steps 6 --seeds 1`` was then refused
     as a change of settings, and ``all --steps 8 --seeds 1`` trained seed 1 with 8 steps beside seed 0's 6 in one
-    cell. A fit setting is now compared with the fits' own value; a test's own option (``--test-episodes``), with the
-    test's."""
+    cell. Each finished run is now compared with the command line it ran (its job.json): a test given other test
+    episodes than its finished tests ran with is refused too, whatever the record says."""
     parser = _driver_parser(runner)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--test-episodes", type=int, default=512)
@@ -978,24 +978,62 @@ def test_a_test_stage_given_other_fit_settings_does_not_change_what_the_grids_fi
     def fits(args):  # the test episodes do not reach a fit
         return [runner.Job(f"fit s{s}", ["fit", "--help", str(args.steps)], out / f"s{s}") for s in args.seeds]
 
+    def tests(args):
+        return [runner.Job(f"test s{s}", ["test", "--help", str(args.test_episodes)], out / f"s{s}_test",
+                           after=[out / f"s{s}"]) for s in args.seeds]
+
     def run(*argv: str) -> int:
         args = parse([*argv, "--out", str(out)])
+        args.out = args.out.resolve()
+        with pytest.raises(SystemExit) as stop:
+            runner.drive(args, fits, tests, lambda a: "THE REPORT", parse)
+        return stop.value.code
+
+    assert run("all", "--steps", "6", "--seeds", "0") == 0  # seed 0 tested on 512 episodes
+    assert json.loads((out / "s0" / "job.json").read_text())["argv"] == ["fit", "--help", "6"]
+    assert run("test", "--steps", "8") == 0
+    assert "note: this test takes --steps 8; the grid's own command" in capsys.readouterr().err
+    assert run("all", "--steps", "6", "--seeds", "1") == 0 and (out / "s1_test" / "done").is_file()
+    capsys.readouterr()
+    assert run("all", "--steps", "8", "--seeds", "2") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"this all takes --steps 8, but the grid in {out} has runs made with --steps 6 (" in err[0]
+    # The finished tests ran on 512 episodes: tests of other seeds on 16 would sit beside them in one table.
+    for stage in ("test", "all"):
+        assert run(stage, "--steps", "6", "--test-episodes", "16", "--seeds", "2") == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "16" in err[0] and "512" in err[0], err
+    assert not (out / "s2").exists() and not (out / "s2_test").exists()
+
+
+def test_a_fit_that_failed_before_its_first_checkpoint_may_be_rerun_with_its_data_fixed(runner, quick_cli, tmp_path,
+                                                                                       capsys) -> None:
+    """One fit of a grid failed on bad data (a wrong --image-root) while the rest finished. Its rerun with the right
+    option was refused as a change of the grid's settings, though no finished run used it: the report's rerun
+    command failed the same way again and the only way out was a new --out, training the whole grid again."""
+    parser = _driver_parser(runner)
+    parser.add_argument("--image-root", default="bad")
+    parse = lambda argv: runner.parse_driver_args(parser, argv, "experiments/driver.py")
+    out = (tmp_path / "grid").resolve()
+
+    def fits(args):  # the stand-in CLI exits 0 for --help, 2 otherwise: the bad root fails its fit
+        root = ["--help"] if args.image_root == "good" else ["--root", args.image_root]
+        return [runner.Job("fit synthetic", ["fit", "--help"], out / "synthetic"),
+                runner.Job("fit images", ["fit", *root], out / "images")]
+
+    def run(*argv: str) -> int:
+        args = parse(["all", *argv, "--out", str(out)])
         args.out = args.out.resolve()
         with pytest.raises(SystemExit) as stop:
             runner.drive(args, fits, lambda a: [], lambda a: "THE REPORT", parse)
         return stop.value.code
 
-    assert run("all", "--steps", "6", "--seeds", "0") == 0
-    assert run("test", "--steps", "8", "--test-episodes", "16") == 0
-    assert "note: this test takes --steps 8 " in capsys.readouterr().err
-    assert run("all", "--steps", "6", "--test-episodes", "16", "--seeds", "1") == 0 and (out / "s1" / "done").is_file()
+    assert run("--image-root", "bad") == 1 and (out / "synthetic" / "done").is_file()
+    assert not (out / "images" / "done").is_file()
+    assert run("--image-root", "good") == 0 and (out / "images" / "done").is_file()
     capsys.readouterr()
-    for changed, was in ((["--steps", "8", "--test-episodes", "16"], "--steps 6"),
-                         (["--steps", "6", "--test-episodes", "32"], "--test-episodes 16")):
-        assert run("all", *changed, "--seeds", "2") == 2
-        err = capsys.readouterr().err
-        assert f"but the grid in {out} has runs made with {was} (" in err, err
-    assert not (out / "s2").exists()
+    assert run("--image-root", "other") == 2  # now a finished run has it
+    assert "this all takes --image-root other, but the grid" in capsys.readouterr().err
 
 
 _RUN_JOB = '''import importlib.util, sys

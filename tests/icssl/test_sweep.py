@@ -325,8 +325,9 @@ def test_a_sweep_rerun_with_its_own_command_is_not_refused_as_a_change_of_settin
     out = tmp_path / "grid"
     argv = ["fit", "--features", str(features), "--sizes", "10", "--seeds", "0", "--steps", "2", "--epochs", "1",
             "--out", str(out)]
-    runner.record_grid(sweep.parse_args(argv))  # what the first sitting recorded, with one run started
+    runner.record_grid(sweep.parse_args(argv))  # what the first sitting recorded, with one run finished
     (out / "e2e_size10" / "s0").mkdir(parents=True)
+    (out / "e2e_size10" / "s0" / "done").write_text("1.0 s\n")
     with pytest.raises(SystemExit) as stop:
         sweep.main([*argv, "--dry-run"])
     printed, err = capsys.readouterr()
