@@ -112,6 +112,12 @@ def pack(state: Path, out: Path) -> None:
         folder = run_folder(state, arm)
         if folder is None:
             continue
+        if not (folder / "checkpoints/last.ckpt").is_file():
+            # A run that failed (or was stopped) before its first checkpoint has nothing to resume from; the other
+            # run is still packed, and the next sitting starts this one afresh.
+            print(f"coqe_sittings: {folder} has no checkpoints/last.ckpt yet (see {state / arm}.log); not packed, the "
+                  "next sitting starts it afresh", file=sys.stderr)
+            continue
         shutil.copy2(folder / "checkpoints/last.ckpt", out / f"{arm}_last.ckpt")
         with tarfile.open(out / f"{arm}_run.tar.gz", "w:gz") as tar:
             tar.add(folder, arcname=folder.name, filter=lambda info: None if "checkpoints" in info.name else info)

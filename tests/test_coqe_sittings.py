@@ -61,6 +61,20 @@ def test_pack_then_unpack_gives_back_each_runs_folder(tmp_path: Path) -> None:
         assert sittings.trained_so_far(tmp_path / "next", arm) == (step, 60.0)
 
 
+def test_pack_keeps_the_run_that_trained_when_the_other_has_no_checkpoint_yet(tmp_path: Path, capsys) -> None:
+    """A sitting whose Transformer failed before its first checkpoint (out of memory, say) ended in a
+    FileNotFoundError traceback while packing, after the CoQE run had trained its sitting, which was then not packed
+    for the next machine either."""
+    fake_run(tmp_path / "state", "coqe", 10, 60.0)
+    (tmp_path / "state" / "transformer" / "version_0").mkdir(parents=True)
+    sittings.pack(tmp_path / "state", tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["coqe_last.ckpt", "coqe_run.tar.gz", "curves.csv"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "transformer/version_0 has no checkpoints/last.ckpt yet" in err[0], err
+    sittings.main(["--state", str(tmp_path / "next"), "unpack", "--from", str(tmp_path / "out")])
+    assert sittings.trained_so_far(tmp_path / "next", "coqe") == (10, 60.0)
+
+
 def test_a_sitting_of_no_time_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exit_info:
         sittings.main(["--state", str(tmp_path), "sit", "--seconds", "0"])
