@@ -13,7 +13,9 @@ ends inside an epoch (``docs/usage.md``, Resume). ``--out`` packs what the next 
 
 ``report`` reads the validation curves (ICL, IWL, and CoQE's static head) from the runs' TensorBoard events. The
 paper's Fig. 4 and Table 1 are the reference (docs/coqe_omniglot.md); the runs train on the offline ``glyphs``
-stand-in unless ``data/omniglot-py`` exists. ``--set`` passes further CLI arguments to both runs (for example a
+stand-in unless ``data/omniglot-py`` exists. A sitting stopped by SIGTERM (``timeout``, a lease ending) or Ctrl-C
+passes SIGTERM on to both runs, which save their ``last.ckpt``, then reports and packs as at its end and exits 143
+(130). ``--set`` passes further CLI arguments to both runs (for example a
 CPU-scale overlay, to try the driver without a GPU).
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import csv
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -84,15 +87,35 @@ def fit_command(state: Path, arm: str, total_seconds: float, compile_mode: str, 
 def sit(args: argparse.Namespace) -> None:
     """Train both runs for ``args.seconds`` more, at the same time; then print where they stand and pack."""
     args.state.mkdir(parents=True, exist_ok=True)
-    procs = {}
-    before = {arm: trained_so_far(args.state, arm) for arm in ARMS}
-    for arm in ARMS:
-        cmd = fit_command(args.state, arm, before[arm][1] + args.seconds, args.compile, args.set)
-        log = (args.state / f"{arm}.log").open("a")
-        log.write("$ " + " ".join(cmd) + "\n")
-        log.flush()
-        procs[arm] = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    failed = [arm for arm, proc in procs.items() if proc.wait() != 0]
+    procs: dict[str, subprocess.Popen] = {}
+    stopped: list[int] = []  # the signal that stopped the sitting, once one has
+
+    def stop(signum: int, frame: object) -> None:
+        """SIGTERM (``timeout``, the end of a machine's lease) or Ctrl-C: pass SIGTERM on to both runs, which save
+        their ``last.ckpt`` and exit, then report and pack as at the sitting's end. Without it the driver died
+        alone, its runs trained on as orphans and nothing was packed for the next machine. SIGTERM, not SIGINT: a
+        run that the terminal's Ctrl-C reached too would take a second SIGINT for "quit at once, without saving"."""
+        if not stopped:
+            stopped.append(signum)
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        before = {arm: trained_so_far(args.state, arm) for arm in ARMS}
+        for arm in ARMS:
+            if stopped:  # stopped before this run started: it is not started
+                break
+            cmd = fit_command(args.state, arm, before[arm][1] + args.seconds, args.compile, args.set)
+            log = (args.state / f"{arm}.log").open("a")
+            log.write("$ " + " ".join(cmd) + "\n")
+            log.flush()
+            procs[arm] = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        failed = [arm for arm, proc in procs.items() if proc.wait() != 0]
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     for arm in ARMS:
         (steps0, secs0), (steps1, secs1) = before[arm], trained_so_far(args.state, arm)
         rate = (steps1 - steps0) / (secs1 - secs0) if secs1 > secs0 else 0.0
@@ -101,6 +124,11 @@ def sit(args: argparse.Namespace) -> None:
     print(report_table(args.state))
     if args.out:
         pack(args.state, args.out)
+    if stopped:
+        name = "Ctrl-C" if stopped[0] == signal.SIGINT else "SIGTERM"
+        print(f"coqe_sittings: stopped by {name}; each run saved its last.ckpt at the step it reached"
+              + (" (packed into --out)" if args.out else "") + ": `sit` again continues them", file=sys.stderr)
+        sys.exit(128 + stopped[0])
     if failed:
         sys.exit(f"coqe_sittings: the {' and '.join(failed)} run failed; see {args.state}/<run>.log")
 

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -73,6 +78,45 @@ def test_pack_keeps_the_run_that_trained_when_the_other_has_no_checkpoint_yet(tm
     assert len(err) == 1 and "transformer/version_0 has no checkpoints/last.ckpt yet" in err[0], err
     sittings.main(["--state", str(tmp_path / "next"), "unpack", "--from", str(tmp_path / "out")])
     assert sittings.trained_so_far(tmp_path / "next", "coqe") == (10, 60.0)
+
+
+_STAND_IN_RUN = """import pathlib, signal, sys, time
+marker = pathlib.Path(sys.argv[1])
+def saved(signum, frame):  # a fit's SIGTERM: it saves its last.ckpt and exits 143
+    marker.write_text("saved")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, saved)
+marker.with_suffix(".started").write_text("")
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_a_stopped_sitting_stops_both_runs_and_still_packs_them(tmp_path: Path, monkeypatch, capsys, signum) -> None:
+    """SIGTERM (``timeout``, the end of a lease) killed the driver alone: both runs trained on as orphans and nothing
+    was packed for the next machine; Ctrl-C ended it in a KeyboardInterrupt traceback, unpacked too."""
+    state, script = tmp_path / "state", tmp_path / "run.py"
+    script.write_text(_STAND_IN_RUN)
+    for arm in sittings.ARMS:
+        fake_run(state, arm, 10, 60.0)
+    monkeypatch.setattr(sittings, "fit_command", lambda state, arm, *rest: [sys.executable, str(script),
+                                                                            str(tmp_path / f"{arm}.marker")])
+
+    def stop_when_both_run() -> None:
+        while not all((tmp_path / f"{arm}.started").is_file() for arm in sittings.ARMS):
+            time.sleep(0.02)
+        os.kill(os.getpid(), signum)
+
+    threading.Thread(target=stop_when_both_run, daemon=True).start()
+    previous = signal.getsignal(signum)
+    with pytest.raises(SystemExit) as stop:
+        sittings.main(["--state", str(state), "sit", "--seconds", "60", "--out", str(tmp_path / "out")])
+    assert stop.value.code == 128 + signum
+    assert all((tmp_path / f"{arm}.marker").read_text() == "saved" for arm in sittings.ARMS)
+    assert {"coqe_last.ckpt", "transformer_last.ckpt"} <= {p.name for p in (tmp_path / "out").iterdir()}
+    name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+    assert f"coqe_sittings: stopped by {name}; each run saved its last.ckpt" in capsys.readouterr().err
+    assert signal.getsignal(signum) is previous  # the driver's own handlers are gone with the sitting
 
 
 def test_a_sitting_of_no_time_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
