@@ -801,6 +801,12 @@ def rerun_command(out: Path) -> str | None:
     if stage is not None:
         argv[stage] = "all"
     cwd, script = Path(grid["cwd"]), Path(grid["script"])
+    # A grid folder moved (or copied) since it ran: its command names the old folder, which the rerun would fill
+    # instead; it names this one.
+    given = [i for i, word in enumerate(argv[:-1]) if word == "--out"]
+    if given and (cwd / argv[given[-1] + 1]).resolve() != out.resolve():
+        for i in given:
+            argv[i + 1] = str(out.resolve())
     script = script.relative_to(cwd) if script.is_relative_to(cwd) else script
     line = " ".join(shlex.quote(a) for a in ["python", str(script), *argv])
     return line if cwd == Path.cwd() else f"cd {shlex.quote(str(cwd))} && {line}"

@@ -288,6 +288,19 @@ def test_a_test_stage_adds_its_options_to_the_grids_record_after_the_fits(runner
     assert json.loads((out / "grid.json").read_text())["argv"] == ["fit", "--out", str(out), "--steps", "50"]
 
 
+def test_the_rerun_command_of_a_moved_grid_names_its_folder_now(runner, tmp_path) -> None:
+    """A grid folder moved (or copied) after it ran: the report's rerun command named the old folder, so the rerun
+    trained the missing jobs there (or into a folder that no longer exists), not in the grid being reported."""
+    parser = _driver_parser(runner)
+    parse = lambda argv: runner.parse_driver_args(parser, argv, "experiments/driver.py")
+    old, new = tmp_path / "old", tmp_path / "new"
+    runner.record_grid(parse(["fit", "--out", str(old), "--jobs", "2"]))
+    old.rename(new)
+    assert runner.rerun_command(new).endswith(f"driver.py all --out {new} --jobs 2")
+    runner.record_grid(parse(["fit", "--out", str(new)]))  # one that has not moved keeps its command as typed
+    assert runner.rerun_command(new).endswith(f"driver.py all --out {new}")
+
+
 def test_options_a_driver_passes_through_to_every_run_stay_after_the_double_dash(runner) -> None:
     """CoQE's driver passes what follows ``--`` to every run: a test stage's own options go before it, not after."""
     merged = runner._test_after_fit(["all", "--seeds", "0", "--", "--trainer.max_steps", "2"],
