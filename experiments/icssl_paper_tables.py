@@ -147,14 +147,16 @@ def _model_section(config: tuple[str, ...], out: Path, write: bool) -> Path:
     return path
 
 
-def fit_model_section(fit_folder: Path) -> Path:
+def fit_model_section(fit_folder: Path, write: bool) -> Path:
     """The ``model:`` part of a finished fit's ``config.yaml`` as ``<fit folder>_model.yaml`` beside it, for
-    testing that model with another config's data (``--model <file>``). Written once the fit's config exists."""
+    testing that model with another config's data (``--model <file>``). Written once the fit's config exists, and
+    only when ``write`` (a stage that runs the tests, not a dry run, a report or a refused command: they only name
+    it)."""
     import yaml
 
     path = fit_folder.parent / f"{fit_folder.name}_model.yaml"
     config = fit_folder / "config.yaml"
-    if config.is_file() and not path.is_file():
+    if write and config.is_file() and not path.is_file():
         path.write_text(yaml.safe_dump(yaml.safe_load(config.read_text())["model"], sort_keys=False))
     return path
 
@@ -213,6 +215,10 @@ def test_jobs(args: argparse.Namespace) -> list[Job]:
     out = args.out
     jobs: list[Job] = []
     common = ["--trainer.callbacks", "[]", "--trainer.enable_progress_bar", "false"]
+    # The fits' model sections are written for a stage that runs tests, once the runner has checked the grid and
+    # claimed its folder, or by the SLURM job that submits the tests after the fits (`--from-stage test`).
+    tests = args.stage in ("test", "all") and not args.dry_run and (
+        getattr(args, "grid_claimed", False) or getattr(args, "from_stage", "fit") == "test")
     for fit in fit_jobs(args):
         name, seed = fit.folder.parent.name, fit.folder.name
         ckpt = ["--ckpt_path", str(tested_checkpoint(fit.folder, args))]
@@ -237,7 +243,7 @@ def test_jobs(args: argparse.Namespace) -> list[Job]:
                           "--data.init_args.eval_label_ratios", TABLE_RATIOS])
         if held_out is not None and "_rbf_" in name:  # Table 5's OOD: zero-shot on the image manifolds
             # The image config's data with the fit's own model (EIG+ICL keeps its exact eigenmap).
-            add("images", ["--config", str(CONFIGS / IMAGE_MANIFOLDS), "--model", str(fit_model_section(fit.folder)),
+            add("images", ["--config", str(CONFIGS / IMAGE_MANIFOLDS), "--model", str(fit_model_section(fit.folder, write=tests)),
                            "--data.init_args.root", str(args.image_root)])
     return jobs
 

@@ -138,7 +138,8 @@ def test_report_gives_mean_and_sample_sd_over_seeds_next_to_the_paper(tables, tm
 
 
 def test_zero_shot_image_test_uses_the_fits_own_model(tables, tmp_path) -> None:
-    args = _args(tables, tmp_path)
+    args = tables.parse_args(["test", "--out", str(tmp_path), "--seeds", "0", "1"])
+    args.grid_claimed = True  # a test stage that runs its tests writes the fits' model sections
     fit = next(j for j in tables.fit_jobs(args) if j.folder.parent.name == "eig_rbf_no_cone")
     fit.folder.mkdir(parents=True)
     model = {"class_path": "lit_icl.icssl.ICSSLModule", "init_args": {"net": {"init_args": {"representation": {
@@ -608,3 +609,28 @@ def test_swiss_roll_refuses_episodes_no_run_could_make_before_anything_is_writte
     err = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and len(err) == 1 and problem in err[0], err
     assert not (tmp_path / "grid").exists()
+
+
+def test_the_model_sections_of_image_tests_are_written_only_by_a_stage_that_runs_the_tests(tables, tmp_path,
+                                                                                          capsys) -> None:
+    """Building the Table 5 tests wrote ``<fit>_model.yaml`` beside each finished leave-one-out fit whenever the
+    jobs were listed: by `test --dry-run`, by `report` (listing the unfinished jobs) and by a command refused
+    after that, each of which should write nothing."""
+    out = tmp_path / "grid"
+    fit = out / "tuned_rbf_no_sphere" / "s0"
+    fit.mkdir(parents=True)
+    (fit / "config.yaml").write_text(yaml.safe_dump({"model": {"class_path": "M", "init_args": {"lr": 0.1}}}))
+    (fit / "done").write_text("1.0 s\n")
+    written = fit.parent / "s0_model.yaml"
+    argv = ["--out", str(out), "--seeds", "0", "--steps", "2", "--epochs", "1", "--only", "tuned_rbf_no_sphere"]
+    with pytest.raises(SystemExit):
+        tables.main(["test", *argv, "--dry-run"])
+    with pytest.raises(SystemExit):
+        tables.main(["report", *argv])
+    capsys.readouterr()
+    assert not written.exists()
+    args = tables.parse_args(["test", *argv])
+    args.grid_claimed = True  # what the runner sets once it has checked the grid and locked its folder
+    image_test = next(j for j in tables.test_jobs(args) if j.folder == fit.parent / "s0_test_images")
+    assert image_test.argv[image_test.argv.index("--model") + 1] == str(written)
+    assert yaml.safe_load(written.read_text()) == {"class_path": "M", "init_args": {"lr": 0.1}}
