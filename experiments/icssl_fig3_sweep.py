@@ -26,7 +26,9 @@ Jobs, resumption and logs work as in ``experiments/icssl_paper_tables.py``; both
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -48,12 +50,14 @@ from runner import (
     add_stage_arg,
     check_convergence_args,
     drive,
+    given_options,
     logger_args,
     markdown_table,
     mean_sd,
     overlay_argv,
     parse_driver_args,
     positive_int,
+    ran_values,
     refuse_empty_report,
     select,
 )
@@ -155,7 +159,10 @@ def table1(args: argparse.Namespace, records: dict[str, RunRecord]) -> str:
             values = found.get((pair, metric))
             cells.append("--" if not values else "{:.3f} ± {:.3f}".format(*mean_sd(values)))
         rows.append([pair, *cells])
-    return (f"Table 1 (dataset size {max(args.sizes)}, {args.test_episodes} test episodes, k = 10)\n\n"
+    # The episodes the tests ran on (their configs), not this report's --test-episodes.
+    episodes = ran_values(records[f"{_name('e2e', max(args.sizes))}/s{seed}_test_table1"].config.get(
+        "data.test_episodes") for seed in args.seeds if f"{_name('e2e', max(args.sizes))}/s{seed}_test_table1" in records)
+    return (f"Table 1 (dataset size {max(args.sizes)}, {episodes or args.test_episodes} test episodes, k = 10)\n\n"
             + markdown_table(["embeddings", "mNN", "cycle-kNN", "LCS"], rows))
 
 
@@ -164,8 +171,28 @@ def _runs(args: argparse.Namespace, suffix: str = "") -> list[str]:
     return [f"{_name(method, size)}/s{seed}{suffix}" for size in args.sizes for seed in args.seeds for method in METHODS]
 
 
+#: A test run of the sweep: ``<method>_size<n>/s<seed>_test``.
+TEST_RUN = re.compile(rf"^(?:{'|'.join(METHODS)})_size(?P<size>\d+)/s(?P<seed>\d+)_test$")
+
+
+def reported_cells(args: argparse.Namespace, records: dict[str, RunRecord]) -> argparse.Namespace:
+    """``args`` with the sizes and seeds the report reads: those given to it, else every one with a finished test
+    (as the tables driver reads every seed), so that a report without the grid's options reports the grid, not the
+    defaults' sizes, of which it has no run, refusing it as a grid with "no tested runs"."""
+    given = given_options(_parser(), args.argv)
+    tested = [(int(m["size"]), int(m["seed"])) for run, record in records.items()
+              if (m := TEST_RUN.match(run)) and record.results is not None]
+    cells = copy.copy(args)
+    if "sizes" not in given and tested:
+        cells.sizes = sorted({size for size, _ in tested})
+    if "seeds" not in given and tested:
+        cells.seeds = sorted({seed for _, seed in tested})
+    return cells
+
+
 def report(args: argparse.Namespace) -> int | str:
     records = grid_records(args)
+    args = reported_cells(args, records)
     tests = [(run, records[run].results) for run in _runs(args, "_test")
              if run in records and records[run].results is not None]
     if not tests:
@@ -190,7 +217,8 @@ def training_length(args: argparse.Namespace, records: dict[str, RunRecord]) -> 
     return length_table(groups)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def _parser() -> argparse.ArgumentParser:
+    """The driver's options (:func:`parse_args` parses and checks them; a report asks which were given)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_stage_arg(parser)
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "icssl_fig3")
@@ -211,6 +239,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_job_args(parser)
     add_convergence_args(parser)
     add_report_args(parser)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = _parser()
     args = parse_driver_args(parser, argv, __file__)
     args.out, args.features = args.out.resolve(), args.features.resolve()
     check_out(parser, args)

@@ -634,3 +634,23 @@ def test_the_model_sections_of_image_tests_are_written_only_by_a_stage_that_runs
     image_test = next(j for j in tables.test_jobs(args) if j.folder == fit.parent / "s0_test_images")
     assert image_test.argv[image_test.argv.index("--model") + 1] == str(written)
     assert yaml.safe_load(written.read_text()) == {"class_path": "M", "init_args": {"lr": 0.1}}
+
+
+def test_a_sweep_report_without_the_grids_options_reports_the_sizes_and_seeds_it_has(sweep, tmp_path, capsys) -> None:
+    """`report --out GRID` without `--sizes` looked for the default sizes (100 ... 3000) only, and refused a grid
+    swept at 10 and 30 episodes as one with "no tested runs under it; start them with `all`". Like the tables'
+    report, it now reads every size and seed with a finished test unless told which."""
+    from lit_icl.core.results import result_row
+
+    grid = tmp_path / "grid"
+    for size, seed in ((10, 0), (30, 0), (30, 4)):
+        for method in sweep.METHODS:
+            _results(grid / f"{method}_size{size}" / f"s{seed}_test", [
+                result_row("accuracy", 0.5 + size / 100, method=method, label_ratio=0.03, dataset_size=size),
+                result_row("separation", 0.1, method=method, embeddings="model", dataset_size=size)])
+    assert sweep.report(sweep.parse_args(["report", "--out", str(grid)])) == 0
+    printed = capsys.readouterr().out
+    assert "| orig | accuracy | 10: 0.600 ± 0.000 (1), 30: 0.800 ± 0.000 (2) | 30 (+0.200) |" in printed, printed
+    # Asked for, the cells are those given.
+    assert sweep.report(sweep.parse_args(["report", "--out", str(grid), "--sizes", "30", "--seeds", "4"])) == 0
+    assert "| orig | accuracy | 30: 0.800 ± 0.000 (1) |" in capsys.readouterr().out
