@@ -78,6 +78,58 @@ def test_resuming_a_run_the_rule_has_ended_trains_nothing(tmp_path: Path) -> Non
     assert (run_dir(tmp_path) / "stopping.json").read_text() == record
 
 
+def test_a_run_the_rule_ended_goes_on_under_a_higher_patience_as_an_uninterrupted_run_with_it(tmp_path: Path) -> None:
+    """Resumed with a higher ``--early_stopping.patience``, a run that a lower one ended trains on and stops where a
+    run with the higher patience from the start stops, with the same weights and record: the rounds counted so far
+    are the same under both, so only the stop itself differs."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    main(fit_args(straight, "--early_stopping.patience", "2", "--early_stopping.min_delta", "1.0"))
+    main(fit_args(resumed, "--early_stopping.patience", "1", "--early_stopping.min_delta", "1.0"))
+    assert json.loads((run_dir(resumed) / "stopping.json").read_text())["stopped_step"] == 2 * STEPS_PER_ROUND
+    main(fit_args(resumed, "--early_stopping.patience", "2", "--early_stopping.min_delta", "1.0", "--ckpt_path", "last"))
+    a, b = (json.loads((run_dir(r) / "stopping.json").read_text()) for r in (straight, resumed))
+    assert a == b and a["stopped_step"] == 3 * STEPS_PER_ROUND and a["patience"] == 2
+    wa, wb = (torch.load(run_dir(r) / "checkpoints" / "last.ckpt", weights_only=True) for r in (straight, resumed))
+    assert all(torch.equal(wa["state_dict"][k], v) for k, v in wb["state_dict"].items())
+
+
+RESUMED_RULE_ROWS = [
+    (["--early_stopping.patience", "1", "--early_stopping.min_delta", "1.0"],
+     "--early_stopping.patience 1 is below the checkpoint's 2"),
+    (["--early_stopping.patience", "2", "--early_stopping.min_delta", "0.5"],
+     "--early_stopping.min_delta is 0.5 here but 1.0 in the checkpoint"),
+    (["--early_stopping.patience", "2", "--early_stopping.min_delta", "1.0", "--early_stopping.wait_for_score", "0.2"],
+     "--early_stopping.wait_for_score is 0.2 here but None in the checkpoint"),
+    (["--early_stopping.patience", "2", "--early_stopping.min_delta", "1.0", "--early_stopping.monitor", "val/loss",
+      "--early_stopping.mode", "min"], "the rule monitors 'val/loss' (min) here but"),
+]
+
+
+@pytest.mark.parametrize(("extra", "needle"), RESUMED_RULE_ROWS, ids=["patience", "min_delta", "wait", "monitor"])
+def test_a_resume_whose_rule_counted_its_rounds_otherwise_is_refused(tmp_path, capsys, extra, needle) -> None:
+    """A resumed run goes on counting the checkpoint's rounds without improvement, so those must have been counted
+    as its own rule counts them; Lightning restored the checkpoint's patience over the command line's (and
+    config.yaml then recorded the other), and dropped the state of a rule with another monitor or mode."""
+    main(fit_args(tmp_path, "--early_stopping.patience", "2", "--early_stopping.min_delta", "1.0", epochs=1))
+    capsys.readouterr()
+    line = assert_rejected(tmp_path, capsys, fit_args(tmp_path, *extra, "--ckpt_path", "last", epochs=20), needle,
+                           runs_exist=True)
+    assert "resume with the checkpoint's settings" in line
+
+
+def test_the_rule_refuses_from_python_what_the_cli_refuses() -> None:
+    """``Trainer.fit(ckpt_path=...)`` from Python reaches the rule's ``load_state_dict`` without the CLI's check."""
+    from lit_icl.callbacks.stopping import StopWhenConverged
+    from lit_icl.core.errors import ConfigError
+
+    saved = StopWhenConverged(monitor="m", patience=3, min_delta=0.1).state_dict()
+    with pytest.raises(ConfigError, match="patience 2 is below the checkpoint's 3"):
+        StopWhenConverged(monitor="m", patience=2, min_delta=0.1).load_state_dict(saved)
+    raised = StopWhenConverged(monitor="m", patience=5, min_delta=0.1)
+    raised.load_state_dict(saved)
+    assert raised.patience == 5
+
+
 def test_the_step_cap_ends_a_run_that_keeps_improving(tmp_path: Path) -> None:
     main(fit_args(tmp_path, "--early_stopping.patience", "50", epochs=3))
     record = json.loads((run_dir(tmp_path) / "stopping.json").read_text())

@@ -37,6 +37,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 
+from lit_icl.core.errors import ConfigError
 from lit_icl.core.results import STOPPING_FILE
 
 
@@ -98,19 +99,55 @@ class StopWhenConverged(EarlyStopping):
 
         The checkpoint of the stopping round holds the rule's state (the stop reason included) but not Lightning's
         stop flag, so the resumed run trained one more validation round and then stopped again, replacing the
-        run's ``last.ckpt`` and ``stopping.json`` with one round more. Run without ``--early_stopping.patience``
-        to go on to the cap instead.
+        run's ``last.ckpt`` and ``stopping.json`` with one round more. Resume with a higher
+        ``--early_stopping.patience`` to go on under the rule (:meth:`load_state_dict`), or without the rule to go on
+        to the cap.
         """
         super().on_train_start(trainer, pl_module)
         if self.stopping_reason != EarlyStoppingReason.NOT_STOPPED:
             trainer.should_stop = True
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "best_step": self.best_step}
+        # min_delta and wait_for_score are recorded so that a resume can be checked against them (resume_refusal);
+        # Lightning records patience itself.
+        return {**super().state_dict(), "best_step": self.best_step, "min_delta": abs(float(self.min_delta)),
+                "wait_for_score": self.wait_for_score}
+
+    def resume_refusal(self, state: dict[str, Any]) -> str | None:
+        """Why this rule cannot go on from a checkpoint's ``state`` of it (``None`` when it can).
+
+        A resumed run goes on counting the checkpoint's rounds without improvement, so it ends where an uninterrupted
+        run with this rule's settings ends only if those rounds were counted as this rule counts them: the same
+        ``min_delta`` and ``wait_for_score``, and a ``patience`` no lower than the checkpoint's (a lower one might
+        have stopped the run rounds before the checkpoint). A higher patience is exact: the counts so far are the
+        same, and a run the lower patience ended goes on. Checkpoints of older code do not record ``min_delta`` and
+        ``wait_for_score``; those are then not compared.
+        """
+        found = []
+        saved = state.get("patience")
+        if isinstance(saved, int) and self.patience < saved:
+            found.append(f"--early_stopping.patience {self.patience} is below the checkpoint's {saved} (a run with "
+                         "the lower patience might have stopped before it; a higher one is allowed)")
+        for name, now in (("min_delta", abs(float(self.min_delta))), ("wait_for_score", self.wait_for_score)):
+            if name in state and state[name] != now:
+                found.append(f"--early_stopping.{name} is {now!r} here but {state[name]!r} in the checkpoint")
+        return "; ".join(found) or None
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        refusal = self.resume_refusal(state_dict)
+        if refusal is not None:  # the CLI refuses this before the run writes anything (check_resumed_rule)
+            raise ConfigError(f"the checkpoint's early-stopping rounds were counted under other settings: {refusal}")
+        patience = self.patience
         super().load_state_dict(state_dict)
         self.best_step = state_dict.get("best_step")
+        # Lightning restores the checkpoint's patience; the run's own (equal or higher, above) is the one it goes on
+        # with, and the one config.yaml and stopping.json record.
+        self.patience = patience
+        if self.stopping_reason == EarlyStoppingReason.PATIENCE_EXHAUSTED and self.wait_count < self.patience:
+            # Ended by a lower patience: under this one the run had not stopped, so it goes on (on_train_start).
+            self.stopping_reason = EarlyStoppingReason.NOT_STOPPED
+            self.stopping_reason_message = None
+            self.stopped_epoch = 0
 
     def record(self, trainer: Trainer) -> dict[str, Any]:
         """What ``stopping.json`` holds: the rule, the best round and where training ended."""

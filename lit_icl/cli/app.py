@@ -53,6 +53,7 @@ from lit_icl.cli.checkpoints import (
     check_resume_settings,
     check_resumed_data,
     check_resumed_ranks,
+    check_resumed_rule,
     pin_logger_version_for_resume,
     resolve_ckpt_path,
     unpin_logger_version,
@@ -391,6 +392,7 @@ class LitICLCLI(LightningCLI):
         if resumed is not None:
             check_resumed_data(*resumed, self.datamodule)
             check_resumed_ranks(*resumed, self.trainer)
+            check_resumed_rule(*resumed, self.trainer)
 
     def before_instantiate_classes(self) -> None:
         sub = self.subcommand

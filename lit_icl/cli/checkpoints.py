@@ -300,6 +300,38 @@ def check_resumed_ranks(ckpt_path: Any, ckpt: dict[str, Any], trainer: Any) -> N
     check_ranks(ckpt_path, ckpt, trainer.world_size)
 
 
+def check_resumed_rule(ckpt_path: Any, ckpt: dict[str, Any], trainer: Any) -> None:
+    """Refuse ``fit --ckpt_path`` whose ``--early_stopping.*`` rule cannot go on from the checkpoint's.
+
+    Lightning restores a callback's state by its ``state_key``, which for the rule names its monitor and mode: with
+    another monitor or mode the saved state would be dropped and the rule would count from zero, mid-run. The other
+    settings are compared by :meth:`lit_icl.callbacks.StopWhenConverged.resume_refusal` (a higher patience is
+    allowed). Checked once the trainer holds its callbacks, before anything is written; a checkpoint without a rule,
+    or a resume without one (the run goes on to its cap), is not checked.
+    """
+    from lit_icl.callbacks.stopping import StopWhenConverged
+
+    rule = next((cb for cb in trainer.callbacks if isinstance(cb, StopWhenConverged)), None)
+    states = ckpt.get("callbacks") or {}
+    saved = [key for key in states if isinstance(key, str) and key.startswith(StopWhenConverged.__qualname__ + "{")]
+    if rule is None or not saved:
+        return
+    if rule.state_key in states:
+        refusal = rule.resume_refusal(states[rule.state_key])
+    else:
+        was = saved[0].removeprefix(StopWhenConverged.__qualname__)
+        refusal = (f"the rule monitors {rule.monitor!r} ({rule.mode}) here but {was} in the checkpoint, whose "
+                   "rounds without improvement counted another metric")
+    if refusal is None:
+        return
+    run_config = _run_config(ckpt_path)
+    same = f" (--config {quote(run_config)})" if run_config else ""
+    raise ConfigError(
+        f"--ckpt_path {ckpt_path} counted its early-stopping rounds under other settings, which a resumed run cannot "
+        f"change: {refusal}; resume with the checkpoint's settings{same}, or start a new run without --ckpt_path"
+    )
+
+
 def check_evaluated_shapes(ckpt_path: Any, ckpt: dict[str, Any], model: Any, config: Any) -> None:
     """Refuse ``test`` / ``validate`` / ``predict`` of a checkpoint whose weights do not fit the model this config
     builds.
