@@ -28,6 +28,7 @@ accuracies (mean ± sd over seeds) beside the two reference models of the conver
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -51,7 +52,9 @@ from runner import (
     add_job_args,
     add_stage_arg,
     check_convergence_args,
+    chosen_seeds,
     drive,
+    given_options,
     logger_args,
     markdown_table,
     mean_sd,
@@ -109,26 +112,35 @@ def test_jobs(args: argparse.Namespace) -> list[Job]:
     return jobs
 
 
+#: A test run of the ablation: ``<variant>/s<seed>_test_manifolds``.
+TEST_RUN = re.compile(rf"^(?:{'|'.join(map(re.escape, VARIANTS))})/s(?P<seed>\d+)_test_manifolds$")
+
+
 def report(args: argparse.Namespace) -> str:
+    """The variants' accuracies beside the two reference models, over the seeds the variants were tested with (all
+    of them without ``--seeds``, :func:`runner.chosen_seeds`: not the option's default, seed 0 alone)."""
     rows = []
     ours, tables = grid_records(args), load(args.tables_out)
     if not any(record.results is not None for record in ours.values()):
         return refuse_empty_report(args)
+    have = [int(m["seed"]) for run, record in ours.items() if (m := TEST_RUN.match(run)) and record.results is not None]
+    seeds, seeds_text = chosen_seeds(have, args.seeds, "seeds" in given_options(_parser(), args.argv))
     sources = [(tables, name, what) for name, what in REFERENCES.items()]
     sources += [(ours, name, what) for name, (what, _) in VARIANTS.items()]
     for records, name, what in sources:
-        acc = _accuracies(records, name, "manifolds", args.seeds)
+        acc = _accuracies(records, name, "manifolds", seeds)
         cells = []
         for ctx in (3, 21, 39):
             values = acc.get(("model", None, ctx))
             cells.append("--" if not values else "{:.3f} ± {:.3f}".format(*mean_sd(values))
-                         + ("" if len(values) == len(args.seeds) else f" (n={len(values)})"))
+                         + ("" if len(values) == len(seeds) else f" (n={len(values)})"))
         rows.append([name, what, *cells])
-    return (f"Swiss roll (spiral) ID accuracy, mean ± sd over seeds {args.seeds}, converged runs\n\n"
+    return (f"Swiss roll (spiral) ID accuracy, mean ± sd over {seeds_text}, converged runs\n\n"
             + markdown_table(["model", "change", "3 labels", "21 labels", "39 labels"], rows))
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def _parser() -> argparse.ArgumentParser:
+    """The driver's options (:func:`parse_args` parses and checks them; a report asks which were given)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_stage_arg(parser)
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "icssl_swiss_roll")
@@ -143,6 +155,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--test-episodes", type=int, default=512)
     add_job_args(parser)
     add_report_args(parser)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = _parser()
     args = parse_driver_args(parser, argv, __file__)
     args.out, args.tables_out = args.out.resolve(), args.tables_out.resolve()
     check_out(parser, args)

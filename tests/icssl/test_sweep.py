@@ -654,3 +654,21 @@ def test_a_sweep_report_without_the_grids_options_reports_the_sizes_and_seeds_it
     # Asked for, the cells are those given.
     assert sweep.report(sweep.parse_args(["report", "--out", str(grid), "--sizes", "30", "--seeds", "4"])) == 0
     assert "| orig | accuracy | 30: 0.800 ± 0.000 (1) |" in capsys.readouterr().out
+
+
+def test_a_swiss_roll_report_without_seeds_averages_every_tested_seed_and_names_them(swiss_roll, tmp_path) -> None:
+    """Without `--seeds` the report averaged seed 0 alone (the option's default) under a header saying "seeds [0]",
+    whatever seeds the grid was tested with; like the tables' report it now reads every tested seed."""
+    from lit_icl.core.results import result_row
+
+    grid = tmp_path / "grid"
+    for seed, value in ((0, 0.5), (3, 0.7)):
+        _results(grid / "e2e_deeper" / f"s{seed}_test_manifolds",
+                 [result_row("accuracy", value, method="model", n_labeled=3)])
+    report = swiss_roll.report(swiss_roll.parse_args(["report", "--out", str(grid), "--tables-out", str(tmp_path / "t")]))
+    assert "mean ± sd over seeds [0, 3]" in report
+    assert "0.600 ± " in next(line for line in report.splitlines() if line.startswith("| e2e_deeper"))
+    chosen = swiss_roll.report(swiss_roll.parse_args(["report", "--out", str(grid), "--tables-out",
+                                                      str(tmp_path / "t"), "--seeds", "3"]))
+    assert "seeds [3] (chosen with --seeds; the runs also have seed 0)" in chosen
+    assert "0.700 ± " in next(line for line in chosen.splitlines() if line.startswith("| e2e_deeper"))
