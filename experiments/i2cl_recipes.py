@@ -23,6 +23,8 @@ fit), and ``report --out FILE.csv`` makes the same tables from that file alone.
 from __future__ import annotations
 
 import argparse
+import copy
+import re
 import sys
 from pathlib import Path
 
@@ -33,6 +35,7 @@ from runner import (
     add_job_args,
     add_stage_arg,
     drive,
+    given_options,
     logger_args,
     markdown_table,
     mean_sd,
@@ -149,12 +152,33 @@ def _cell(values: list[float]) -> str:
     return f"{m:.3f} ± {sd:.3f}" if len(values) > 1 else f"{m:.3f}"
 
 
+#: A test run of the grid: ``<model>/<recipe>/s<seed>_test``.
+TEST_RUN = re.compile(rf"^(?P<model>{'|'.join(MODELS)})/(?P<recipe>{'|'.join(RECIPES)})/s(?P<seed>\d+)_test$")
+
+
+def reported_cells(args: argparse.Namespace, records: dict[str, RunRecord]) -> argparse.Namespace:
+    """``args`` with the models, recipes and seeds the report reads: those given to it, else every one with a
+    finished test, so that a report without the grid's options reports the grid rather than the options' defaults
+    (Gemma alone, seeds 0-4), of which it may have no run."""
+    argv = getattr(args, "argv", None)  # None: args built in Python, which name every cell themselves
+    given = given_options(_parser(), argv) if argv is not None else {"models", "recipes", "seeds"}
+    tested = [m for run, record in records.items() if (m := TEST_RUN.match(run)) and record.results is not None]
+    cells = copy.copy(args)
+    for option, group, order in (("models", "model", list(MODELS)), ("recipes", "recipe", list(RECIPES))):
+        if option not in given and tested:
+            setattr(cells, option, sorted({m[group] for m in tested}, key=order.index))
+    if "seeds" not in given and tested:
+        cells.seeds = sorted({int(m["seed"]) for m in tested})
+    return cells
+
+
 def report(args: argparse.Namespace) -> str:
     """The tables of the finished runs under ``--out`` (a run folder, or the tidy CSV that ``report --csv`` wrote),
     writing that CSV when ``--csv`` is given."""
     records = grid_records(args, {LOSS_TAG: LOSS_POINTS})
     if not any(record.results is not None for record in records.values()):
         return refuse_empty_report(args)
+    args = reported_cells(args, records)
 
     def record(model: str, recipe: str, seed: int, stage: str) -> RunRecord | None:
         return records.get(f"{model}/{recipe}/s{seed}_{stage}")
@@ -204,7 +228,8 @@ def report(args: argparse.Namespace) -> str:
     return "\n".join(out)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def _parser() -> argparse.ArgumentParser:
+    """The driver's options (:func:`parse_args` parses and checks them; a report asks which were given)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_stage_arg(p)
     p.add_argument("--models", nargs="+", choices=list(MODELS), default=["gemma"])
@@ -213,6 +238,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=REPO / "runs" / "i2cl_recipes")
     add_job_args(p)
     add_report_args(p)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = _parser()
     args = parse_driver_args(p, argv, __file__)
     args.out = args.out.resolve()
     check_out(p, args)

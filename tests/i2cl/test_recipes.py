@@ -112,3 +112,17 @@ def test_report_takes_zero_shot_from_any_seed_when_only_one_was_run(recipes, tmp
     text = recipes.report(Namespace(models=["m"], recipes=["public_code"], seeds=[0, 1], out=tmp_path, csv=None))
     row = next(line for line in text.splitlines() if line.startswith("| public_code"))
     assert "| 1 of 2 | 0.720 ± 0.000 |" in row
+
+
+def test_a_report_without_the_grids_options_reads_every_tested_model_recipe_and_seed(recipes, tmp_path) -> None:
+    """`report --out GRID` without `--models`/`--seeds` read Gemma's seeds 0-4 only (the options' defaults), so a
+    SmolLM2 grid, or seeds 5 and 6, gave "no tested runs" or empty tables; it now reads every tested cell."""
+    for seed, acc in ((5, 0.6), (6, 0.8)):
+        _write(tmp_path / "smollm2" / "paper" / f"s{seed}_test",
+               [{"metric": "accuracy", "method": "i2cl", "value": acc}, {"metric": "macro_f1", "method": "i2cl", "value": acc}])
+    text = recipes.report(recipes.parse_args(["report", "--out", str(tmp_path)]))
+    assert "### smollm2" in text and "### gemma" not in text
+    row = next(line for line in text.splitlines() if line.startswith("| paper"))
+    assert [c.strip() for c in row.strip("|").split("|")][:3] == ["paper", "5, 6", "0.700 ± 0.141"]
+    chosen = recipes.report(recipes.parse_args(["report", "--out", str(tmp_path), "--seeds", "6"]))
+    assert "| paper | 6 | 0.800 |" in chosen
