@@ -294,7 +294,7 @@ class ImageManifoldDataModule(StandinOnFirstUse, EpisodeDataModule):
         fit ``n_points`` and ``train_sequences``, and decode. Nothing is written here (see :meth:`setup`); a
         stand-in still to be built is checked by the shape it will have."""
         if self.builds_standin():
-            self._check_shape(STANDIN_SEQUENCES, STANDIN_FRAMES)
+            check_folder_fits(self, STANDIN_SEQUENCES, STANDIN_FRAMES)
         else:
             self.frames()
 
@@ -317,27 +317,9 @@ class ImageManifoldDataModule(StandinOnFirstUse, EpisodeDataModule):
     def frames(self) -> Tensor:
         if self._frames is None:
             # Sizes from the folder listing first, so a refused run decodes nothing and writes nothing.
-            self._check_shape(*sequence_shape(self.root))
+            check_folder_fits(self, *sequence_shape(self.root))
             self._frames, self._from_cache = read_sequences(self.root, self.hparams.image_size)
         return self._frames
-
-    def _check_shape(self, sequences: int, n_frames: int) -> None:
-        """The run against a folder of ``sequences`` sequences of ``n_frames`` frames: enough of each, and memory
-        for them all."""
-        if n_frames < self.n_points:
-            raise ConfigError(
-                f"sequences under {self.root} have {n_frames} frames, fewer than n_points={self.n_points}"
-            )
-        if sequences <= self.hparams.train_sequences:
-            raise ConfigError(
-                f"{self.root} holds {sequences} sequences but train_sequences={self.hparams.train_sequences}"
-                " leaves none to test on; lower train_sequences or add sequences"
-            )
-        # The folder fits the run; now its size: read_sequences holds every frame, resized, as float32.
-        side = self.hparams.image_size
-        self.check_episodes_fit(self.ambient_dim, DataPiece(
-            "the frames", 4 * sequences * n_frames * self.ambient_dim,
-            f"{sequences} sequences x {n_frames} frames of image_size={side}"))
 
     def _split(self, split: str) -> tuple[Tensor, int]:
         """The sequences of ``split`` and the index of its first one among all sequences."""
@@ -359,3 +341,23 @@ class ImageManifoldDataModule(StandinOnFirstUse, EpisodeDataModule):
     def point_bank(self) -> PointBank:
         """Every sequence's frames as rows, scaled by ``pixel_scale`` when gathered."""
         return PointBank(self.frames().flatten(0, 1), self.hparams.pixel_scale)
+
+
+def check_folder_fits(data: ImageManifoldDataModule, sequences: int, n_frames: int) -> None:
+    """``data``'s run against a folder of ``sequences`` sequences of ``n_frames`` frames: enough of each, and memory
+    for them all.
+
+    Raises:
+        ConfigError: too few frames for ``n_points``, no sequence left to test on, or frames beyond memory.
+    """
+    if n_frames < data.n_points:
+        raise ConfigError(f"sequences under {data.root} have {n_frames} frames, fewer than n_points={data.n_points}")
+    if sequences <= data.hparams.train_sequences:
+        raise ConfigError(
+            f"{data.root} holds {sequences} sequences but train_sequences={data.hparams.train_sequences}"
+            " leaves none to test on; lower train_sequences or add sequences"
+        )
+    # The folder fits the run; now its size: read_sequences holds every frame, resized, as float32.
+    data.check_episodes_fit(data.ambient_dim, DataPiece(
+        "the frames", 4 * sequences * n_frames * data.ambient_dim,
+        f"{sequences} sequences x {n_frames} frames of image_size={data.hparams.image_size}"))

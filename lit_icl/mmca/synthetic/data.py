@@ -204,12 +204,11 @@ class LatentFactorDataModule(ChunkedDataModule):
         save_init_hparams(self)
         self.norm_range, lengths = self._validate()
         self.d1, self.d2, self.d = d1, d2, d1 + d2
-        self.train_context_length = train_context_length
-        self.train_prompts = train_prompts
+        self.train_context_length, self.train_prompts = train_context_length, train_prompts
         self.test_context_lengths = sorted(lengths)
         self.test_prompts = test_prompts
         self.data_seed = data_seed
-        self._check_memory()
+        check_prompts_fit(self)
 
     def _validate(self) -> tuple[tuple[float, float], list[int]]:
         """Check every argument; returns the normalised ``norm_range`` and ``test_context_lengths``."""
@@ -229,22 +228,6 @@ class LatentFactorDataModule(ChunkedDataModule):
             check_positive("test_context_lengths entry", value, integer=True, hint="e.g. [10, 100, 800]")
         check_unique("test_context_lengths", lengths)
         return norm_range, lengths
-
-    def _check_memory(self) -> None:
-        """Refuse sizes (``d1``, ``d2``, context lengths, prompt counts) whose prompts would not fit in memory: a
-        batch of each split, and the fixed training set, which is held whole."""
-        def prompt(length: int) -> tuple[int, str]:
-            # x and y of the context and the query: (L + 1) tokens of d + 1 float32 values (m and zeta not counted)
-            return 4 * (length + 1) * (self.d + 1), f"{length + 1} tokens x {self.d + 1} values"
-
-        held = []
-        if self.train_prompts is not None:
-            nbytes, holds = prompt(self.train_context_length)
-            held.append(DataPiece("the fixed training set", self.train_prompts * nbytes,
-                                  f"train_prompts={self.train_prompts} prompts of {holds}"))
-        self.check_batches_fit("prompts", {"training": prompt(self.train_context_length),
-                                           "validation": prompt(self.train_context_length),
-                                           "test": prompt(max(self.test_context_lengths))}, *held)
 
     @property
     def alpha_star(self) -> float:
@@ -292,3 +275,20 @@ class LatentFactorDataModule(ChunkedDataModule):
     def test_dataloader(self) -> DataLoader:
         lengths = max(self.test_context_lengths)
         return self.eval_loader(self._dataset("test", self.set_items("test_prompts"), lengths))
+
+
+def check_prompts_fit(data: LatentFactorDataModule) -> None:
+    """Refuse sizes of ``data`` (``d1``, ``d2``, context lengths, prompt counts) whose prompts would not fit in
+    memory: a batch of each split, and the fixed training set, which is held whole."""
+    def prompt(length: int) -> tuple[int, str]:
+        # x and y of the context and the query: (L + 1) tokens of d + 1 float32 values (m and zeta not counted)
+        return 4 * (length + 1) * (data.d + 1), f"{length + 1} tokens x {data.d + 1} values"
+
+    held = []
+    if data.train_prompts is not None:
+        nbytes, holds = prompt(data.train_context_length)
+        held.append(DataPiece("the fixed training set", data.train_prompts * nbytes,
+                              f"train_prompts={data.train_prompts} prompts of {holds}"))
+    data.check_batches_fit("prompts", {"training": prompt(data.train_context_length),
+                                       "validation": prompt(data.train_context_length),
+                                       "test": prompt(max(data.test_context_lengths))}, *held)
