@@ -371,6 +371,49 @@ def test_a_checkpoint_without_data_settings_or_run_config_resumes(tmp_path, trai
                       weights_only=True)["global_step"] == 6
 
 
+SGD = ["--optimizer", "torch.optim.SGD", "--optimizer.lr", "0.1"]
+STEP_LR = ["--lr_scheduler", "torch.optim.lr_scheduler.StepLR", "--lr_scheduler.step_size", "1"]
+
+
+@pytest.mark.parametrize(("extra", "needles"), [
+    (SGD, ["with another optimizer or learning-rate scheduler",
+           "--optimizer is 'torch.optim.SGD' here but None in the run's config.yaml"]),
+    ([*SGD, *STEP_LR, "--data.init_args.data_seed", "5"],
+     ["with other data settings and another optimizer or learning-rate scheduler",
+      "--data.init_args.data_seed is 5 here but 0 in the checkpoint",
+      "--optimizer is 'torch.optim.SGD' here but None in the run's config.yaml",
+      "--lr_scheduler is 'torch.optim.lr_scheduler.StepLR' here but None in the run's config.yaml"]),
+], ids=["optimizer", "data+optimizer+scheduler"])
+def test_a_resume_with_another_optimizer_is_refused(tmp_path, capsys, trained, extra, needles) -> None:
+    """The run trained with its module's Adam: resumed with ``--optimizer SGD``, Lightning loaded Adam's state into
+    SGD and the first step failed with ``KeyError: 'momentum'``, after the run's config.yaml had been rewritten to say
+    SGD. Refused, naming the option, before anything is written."""
+    _copy_runs(trained, tmp_path)
+    run = tmp_path / "runs/tiny/version_0"
+    args = ["fit", *reg_args(tmp_path, CONFIG, "--trainer.max_steps", "6", *extra), "--ckpt_path", "last"]
+    _assert_resume_refused(tmp_path, capsys, run, args, needles)
+
+
+def test_a_resume_with_another_learning_rate_or_schedule_of_its_own_optimizer_is_refused(tmp_path, capsys) -> None:
+    """A run trained with ``--optimizer SGD --lr_scheduler StepLR``: Lightning restores both from the checkpoint, so
+    another ``--optimizer.lr`` or ``step_size`` on resume was silently ignored while config.yaml said it was used;
+    resumed without them, the module's Adam failed on SGD's state. The same options resume."""
+    main(["fit", *reg_args(tmp_path, CONFIG, *SGD, *STEP_LR)])
+    run = tmp_path / "runs/tiny/version_0"
+    resume = ["fit", "--ckpt_path", "last", *reg_args(tmp_path, CONFIG, "--trainer.max_steps", "6")]
+    _assert_resume_refused(tmp_path, capsys, run, [*resume, *SGD[:-1], "0.2", *STEP_LR],
+                           ["--optimizer.init_args.lr is 0.2 here but 0.1 in the run's config.yaml"])
+    _assert_resume_refused(tmp_path, capsys, run, [*resume, *SGD, *STEP_LR[:-1], "2"],
+                           ["--lr_scheduler.init_args.step_size is 2 here but 1 in the run's config.yaml"])
+    _assert_resume_refused(tmp_path, capsys, run, resume,
+                           ["--optimizer is None here but 'torch.optim.SGD' in the run's config.yaml",
+                            "--lr_scheduler is None here but 'torch.optim.lr_scheduler.StepLR'"])
+    main([*resume, *SGD, *STEP_LR])
+    saved = torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=True)
+    assert saved["global_step"] == 6
+    assert saved["optimizer_states"][0]["param_groups"][0]["lr"] == pytest.approx(0.1 * 0.1 ** 3)  # 3 epochs of 2
+
+
 def test_an_icssl_resume_on_other_manifolds_is_refused(tmp_path, capsys) -> None:
     """The same on IC-SSL: other training (or validation) manifolds would be trained on from the resume on."""
     from icssl.helpers import tiny_args

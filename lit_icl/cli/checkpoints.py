@@ -176,25 +176,50 @@ def check_ckpt_hparams(ckpt_path: Any, ckpt: dict[str, Any], config: Any) -> Non
         f"{shown}{more}; {fix}, or give the checkpoint's values"
     )
 
-def _recorded_seed(ckpt_path: Any) -> tuple[Any, Path | None]:
-    """``(seed_everything, config.yaml)`` as the run that wrote ``<run>/checkpoints/<file>.ckpt`` recorded it in its
-    ``config.yaml`` (LightningCLI writes the seed it used there; checkpoints do not hold it), or ``(None, None)``
-    when the checkpoint is not in such a folder or the file holds no seed."""
+def _recorded_run_config(ckpt_path: Any) -> tuple[dict[str, Any], Path | None]:
+    """The ``config.yaml`` of the run that wrote ``<run>/checkpoints/<file>.ckpt`` as a dict, and its path, or
+    ``({}, None)`` when the checkpoint is not in such a folder or the file cannot be read. LightningCLI writes there
+    what checkpoints do not hold: the seed it used and the ``--optimizer`` / ``--lr_scheduler`` it built."""
     run_config = _run_config(ckpt_path)
     if run_config is None or Path(ckpt_path).resolve().parent.name != "checkpoints":
-        return None, None  # a --checkpoint.dirpath of its own: the folder above it is not known to be the run's
+        return {}, None  # a --checkpoint.dirpath of its own: the folder above it is not known to be the run's
     import yaml
 
     try:
         recorded = yaml.safe_load(run_config.read_text())
     except (OSError, yaml.YAMLError):
-        return None, None
-    if not isinstance(recorded, dict) or recorded.get("seed_everything") is None:
-        return None, None
-    return recorded["seed_everything"], run_config
+        return {}, None
+    return (recorded, run_config) if isinstance(recorded, dict) else ({}, None)
+
+
+#: The options that build the optimizer and its schedule in place of the module's ``configure_optimizers``.
+OPTIMIZER_KEYS = ("optimizer", "lr_scheduler")
+
+
+def _optimizer_differences(recorded: dict[str, Any], config: Any) -> list[tuple[str, Any, Any]]:
+    """``(key, recorded, wanted)`` for each of ``--optimizer`` / ``--lr_scheduler`` that differs from the run's
+    ``config.yaml``. Lightning restores the optimizer's and the scheduler's state from the checkpoint, learning
+    rate and step size included, so a new value would be ignored (or, for another class, fail at the first step
+    on the restored state) while the rewritten ``config.yaml`` says the run used it. A ``config.yaml`` that does
+    not record the option (older code) is not checked for it."""
+    found = []
+    for key in OPTIMIZER_KEYS:
+        if key not in recorded:
+            continue
+        saved, wanted = recorded[key], config.get(key)
+        if hasattr(wanted, "as_dict"):  # a jsonargparse Namespace
+            wanted = wanted.as_dict()
+        if saved is None or wanted is None:  # one side builds its own, the other the module's: name the classes
+            names = [v.get("class_path") if isinstance(v, dict) else v for v in (saved, wanted)]
+            if names[0] != names[1]:
+                found.append((key, names[0], names[1]))
+            continue
+        found += _differences(saved, wanted, key)
+    return found
 
 def check_resume_settings(ckpt_path: Any, ckpt: dict[str, Any], config: Any) -> None:
-    """Refuse ``fit --ckpt_path`` with another seed or other data settings than the run it resumes.
+    """Refuse ``fit --ckpt_path`` with another seed, other data settings or another ``--optimizer`` /
+    ``--lr_scheduler`` than the run it resumes.
 
     Lightning restores the weights, the optimizer and the loops, but builds the data module from the config and
     seeds from ``seed_everything`` as given, so the rest of the run would train on other data (or, where a module
@@ -202,12 +227,14 @@ def check_resume_settings(ckpt_path: Any, ckpt: dict[str, Any], config: Any) -> 
     on resume, would say the whole run used them. The data module's recorded arguments
     (``datamodule_hyper_parameters``) are compared as :func:`check_ckpt_hparams` compares the model's, less those
     its class declares free (:func:`lit_icl.core.data.args_free_on_resume`: data location, workers, stand-in
-    building, test-only sets); the seed against the run folder's ``config.yaml``. A checkpoint of older code
+    building, test-only sets); the seed and the optimizer options against the run folder's ``config.yaml``
+    (:func:`_optimizer_differences`). A checkpoint of older code
     without data hyper-parameters, or away from its run folder, is not checked for what it lacks. ``test`` and
     ``validate`` are not resumes and may use other data.
     """
     found = []
-    seed, run_config = _recorded_seed(ckpt_path)
+    recorded, run_config = _recorded_run_config(ckpt_path)
+    seed = recorded.get("seed_everything")
     wanted_seed = config.get("seed_everything")
     if wanted_seed is True:  # Lightning seeds PL_GLOBAL_SEED or 0 (no random draw), which config.yaml records
         wanted_seed = int(os.environ.get("PL_GLOBAL_SEED", "0"))
@@ -223,15 +250,24 @@ def check_resume_settings(ckpt_path: Any, ckpt: dict[str, Any], config: Any) -> 
         init_args = wanted.init_args.as_dict() if hasattr(wanted.init_args, "as_dict") else dict(wanted.init_args or {})
         found += _differences({k: v for k, v in saved.items() if k not in free},
                               {k: v for k, v in init_args.items() if k not in free}, "data.init_args")
+    found += _optimizer_differences(recorded, config)
     if not found:
         return
-    where = {"seed_everything": "the run's config.yaml"}
-    shown = "; ".join(f"--{key} is {value!r} here but {old!r} in {where.get(key, 'the checkpoint')}"
-                      for key, old, value in found[:3])
+
+    def recorded_in(key: str) -> str:
+        """Where the run's value of ``key`` was read: its config.yaml (the seed, the optimizer) or the checkpoint."""
+        in_yaml = key == "seed_everything" or key.split(".")[0] in OPTIMIZER_KEYS
+        return "the run's config.yaml" if in_yaml else "the checkpoint"
+
+    shown = "; ".join(f"--{key} is {value!r} here but {old!r} in {recorded_in(key)}" for key, old, value in found[:3])
     more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
-    data = any(key != "seed_everything" for key, *_ in found)
-    what = {(True, True): "another seed and other data settings", (True, False): "another seed",
-            (False, True): "other data settings"}[(found[0][0] == "seed_everything", data)]
+    keys = [key for key, *_ in found]
+    kinds = [kind for kind, present in (
+        ("another seed", "seed_everything" in keys),
+        ("other data settings", any(k.startswith("data.") for k in keys)),
+        ("another optimizer or learning-rate scheduler", any(k.split(".")[0] in OPTIMIZER_KEYS for k in keys)),
+    ) if present]
+    what = " and ".join(kinds) if len(kinds) < 3 else f"{kinds[0]}, {kinds[1]} and {kinds[2]}"
     run_config = run_config or _run_config(ckpt_path)
     # The values may come from the config files, not the command line: the run's own config is the sure fix.
     same = f"resume with the run's own config (--config {quote(run_config)}) or " if run_config else "resume "
