@@ -90,6 +90,17 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("fit", ["--trainer.strategy", "nonsense"], "invalid strategy name: `strategy='nonsense'`"),
     ("fit", ["--trainer.max_steps", "-5"], "`max_steps` must be a non-negative integer or -1"),
     ("fit", ["--trainer.limit_val_batches", "-1"], "invalid value -1 for limit_val_batches"),
+    # an --lr_scheduler without --optimizer: LightningCLI ignored it, trained with the module's own optimizer and
+    # recorded the scheduler in config.yaml
+    ("fit", ["--lr_scheduler", "torch.optim.lr_scheduler.StepLR", "--lr_scheduler.step_size", "1"],
+     ("--lr_scheduler torch.optim.lr_scheduler.StepLR is used only with --optimizer (the two replace the module's "
+      "own optimizer and schedule), so alone it would be ignored: add an optimizer")),
+    # ReduceLROnPlateau on a metric the module does not log: a traceback at the first validation's end, after the
+    # run folder was written
+    ("fit", ["--optimizer", "torch.optim.SGD", "--lr_scheduler", "ReduceLROnPlateau", "--lr_scheduler.monitor",
+             "val/acc"],
+     ("--lr_scheduler lightning.pytorch.cli.ReduceLROnPlateau monitors 'val/acc', which CoQERegressionModule does "
+      "not log; it logs val/mse: set --lr_scheduler.monitor to one of those")),
     # the host-read census (lit_icl.callbacks.HostReadCensus)
     ("fit", ["--trainer.callbacks+=lit_icl.callbacks.HostReadCensus", "--trainer.callbacks.warmup", "-1"],
      "HostReadCensus warmup=-1 must be >= 0"),
@@ -691,3 +702,11 @@ def test_a_run_folder_in_use_by_another_process_is_refused_and_left_alone(tmp_pa
     main(args)  # released: the run goes ahead, and releases the folder when it ends
     assert (folder / "checkpoints" / "last.ckpt").is_file()
     main([*args[:1], *args[1:], "--ckpt_path", "last", "--trainer.max_steps", "6"])
+
+
+def test_reduce_lr_on_plateau_on_a_logged_metric_trains(tmp_path) -> None:
+    """The monitor check passes a metric the module logs: ReduceLROnPlateau on ``val/mse`` trains and is saved."""
+    main(["fit", *reg_args(tmp_path, CONFIG, "--optimizer", "torch.optim.SGD", "--lr_scheduler", "ReduceLROnPlateau",
+                           "--lr_scheduler.monitor", "val/mse", "--lr_scheduler.patience", "0")])
+    saved = torch.load(tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt", map_location="cpu", weights_only=True)
+    assert saved["global_step"] == 4 and saved["lr_schedulers"][0]["patience"] == 0

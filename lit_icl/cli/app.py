@@ -69,6 +69,7 @@ from lit_icl.cli.checks import (
     check_precision_request,
     check_run_folder_is_free,
     check_same_experiment,
+    check_scheduler_has_optimizer,
     check_seed,
     check_trainer_counts,
     check_val_interval,
@@ -327,6 +328,8 @@ class LitICLCLI(LightningCLI):
             check_trainer_counts(config.trainer)
             if sub == "fit":
                 check_fit_trains(config.trainer)
+        if sub == "fit":
+            check_scheduler_has_optimizer(config)
         # Runs before Lightning reads the checkpoint's hyper-parameters, so a bad path fails cleanly here.
         if sub:
             name_run_from_configs(config)
@@ -414,7 +417,8 @@ class LitICLCLI(LightningCLI):
         if isinstance(self.model, ICLModule):
             self.model.attach_datamodule(self.datamodule)
             if self.subcommand in (None, "fit"):  # only training validates: a test's monitors never look
-                check_monitors(self.trainer, self.model)
+                check_monitors(self.trainer, self.model, self.config[self.subcommand].get("lr_scheduler")
+                               if self.subcommand else self.config.get("lr_scheduler"))
         if self.subcommand in (None, "fit"):
             check_val_interval(self.trainer, self.datamodule)
         check_evaluation_loop(self.subcommand, self.model, self.datamodule)

@@ -38,25 +38,47 @@ TRAINER_COUNTS: dict[str, tuple[int, str]] = {
 }
 
 
-def check_monitors(trainer: Trainer, model: ICLModule) -> None:
-    """Refuse a callback that monitors a ``val/...`` metric the model does not log.
+def check_monitors(trainer: Trainer, model: ICLModule, lr_scheduler: Any = None) -> None:
+    """Refuse a callback, or the ``--lr_scheduler`` (``ReduceLROnPlateau``), that monitors a ``val/...`` metric the
+    model does not log.
 
-    ModelCheckpoint and EarlyStopping look their ``monitor`` up only at the end of the first validation, after
-    the run folder exists and an epoch has been trained, and then stop the run with a traceback. The CLI checks
-    this for ``fit`` only: a ``test`` of the same config (with other evaluation settings) never validates.
+    ModelCheckpoint, EarlyStopping and ReduceLROnPlateau look their ``monitor`` up only at the end of the first
+    validation, after the run folder exists and an epoch has been trained, and then stop the run with a traceback.
+    The CLI checks this for ``fit`` only: a ``test`` of the same config (with other evaluation settings) never
+    validates. ``lr_scheduler`` is the parsed ``--lr_scheduler`` option (``None`` when not given).
     """
     keys = model.validation_keys()
     if keys is None:
         return
-    for callback in getattr(trainer, "callbacks", None) or []:
-        monitor = getattr(callback, "monitor", None)
+    watchers = [(f"{type(callback).__name__}", "the callback's monitor", getattr(callback, "monitor", None))
+                for callback in getattr(trainer, "callbacks", None) or []]
+    init_args = getattr(lr_scheduler, "init_args", None)
+    if init_args is not None:
+        watchers.append((f"--lr_scheduler {lr_scheduler.class_path}", "--lr_scheduler.monitor",
+                         init_args.get("monitor")))
+    for who, option, monitor in watchers:
         if isinstance(monitor, str) and monitor.startswith("val/") and monitor not in keys:
             logged = ", ".join(sorted(keys)) if keys else "none (this model has no validation loop)"
             raise ConfigError(
-                f"{type(callback).__name__} monitors {monitor!r}, which {type(model).__name__} does not log; "
-                f"it logs {logged}: set the callback's monitor to one of those, or change the settings so that "
+                f"{who} monitors {monitor!r}, which {type(model).__name__} does not log; "
+                f"it logs {logged}: set {option} to one of those, or change the settings so that "
                 f"{monitor!r} is logged"
             )
+
+
+def check_scheduler_has_optimizer(config: Any) -> None:
+    """Refuse a ``fit`` given ``--lr_scheduler`` without ``--optimizer``. LightningCLI builds the scheduler only
+    together with the optimizer (the two replace the module's ``configure_optimizers``); alone it is ignored, and
+    the run trains with the module's own optimizer and schedule while its ``config.yaml`` records the scheduler."""
+    scheduler = config.get("lr_scheduler")
+    if scheduler is None or config.get("optimizer") is not None:
+        return
+    name = getattr(scheduler, "class_path", scheduler)
+    raise ConfigError(
+        f"--lr_scheduler {name} is used only with --optimizer (the two replace the module's own optimizer and "
+        "schedule), so alone it would be ignored: add an optimizer, e.g. --optimizer torch.optim.Adam "
+        "--optimizer.lr 0.001, or drop --lr_scheduler"
+    )
 
 def check_val_interval(trainer: Trainer, datamodule: Any) -> None:
     """Refuse an integer ``val_check_interval`` longer than a training epoch while validation also waits for
