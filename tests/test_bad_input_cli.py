@@ -101,6 +101,17 @@ ROWS: list[tuple[str, list[str], str]] = [
              "val/acc"],
      ("--lr_scheduler lightning.pytorch.cli.ReduceLROnPlateau monitors 'val/acc', which CoQERegressionModule does "
       "not log; it logs val/mse: set --lr_scheduler.monitor to one of those")),
+    # a class named for a union option (optimizer or plateau scheduler, a logger or list of loggers, callbacks):
+    # the message showed the union's last alternative ("does not correspond to a subclass of ReduceLROnPlateau",
+    # "Expected a <class 'bool'>. Got value: [<both loggers>]"), not what was wrong with the class given
+    ("fit", ["--optimizer", "torch.optim.SGD", "--lr_scheduler", "torch.optim.lr_scheduler.StepLR"],
+     "--lr_scheduler: the following arguments are required: step_size (in torch.optim.lr_scheduler.StepLR)"),
+    ("fit", ["--trainer.logger", "lightning.pytorch.loggers.CSVLoger"],
+     "--trainer.logger: module 'lightning.pytorch.loggers' has no attribute 'CSVLoger'"),
+    ("fit", ["--trainer.logger+=lightning.pytorch.loggers.CSVLogger"],
+     "--trainer.logger: the following arguments are required: save_dir (in lightning.pytorch.loggers.CSVLogger)"),
+    ("fit", ["--trainer.callbacks+=lit_icl.callbacks.HostReadCensus", "--trainer.callbacks.warmpu", "1"],
+     "--trainer.callbacks: Option 'warmpu' is not accepted (in lit_icl.callbacks.HostReadCensus)"),
     # the host-read census (lit_icl.callbacks.HostReadCensus)
     ("fit", ["--trainer.callbacks+=lit_icl.callbacks.HostReadCensus", "--trainer.callbacks.warmup", "-1"],
      "HostReadCensus warmup=-1 must be >= 0"),

@@ -167,33 +167,54 @@ def one_line_parser_error(message: str) -> str:
     union alternatives; the user needs the path of keys and the innermost message (e.g. "Expected a
     typing.Literal['rbf', 'linear']. Got value: poly"), plus the class whose option it was.
     """
-    lines = [ln.strip() for ln in message.splitlines()]
+    raw_lines = message.splitlines()
+    lines = [ln.strip() for ln in raw_lines]
     keys: list[str] = []
     classes: list[str] = []
     problems: list[str] = []
     given: dict[int, str] = {}  # problem index -> the value reported right after it
-    for ln in lines:
+    # Each "Problem with given class_path" line opens a block holding the problems nested under it (by indentation):
+    # (indent, class, indices into problems). A union reports its other alternatives after the class the user named
+    # ("Expected a <class 'bool'>", "does not correspond to a subclass of ReduceLROnPlateau"), and the last problem
+    # then says nothing about that class: the problem shown is the last of the deepest block (the class nested
+    # innermost, e.g. a net inside the model), the first such block among alternatives of equal depth.
+    blocks: list[tuple[int, str, list[int]]] = []
+    open_blocks: list[tuple[int, str, list[int]]] = []
+    for raw, ln in zip(raw_lines, lines):
+        indent = len(raw) - len(raw.lstrip())
+        if ln:
+            open_blocks = [b for b in open_blocks if b[0] < indent]  # blocks this line is no longer inside
         value = re.fullmatch(r"Given value: (.*)", ln)
         if value and problems and len(problems) - 1 not in given:
             given[len(problems) - 1] = value.group(1)
         if not ln or _PARSER_NOISE.match(ln):
             continue
         key = re.fullmatch(r'Parser key "([^"]+)":(.*)', ln)
+        cls = re.fullmatch(r"- Problem with given class_path '([^']+)':", ln)
         if key:
             keys.append(key.group(1))
-            if key.group(2).strip():  # the whole problem on one line, e.g. a --config file that does not exist
-                problems.append(key.group(2).strip())
-            continue
-        cls = re.fullmatch(r"- Problem with given class_path '([^']+)':", ln)
-        if cls:
+            found = key.group(2).strip()  # the whole problem on one line, e.g. a --config file that does not exist
+        elif cls:
             classes.append(cls.group(1))
+            block = (indent, cls.group(1), [])
+            blocks.append(block)
+            open_blocks.append(block)
             continue
-        problems.append(ln.removeprefix("- "))
+        else:
+            found = ln.removeprefix("- ")
+        if found:
+            problems.append(found)
+            if open_blocks:
+                open_blocks[-1][2].append(len(problems) - 1)
     if not problems:
         return " ".join(ln for ln in lines if ln)
-    problem = problems[-1]
-    if problem.startswith("Expected a") and "Got value" not in problem and len(problems) - 1 in given:
-        problem += f". Got value: {given[len(problems) - 1]}"
+    named = [b for b in blocks if b[2]]
+    block = max(named, key=lambda b: b[0]) if named else None  # max keeps the first of equal depth
+    at = block[2][-1] if block else len(problems) - 1
+    about = block[1] if block else (classes[-1] if classes else None)  # the class the problem is about
+    problem = problems[at]
+    if problem.startswith("Expected a") and "Got value" not in problem and at in given:
+        problem += f". Got value: {given[at]}"
     non_finite = re.fullmatch(r"Expected a <class 'float'>(?: \| None)?\. Got value: ([+-]?(?:nan|inf|infinity))", problem,
                               re.IGNORECASE)
     if non_finite:  # jsonargparse refuses nan/inf as "not a float", which they are; say what is wrong
@@ -205,7 +226,7 @@ def one_line_parser_error(message: str) -> str:
     for i, key in enumerate(keys[1:]):
         grouped = i < len(classes) and dataclasses.is_dataclass(import_class(classes[i]))
         path += f"{'.' if grouped else '.init_args.'}{key}"
-    where = f" (in {classes[-1]})" if classes and classes[-1].rsplit(".", 1)[-1] not in problem else ""
+    where = f" (in {about})" if about and about.rsplit(".", 1)[-1] not in problem else ""
     return f"{'--' + path + ': ' if path else ''}{problem}{where}{_nested_null_hint(path, problem)}"
 
 
