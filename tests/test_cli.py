@@ -96,6 +96,26 @@ def test_the_logger_of_a_built_run_uses_the_derived_name_unless_one_is_given(tmp
     assert Path(cli.trainer.logger.log_dir).parent == tmp_path / expected
 
 
+def test_a_logger_added_to_the_clis_keeps_the_run_named_after_its_config_files(tmp_path) -> None:
+    """``--trainer.logger+=CSVLogger`` makes the logger a list: the CLI's TensorBoard logger was left named
+    ``lit_icl``, so every experiment that added a logger shared ``runs/lit_icl/`` (and ``--ckpt_path last`` picked
+    whichever ran last). The added logger keeps the name it was given."""
+    from lightning.pytorch import LightningDataModule, LightningModule
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    from lit_icl.cli import LitICLCLI
+
+    cli = LitICLCLI(LightningModule, LightningDataModule, run=False, args=[
+        "--config", "configs/coqe/regression.yaml", "--config", "configs/coqe/regression/cpu.yaml",
+        "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.logger+=lightning.pytorch.loggers.CSVLogger",
+        "--trainer.logger.save_dir", str(tmp_path), "--trainer.logger.name", "csv"])
+    tensorboard, csv = cli.trainer.loggers
+    assert isinstance(tensorboard, TensorBoardLogger) and isinstance(csv, CSVLogger)
+    assert Path(tensorboard.log_dir).parent == tmp_path / "coqe_regression_cpu"
+    assert Path(cli.trainer.log_dir).parent == tmp_path / "coqe_regression_cpu"  # results.json and config.yaml
+    assert Path(csv.log_dir).parent == tmp_path / "csv"
+
+
 @pytest.mark.parametrize("overlays", [[], ["configs/coqe/omniglot/cpu.yaml"]], ids=["alone", "cpu"])
 def test_the_main_commands_config_names_its_run_as_the_config_it_includes(tmp_path, overlays) -> None:
     """configs/coqe_omniglot.yaml is `config: coqe/omniglot.yaml` and nothing else: the two names run the same

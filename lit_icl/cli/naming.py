@@ -64,10 +64,14 @@ def name_run_from_configs(config: Any) -> None:
 
     Configs therefore need no logger block, and a base with overlays gets a folder of its own
     (``runs/coqe_omniglot_cpu/`` for ``--config configs/coqe/omniglot.yaml --config configs/coqe/omniglot/cpu.yaml``).
+    With several loggers (``--trainer.logger+=lightning.pytorch.loggers.CSVLogger``), each that still has the CLI's
+    name is named so; without that, every experiment that added a logger shared ``runs/lit_icl/``, and
+    ``--ckpt_path last`` resumed whichever ran last.
     """
     logger = config.get("trainer", {}).get("logger") if hasattr(config, "get") else None
-    init_args = getattr(logger, "init_args", None) if logger is not None else None
     paths = config.get("config") or []
-    if init_args is None or not paths or getattr(init_args, "name", None) != DEFAULT_RUN_NAME:
-        return
-    init_args.name = run_name(list(paths))
+    loggers = logger if isinstance(logger, list) else [logger]
+    for one in loggers:
+        init_args = getattr(one, "init_args", None) if one is not None else None
+        if init_args is not None and paths and getattr(init_args, "name", None) == DEFAULT_RUN_NAME:
+            init_args.name = run_name(list(paths))
