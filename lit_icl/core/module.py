@@ -134,6 +134,47 @@ def _take_unrecorded_nets(checkpoint: dict[str, Any], path: Any, cls: type, kwar
     return True
 
 
+def _class_paths(value: Any, key: str) -> list[tuple[str, str]]:
+    """``(hyper-parameter key, class path)`` of every ``{"class_path": ...}`` in a checkpoint's hyper-parameters."""
+    found = []
+    if isinstance(value, dict):
+        if isinstance(value.get("class_path"), str):
+            found.append((key, value["class_path"]))
+        for name, item in value.items():
+            if name != "class_path":
+                found += _class_paths(item, f"{key}.init_args.{name}" if "class_path" in value else name)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            found += _class_paths(item, f"{key}[{i}]")
+    return found
+
+
+def _check_classes_import(checkpoint: dict[str, Any], path: Any, cls: type, kwargs: dict[str, Any]) -> None:
+    """Refuse in one line a checkpoint whose recorded nets name a class that cannot be imported here (a net of
+    the user's own whose file is not on ``sys.path``, or one defined in a script, recorded as ``__main__.X``).
+    jsonargparse would fail with five chained tracebacks whose last says only that ``module.net`` "does not
+    validate against any of the Union subtypes". Arguments given in ``kwargs`` replace the recorded ones."""
+    import importlib
+
+    hparams = checkpoint.get("hyper_parameters")
+    if not isinstance(hparams, dict):
+        return
+    for key, class_path in _class_paths({k: v for k, v in hparams.items()
+                                         if k not in kwargs and not str(k).startswith("_")}, ""):
+        module, _, name = class_path.rpartition(".")
+        try:
+            getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError) as err:
+            where = ("it was defined in the script that trained it; move it into a file of its own and import it "
+                     "from there (checkpoints record that import path), or"
+                     if module == "__main__" else f"put the folder that holds {module} on sys.path (PYTHONPATH), or")
+            arg = key.split(".", 1)[0].split("[", 1)[0]
+            raise ConfigError(
+                f"{path}: its {key} is {class_path}, which cannot be imported here ({err}); {where} pass it: "
+                f"{cls.__name__}.load_from_checkpoint(path, {arg}=<the {arg} it was trained with>)"
+            ) from None
+
+
 class ICLModule(LightningModule):
     """Base class of the paper modules (see the module docstring for the conventions it carries)."""
 
@@ -212,8 +253,12 @@ class ICLModule(LightningModule):
                 checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
             except Exception:  # noqa: BLE001
                 checkpoint = None
-            if isinstance(checkpoint, dict) and (upgrade_checkpoint(checkpoint)
-                                                 | _take_unrecorded_nets(checkpoint, checkpoint_path, cls, kwargs)):
+            changed = False
+            if isinstance(checkpoint, dict):
+                changed = upgrade_checkpoint(checkpoint)  # moved classes' paths made current, then checked
+                _check_classes_import(checkpoint, checkpoint_path, cls, kwargs)
+                changed |= _take_unrecorded_nets(checkpoint, checkpoint_path, cls, kwargs)
+            if changed:
                 buffer = io.BytesIO()
                 torch.save(checkpoint, buffer)
                 buffer.seek(0)

@@ -92,6 +92,32 @@ def test_a_net_whose_construction_is_unknown_is_asked_for_by_name(tmp_path) -> N
     assert torch.equal(loaded.net.layer.weight, module.net.layer.weight)
 
 
+@pytest.mark.parametrize(("class_path", "cause", "fix"), [
+    ("my_own_nets.Net", "(No module named 'my_own_nets')",
+     "put the folder that holds my_own_nets on sys.path (PYTHONPATH), or pass it"),
+    ("__main__.Net", "(module '__main__' has no attribute 'Net')",
+     "it was defined in the script that trained it; move it into a file of its own and import it from there"),
+], ids=["not-on-path", "in-a-script"])
+def test_a_recorded_net_whose_class_cannot_be_imported_is_one_line(tmp_path, class_path, cause, fix) -> None:
+    """A recorded net of the user's own class, loaded where its file is not importable (another folder, another
+    script): jsonargparse failed with five chained tracebacks, the last saying only that ``module.net`` "does not
+    validate against any of the Union subtypes". One line names the class and why; the net given in Python loads."""
+    module = CoQERegressionModule(CoQERegressor(4, width=16, depth=1, heads=2, max_points=8))
+    path = _save(module, tmp_path / "own.ckpt")
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["hyper_parameters"]["net"]["class_path"] = class_path
+    torch.save(ckpt, path)
+    with pytest.raises(ConfigError) as refused:
+        CoQERegressionModule.load_from_checkpoint(path)
+    assert str(refused.value).startswith(f"{path}: its net is {class_path}, which cannot be imported here {cause}; ")
+    assert fix in str(refused.value)
+    assert str(refused.value).endswith(
+        "CoQERegressionModule.load_from_checkpoint(path, net=<the net it was trained with>)")
+    net = CoQERegressor(4, width=16, depth=1, heads=2, max_points=8)
+    loaded = CoQERegressionModule.load_from_checkpoint(path, net=net)
+    assert loaded.net is net and all(torch.equal(v, module.state_dict()[k]) for k, v in loaded.state_dict().items())
+
+
 def test_recorded_nets_keep_their_own_signature() -> None:
     """The recording is a metaclass's ``__call__``; ``inspect.signature`` (help, IDEs, the CLI's parser) still shows
     each class's ``__init__``."""
