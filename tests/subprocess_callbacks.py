@@ -269,10 +269,12 @@ class BackwardLaunches(Callback):
 
 class CompiledGraphs(Callback):
     """Appends ``<where> <graphs>`` to ``path`` at the start of training and the end of every validation round:
-    how many graphs ``torch.compile`` has made so far in this process (dynamo's own count)."""
+    how many graphs ``torch.compile`` has made so far in this process (dynamo's own count). With ``round_starts``,
+    also at the start of every validation round, which tells the graphs of training from those of evaluation."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, round_starts: bool = False):
         self.path = path
+        self.round_starts = round_starts
 
     def _record(self, where: str) -> None:
         from torch._dynamo.utils import counters
@@ -282,6 +284,10 @@ class CompiledGraphs(Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._record("train_start")
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if self.round_starts and not trainer.sanity_checking:
+            self._record(f"validation_start_{trainer.global_step}")
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking:

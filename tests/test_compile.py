@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,8 @@ from mmca.synthetic.helpers import mmca_args
 
 from lit_icl.cli import main
 from lit_icl.core.errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
 
 #: Trace with AOTAutograd, and fail on any graph break.
 TRACE = ["--compile.mode", "default", "--compile.backend", "aot_eager", "--compile.fullgraph", "true"]
@@ -64,24 +67,68 @@ SECOND_ROUND = {"coqe_omniglot": ["--trainer.max_steps", "4"], "coqe_omniglot_tr
                 "coqe_regression": [], "coqe_regression_transformer": []}
 
 
+@pytest.fixture(scope="module")
+def traced_fit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], dict]]:
+    """``traced_fit(run)``: the run of ``RUNS`` fitted once, at the first test that asks, for the two tests that
+    read it (neither writes into its folder).
+
+    Traced as ``TRACE`` traces (fullgraph=True: a graph break fails the fit), for two validation rounds, by
+    ``recording``: a backend that keeps the ops called in each graph dynamo hands it and passes the graph on to
+    ``aot_eager`` (which traces the backward as inductor would). Dynamo starts reset, and its count of graphs made
+    since the fit began is recorded at the start of training and at the start and end of each validation round:
+    the training step's graphs are those made before the first round starts.
+    """
+    from torch._dynamo import lookup_backend, register_backend
+    from torch._dynamo.backends.registry import _COMPILER_FNS
+    from torch._dynamo.utils import counters
+
+    graphs: list[Counter] = []
+
+    def recording(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(Counter(getattr(node.target, "__name__", str(node.target))
+                              for node in gm.graph.nodes if node.op in ("call_function", "call_method")))
+        return lookup_backend("aot_eager")(gm, example_inputs)
+
+    register_backend(recording, name="recording")
+    fits: dict[str, dict] = {}
+
+    def fit(run: str) -> dict:
+        if run not in fits:
+            root = tmp_path_factory.mktemp(run)
+            record = root / "graphs.txt"
+            graphs.clear()
+            torch._dynamo.reset()
+            before = counters["stats"]["unique_graphs"]
+            main(["fit", *RUNS[run](root), "--compile.mode", "default", "--compile.backend", "recording",
+                  "--compile.fullgraph", "true", *SECOND_ROUND.get(run, ["--trainer.max_epochs", "2"]),
+                  "--trainer.callbacks+=subprocess_callbacks.CompiledGraphs", f"--trainer.callbacks.path={record}",
+                  "--trainer.callbacks.round_starts=true"])
+            counts = [(where, int(count) - before)
+                      for where, count in (line.split() for line in record.read_text().splitlines())]
+            fits[run] = {"root": root, "counts": counts, "graphs": list(graphs)}
+        return fits[run]
+
+    yield fit
+    _COMPILER_FNS.pop("recording", None)
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("run", sorted(RUNS))
-def test_every_paper_net_compiles_whole_for_training_and_validation(tmp_path, run) -> None:
+def test_every_paper_net_compiles_whole_for_training_and_validation(traced_fit, run) -> None:
     """fullgraph=True: one graph break anywhere in a net's forward (train or eval mode) or backward fails.
 
     And the graphs made in the first epoch and validation round serve every later step and round: a recompile
     costs seconds on a GPU, and after 8 of them dynamo leaves the net eager for good.
     """
-    record = tmp_path / "graphs.txt"
-    main(["fit", *RUNS[run](tmp_path), *TRACE, *SECOND_ROUND.get(run, ["--trainer.max_epochs", "2"]),
-          "--trainer.callbacks+=subprocess_callbacks.CompiledGraphs", f"--trainer.callbacks.path={record}"])
-    assert list((tmp_path / "runs").rglob("last.ckpt")), "the compiled run wrote no checkpoint"
-    lines = [line.split() for line in record.read_text().splitlines()]
+    fit = traced_fit(run)
+    assert list((fit["root"] / "runs").rglob("last.ckpt")), "the compiled run wrote no checkpoint"
+    lines = [(where, count) for where, count in fit["counts"] if not where.startswith("validation_start")]
     assert lines[0][0] == "train_start" and len(lines) == 3, lines  # training starts, two validation rounds
-    start, first_round, second_round = (int(count) for _, count in lines)
+    start, first_round, second_round = (count for _, count in lines)
     assert first_round > start, "nothing was compiled"
     assert second_round == first_round, f"{second_round - first_round} graphs compiled again after the first round"
     # The ledger logs the same at each round: what the first round compiled, nothing more after it.
-    logged = tb_scalars(next((tmp_path / "runs").rglob("events.out.tfevents.*")).parent)
+    logged = tb_scalars(next((fit["root"] / "runs").rglob("events.out.tfevents.*")).parent)
     assert len(logged["compile/graphs"]) == 2 and logged["compile/graphs"][0] == logged["compile/graphs"][1] > 0
     assert logged["compile/seconds"][1] == logged["compile/seconds"][0] > 0
 
@@ -98,42 +145,37 @@ def test_coqe_compiles_whole_in_bf16_with_channels_last_convolutions(tmp_path, c
     assert list((tmp_path / "runs").rglob("last.ckpt")), "the compiled run wrote no checkpoint"
 
 
-def test_icssl_trains_its_net_as_one_compiled_region_and_evaluates_its_parts(tmp_path) -> None:
+@pytest.fixture(scope="module")
+def icssl_fits(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The tiny one-epoch IC-SSL fit, eager and traced (``TRACE``), each run once for the tests below, which read
+    them or resume copies of them (never the originals). The traced fit starts from a reset dynamo and records
+    dynamo's graph count at the start of training and at the start and end of its validation round, so the graphs
+    of the training steps are told from those of evaluation."""
+    from torch._dynamo.utils import counters
+
+    eager, traced = tmp_path_factory.mktemp("eager"), tmp_path_factory.mktemp("traced")
+    record = tmp_path_factory.mktemp("graphs") / "graphs.txt"  # outside the run's root, which tests copy
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(REPO)  # the configs' paths are relative to it; the suite's own chdir comes after module fixtures
+        # Off, not the CLI's default (auto): the run test_auto_mode_... compares auto with must be eager for sure.
+        main(["fit", *tiny_args(eager, "--trainer.max_epochs", "1"), "--compile.mode", "off"])
+        torch._dynamo.reset()
+        before = counters["stats"]["unique_graphs"]
+        main(["fit", *tiny_args(traced, "--trainer.max_epochs", "1"), *TRACE,
+              "--trainer.callbacks+=subprocess_callbacks.CompiledGraphs", f"--trainer.callbacks.path={record}",
+              "--trainer.callbacks.round_starts=true"])
+    graphs = {where: int(count) - before for where, count in (line.split() for line in record.read_text().splitlines())}
+    return {"eager": eager, "traced": traced, "graphs": graphs}
+
+
+def test_icssl_trains_its_net_as_one_compiled_region_and_evaluates_its_parts(icssl_fits: dict) -> None:
     """Each compiled region costs host time at every call, so IC-SSL's training step, which calls the whole net,
     is one graph (its representation and head compiled alone would be two); evaluation, which calls them one by
     one (the head once per label ratio), has a graph for each."""
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    before = counters["stats"]["unique_graphs"]
-    main(["fit", *tiny_args(tmp_path / "train", "--trainer.max_epochs", "1", "--trainer.limit_val_batches", "0"),
-          *TRACE])
-    assert counters["stats"]["unique_graphs"] - before == 1
-    torch._dynamo.reset()
-    before = counters["stats"]["unique_graphs"]
-    main(["fit", *tiny_args(tmp_path / "both", "--trainer.max_epochs", "1"), *TRACE])
-    assert counters["stats"]["unique_graphs"] - before == 3  # the training graph, the representation, the head
-
-
-_TRAINING_GRAPHS: list[torch.fx.GraphModule] = []
-
-
-@pytest.fixture
-def recording_backend():
-    """A ``torch.compile`` backend, ``recording``, that keeps each graph it is given and runs it as traced."""
-    from torch._dynamo import register_backend
-    from torch._dynamo.backends.registry import _COMPILER_FNS
-
-    def recording(gm: torch.fx.GraphModule, example_inputs: list) -> object:
-        _TRAINING_GRAPHS.append(gm)
-        return gm.forward
-
-    register_backend(recording, name="recording")
-    _TRAINING_GRAPHS.clear()
-    torch._dynamo.reset()
-    yield _TRAINING_GRAPHS
-    _COMPILER_FNS.pop("recording", None)
-    torch._dynamo.reset()
+    assert list(icssl_fits["graphs"]) == ["train_start", "validation_start_3", "validation_end_3"]
+    assert icssl_fits["graphs"]["train_start"] == 0  # nothing compiled before the first step
+    assert icssl_fits["graphs"]["validation_start_3"] == 1  # the 3 training steps: one graph
+    assert icssl_fits["graphs"]["validation_end_3"] == 3  # the training graph, the representation, the head
 
 
 @pytest.mark.parametrize("run, loss_ops", [
@@ -141,17 +183,17 @@ def recording_backend():
     ("coqe_omniglot", {"cross_entropy": 2}),  # L_mod + L_orig
     ("coqe_omniglot_transformer", {"cross_entropy": 1}), ("mmca_avmnist", {"cross_entropy": 1}),
 ])
-def test_a_step_that_is_a_net_then_a_loss_compiles_the_loss_in_its_one_region(tmp_path, recording_backend, run,
-                                                                              loss_ops) -> None:
+def test_a_step_that_is_a_net_then_a_loss_compiles_the_loss_in_its_one_region(traced_fit, run, loss_ops) -> None:
     """The modules whose training step is "the net, then a loss" (``ICLModule.training_loss``) compile the two as
     one region: the step's one graph holds the loss, so nothing of it runs eager around the graph."""
-    args = [*RUNS[run](tmp_path), "--trainer.limit_val_batches", "0", "--compile.mode", "default",
-            "--compile.backend", "recording", "--compile.fullgraph", "true"]
-    main(["fit", *args])
-    assert len(recording_backend) == 1, [g.code for g in recording_backend]
-    called = Counter(getattr(node.target, "__name__", str(node.target))
-                     for node in recording_backend[0].graph.nodes if node.op in ("call_function", "call_method"))
-    assert all(called[op] >= n for op, n in loss_ops.items()), sorted(called.items())
+    fit = traced_fit(run)
+    counts = dict(fit["counts"])
+    # Every graph dynamo counted reached the backend, in the order made: the counts index the recorded graphs.
+    assert len(fit["graphs"]) == fit["counts"][-1][1]
+    (first_round, *_) = (where for where, _ in fit["counts"] if where.startswith("validation_start"))
+    training = fit["graphs"][counts["train_start"]:counts[first_round]]
+    assert len(training) == 1, training
+    assert all(training[0][op] >= n for op, n in loss_ops.items()), sorted(training[0].items())
 
 
 def test_the_ledger_counts_and_times_what_torch_reports(capsys) -> None:
@@ -228,11 +270,13 @@ def _state(ckpt: Path) -> dict[str, torch.Tensor]:
     return torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
 
 
-def test_checkpoints_with_and_without_compilation_are_interchangeable(tmp_path) -> None:
+def test_checkpoints_with_and_without_compilation_are_interchangeable(tmp_path, icssl_fits: dict) -> None:
     """A compiled run's checkpoint has the eager run's keys and values; either resumes under the other."""
+    import shutil
+
     eager, compiled = tmp_path / "eager", tmp_path / "compiled"
-    main(["fit", *tiny_args(eager, "--trainer.max_epochs", "1")])
-    main(["fit", *tiny_args(compiled, "--trainer.max_epochs", "1"), *TRACE])
+    shutil.copytree(icssl_fits["eager"], eager)  # copies: the resumes below write into them
+    shutil.copytree(icssl_fits["traced"], compiled)
     e_ckpt = next(eager.rglob("last.ckpt"))
     c_ckpt = next(compiled.rglob("last.ckpt"))
     e_state, c_state = _state(e_ckpt), _state(c_ckpt)
@@ -277,11 +321,10 @@ def test_bad_compile_options_are_refused(tmp_path, capsys, extra, needle) -> Non
     assert_rejected(tmp_path, capsys, ["fit", *tiny_args(tmp_path), *extra], needle)
 
 
-def test_auto_mode_leaves_a_cpu_run_eager_and_bit_identical(tmp_path) -> None:
+def test_auto_mode_leaves_a_cpu_run_eager_and_bit_identical(tmp_path, icssl_fits: dict) -> None:
     """``--compile.mode auto`` compiles only on a GPU: on the CPU the run is the eager run, to the bit."""
-    main(["fit", *tiny_args(tmp_path / "eager", "--trainer.max_epochs", "1")])
     main(["fit", *tiny_args(tmp_path / "auto", "--trainer.max_epochs", "1"), "--compile.mode", "auto"])
-    eager, auto = _state(next((tmp_path / "eager").rglob("last.ckpt"))), _state(next((tmp_path / "auto").rglob("last.ckpt")))
+    eager, auto = _state(next(icssl_fits["eager"].rglob("last.ckpt"))), _state(next((tmp_path / "auto").rglob("last.ckpt")))
     assert all(torch.equal(auto[k], eager[k]) for k in eager)
 
 
