@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,11 +19,29 @@ from lit_icl.cli import LitICLCLI, main
 from lit_icl.coqe import CoQEClassificationModule
 
 
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """``fitted(tmp_path, config)``: puts into ``tmp_path`` a copy of the tiny run of ``coqe_args`` on ``config``
+    (its image folder and ``runs/tiny/version_0``), which is fitted once, at the first test that asks; each test
+    writes into its own copy only. Returns ``tmp_path``."""
+    roots: dict[str | tuple[str, ...], Path] = {}
+
+    def fit(tmp_path: Path, config: str | tuple[str, ...] = BASE) -> Path:
+        if config not in roots:
+            root = tmp_path_factory.mktemp("fitted")
+            main(["fit", *coqe_args(root, config=config)])
+            roots[config] = root
+        shutil.copytree(roots[config], tmp_path, dirs_exist_ok=True)
+        return tmp_path
+
+    return fit
+
+
 @pytest.mark.parametrize(
     ("config", "method"), [(BASE, "coqe"), (TRANSFORMER, "transformer")]
 )
-def test_fit_then_test_gives_icl_iwl_curves_rows_and_figure(tmp_path, config, method: str) -> None:
-    main(["fit", *coqe_args(tmp_path, config=config)])
+def test_fit_then_test_gives_icl_iwl_curves_rows_and_figure(tmp_path, fitted, config, method: str) -> None:
+    fitted(tmp_path, config)
     run = tmp_path / "runs/tiny/version_0"
     scalars = tb_scalars(run)
     for tag in ("val/acc/icl", "val/acc/iwl") + (("val/acc/iwl_static",) if method == "coqe" else ()):
@@ -63,9 +83,9 @@ def test_fit_then_test_gives_icl_iwl_curves_rows_and_figure(tmp_path, config, me
     assert (out / "icl_vs_iwl.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_test_accuracy_matches_an_independent_evaluation(tmp_path) -> None:
+def test_test_accuracy_matches_an_independent_evaluation(tmp_path, fitted) -> None:
     """The logged test accuracy equals a hand loop over the evaluators' batches with the trained net."""
-    main(["fit", *coqe_args(tmp_path)])
+    fitted(tmp_path)
     ckpt = tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt"
     cli = LitICLCLI(LightningModule, LightningDataModule,
                     run=False, args=coqe_args(tmp_path))
@@ -258,39 +278,50 @@ def _final_state(root: Path) -> dict:
     return torch.load(root / "runs/tiny/version_0/checkpoints/last.ckpt", map_location="cpu", weights_only=False)
 
 
+def _six_steps(root: Path, *extra: str) -> list[str]:
+    """A six-step run of three-batch epochs logging under ``root``."""
+    return coqe_args(root, "--trainer.max_steps", "6", "--data.init_args.train_batches_per_epoch", "3",
+                     "--trainer.log_every_n_steps", "50", *extra)
+
+
+@pytest.fixture(scope="module")
+def uncut(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The last checkpoint of the six-step run that was not cut, fitted once for both ways of cutting below (when
+    step checkpoints are saved changes no number the run trains)."""
+    root = tmp_path_factory.mktemp("uncut")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(Path(__file__).resolve().parents[3])  # the configs' paths are relative to the repository
+        main(["fit", *_six_steps(root)])
+    return _final_state(root)
+
+
 @pytest.mark.parametrize(
     ("cut", "step", "checkpoint_every"),
     [("StopAtStep", 4, None),  # stopped after step 4 the way --trainer.max_time stops a run
      ("FailAtStep", 5, "2")],  # crashed after step 5, its last checkpoint saved inside an epoch at step 4
 )
 def test_a_run_resumed_inside_an_epoch_ends_bit_identical(
-    tmp_path, cut: str, step: int, checkpoint_every: str | None
+    tmp_path, uncut: dict, cut: str, step: int, checkpoint_every: str | None
 ) -> None:
     """Six steps of three-batch epochs, cut inside epoch 1 with a checkpoint at step 4, resumed with
     ``--ckpt_path last``: the weights and optimizer state of the run that was not cut. Without the training
     loader's saved position the resumed run skips the rest of epoch 1 (stopped) or trains on its first batch
     again (crashed)."""
     every = ["--checkpoint.every_n_train_steps", checkpoint_every] if checkpoint_every else []
-
-    def args(root: Path, *extra: str) -> list[str]:
-        return [*coqe_args(root, "--trainer.max_steps", "6", "--data.init_args.train_batches_per_epoch", "3",
-                           "--trainer.log_every_n_steps", "50", *every), *extra]
-
-    main(["fit", *args(tmp_path / "straight")])
     callback = f'[{{"class_path": "subprocess_callbacks.{cut}", "init_args": {{"step": {step}}}}}]'
     if cut == "FailAtStep":
         with pytest.raises((RuntimeError, SystemExit)):
-            main(["fit", *args(tmp_path / "cut", "--trainer.callbacks", callback)])
+            main(["fit", *_six_steps(tmp_path, *every, "--trainer.callbacks", callback)])
     else:
-        main(["fit", *args(tmp_path / "cut", "--trainer.callbacks", callback)])
-    at_cut = _final_state(tmp_path / "cut")
+        main(["fit", *_six_steps(tmp_path, *every, "--trainer.callbacks", callback)])
+    at_cut = _final_state(tmp_path)
     assert at_cut["global_step"] == 4
     assert at_cut["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [{"epoch": 1, "batches": 1}]
-    main(["fit", *args(tmp_path / "cut"), "--ckpt_path", "last"])
-    straight, resumed = _final_state(tmp_path / "straight"), _final_state(tmp_path / "cut")
-    assert straight["global_step"] == resumed["global_step"] == 6
-    assert all(torch.equal(straight["state_dict"][k], resumed["state_dict"][k]) for k in straight["state_dict"])
-    for a, b in zip(straight["optimizer_states"][0]["state"].values(), resumed["optimizer_states"][0]["state"].values()):
+    main(["fit", *_six_steps(tmp_path, *every), "--ckpt_path", "last"])
+    resumed = _final_state(tmp_path)
+    assert uncut["global_step"] == resumed["global_step"] == 6
+    assert all(torch.equal(uncut["state_dict"][k], resumed["state_dict"][k]) for k in uncut["state_dict"])
+    for a, b in zip(uncut["optimizer_states"][0]["state"].values(), resumed["optimizer_states"][0]["state"].values()):
         assert all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -319,11 +350,11 @@ def test_a_resume_whose_root_holds_the_other_source_is_refused_and_a_moved_root_
     assert torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"] == 6
 
 
-def test_a_test_on_data_with_another_class_count_is_one_line_and_writes_nothing(tmp_path, capsys) -> None:
+def test_a_test_on_data_with_another_class_count_is_one_line_and_writes_nothing(tmp_path, capsys, fitted) -> None:
     """The net takes its class count from the data's training classes, not from a setting the checkpoint records:
     a test with 2 more holdout classes built a net of 18 classes for 20-class weights, and Lightning failed to load
     them with a state_dict traceback (status 1) after the test's run folder existed."""
-    main(["fit", *coqe_args(tmp_path, "--trainer.max_steps", "1")])
+    fitted(tmp_path)
     ckpt = tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt"
     line = assert_rejected(tmp_path, capsys, ["test", *coqe_args(tmp_path, "--data.init_args.n_holdout", "6"),
                                               "--ckpt_path", str(ckpt)], "does not fit", runs_exist=True)
