@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -38,8 +40,24 @@ def test_bf16_mixed_trains_with_finite_loss(tmp_path) -> None:
     assert 0.0 <= scalars["val/acc/label_ratio=0.25"][-1] <= 1.0
 
 
-def test_test_writes_tidy_results_with_provenance_and_figure(tmp_path) -> None:
-    _run(["fit", *tiny_args(tmp_path, "--trainer.max_epochs", "1")])
+@pytest.fixture(scope="module")
+def one_epoch(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path], None]:
+    """``one_epoch(tmp_path)``: puts into ``tmp_path`` a copy of the runs folder of the tiny one-epoch fit, which is
+    fitted once, at the first test that asks; each test writes into its own copy only."""
+    runs: list[Path] = []
+
+    def copy(tmp_path: Path) -> None:
+        if not runs:
+            root = tmp_path_factory.mktemp("one_epoch")
+            _run(["fit", *tiny_args(root, "--trainer.max_epochs", "1")])
+            runs.append(root / "runs")
+        shutil.copytree(runs[0], tmp_path / "runs")
+
+    return copy
+
+
+def test_test_writes_tidy_results_with_provenance_and_figure(tmp_path, one_epoch) -> None:
+    one_epoch(tmp_path)
     ckpt = tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt"
     _run(["test", *tiny_args(tmp_path), "--ckpt_path", str(ckpt)])
     out = tmp_path / "runs/tiny/version_1"
@@ -114,10 +132,10 @@ def test_predictions_score_what_test_scores_on_the_same_episodes(tmp_path, manif
         assert scored[key] == pytest.approx(value, rel=1e-6), key
 
 
-def test_several_test_manifolds_write_per_manifold_rows_and_figure(tmp_path) -> None:
+def test_several_test_manifolds_write_per_manifold_rows_and_figure(tmp_path, one_epoch) -> None:
     """`test` on two manifolds: rows (and logged metrics) per manifold through the shared results writer,
     and the checkpoint reloads into the exact trained model."""
-    _run(["fit", *tiny_args(tmp_path, "--trainer.max_epochs", "1")])
+    one_epoch(tmp_path)
     ckpt = tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt"
     _run(["test", *tiny_args(tmp_path), "--ckpt_path", str(ckpt),
           "--data.init_args.test_manifolds", "[cylinder, sphere]"])
