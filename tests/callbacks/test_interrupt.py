@@ -60,14 +60,21 @@ def _assert_same_weights(a: dict, b: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def straight_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The root of the uninterrupted tiny fit, run once: the stopped runs below end as it ended, and the
+    evaluations below test and validate its checkpoint (writing under their own roots, never into this one)."""
     default = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         root = tmp_path_factory.mktemp("straight")
         assert _fit(root) == 0
-        return _last(root)
+        return root
     finally:
         signal.signal(signal.SIGINT, default)
+
+
+@pytest.fixture(scope="module")
+def straight(straight_root: Path) -> dict:
+    return _last(straight_root)
 
 
 def test_ctrl_c_stops_after_the_step_saves_it_and_the_resumed_run_ends_as_an_uninterrupted_one(
@@ -187,12 +194,12 @@ def test_a_stop_after_a_checkpoint_says_to_resume_with_a_config_s_own_best_model
 
 
 @pytest.mark.parametrize("sub", ["test", "validate"])
-def test_an_evaluation_stopped_by_sigterm_says_to_run_it_again_with_its_checkpoint(tmp_path, capsys, sub) -> None:
+def test_an_evaluation_stopped_by_sigterm_says_to_run_it_again_with_its_checkpoint(tmp_path, capsys, straight_root,
+                                                                                     sub) -> None:
     """SIGTERM stops a test or validate of a checkpoint too (Lightning raises it inside the round), with nothing to
     resume. Its last line was the fit's "run the same command again (without --ckpt_path) to start over", which
     for a test scores the untrained model."""
-    assert _fit(tmp_path) == 0
-    ckpt = tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt"
+    ckpt = straight_root / "runs/tiny/version_0/checkpoints/last.ckpt"
     stop = {"class_path": "subprocess_callbacks.SignalInEvaluation", "init_args": {"signum": "SIGTERM"}}
     capsys.readouterr()
     with pytest.raises(SystemExit) as end:  # 16 episodes in batches of 8: two batches, stopped after the first
