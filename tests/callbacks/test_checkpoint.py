@@ -210,6 +210,12 @@ def test_sigterm_between_two_epochs_resumes_bit_identical_from_the_epochs_end(tm
               "--data.init_args.batch_size", "16", "--data.init_args.val_episodes", "16",
               "--data.init_args.test_episodes", "16", "--trainer.max_epochs", "100", "--trainer.max_steps", "8",
               "--trainer.enable_progress_bar", "false", "--trainer.logger.init_args.save_dir", str(tmp_path / run),
+              # 20-point episodes and 3 evaluated ratios (0.25 the best-model callback's): what the loop counts is
+              # the same at any size, and 100-point ones tripled the test's time
+              "--model.init_args.net.init_args.representation.init_args.n_points", "20",
+              "--model.init_args.net.init_args.representation.init_args.stack_repeats", "1",
+              "--data.init_args.n_points", "20", "--data.init_args.eval_label_ratios", "[0.1, 0.25, 0.5]",
+              "--data.init_args.train_label_ratio", "[0.1, 0.5]",
               *extra])
 
     fit("straight")
