@@ -47,7 +47,7 @@ def test_no_tracked_text_file_names_a_machine_path() -> None:
 
 #: Examples with ``{r}`` for the root slash, so that this file does not hold the paths it looks for.
 EXAMPLES = [
-    ("--out {r}work/main/runs/x", True), ("save_dir: {r}root/runs", True), ("({r}home/alice/lit_icl)", True),
+    ("--out {r}work{r}lab{r}runs{r}x", True), ("save_dir: {r}root/runs", True), ("({r}home/alice/lit_icl)", True),
     ("python bench.py --out {r}tmp/gpu_dry.md", False), ("https://example.org{r}work{r}x", False),
     ("configs{r}work{r}a.yaml", False), ("~{r}work{r}x", False), ("{r}Users/bob/x", True),
 ]
