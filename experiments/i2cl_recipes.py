@@ -23,7 +23,6 @@ fit), and ``report --out FILE.csv`` makes the same tables from that file alone.
 from __future__ import annotations
 
 import argparse
-import copy
 import re
 import sys
 from pathlib import Path
@@ -35,12 +34,12 @@ from runner import (
     add_job_args,
     add_stage_arg,
     drive,
-    given_options,
     logger_args,
     markdown_table,
     mean_sd,
     parse_driver_args,
     refuse_empty_report,
+    tested_cells,
 )
 from tidy import RunRecord, add_report_args, check_out, grid_records
 
@@ -156,29 +155,14 @@ def _cell(values: list[float]) -> str:
 TEST_RUN = re.compile(rf"^(?P<model>{'|'.join(MODELS)})/(?P<recipe>{'|'.join(RECIPES)})/s(?P<seed>\d+)_test$")
 
 
-def reported_cells(args: argparse.Namespace, records: dict[str, RunRecord]) -> argparse.Namespace:
-    """``args`` with the models, recipes and seeds the report reads: those given to it, else every one with a
-    finished test, so that a report without the grid's options reports the grid rather than the options' defaults
-    (Gemma alone, seeds 0-4), of which it may have no run."""
-    argv = getattr(args, "argv", None)  # None: args built in Python, which name every cell themselves
-    given = given_options(_parser(), argv) if argv is not None else {"models", "recipes", "seeds"}
-    tested = [m for run, record in records.items() if (m := TEST_RUN.match(run)) and record.results is not None]
-    cells = copy.copy(args)
-    for option, group, order in (("models", "model", list(MODELS)), ("recipes", "recipe", list(RECIPES))):
-        if option not in given and tested:
-            setattr(cells, option, sorted({m[group] for m in tested}, key=order.index))
-    if "seeds" not in given and tested:
-        cells.seeds = sorted({int(m["seed"]) for m in tested})
-    return cells
-
-
 def report(args: argparse.Namespace) -> str:
     """The tables of the finished runs under ``--out`` (a run folder, or the tidy CSV that ``report --csv`` wrote),
     writing that CSV when ``--csv`` is given."""
     records = grid_records(args, {LOSS_TAG: LOSS_POINTS})
     if not any(record.results is not None for record in records.values()):
         return refuse_empty_report(args)
-    args = reported_cells(args, records)
+    # Without --models/--recipes/--seeds: every one with a finished test, not the defaults (Gemma, seeds 0-4).
+    args = tested_cells(args, _parser(), records, TEST_RUN, {"model": list(MODELS), "recipe": list(RECIPES)})
 
     def record(model: str, recipe: str, seed: int, stage: str) -> RunRecord | None:
         return records.get(f"{model}/{recipe}/s{seed}_{stage}")

@@ -26,7 +26,6 @@ Jobs, resumption and logs work as in ``experiments/icssl_paper_tables.py``; both
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import re
 import sys
@@ -50,7 +49,6 @@ from runner import (
     add_stage_arg,
     check_convergence_args,
     drive,
-    given_options,
     logger_args,
     markdown_table,
     mean_sd,
@@ -60,6 +58,7 @@ from runner import (
     ran_values,
     refuse_empty_report,
     select,
+    tested_cells,
 )
 from tidy import RunRecord, add_report_args, check_out, grid_records
 
@@ -175,24 +174,10 @@ def _runs(args: argparse.Namespace, suffix: str = "") -> list[str]:
 TEST_RUN = re.compile(rf"^(?:{'|'.join(METHODS)})_size(?P<size>\d+)/s(?P<seed>\d+)_test$")
 
 
-def reported_cells(args: argparse.Namespace, records: dict[str, RunRecord]) -> argparse.Namespace:
-    """``args`` with the sizes and seeds the report reads: those given to it, else every one with a finished test
-    (as the tables driver reads every seed), so that a report without the grid's options reports the grid, not the
-    defaults' sizes, of which it has no run, refusing it as a grid with "no tested runs"."""
-    given = given_options(_parser(), args.argv)
-    tested = [(int(m["size"]), int(m["seed"])) for run, record in records.items()
-              if (m := TEST_RUN.match(run)) and record.results is not None]
-    cells = copy.copy(args)
-    if "sizes" not in given and tested:
-        cells.sizes = sorted({size for size, _ in tested})
-    if "seeds" not in given and tested:
-        cells.seeds = sorted({seed for _, seed in tested})
-    return cells
-
-
 def report(args: argparse.Namespace) -> int | str:
     records = grid_records(args)
-    args = reported_cells(args, records)
+    # Without --sizes/--seeds: every size and seed with a finished test, as the tables' report reads every seed.
+    args = tested_cells(args, _parser(), records, TEST_RUN)
     tests = [(run, records[run].results) for run in _runs(args, "_test")
              if run in records and records[run].results is not None]
     if not tests:

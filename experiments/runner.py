@@ -228,6 +228,30 @@ def given_options(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
     return {dest for dest, value in vars(probe).items() if value is not _UNSET}
 
 
+def tested_cells(args: argparse.Namespace, parser: argparse.ArgumentParser, records: dict[str, Any],
+                 test_run: re.Pattern[str], order: dict[str, list[Any]] | None = None) -> argparse.Namespace:
+    """``args`` with the grid cells a report reads: each option the command line gave as given, every other one
+    (named by a group of ``test_run``, the pattern of a test run's name) set to the values with a finished test, so
+    that a report without the grid's options reports the grid rather than the options' defaults, of which it may
+    have no run. A group's values are sorted by ``order[group]`` when given, else as integers. ``args`` without
+    ``argv`` (built in Python) name every cell themselves and are returned as they are."""
+    argv = getattr(args, "argv", None)
+    if argv is None:
+        return args
+    given = given_options(parser, argv)
+    tested = [m for run, record in records.items() if (m := test_run.match(run)) and record.results is not None]
+    cells = copy.copy(args)
+    for group in test_run.groupindex:
+        option = f"{group}s"  # groups are named after their option: seed -> --seeds
+        if option in given or not tested:
+            continue
+        if order and group in order:
+            setattr(cells, option, sorted({m[group] for m in tested}, key=order[group].index))
+        else:
+            setattr(cells, option, sorted({int(m[group]) for m in tested}))
+    return cells
+
+
 def chosen_seeds(have: Iterable[int], asked: list[int], given: bool) -> tuple[list[int], str]:
     """The seeds a report reads and how its header names them.
 
