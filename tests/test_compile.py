@@ -145,6 +145,10 @@ def test_coqe_compiles_whole_in_bf16_with_channels_last_convolutions(tmp_path, c
     assert list((tmp_path / "runs").rglob("last.ckpt")), "the compiled run wrote no checkpoint"
 
 
+#: The CPU comparisons run on the CPU on a GPU machine too (where ``auto`` would compile and pick the GPU).
+ON_CPU = ("--trainer.accelerator", "cpu")
+
+
 @pytest.fixture(scope="module")
 def icssl_fits(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The tiny one-epoch IC-SSL fit, eager and traced (``TRACE``), each run once for the tests below, which read
@@ -157,11 +161,12 @@ def icssl_fits(tmp_path_factory: pytest.TempPathFactory) -> dict:
     record = tmp_path_factory.mktemp("graphs") / "graphs.txt"  # outside the run's root, which tests copy
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(REPO)  # the configs' paths are relative to it; the suite's own chdir comes after module fixtures
-        # Off, not the CLI's default (auto): the run test_auto_mode_... compares auto with must be eager for sure.
-        main(["fit", *tiny_args(eager, "--trainer.max_epochs", "1"), "--compile.mode", "off"])
+        # Off, not the CLI's default (auto): the run test_auto_mode_... compares auto with must be eager for sure. On
+        # the CPU even where a GPU is present, so that the eager/traced/auto comparisons mean the same everywhere.
+        main(["fit", *tiny_args(eager, *ON_CPU, "--trainer.max_epochs", "1"), "--compile.mode", "off"])
         torch._dynamo.reset()
         before = counters["stats"]["unique_graphs"]
-        main(["fit", *tiny_args(traced, "--trainer.max_epochs", "1"), *TRACE,
+        main(["fit", *tiny_args(traced, *ON_CPU, "--trainer.max_epochs", "1"), *TRACE,
               "--trainer.callbacks+=subprocess_callbacks.CompiledGraphs", f"--trainer.callbacks.path={record}",
               "--trainer.callbacks.round_starts=true"])
     graphs = {where: int(count) - before for where, count in (line.split() for line in record.read_text().splitlines())}
@@ -285,8 +290,8 @@ def test_checkpoints_with_and_without_compilation_are_interchangeable(tmp_path, 
     for key in e_state:  # aot_eager runs the same aten ops as eager: the weights agree to rounding
         torch.testing.assert_close(c_state[key], e_state[key], rtol=1e-5, atol=1e-6, msg=key)
     # Each resumes under the other setting, in place, for a second epoch.
-    main(["fit", *tiny_args(eager, "--trainer.max_epochs", "2"), *TRACE, "--ckpt_path", "last"])
-    main(["fit", *tiny_args(compiled, "--trainer.max_epochs", "2"), "--ckpt_path", "last"])
+    main(["fit", *tiny_args(eager, *ON_CPU, "--trainer.max_epochs", "2"), *TRACE, "--ckpt_path", "last"])
+    main(["fit", *tiny_args(compiled, *ON_CPU, "--trainer.max_epochs", "2"), "--ckpt_path", "last"])
     for root in (eager, compiled):
         ckpt = torch.load(next(root.rglob("last.ckpt")), map_location="cpu", weights_only=False)
         assert ckpt["epoch"] == 1 and ckpt["global_step"] == 6
@@ -323,7 +328,7 @@ def test_bad_compile_options_are_refused(tmp_path, capsys, extra, needle) -> Non
 
 def test_auto_mode_leaves_a_cpu_run_eager_and_bit_identical(tmp_path, icssl_fits: dict) -> None:
     """``--compile.mode auto`` compiles only on a GPU: on the CPU the run is the eager run, to the bit."""
-    main(["fit", *tiny_args(tmp_path / "auto", "--trainer.max_epochs", "1"), "--compile.mode", "auto"])
+    main(["fit", *tiny_args(tmp_path / "auto", *ON_CPU, "--trainer.max_epochs", "1"), "--compile.mode", "auto"])
     eager, auto = _state(next(icssl_fits["eager"].rglob("last.ckpt"))), _state(next((tmp_path / "auto").rglob("last.ckpt")))
     assert all(torch.equal(auto[k], eager[k]) for k in eager)
 
