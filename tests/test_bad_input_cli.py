@@ -668,6 +668,23 @@ def test_best_is_the_monitored_record_whatever_the_order_of_the_callbacks(tmp_pa
     assert _best_recorded(tmp_path / "last.ckpt") == tmp_path / "epoch=9-step=90.ckpt"
 
 
+def test_best_of_a_copied_run_is_the_copys_own_checkpoint(tmp_path) -> None:
+    """A run folder copied elsewhere records the original's paths in its ``last.ckpt``: ``--ckpt_path best`` of the
+    copy is the copy's own file, not the original run's (which may have trained on since the copy)."""
+    from lit_icl.cli.checkpoints import _best_recorded
+
+    original, copy = tmp_path / "original", tmp_path / "copy"
+    for folder in (original, copy):
+        folder.mkdir()
+        (folder / "best-epoch=3-step=30.ckpt").touch()
+    record = {"best_model_path": str(original / "best-epoch=3-step=30.ckpt"), "best_model_score": torch.tensor(0.9)}
+    torch.save({"callbacks": {"ModelCheckpoint{'monitor': 'val/acc'}": record}}, copy / "last.ckpt")
+    assert _best_recorded(copy / "last.ckpt") == copy / "best-epoch=3-step=30.ckpt"
+    # A best model kept outside the run's folder (a callback's own dirpath) is found where it was recorded.
+    (copy / "best-epoch=3-step=30.ckpt").unlink()
+    assert _best_recorded(copy / "last.ckpt") == original / "best-epoch=3-step=30.ckpt"
+
+
 REG_OVERLAY, REG_BASE = "configs/coqe/regression/cpu.yaml", "configs/coqe/regression.yaml"
 
 

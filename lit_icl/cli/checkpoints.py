@@ -537,7 +537,9 @@ def _best_recorded(last: Path) -> Path | None:
     records.sort(key=lambda state: state.get("best_model_score") is None)
     for state in records:
         path = Path(state["best_model_path"])
-        for candidate in (path, last.parent / path.name):  # the run folder may have moved since
+        # The run's own folder first: a run folder moved or copied since keeps its files beside last.ckpt, while the
+        # recorded path names where the run was written, which for a copy is still the original run's folder.
+        for candidate in (last.parent / path.name, path):
             if candidate.is_file():
                 return candidate
     return None
