@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,49 +43,83 @@ def fit_args(root: Path, *extra: str, epochs: int = 20) -> list[str]:
                               name="es")]
 
 
-def test_stops_after_patience_rounds_without_improvement_and_records_where(tmp_path: Path) -> None:
-    main(fit_args(tmp_path, "--early_stopping.patience", "2", "--early_stopping.min_delta", "1.0"))
-    record = json.loads((run_dir(tmp_path) / "stopping.json").read_text())
+#: The rule of the shared fits: with min_delta 1 only the first round improves, so patience p stops at round 1 + p.
+RULE_1 = ("--early_stopping.patience", "1", "--early_stopping.min_delta", "1.0")
+RULE_2 = ("--early_stopping.patience", "2", "--early_stopping.min_delta", "1.0")
+
+
+def _shared_fit(tmp_path_factory: pytest.TempPathFactory, name: str, *args: str, epochs: int = 20) -> Path:
+    """The root of one fit with ``args``, made once for the module; tests only read it, or copy it (``_copy``)."""
+    root = tmp_path_factory.mktemp(name)
+    main(fit_args(root, *args, epochs=epochs))
+    return root
+
+
+def _copy(root: Path, tmp_path: Path) -> None:
+    """Put a copy of a shared fit's ``runs`` folder into ``tmp_path``, for a test that writes into the run."""
+    shutil.copytree(root / "runs", tmp_path / "runs")
+
+
+@pytest.fixture(scope="module")
+def stopped_by_patience_2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 20-epoch fit that ``RULE_2`` stops at step 9 (rounds 2 and 3 do not improve on round 1)."""
+    return _shared_fit(tmp_path_factory, "patience_2", *RULE_2)
+
+
+@pytest.fixture(scope="module")
+def stopped_by_patience_1(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 20-epoch fit that ``RULE_1`` stops at step 6 (round 2 does not improve on round 1)."""
+    return _shared_fit(tmp_path_factory, "patience_1", *RULE_1)
+
+
+@pytest.fixture(scope="module")
+def one_round_under_patience_2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 1-epoch fit under ``RULE_2``: a checkpoint with the rule's state, for resumes with other rules."""
+    return _shared_fit(tmp_path_factory, "one_round", *RULE_2, epochs=1)
+
+
+def test_stops_after_patience_rounds_without_improvement_and_records_where(stopped_by_patience_2: Path) -> None:
+    root = stopped_by_patience_2
+    record = json.loads((run_dir(root) / "stopping.json").read_text())
     assert record["monitor"] == METRIC and record["mode"] == "max"  # taken from the config's checkpoint
     assert record["best_step"] == STEPS_PER_ROUND  # the first round is the only improvement
     assert record["stopped_step"] == 3 * STEPS_PER_ROUND  # 1 + patience rounds, far below the 20-epoch cap
     assert record["stopped_early"] is True
-    last = torch.load(run_dir(tmp_path) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    last = torch.load(run_dir(root) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert last["global_step"] == record["stopped_step"]
     # The config's own best checkpoint (no min_delta) is the round with the highest score, independent of the rule.
-    scores = tb_scalars(run_dir(tmp_path))[METRIC]
+    scores = tb_scalars(run_dir(root))[METRIC]
     assert len(scores) == 3
     top = scores.index(max(scores))
-    best = list((run_dir(tmp_path) / "checkpoints").glob("best-*.ckpt"))
+    best = list((run_dir(root) / "checkpoints").glob("best-*.ckpt"))
     assert [p.name for p in best] == [f"best-epoch={top}-step={(top + 1) * STEPS_PER_ROUND}.ckpt"]
     assert record["best_score"] == pytest.approx(scores[0])  # the first round, the rule's only improvement
     assert record["best_score"] == pytest.approx(float(last["callbacks"][next(
         k for k in last["callbacks"] if k.startswith("StopWhenConverged"))]["best_score"]))
 
 
-def test_resuming_a_run_the_rule_has_ended_trains_nothing(tmp_path: Path) -> None:
+def test_resuming_a_run_the_rule_has_ended_trains_nothing(tmp_path: Path, stopped_by_patience_1: Path) -> None:
     """``fit --ckpt_path last`` of a finished run does nothing, as for a run at its ``max_steps``. The stopping
     round's checkpoint does not hold Lightning's stop flag: the resumed run trained one round more (step 6 to 9)
     and replaced the run's ``last.ckpt`` and ``stopping.json``."""
-    rule = ("--early_stopping.patience", "1", "--early_stopping.min_delta", "1.0")
-    main(fit_args(tmp_path, *rule))
+    _copy(stopped_by_patience_1, tmp_path)
     last = run_dir(tmp_path) / "checkpoints" / "last.ckpt"
     record, before = (run_dir(tmp_path) / "stopping.json").read_text(), torch.load(last, weights_only=True)
     assert json.loads(record)["stopped_step"] == before["global_step"] == 2 * STEPS_PER_ROUND
-    main(fit_args(tmp_path, *rule, "--ckpt_path", "last"))
+    main(fit_args(tmp_path, *RULE_1, "--ckpt_path", "last"))
     after = torch.load(last, weights_only=True)
     assert after["global_step"] == before["global_step"]
     assert all(torch.equal(after["state_dict"][k], v) for k, v in before["state_dict"].items())
     assert (run_dir(tmp_path) / "stopping.json").read_text() == record
 
 
-def test_a_run_the_rule_ended_goes_on_under_a_higher_patience_as_an_uninterrupted_run_with_it(tmp_path: Path) -> None:
+def test_a_run_the_rule_ended_goes_on_under_a_higher_patience_as_an_uninterrupted_run_with_it(
+        tmp_path: Path, stopped_by_patience_2: Path, stopped_by_patience_1: Path) -> None:
     """Resumed with a higher ``--early_stopping.patience``, a run that a lower one ended trains on and stops where a
     run with the higher patience from the start stops, with the same weights and record: the rounds counted so far
     are the same under both, so only the stop itself differs."""
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    main(fit_args(straight, "--early_stopping.patience", "2", "--early_stopping.min_delta", "1.0"))
-    main(fit_args(resumed, "--early_stopping.patience", "1", "--early_stopping.min_delta", "1.0"))
+    straight, resumed = stopped_by_patience_2, tmp_path / "resumed"
+    _copy(stopped_by_patience_1, resumed)
     assert json.loads((run_dir(resumed) / "stopping.json").read_text())["stopped_step"] == 2 * STEPS_PER_ROUND
     main(fit_args(resumed, "--early_stopping.patience", "2", "--early_stopping.min_delta", "1.0", "--ckpt_path", "last"))
     a, b = (json.loads((run_dir(r) / "stopping.json").read_text()) for r in (straight, resumed))
@@ -106,12 +141,12 @@ RESUMED_RULE_ROWS = [
 
 
 @pytest.mark.parametrize(("extra", "needle"), RESUMED_RULE_ROWS, ids=["patience", "min_delta", "wait", "monitor"])
-def test_a_resume_whose_rule_counted_its_rounds_otherwise_is_refused(tmp_path, capsys, extra, needle) -> None:
+def test_a_resume_whose_rule_counted_its_rounds_otherwise_is_refused(tmp_path, capsys, one_round_under_patience_2,
+                                                                    extra, needle) -> None:
     """A resumed run goes on counting the checkpoint's rounds without improvement, so those must have been counted
     as its own rule counts them; Lightning restored the checkpoint's patience over the command line's (and
     config.yaml then recorded the other), and dropped the state of a rule with another monitor or mode."""
-    main(fit_args(tmp_path, "--early_stopping.patience", "2", "--early_stopping.min_delta", "1.0", epochs=1))
-    capsys.readouterr()
+    _copy(one_round_under_patience_2, tmp_path)
     line = assert_rejected(tmp_path, capsys, fit_args(tmp_path, *extra, "--ckpt_path", "last", epochs=20), needle,
                            runs_exist=True)
     assert "resume with the checkpoint's settings" in line
@@ -138,10 +173,10 @@ def test_the_step_cap_ends_a_run_that_keeps_improving(tmp_path: Path) -> None:
     assert record["best_step"] in (3, 6, 9)
 
 
-def test_a_test_run_reports_how_its_checkpoint_was_trained(tmp_path: Path) -> None:
-    main(fit_args(tmp_path, "--early_stopping.patience", "1", "--early_stopping.min_delta", "1.0"))
-    record = json.loads((run_dir(tmp_path) / "stopping.json").read_text())
-    best = next((run_dir(tmp_path) / "checkpoints").glob("best-*.ckpt"))
+def test_a_test_run_reports_how_its_checkpoint_was_trained(tmp_path: Path, stopped_by_patience_1: Path) -> None:
+    # The test run writes under tmp_path only; the shared fit is read.
+    record = json.loads((run_dir(stopped_by_patience_1) / "stopping.json").read_text())
+    best = next((run_dir(stopped_by_patience_1) / "checkpoints").glob("best-*.ckpt"))
     main(["test", *tiny_args(tmp_path, name="es_test"), "--ckpt_path", str(best)])
     meta = json.loads((run_dir(tmp_path, "es_test") / "results.json").read_text())["meta"]
     assert meta["stopping"] == record
@@ -193,15 +228,16 @@ def test_waiting_for_a_score_keeps_a_run_on_its_chance_plateau_until_it_leaves(t
     assert record["stopped_early"] is early
 
 
-def test_a_fit_with_the_rule_is_tested_from_its_own_saved_config(tmp_path: Path) -> None:
+def test_a_fit_with_the_rule_is_tested_from_its_own_saved_config(tmp_path: Path, stopped_by_patience_1: Path) -> None:
     # The table drivers test a model with `--config <fit folder>/config.yaml`, which holds the fit's
     # early_stopping options; the test must neither stop early nor refuse them for lack of a monitor.
-    main(fit_args(tmp_path, "--early_stopping.patience", "1", "--early_stopping.min_delta", "1.0"))
-    saved = run_dir(tmp_path) / "config.yaml"
+    # The fit is shared: its saved config logs into the shared folder, so the test is sent to tmp_path
+    # (--trainer.logger.init_args.save_dir; the early_stopping options all come from the saved config).
+    saved = run_dir(stopped_by_patience_1) / "config.yaml"
     assert "patience: 1" in saved.read_text()
-    best = next((run_dir(tmp_path) / "checkpoints").glob("best-*.ckpt"))
+    best = next((run_dir(stopped_by_patience_1) / "checkpoints").glob("best-*.ckpt"))
     main(["test", "--config", str(saved), "--trainer.callbacks", "[]", "--ckpt_path", str(best),
-          "--trainer.logger.init_args.version", "test"])
+          "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), "--trainer.logger.init_args.version", "test"])
     results = json.loads((run_dir(tmp_path).parent / "test" / "results.json").read_text())
     assert results["meta"]["stopping"]["best_step"] == STEPS_PER_ROUND
     assert any(r["metric"] == "accuracy" for r in results["rows"])
