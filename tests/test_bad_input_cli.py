@@ -340,6 +340,12 @@ def test_a_resume_shorter_than_the_checkpoint_is_refused(tmp_path, capsys, train
                            needle, runs_exist=True)
     assert "the resume would train nothing" in line and "or more to go on, or `test` the checkpoint" in line
     assert _files(run) == before
+
+
+def test_a_resume_to_the_checkpoints_own_length_is_no_refusal(tmp_path, trained) -> None:
+    """The other side of the refusal above (once, not per row): the same length, a finished run, resumes."""
+    _copy_runs(trained, tmp_path)
+    run = tmp_path / "runs/tiny/version_0"
     main(["fit", *reg_args(tmp_path, CONFIG), "--ckpt_path", "last"])  # max_steps 4, as trained: nothing to do
     assert torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=True)["global_step"] == 4
 
@@ -488,7 +494,13 @@ def test_an_evaluation_pinned_to_a_training_runs_folder_is_refused(tmp_path, cap
     line = assert_rejected(tmp_path, capsys, args, "is a training run's folder (it holds checkpoints/)",
                            runs_exist=True)
     assert "--trainer.logger.init_args.version null" in line
-    # A folder of an earlier test may be written again (a grid reruns an unfinished test there).
+
+
+def test_an_evaluation_may_write_again_into_the_folder_of_an_earlier_test(tmp_path, trained) -> None:
+    """What the refusal above leaves alone (once, not per subcommand): a folder of an earlier test may be written
+    again (a grid reruns an unfinished test there)."""
+    _copy_runs(trained, tmp_path)
+    run = tmp_path / "runs/tiny/version_0"
     again = ["test", *reg_args(tmp_path, CONFIG, "--trainer.logger.init_args.version", "t"),
              "--ckpt_path", str(run / "checkpoints/last.ckpt")]
     main(again)
