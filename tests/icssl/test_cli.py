@@ -56,11 +56,32 @@ def one_epoch(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path], None
     return copy
 
 
-def test_test_writes_tidy_results_with_provenance_and_figure(tmp_path, one_epoch) -> None:
-    one_epoch(tmp_path)
-    ckpt = tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt"
-    _run(["test", *tiny_args(tmp_path), "--ckpt_path", str(ckpt)])
-    out = tmp_path / "runs/tiny/version_1"
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory: pytest.TempPathFactory, one_epoch) -> Callable[[str], Path]:
+    """``evaluated(manifolds)``: the root of a copy of the one-epoch fit (``version_0``) that its last checkpoint then
+    tested (``version_1``) and predicted (``version_2``) on ``--data.init_args.test_manifolds manifolds``, made once
+    per value for the module; tests only read it. (Its 3 steps are inside the config's 100-step warm-up: the weights
+    are the initial ones to within lr/100 a step, the model whose predictions once scored otherwise than test.)"""
+    roots: dict[str, Path] = {}
+
+    def get(manifolds: str) -> Path:
+        if manifolds not in roots:
+            root = tmp_path_factory.mktemp("evaluated")
+            one_epoch(root)
+            args = [*tiny_args(root), "--data.init_args.test_manifolds", manifolds,
+                    "--ckpt_path", str(root / "runs/tiny/version_0/checkpoints/last.ckpt")]
+            _run(["test", *args])
+            _run(["predict", *args])
+            roots[manifolds] = root
+        return roots[manifolds]
+
+    return get
+
+
+def test_test_writes_tidy_results_with_provenance_and_figure(tmp_path, evaluated) -> None:
+    root = evaluated("[cylinder]")  # the config's own test manifolds
+    ckpt = root / "runs/tiny/version_0/checkpoints/last.ckpt"
+    out = root / "runs/tiny/version_1"
     result = json.loads((out / "results.json").read_text())
     meta, rows = result["meta"], result["rows"]
     assert meta["checkpoint"] == str(ckpt) and meta["trained_steps"] == 3
@@ -96,28 +117,25 @@ def test_test_writes_tidy_results_with_provenance_and_figure(tmp_path, one_epoch
     assert probs.shape == (3, 16, 20, 2)
     torch.testing.assert_close(probs.sum(-1), torch.ones(3, 16, 20))
     # The CLI's predict writes the same outputs into its run folder, with the checkpoint it used.
-    _run(["predict", *tiny_args(tmp_path), "--ckpt_path", str(ckpt)])
-    (written,) = (tmp_path / "runs/tiny").glob("version_*/predictions.pt")
+    (written,) = (root / "runs/tiny").glob("version_*/predictions.pt")
     saved = torch.load(written, weights_only=True)
     assert saved["meta"]["checkpoint"] == str(ckpt)
     torch.testing.assert_close(torch.cat([o["probs"] for o in saved["predictions"]], dim=1), probs, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("manifolds", ["[cylinder]", "[cylinder, sphere]"], ids=["one", "per_manifold"])
-def test_predictions_score_what_test_scores_on_the_same_episodes(tmp_path, manifolds) -> None:
+def test_predictions_score_what_test_scores_on_the_same_episodes(evaluated, manifolds) -> None:
     """Accuracy counted from ``predictions.pt`` is the accuracy ``test`` writes, per test manifold and ratio.
 
     ``predict`` had scored one mixed set of the test manifolds, other episodes than the per-manifold sets of
     ``test``, and its ``probs`` round margins below float32's resolution (the GD head's logits of a point far from
     every labeled one) to a tie whose argmax is class 0: counted from them, the untrained model here scored 0.767
-    at 25 % labels where ``test`` said 0.717."""
-    args = [*tiny_args(tmp_path), "--data.init_args.test_manifolds", manifolds]
-    _run(["test", *args])
-    _run(["predict", *args])
-    rows = json.loads((tmp_path / "runs/tiny/version_0/results.json").read_text())["rows"]
+    at 25 % labels where ``test`` said 0.717. (The shared checkpoint is that model after 3 warm-up steps.)"""
+    root = evaluated(manifolds)
+    rows = json.loads((root / "runs/tiny/version_1/results.json").read_text())["rows"]
     expected = {(r.get("manifold"), r["label_ratio"]): r["value"] for r in rows
                 if r["metric"] == "accuracy" and r["method"] == "ORIG+E2E-ICL"}
-    saved = torch.load(tmp_path / "runs/tiny/version_1/predictions.pt", weights_only=True)["predictions"]
+    saved = torch.load(root / "runs/tiny/version_2/predictions.pt", weights_only=True)["predictions"]
     per_set = saved if isinstance(saved[0], list) else [saved]  # one list of batches per test set when several
     assert len(per_set) == len(expected) // 3
     scored = {}
@@ -132,14 +150,12 @@ def test_predictions_score_what_test_scores_on_the_same_episodes(tmp_path, manif
         assert scored[key] == pytest.approx(value, rel=1e-6), key
 
 
-def test_several_test_manifolds_write_per_manifold_rows_and_figure(tmp_path, one_epoch) -> None:
+def test_several_test_manifolds_write_per_manifold_rows_and_figure(evaluated) -> None:
     """`test` on two manifolds: rows (and logged metrics) per manifold through the shared results writer,
     and the checkpoint reloads into the exact trained model."""
-    one_epoch(tmp_path)
-    ckpt = tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt"
-    _run(["test", *tiny_args(tmp_path), "--ckpt_path", str(ckpt),
-          "--data.init_args.test_manifolds", "[cylinder, sphere]"])
-    out = tmp_path / "runs/tiny/version_1"
+    root = evaluated("[cylinder, sphere]")
+    ckpt = root / "runs/tiny/version_0/checkpoints/last.ckpt"
+    out = root / "runs/tiny/version_1"
     rows = json.loads((out / "results.json").read_text())["rows"]
     acc = [r for r in rows if r["metric"] == "accuracy" and r["method"] == "ORIG+E2E-ICL"]
     assert sorted((r["manifold"], r["label_ratio"]) for r in acc) == [
