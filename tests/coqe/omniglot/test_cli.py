@@ -37,10 +37,29 @@ def fitted(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     return fit
 
 
+@pytest.fixture(scope="module")
+def tested(fitted, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Path, LitICLCLI]]:
+    """``tested(config)``: a copy of the tiny run of ``config`` (from ``fitted``) and the ``LitICLCLI`` (``run=False``)
+    whose ``trainer.test`` scored its last checkpoint in-process, once per config; the tests only read the CLI's
+    model, data module and rows (the test writes into that copy's run folder, no test's own)."""
+    done: dict[str | tuple[str, ...], tuple[Path, LitICLCLI]] = {}
+
+    def test(config: str | tuple[str, ...] = BASE) -> tuple[Path, LitICLCLI]:
+        if config not in done:
+            root = fitted(tmp_path_factory.mktemp("tested"), config)
+            ckpt = root / "runs/tiny/version_0/checkpoints/last.ckpt"
+            cli = LitICLCLI(LightningModule, LightningDataModule, run=False, args=coqe_args(root, config=config))
+            cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=str(ckpt))
+            done[config] = root, cli
+        return done[config]
+
+    return test
+
+
 @pytest.mark.parametrize(
     ("config", "method"), [(BASE, "coqe"), (TRANSFORMER, "transformer")]
 )
-def test_fit_then_test_gives_icl_iwl_curves_rows_and_figure(tmp_path, fitted, config, method: str) -> None:
+def test_fit_then_test_gives_icl_iwl_curves_rows_and_figure(tmp_path, fitted, tested, config, method: str) -> None:
     fitted(tmp_path, config)
     run = tmp_path / "runs/tiny/version_0"
     scalars = tb_scalars(run)
@@ -57,9 +76,7 @@ def test_fit_then_test_gives_icl_iwl_curves_rows_and_figure(tmp_path, fitted, co
     assert "n_classes: null" in (run / "hparams.yaml").read_text() and loaded.net.n_classes == 20  # from the data
     state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
     assert all(torch.equal(v, state[k]) for k, v in loaded.state_dict().items())
-    cli = LitICLCLI(LightningModule, LightningDataModule,
-                    run=False, args=coqe_args(tmp_path, config=config))
-    cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=str(ckpt))
+    _, cli = tested(config)  # the in-process test of the same run's last checkpoint, shared with the next test
     rows = [r for r in cli.model.test_rows if r["metric"] == "accuracy"]
     assert [r["evaluator"] for r in rows] == ["icl", "iwl"] + (["iwl_static"] if method == "coqe" else [])
     (params,) = [r for r in cli.model.test_rows if r["metric"] == "parameters"]
@@ -83,13 +100,9 @@ def test_fit_then_test_gives_icl_iwl_curves_rows_and_figure(tmp_path, fitted, co
     assert (out / "icl_vs_iwl.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_test_accuracy_matches_an_independent_evaluation(tmp_path, fitted) -> None:
+def test_test_accuracy_matches_an_independent_evaluation(tested) -> None:
     """The logged test accuracy equals a hand loop over the evaluators' batches with the trained net."""
-    fitted(tmp_path)
-    ckpt = tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt"
-    cli = LitICLCLI(LightningModule, LightningDataModule,
-                    run=False, args=coqe_args(tmp_path))
-    cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=str(ckpt))
+    _, cli = tested()
     model, dm = cli.model.eval(), cli.datamodule
     rows = {r["evaluator"]: r["value"] for r in cli.model.test_rows if r["metric"] == "accuracy"}
     hits: dict[str, list[torch.Tensor]] = {"icl": [], "iwl": [], "iwl_static": []}
