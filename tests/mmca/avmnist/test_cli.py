@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -24,13 +25,24 @@ from lit_icl.mmca import (
 # ---------------------------------------------------------------------------------------------- CLI
 
 
-def test_tiny_fit_then_test_reports_table_1_rows(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def seeded_fit(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny 2-epoch run of seed 5 on the 40-row layout under ``data/`` (``runs/tiny/version_0``), fitted once:
+    the test below tests a copy of it and the resume test compares its resumed run with it (read only)."""
+    tmp_path = tmp_path_factory.mktemp("seeded_fit")
+    write_layout(tmp_path / "data", n_train=40, n_test=20, audio_side=28)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(Path(__file__).resolve().parents[3])  # the configs' paths are relative to the repository
+        main(["fit", *avmnist_args(tmp_path, tmp_path / "data", "--seed_everything", "5")])
+    return tmp_path
+
+
+def test_tiny_fit_then_test_reports_table_1_rows(tmp_path: Path, seeded_fit: Path) -> None:
+    shutil.copytree(seeded_fit, tmp_path, dirs_exist_ok=True)  # the test run writes into the run folder
     root = tmp_path / "data"
-    write_layout(root, n_train=40, n_test=20, audio_side=28)
-    main(["fit", *avmnist_args(tmp_path, root)])
     ckpt = tmp_path / "runs" / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
     assert ckpt.is_file()
-    main(["test", *avmnist_args(tmp_path, root), "--ckpt_path", str(ckpt)])
+    main(["test", *avmnist_args(tmp_path, root, "--seed_everything", "5"), "--ckpt_path", str(ckpt)])
     results = sorted(glob.glob(str(tmp_path / "runs" / "tiny" / "version_*" / "results.json")))
     rows = json.loads(Path(results[-1]).read_text())["rows"]
     by = {(r["metric"], r.get("epoch")): r for r in rows}
@@ -125,11 +137,11 @@ def test_missing_data_is_one_cli_line(tmp_path: Path, capsys) -> None:
     assert "avMNIST not found" in line
 
 
-def test_resume_from_last_checkpoint_is_bit_identical(tmp_path: Path) -> None:
-    """Fit 2 epochs straight vs 1 epoch, then `--ckpt_path last` to 2: same weights, optimizer state and history
-    (training order and noise come from the EpochSampler index, not from a consumed RNG)."""
+def test_resume_from_last_checkpoint_is_bit_identical(tmp_path: Path, seeded_fit: Path) -> None:
+    """Fit 2 epochs straight (``seeded_fit``) vs 1 epoch, then `--ckpt_path last` to 2: same weights, optimizer state
+    and history (training order and noise come from the EpochSampler index, not from a consumed RNG)."""
     root = tmp_path / "data"
-    write_layout(root, n_train=40, n_test=20, audio_side=28)
+    write_layout(root, n_train=40, n_test=20, audio_side=28)  # the same rows as seeded_fit's
 
     def run(name: str, epochs: int, *extra: str) -> None:
         main(
@@ -149,11 +161,10 @@ def test_resume_from_last_checkpoint_is_bit_identical(tmp_path: Path) -> None:
             ]
         )
 
-    run("straight", 2)
     run("resumed", 1)
     run("resumed", 2, "--ckpt_path", str(tmp_path / "runs/resumed/version_0/checkpoints/last.ckpt"))
     ckpts = sorted(glob.glob(str(tmp_path / "runs/resumed/version_*/checkpoints/last.ckpt")))
-    a = torch.load(tmp_path / "runs/straight/version_0/checkpoints/last.ckpt", weights_only=False)
+    a = torch.load(seeded_fit / "runs/tiny/version_0/checkpoints/last.ckpt", weights_only=False)
     b = torch.load(ckpts[-1], weights_only=False)
     assert a["global_step"] == b["global_step"] == 4
     assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
@@ -162,12 +173,24 @@ def test_resume_from_last_checkpoint_is_bit_identical(tmp_path: Path) -> None:
     assert a["avmnist_test_history"] == b["avmnist_test_history"] and len(a["avmnist_test_history"]) == 2
 
 
+@pytest.fixture(scope="module")
+def uncut(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The last checkpoint of the two-epoch run of three batches that was not cut, fitted once for both ways of
+    cutting below (when step checkpoints are saved changes no number the run trains, its dropout RNG included)."""
+    tmp_path = tmp_path_factory.mktemp("uncut")
+    write_layout(tmp_path / "data", n_train=56, n_test=20, audio_side=28)  # 48 training rows: 3 batches of 16
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(Path(__file__).resolve().parents[3])  # the configs' paths are relative to the repository
+        main(["fit", *avmnist_args(tmp_path, tmp_path / "data", "--seed_everything", "5")])
+    return torch.load(tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt", weights_only=False)
+
+
 @pytest.mark.parametrize(
     ("cut", "step", "checkpoint_every"),
     [("StopAtStep", 4, None),  # stopped after step 4 the way --trainer.max_time stops a run (it validates then)
      ("FailAtStep", 5, "2")],  # crashed after step 5, its last checkpoint written inside an epoch at step 4
 )
-def test_a_run_resumed_inside_an_epoch_ends_bit_identical(tmp_path: Path, cut: str, step: int,
+def test_a_run_resumed_inside_an_epoch_ends_bit_identical(tmp_path: Path, uncut: dict, cut: str, step: int,
                                                           checkpoint_every: str | None) -> None:
     """Two epochs of three batches, cut inside the second, resumed with ``--ckpt_path last``: the weights, optimizer
     state and per-epoch test history of the run that was not cut. That needs the data position (the rest of the
@@ -180,7 +203,6 @@ def test_a_run_resumed_inside_an_epoch_ends_bit_identical(tmp_path: Path, cut: s
     def args(run: str, *extra: str) -> list[str]:
         return ["fit", *avmnist_args(tmp_path / run, root, "--seed_everything", "5", *every, *extra)]
 
-    main(args("straight"))
     callback = f'[{{"class_path": "subprocess_callbacks.{cut}", "init_args": {{"step": {step}}}}}]'
     if cut == "FailAtStep":
         with pytest.raises((RuntimeError, SystemExit)):
@@ -193,7 +215,7 @@ def test_a_run_resumed_inside_an_epoch_ends_bit_identical(tmp_path: Path, cut: s
     assert at_cut["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [{"epoch": 1, "batches": 1}]
     assert len(at_cut["avmnist_test_history"]) == (2 if cut == "StopAtStep" else 1)  # the stop validated
     main(args("cut", "--ckpt_path", "last"))
-    a = torch.load(tmp_path / "straight/runs/tiny/version_0/checkpoints/last.ckpt", weights_only=False)
+    a = uncut
     b = torch.load(last, weights_only=False)
     assert a["global_step"] == b["global_step"] == 6
     assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
