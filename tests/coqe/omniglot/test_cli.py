@@ -12,11 +12,25 @@ import torch
 import yaml
 from badinput import assert_rejected
 from conftest import tb_scalars
-from coqe.omniglot.helpers import BASE, SHIPPED, TRANSFORMER, coqe_args
+from coqe.omniglot.helpers import BASE, SHIPPED, TRANSFORMER, coqe_args, write_omniglot_fixture
 from lightning.pytorch import LightningDataModule, LightningModule
 
 from lit_icl.cli import LitICLCLI, main
 from lit_icl.coqe import CoQEClassificationModule
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path], Path]:
+    """``images(tmp_path)``: copies the tiny image folder ``coqe_args`` would write into ``tmp_path`` (written once
+    here, copied in about half the time it takes to write: most tests of this file are one CLI call). Returns
+    ``tmp_path``."""
+    template = write_omniglot_fixture(tmp_path_factory.mktemp("images") / "omniglot-py")
+
+    def copy(tmp_path: Path) -> Path:
+        shutil.copytree(template, tmp_path / "omniglot-py")
+        return tmp_path
+
+    return copy
 
 
 @pytest.fixture(scope="module")
@@ -238,14 +252,14 @@ def test_a_channels_last_run_tests_through_the_shared_writer_and_reloads_in_its_
 
 
 @pytest.mark.parametrize(("config", "extra", "needle"), COQE_ROWS)
-def test_bad_input_fails_early_with_one_line(tmp_path, capsys, config, extra: list[str], needle: str) -> None:
-    assert_rejected(tmp_path, capsys, ["fit", *coqe_args(tmp_path, config=config), *extra], needle)
+def test_bad_input_fails_early_with_one_line(tmp_path, capsys, images, config, extra: list[str], needle: str) -> None:
+    assert_rejected(tmp_path, capsys, ["fit", *coqe_args(images(tmp_path), config=config), *extra], needle)
 
 
-def test_the_null_the_refusal_advises_reaches_the_net_and_keeps_its_other_options(tmp_path, capsys) -> None:
+def test_the_null_the_refusal_advises_reaches_the_net_and_keeps_its_other_options(tmp_path, capsys, images) -> None:
     """The form the nested-null refusal gives: ``resnet_channels`` back to None, the net's other settings kept."""
     with pytest.raises(SystemExit) as done:
-        main(["fit", *coqe_args(tmp_path), "--model.init_args.net", '{"init_args": {"resnet_channels": null}}',
+        main(["fit", *coqe_args(images(tmp_path)), "--model.init_args.net", '{"init_args": {"resnet_channels": null}}',
               "--print_config"])
     assert done.value.code == 0
     net = yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]["net"]
@@ -254,8 +268,8 @@ def test_the_null_the_refusal_advises_reaches_the_net_and_keeps_its_other_option
 
 
 @pytest.mark.parametrize("damage", ["truncate", "empty", "text"])
-def test_an_unreadable_image_is_one_line_naming_it(tmp_path, capsys, damage: str) -> None:
-    args = coqe_args(tmp_path)  # writes the fixture folder
+def test_an_unreadable_image_is_one_line_naming_it(tmp_path, capsys, images, damage: str) -> None:
+    args = coqe_args(images(tmp_path))  # the fixture folder, a copy of this test's own
     png = sorted((tmp_path / "omniglot-py").rglob("*.png"))[5]
     data = png.read_bytes()
     png.write_bytes({"truncate": data[: len(data) // 2], "empty": b"", "text": b"not an image"}[damage])
@@ -264,7 +278,7 @@ def test_an_unreadable_image_is_one_line_naming_it(tmp_path, capsys, damage: str
 
 
 @pytest.mark.parametrize("config", SHIPPED, ids=lambda c: "+".join(Path(p).stem for p in c))
-def test_every_shipped_config_trains_on_the_tiny_fixture(tmp_path, config: tuple[str, ...]) -> None:
+def test_every_shipped_config_trains_on_the_tiny_fixture(tmp_path, images, config: tuple[str, ...]) -> None:
     """The base and each overlay on it (Table 1 / Table 2 / baseline / CPU scale) parse and train (net shrunk,
     everything else as shipped)."""
     assert len(SHIPPED) >= 10
@@ -274,7 +288,7 @@ def test_every_shipped_config_trains_on_the_tiny_fixture(tmp_path, config: tuple
         extra += ["--model.init_args.net.init_args.noise_k", "10"]  # 1500 > the fixture's 20 classes
     if "max_classes" in text:
         extra += ["--data.init_args.max_classes", "null"]  # the CPU configs' 400 > the fixture's 24 classes
-    main(["fit", *coqe_args(tmp_path, *extra, config=config)])
+    main(["fit", *coqe_args(images(tmp_path), *extra, config=config)])
     ckpt = torch.load(tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt", weights_only=False)
     assert ckpt["global_step"] == 2
 
