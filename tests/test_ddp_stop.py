@@ -156,27 +156,6 @@ def test_ddp_ranks_stop_after_the_same_step_with_a_checkpoint_on_ctrl_c(tmp_path
                              signum=signal.SIGINT, name="Ctrl-C")
 
 
-def test_ddp_max_time_stops_both_ranks_after_the_same_step_with_no_broadcast_per_batch(tmp_path) -> None:
-    """``--trainer.max_time`` on 2 gloo ranks: no training batch broadcasts (Lightning 2.6 broadcasts twice per
-    batch: its SIGTERM flag and its Timer's verdict), and both ranks stop inside the epoch after the same step, which
-    the last checkpoint records."""
-    ends, counts = tmp_path / "ends.txt", tmp_path / "counts.txt"
-    # SignalAtStep without a step only records how each rank's run ended.
-    callbacks = (f'[{{"class_path": "subprocess_callbacks.SignalAtStep", "init_args": {{"path": "{ends}"}}}}, '
-                 f'{{"class_path": "subprocess_callbacks.CountBroadcasts", "init_args": {{"path": "{counts}"}}}}]')
-    proc = _two_rank_fit(tmp_path, callbacks, "--trainer.max_time", "00:00:00:04", batches=2000)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-3000:]
-    assert _lines(counts) == [["0", "0", "27"], ["1", "0", "27"]], output[-3000:]
-    (rank0, rank1) = _lines(ends)
-    assert rank0[1:] == rank1[1:] and rank0[1] == "end", output[-3000:]
-    step = int(rank0[2])
-    assert 30 < step < 2000
-    assert f"Time limit reached: all 2 ranks stop after step {step}" in output
-    ckpt = torch.load(tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt", map_location="cpu", weights_only=False)
-    assert ckpt["global_step"] == step
-
-
 @pytest.mark.slow  # three 2-rank fits: about a minute
 def test_ddp_stopped_by_max_time_and_resumed_ends_bit_identical(tmp_path) -> None:
     """A 2-rank run that the vote stops with ``--trainer.max_time`` inside its epoch, resumed with ``--ckpt_path
@@ -215,49 +194,92 @@ def test_ddp_ranks_stop_together_when_one_ranks_loss_is_not_finite(tmp_path, def
     assert not (tmp_path / "runs/tiny/version_0/checkpoints").exists()
 
 
-def test_a_run_folder_in_use_stops_every_rank_that_srun_started(tmp_path) -> None:
+def _srun_ranks(args: list[str], env: dict[str, str]) -> list[tuple[str, str, int]]:
+    """Two ranks started as srun starts them, each a ``python -m lit_icl fit`` process of its own: each one's
+    stdout, stderr and status."""
+    procs = [subprocess.Popen([sys.executable, "-m", "lit_icl", "fit", *args],
+                              env={**env, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    try:
+        return [(*proc.communicate(timeout=120), proc.returncode) for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def srun_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The same two srun-started ranks twice: first while another process holds the run folder's lock, then, once
+    it is released, for a run that ``--trainer.max_time`` stops inside a long epoch (read by the two tests below,
+    so that one pair of processes runs to the end for both)."""
+    import fcntl
+    import socket
+
+    root = tmp_path_factory.mktemp("srun")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ends, counts = root / "ends.txt", root / "counts.txt"
+    # SignalAtStep without a step only records how each rank's run ended.
+    callbacks = (f'[{{"class_path": "subprocess_callbacks.SignalAtStep", "init_args": {{"path": "{ends}"}}}}, '
+                 f'{{"class_path": "subprocess_callbacks.CountBroadcasts", "init_args": {{"path": "{counts}"}}}}]')
+    args = tiny_args(root, "--model.init_args.lr_schedule", "constant", "--data.init_args.batch_size", "8",
+                     "--data.init_args.eval_batch_size", "8", "--data.init_args.train_batches_per_epoch", "2000",
+                     "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu",
+                     "--trainer.logger.init_args.version", "s0", "--trainer.callbacks", callbacks,
+                     "--trainer.max_time", "00:00:00:04")
+    folder = root / "runs" / "tiny" / "s0"
+    folder.mkdir(parents=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "SLURM_NTASKS": "2",
+           "SLURM_NTASKS_PER_NODE": "2", "SLURM_NODEID": "0", "SLURM_JOB_NAME": "lit_icl", "SLURM_JOB_ID": "4242",
+           "SLURM_NODELIST": "127.0.0.1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another process's run
+        refused = _srun_ranks(args, env)
+        left = sorted(p.name for p in folder.iterdir())  # before the released run writes into it
+    finally:
+        os.close(fd)
+    refused_ends = _lines(ends)
+    ends.unlink(missing_ok=True)
+    released = _srun_ranks(args, env)
+    return {"folder": folder, "refused": refused, "left": left, "refused_ends": refused_ends, "released": released,
+            "ends": _lines(ends), "counts": _lines(counts)}
+
+
+def test_a_run_folder_in_use_stops_every_rank_that_srun_started(srun_runs: dict) -> None:
     """Under srun (or torchrun) every rank is a process of its own, and only rank 0 takes the run folder's lock.
     When the folder is in use, rank 0 passes its refusal on through the process group: both ranks end with the one
     line and status 2, and nothing is written. Before, rank 0 ended alone and rank 1 waited for the group's
     timeout (30 minutes)."""
-    import fcntl
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    args = tiny_args(tmp_path, "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu",
-                     "--trainer.logger.init_args.version", "s0")
-    folder = tmp_path / "runs" / "tiny" / "s0"
-    folder.mkdir(parents=True)
-    base = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "SLURM_NTASKS": "2",
-            "SLURM_NTASKS_PER_NODE": "2", "SLURM_NODEID": "0", "SLURM_JOB_NAME": "lit_icl", "SLURM_JOB_ID": "4242",
-            "SLURM_NODELIST": "127.0.0.1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    def ranks() -> list[tuple[int, str]]:
-        procs = [subprocess.Popen([sys.executable, "-m", "lit_icl", "fit", *args],
-                                  env={**base, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)},
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
-        try:
-            return [(proc.communicate(timeout=120)[1], proc.returncode) for proc in procs]
-        finally:
-            for proc in procs:
-                proc.kill()
-
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another process's run
-        refused = ranks()
-    finally:
-        os.close(fd)
+    folder = srun_runs["folder"]
     line = (f"lit_icl: error: the run folder {folder} is in use by another lit_icl process (the same run started "
             "twice, or two runs given one --trainer.logger.init_args.version); wait for it to end, or give this run "
             "another version")
-    for err, status in refused:
+    for _, err, status in srun_runs["refused"]:
         assert status == 2, err[-3000:]
         assert err.strip().splitlines()[-1] == line, err[-3000:]
         assert "Traceback" not in err
-    assert list(folder.iterdir()) == []
+    assert srun_runs["left"] == []
+    assert srun_runs["refused_ends"] == [["0", "ConfigError", "0"], ["1", "ConfigError", "0"]]  # before any step
     # Released, the same two ranks run to the end: passing no refusal on costs a run nothing.
-    for err, status in ranks():
+    for _, err, status in srun_runs["released"]:
         assert status == 0, err[-3000:]
     assert (folder / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_ddp_max_time_stops_both_ranks_after_the_same_step_with_no_broadcast_per_batch(srun_runs: dict) -> None:
+    """``--trainer.max_time`` on 2 gloo ranks (the released run of ``srun_runs``): no training batch broadcasts
+    (Lightning 2.6 broadcasts twice per batch: its SIGTERM flag and its Timer's verdict), and both ranks stop inside
+    the epoch after the same step, which the last checkpoint records."""
+    output = "".join(out + err for out, err, _ in srun_runs["released"])
+    assert [status for _, _, status in srun_runs["released"]] == [0, 0], output[-3000:]
+    assert srun_runs["counts"] == [["0", "0", "27"], ["1", "0", "27"]], output[-3000:]
+    (rank0, rank1) = srun_runs["ends"]
+    assert rank0[1:] == rank1[1:] and rank0[1] == "end", output[-3000:]
+    step = int(rank0[2])
+    assert 30 < step < 2000
+    assert f"Time limit reached: all 2 ranks stop after step {step}" in output
+    ckpt = torch.load(srun_runs["folder"] / "checkpoints/last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt["global_step"] == step
