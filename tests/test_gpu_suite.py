@@ -236,6 +236,7 @@ def test_short_forms_keep_each_steps_script_and_the_modes_the_goals_are_judged_b
     assert main_command.argv(dry=False, short=True)[1:3] == ["--modes", "reduce-overhead"]
 
 
+@pytest.mark.slow  # 5 s of dry-run steps spending a budget; the refusal of a bad budget stays in the default suite
 def test_the_budget_stops_a_step_at_what_is_left_and_skips_the_rest(tmp_path: Path) -> None:
     """With 36 s for two steps of over 10 s each, the first is stopped at what is left less the 30 s grace (with
     the processes it started) and reported as timed out, the second is reported as not run; the report names both."""

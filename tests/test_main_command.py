@@ -50,6 +50,7 @@ def test_the_top_stages_come_by_total_time_with_short_names_calls_mean_and_media
     assert script.phase_lines("FIT phases\n", top=5) == []
 
 
+@pytest.mark.slow  # 4 s: a CLI fit for the --phases report; reading the report (test_the_top_stages_...) stays default
 def test_phases_record_each_garbage_collection_between_setup_and_teardown_and_always_list_them(scripts) -> None:
     """A full collection walks every object of a compiled run and lands in the mean of the stage it interrupts,
     so the report counts collections as stages of their own, and the printed lines keep them past ``top``."""

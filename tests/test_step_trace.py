@@ -46,6 +46,7 @@ def test_a_window_of_a_cli_run_is_profiled_and_reported_by_stage(tmp_path, capsy
     assert report.with_suffix(".json").stat().st_size > 0
 
 
+@pytest.mark.slow  # 3 s of benchmark tooling; one traced window stays in the default suite (test_a_window_of_a_cli_run_...)
 def test_a_run_that_ends_inside_the_window_reports_its_steps_and_one_that_ends_before_reports_nothing(
         tmp_path, capsys) -> None:
     inside = tmp_path / "inside.txt"
@@ -57,6 +58,7 @@ def test_a_run_that_ends_inside_the_window_reports_its_steps_and_one_that_ends_b
     assert not before.exists() and TRACE.PREFIX not in capsys.readouterr().out
 
 
+@pytest.mark.slow  # 4 s of benchmark tooling; one traced window stays in the default suite (test_a_window_of_a_cli_run_...)
 def test_a_validation_round_is_profiled_by_batch_beside_the_training_window(tmp_path, capsys) -> None:
     """Round 2 (the validation after the second epoch) with 8-episode batches: two batches, the round around them;
     the training window (steps 0-1) reports apart; the round's report is written as ``<name>-val``."""
@@ -178,6 +180,7 @@ def test_a_python_traced_window_lists_each_stages_functions_by_self_time_on_the_
     assert not any("(self, Python" in line for line in TRACE.summarize(prof, top=2))
 
 
+@pytest.mark.slow  # 4 s of benchmark tooling; one traced window stays in the default suite (test_a_window_of_a_cli_run_...)
 def test_two_windows_trace_apart_and_one_that_overlaps_another_is_given_up(tmp_path, capsys) -> None:
     """In one run: a rates window (steps 0-1), a Python window (steps 3-4), and a Python window over steps 1-2 that
     overlaps the first and is not recorded, with a line saying why (one profiler records at a time)."""
