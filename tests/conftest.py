@@ -118,6 +118,14 @@ def quiet_run_args(tmp_path: Path, config: str | Sequence[str], name: str = "tin
     ]
 
 
+def copy_runs(root: Path, tmp_path: Path) -> None:
+    """Copy the ``runs`` folder of a fit shared by several tests (a module fixture's ``root``) into ``tmp_path``,
+    for a test that writes into the run; the shared fit itself is only read."""
+    import shutil
+
+    shutil.copytree(root / "runs", tmp_path / "runs")
+
+
 def load_script(path: Path) -> ModuleType:
     """Import a script that is not in a package (``experiments/*.py``) as a module named after its file."""
     spec = importlib.util.spec_from_file_location(path.stem, path)

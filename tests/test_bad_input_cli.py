@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from badinput import ERROR_PREFIX, assert_rejected
+from conftest import copy_runs
 from coqe.regression.helpers import overlay, reg_args
 from lightning.pytorch import LightningModule
 
@@ -262,17 +263,11 @@ def trained(tmp_path_factory) -> Path:
     return folder
 
 
-def _copy_runs(trained: Path, tmp_path: Path) -> None:
-    import shutil
-
-    shutil.copytree(trained / "runs", tmp_path / "runs")
-
-
 @pytest.mark.parametrize(("sub", "ckpt"), [("test", "last"), ("test", "file"), ("fit", "last")])
 def test_a_setting_the_checkpoint_would_silently_replace_is_refused(tmp_path, capsys, trained, sub, ckpt) -> None:
     """LightningCLI rebuilds the model from the checkpoint's hyper-parameters, so ``--...width 32`` on a width-16
     checkpoint would be ignored (``test``) or fail to load (``fit --ckpt_path last``): refused, naming both."""
-    _copy_runs(trained, tmp_path)
+    copy_runs(trained, tmp_path)
     path = "last" if ckpt == "last" else str(tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt")
     args = [sub, *reg_args(tmp_path, CONFIG, "--model.init_args.net.init_args.width", "32"), "--ckpt_path", path]
     line = assert_rejected(tmp_path, capsys, args, "was trained with other model settings", runs_exist=True)
@@ -281,7 +276,7 @@ def test_a_setting_the_checkpoint_would_silently_replace_is_refused(tmp_path, ca
 
 
 def test_every_disagreeing_setting_is_counted(tmp_path, capsys, trained) -> None:
-    _copy_runs(trained, tmp_path)
+    copy_runs(trained, tmp_path)
     extra = ["--model.init_args.lr", "0.01", "--model.init_args.net.init_args.heads", "4",
              "--model.init_args.net.init_args.depth", "2", "--model.init_args.probe_points", "64"]
     line = assert_rejected(tmp_path, capsys, ["test", *reg_args(tmp_path, CONFIG, *extra), "--ckpt_path", "last"],
@@ -319,7 +314,7 @@ def _assert_resume_refused(tmp_path, capsys, run: Path, args: list[str], needles
 def test_a_resume_with_another_seed_or_other_data_is_refused(tmp_path, capsys, trained, extra, needles, ckpt) -> None:
     """Lightning builds the data module from the config and seeds as told, so these would train the rest of the run
     on other data (or noise) while the rewritten config.yaml says the whole run used them: refused, naming each."""
-    _copy_runs(trained, tmp_path)
+    copy_runs(trained, tmp_path)
     run = tmp_path / "runs/tiny/version_0"
     path = "last" if ckpt == "last" else str(run / "checkpoints/last.ckpt")
     args = ["fit", *reg_args(tmp_path, CONFIG, "--trainer.max_steps", "6", *extra), "--ckpt_path", path]
@@ -333,7 +328,7 @@ def test_a_resume_with_another_seed_or_other_data_is_refused(tmp_path, capsys, t
 def test_a_resume_shorter_than_the_checkpoint_is_refused(tmp_path, capsys, trained, extra, needle) -> None:
     """Lightning restored a 4-step checkpoint under max_steps 3, trained nothing, exited 0 and rewrote the run's
     config.yaml to say 3 steps. Refused, naming the length to give; the same length (a finished run) resumes."""
-    _copy_runs(trained, tmp_path)
+    copy_runs(trained, tmp_path)
     run = tmp_path / "runs/tiny/version_0"
     before = _files(run)
     line = assert_rejected(tmp_path, capsys, ["fit", *reg_args(tmp_path, CONFIG, *extra), "--ckpt_path", "last"],
@@ -344,7 +339,7 @@ def test_a_resume_shorter_than_the_checkpoint_is_refused(tmp_path, capsys, train
 
 def test_a_resume_to_the_checkpoints_own_length_is_no_refusal(tmp_path, trained) -> None:
     """The other side of the refusal above (once, not per row): the same length, a finished run, resumes."""
-    _copy_runs(trained, tmp_path)
+    copy_runs(trained, tmp_path)
     run = tmp_path / "runs/tiny/version_0"
     main(["fit", *reg_args(tmp_path, CONFIG), "--ckpt_path", "last"])  # max_steps 4, as trained: nothing to do
     assert torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=True)["global_step"] == 4
@@ -353,7 +348,7 @@ def test_a_resume_to_the_checkpoints_own_length_is_no_refusal(tmp_path, trained)
 def test_a_resume_may_change_how_data_is_loaded_and_what_only_test_reads(tmp_path, trained) -> None:
     """Workers, the evaluation batch and the test set change no number the fit trains on: it resumes. A test (not
     a resume) of the checkpoint may use other data and another seed."""
-    _copy_runs(trained, tmp_path)
+    copy_runs(trained, tmp_path)
     run = tmp_path / "runs/tiny/version_0"
     # seed_everything true: Lightning seeds PL_GLOBAL_SEED or 0, the 0 the run's config.yaml holds.
     free = ["--data.init_args.num_workers", "1", "--data.init_args.eval_batch_size", "4",
@@ -370,7 +365,7 @@ def test_a_resume_on_another_number_of_ddp_ranks_is_refused(tmp_path, capsys, tr
     """``batch_size`` and the saved data position are per rank, so a 1-rank run resumed on 2 ranks would train on
     twice the batch, and on data the uninterrupted run never draws, while its config.yaml said the whole run did:
     refused before the ranks start, naming both counts. A test of the checkpoint is no resume and may use 2."""
-    _copy_runs(trained, tmp_path)
+    copy_runs(trained, tmp_path)
     run = tmp_path / "runs/tiny/version_0"
     assert torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=True)["training_ranks"] == 1
     path = "last" if ckpt == "last" else str(run / "checkpoints/last.ckpt")
@@ -387,7 +382,7 @@ def test_a_resume_on_another_number_of_ddp_ranks_is_refused(tmp_path, capsys, tr
 def test_a_checkpoint_without_data_settings_or_run_config_resumes(tmp_path, trained) -> None:
     """A checkpoint of code that recorded no data hyper-parameters (nor its DDP ranks), away from its run's config.yaml, is not checked
     for what it lacks."""
-    _copy_runs(trained, tmp_path)
+    copy_runs(trained, tmp_path)
     run = tmp_path / "runs/tiny/version_0"
     ckpt = torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=True)
     del ckpt["datamodule_hyper_parameters"], ckpt["datamodule_hparams_name"], ckpt["training_ranks"]
@@ -416,7 +411,7 @@ def test_a_resume_with_another_optimizer_is_refused(tmp_path, capsys, trained, e
     """The run trained with its module's Adam: resumed with ``--optimizer SGD``, Lightning loaded Adam's state into
     SGD and the first step failed with ``KeyError: 'momentum'``, after the run's config.yaml had been rewritten to say
     SGD. Refused, naming the option, before anything is written."""
-    _copy_runs(trained, tmp_path)
+    copy_runs(trained, tmp_path)
     run = tmp_path / "runs/tiny/version_0"
     args = ["fit", *reg_args(tmp_path, CONFIG, "--trainer.max_steps", "6", *extra), "--ckpt_path", "last"]
     _assert_resume_refused(tmp_path, capsys, run, args, needles)
@@ -456,7 +451,7 @@ def test_an_icssl_resume_on_other_manifolds_is_refused(tmp_path, capsys) -> None
 
 def test_the_same_settings_resume_and_test(tmp_path, trained) -> None:
     """The check passes the config that wrote the checkpoint: resume to more steps, then test."""
-    _copy_runs(trained, tmp_path)
+    copy_runs(trained, tmp_path)
     main(["fit", *reg_args(tmp_path, CONFIG, "--trainer.max_steps", "6"), "--ckpt_path", "last"])
     ckpts = tmp_path / "runs/tiny/version_0/checkpoints"
     saved = torch.load(ckpts / "last.ckpt", map_location="cpu", weights_only=True)
@@ -473,7 +468,7 @@ def test_a_test_with_a_resumed_runs_own_config_writes_a_folder_of_its_own(tmp_pa
     (what the mismatch refusal above advises) gets a new version folder and leaves the fit's files as they were."""
     import yaml
 
-    _copy_runs(trained, tmp_path)
+    copy_runs(trained, tmp_path)
     run = tmp_path / "runs/tiny/version_0"
     main(["fit", *reg_args(tmp_path, CONFIG, "--trainer.max_steps", "6"), "--ckpt_path", "last"])
     saved = (run / "config.yaml").read_text()
@@ -487,7 +482,7 @@ def test_a_test_with_a_resumed_runs_own_config_writes_a_folder_of_its_own(tmp_pa
 @pytest.mark.parametrize("sub", ["test", "validate"])
 def test_an_evaluation_pinned_to_a_training_runs_folder_is_refused(tmp_path, capsys, trained, sub) -> None:
     """A named version that is a fit's folder (a grid's ``s0``) would have its config.yaml replaced: refused."""
-    _copy_runs(trained, tmp_path)
+    copy_runs(trained, tmp_path)
     run = tmp_path / "runs/tiny/version_0"
     args = [sub, *reg_args(tmp_path, CONFIG, "--trainer.logger.init_args.version", "version_0"),
             "--ckpt_path", str(run / "checkpoints/last.ckpt")]
@@ -499,7 +494,7 @@ def test_an_evaluation_pinned_to_a_training_runs_folder_is_refused(tmp_path, cap
 def test_an_evaluation_may_write_again_into_the_folder_of_an_earlier_test(tmp_path, trained) -> None:
     """What the refusal above leaves alone (once, not per subcommand): a folder of an earlier test may be written
     again (a grid reruns an unfinished test there)."""
-    _copy_runs(trained, tmp_path)
+    copy_runs(trained, tmp_path)
     run = tmp_path / "runs/tiny/version_0"
     again = ["test", *reg_args(tmp_path, CONFIG, "--trainer.logger.init_args.version", "t"),
              "--ckpt_path", str(run / "checkpoints/last.ckpt")]
@@ -511,7 +506,7 @@ def test_an_evaluation_may_write_again_into_the_folder_of_an_earlier_test(tmp_pa
 def test_a_fresh_fit_over_a_named_runs_last_checkpoint_is_refused(tmp_path, capsys, trained) -> None:
     """A fit's config.yaml keeps a version it was given (a grid's ``s0``); a fresh fit from it would overwrite that
     run's last.ckpt at its first checkpoint: refused, naming both ways on. Resuming there is what the runner does."""
-    _copy_runs(trained, tmp_path)
+    copy_runs(trained, tmp_path)
     named = reg_args(tmp_path, CONFIG, "--trainer.logger.init_args.version", "version_0", "--trainer.max_steps", "6")
     line = assert_rejected(tmp_path, capsys, ["fit", *named], "already holds a run (checkpoints/last.ckpt)",
                            runs_exist=True)

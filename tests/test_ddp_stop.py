@@ -99,16 +99,26 @@ def test_a_single_process_run_keeps_lightnings_handling() -> None:
     assert "_sigterm_notifier_fn" not in vars(trainer._signal_connector)
 
 
-def _two_rank_fit(tmp_path: Path, callbacks: str, *extra: str, batches: int = 20) -> subprocess.CompletedProcess:
+def _two_rank_args(tmp_path: Path, callbacks: str, *extra: str, batches: int = 20) -> list[str]:
     """A tiny IC-SSL fit on 2 gloo ranks with ``batches`` steps per epoch and the callbacks given (a JSON list)."""
-    args = tiny_args(tmp_path, "--model.init_args.lr_schedule", "constant", "--data.init_args.batch_size", "8",
+    return tiny_args(tmp_path, "--model.init_args.lr_schedule", "constant", "--data.init_args.batch_size", "8",
                      "--data.init_args.eval_batch_size", "8", "--data.init_args.train_batches_per_epoch", str(batches),
                      "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu",
                      "--trainer.callbacks", callbacks, *extra)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "lit_icl", "fit", *args], env=env, capture_output=True, text=True,
-                          check=False, timeout=300)
+
+
+def _rank_env(**extra: str) -> dict[str, str]:
+    """The environment of a rank's process: one thread each (two ranks share 2 cores), unbuffered output, the tests
+    folder on the path for the test callbacks, and ``extra``."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]), **extra}
+
+
+def _two_rank_fit(tmp_path: Path, callbacks: str, *extra: str, batches: int = 20) -> subprocess.CompletedProcess:
+    """:func:`_two_rank_args` run as one ``python -m lit_icl fit``, which starts its second rank itself."""
+    return subprocess.run([sys.executable, "-m", "lit_icl", "fit", *_two_rank_args(tmp_path, callbacks, *extra,
+                                                                                  batches=batches)],
+                          env=_rank_env(), capture_output=True, text=True, check=False, timeout=300)
 
 
 def _lines(path: Path) -> list[list[str]]:
@@ -223,17 +233,12 @@ def srun_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     # SignalAtStep without a step only records how each rank's run ended.
     callbacks = (f'[{{"class_path": "subprocess_callbacks.SignalAtStep", "init_args": {{"path": "{ends}"}}}}, '
                  f'{{"class_path": "subprocess_callbacks.CountBroadcasts", "init_args": {{"path": "{counts}"}}}}]')
-    args = tiny_args(root, "--model.init_args.lr_schedule", "constant", "--data.init_args.batch_size", "8",
-                     "--data.init_args.eval_batch_size", "8", "--data.init_args.train_batches_per_epoch", "2000",
-                     "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu",
-                     "--trainer.logger.init_args.version", "s0", "--trainer.callbacks", callbacks,
-                     "--trainer.max_time", "00:00:00:04")
+    args = _two_rank_args(root, callbacks, "--trainer.logger.init_args.version", "s0", "--trainer.max_time",
+                          "00:00:00:04", batches=2000)
     folder = root / "runs" / "tiny" / "s0"
     folder.mkdir(parents=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "SLURM_NTASKS": "2",
-           "SLURM_NTASKS_PER_NODE": "2", "SLURM_NODEID": "0", "SLURM_JOB_NAME": "lit_icl", "SLURM_JOB_ID": "4242",
-           "SLURM_NODELIST": "127.0.0.1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-           "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    env = _rank_env(SLURM_NTASKS="2", SLURM_NTASKS_PER_NODE="2", SLURM_NODEID="0", SLURM_JOB_NAME="lit_icl",
+                    SLURM_JOB_ID="4242", SLURM_NODELIST="127.0.0.1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     fd = os.open(folder, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another process's run

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from badinput import assert_rejected
-from conftest import tb_scalars
+from conftest import copy_runs, tb_scalars
 from icssl.helpers import tiny_args
 from lightning.pytorch import LightningModule
 
@@ -49,15 +48,10 @@ RULE_2 = ("--early_stopping.patience", "2", "--early_stopping.min_delta", "1.0")
 
 
 def _shared_fit(tmp_path_factory: pytest.TempPathFactory, name: str, *args: str, epochs: int = 20) -> Path:
-    """The root of one fit with ``args``, made once for the module; tests only read it, or copy it (``_copy``)."""
+    """The root of one fit with ``args``, made once for the module; tests only read it, or copy it (``copy_runs``)."""
     root = tmp_path_factory.mktemp(name)
     main(fit_args(root, *args, epochs=epochs))
     return root
-
-
-def _copy(root: Path, tmp_path: Path) -> None:
-    """Put a copy of a shared fit's ``runs`` folder into ``tmp_path``, for a test that writes into the run."""
-    shutil.copytree(root / "runs", tmp_path / "runs")
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +96,7 @@ def test_resuming_a_run_the_rule_has_ended_trains_nothing(tmp_path: Path, stoppe
     """``fit --ckpt_path last`` of a finished run does nothing, as for a run at its ``max_steps``. The stopping
     round's checkpoint does not hold Lightning's stop flag: the resumed run trained one round more (step 6 to 9)
     and replaced the run's ``last.ckpt`` and ``stopping.json``."""
-    _copy(stopped_by_patience_1, tmp_path)
+    copy_runs(stopped_by_patience_1, tmp_path)
     last = run_dir(tmp_path) / "checkpoints" / "last.ckpt"
     record, before = (run_dir(tmp_path) / "stopping.json").read_text(), torch.load(last, weights_only=True)
     assert json.loads(record)["stopped_step"] == before["global_step"] == 2 * STEPS_PER_ROUND
@@ -119,7 +113,7 @@ def test_a_run_the_rule_ended_goes_on_under_a_higher_patience_as_an_uninterrupte
     run with the higher patience from the start stops, with the same weights and record: the rounds counted so far
     are the same under both, so only the stop itself differs."""
     straight, resumed = stopped_by_patience_2, tmp_path / "resumed"
-    _copy(stopped_by_patience_1, resumed)
+    copy_runs(stopped_by_patience_1, resumed)
     assert json.loads((run_dir(resumed) / "stopping.json").read_text())["stopped_step"] == 2 * STEPS_PER_ROUND
     main(fit_args(resumed, "--early_stopping.patience", "2", "--early_stopping.min_delta", "1.0", "--ckpt_path", "last"))
     a, b = (json.loads((run_dir(r) / "stopping.json").read_text()) for r in (straight, resumed))
@@ -146,7 +140,7 @@ def test_a_resume_whose_rule_counted_its_rounds_otherwise_is_refused(tmp_path, c
     """A resumed run goes on counting the checkpoint's rounds without improvement, so those must have been counted
     as its own rule counts them; Lightning restored the checkpoint's patience over the command line's (and
     config.yaml then recorded the other), and dropped the state of a rule with another monitor or mode."""
-    _copy(one_round_under_patience_2, tmp_path)
+    copy_runs(one_round_under_patience_2, tmp_path)
     line = assert_rejected(tmp_path, capsys, fit_args(tmp_path, *extra, "--ckpt_path", "last", epochs=20), needle,
                            runs_exist=True)
     assert "resume with the checkpoint's settings" in line
